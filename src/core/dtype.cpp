@@ -1,0 +1,57 @@
+#include "core/dtype.h"
+
+#include <cctype>
+
+#include "core/error.h"
+
+namespace tern {
+namespace {
+
+constexpr DTypeSize kTypes[] = {
+    {DType::F32, "f32", 1, 4},         {DType::F16, "f16", 1, 2},
+    {DType::Q4_0, "q4_0", 32, 18},     {DType::Q4_1, "q4_1", 32, 20},
+    {DType::Q5_0, "q5_0", 32, 22},     {DType::Q5_1, "q5_1", 32, 24},
+    {DType::Q8_0, "q8_0", 32, 34},     {DType::Q8_1, "q8_1", 32, 36},
+    {DType::Q2_K, "q2_k", 256, 84},    {DType::Q3_K, "q3_k", 256, 110},
+    {DType::Q4_K, "q4_k", 256, 144},   {DType::Q5_K, "q5_k", 256, 176},
+    {DType::Q6_K, "q6_k", 256, 210},   {DType::Q8_K, "q8_k", 256, 292},
+    {DType::IQ2_XXS, "iq2_xxs", 256, 66}, {DType::IQ2_XS, "iq2_xs", 256, 74},
+    {DType::IQ3_XXS, "iq3_xxs", 256, 98}, {DType::IQ1_S, "iq1_s", 256, 50},
+    {DType::IQ4_NL, "iq4_nl", 32, 18}, {DType::IQ3_S, "iq3_s", 256, 110},
+    {DType::IQ2_S, "iq2_s", 256, 82},  {DType::IQ4_XS, "iq4_xs", 256, 136},
+    {DType::I8, "i8", 1, 1},           {DType::I16, "i16", 1, 2},
+    {DType::I32, "i32", 1, 4},         {DType::I64, "i64", 1, 8},
+    {DType::F64, "f64", 1, 8},         {DType::IQ1_M, "iq1_m", 256, 56},
+    {DType::BF16, "bf16", 1, 2},       {DType::TQ1_0, "tq1_0", 256, 54},
+    {DType::TQ2_0, "tq2_0", 256, 66},
+};
+
+}  // namespace
+
+std::optional<DTypeSize> dtype_size(uint32_t type_id) {
+  for (const auto& t : kTypes)
+    if (static_cast<uint32_t>(t.type) == type_id) return t;
+  return std::nullopt;
+}
+
+const DTypeSize& dtype_info(DType t) {
+  for (const auto& e : kTypes)
+    if (e.type == t) return e;
+  fail("unknown tensor type id ", static_cast<uint32_t>(t));
+}
+
+std::optional<DType> dtype_from_name(std::string_view name) {
+  std::string lower;
+  for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const auto& t : kTypes)
+    if (lower == t.name) return t.type;
+  return std::nullopt;
+}
+
+int64_t dtype_row_bytes(DType t, int64_t n) {
+  const auto& info = dtype_info(t);
+  if (n % info.block_size != 0) return -1;
+  return n / info.block_size * info.block_bytes;
+}
+
+}  // namespace tern

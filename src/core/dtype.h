@@ -1,0 +1,36 @@
+#pragma once
+// Storage types of tensors, numbered as GGUF/ggml number them (the ids are part of the file
+// format). This table only knows sizes and names; the maths of each format (to/from float,
+// dot products, paired activation type) is the traits table in quant/quant_traits.h.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tern {
+
+enum class DType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
+  IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
+  TQ1_0 = 34, TQ2_0 = 35,
+};
+
+struct DTypeSize {
+  DType type;
+  const char* name;      // llama.cpp's spelling, lower case ("q4_0", "f16")
+  int64_t block_size;    // elements per block
+  int64_t block_bytes;   // bytes per block
+};
+
+// Size info for a type id read from a file; nullopt for ids ggml does not define.
+std::optional<DTypeSize> dtype_size(uint32_t type_id);
+const DTypeSize& dtype_info(DType t);  // t must be a defined type
+inline const char* dtype_name(DType t) { return dtype_info(t).name; }
+// Parses "q4_0", "Q8_0", "f16"...; nullopt when unknown.
+std::optional<DType> dtype_from_name(std::string_view name);
+// Bytes of one row of n elements; -1 when n is not a multiple of the block size.
+int64_t dtype_row_bytes(DType t, int64_t n);
+
+}  // namespace tern

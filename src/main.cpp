@@ -1,0 +1,3 @@
+#include "tools/commands.h"
+
+int main(int argc, char** argv) { return tern::tern_main(argc, argv); }

@@ -1,0 +1,27 @@
+#pragma once
+// Sub-commands of the `tern` tool. Each parses its own arguments (CLI11), prints its report,
+// and returns the process exit code; errors are thrown as tern::Error and printed by main().
+#include <string>
+#include <vector>
+
+namespace tern {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*main)(int argc, char** argv);  // argv[0] is "tern NAME"
+};
+
+// All sub-commands, in the order `tern --help` lists them.
+const std::vector<Command>& commands();
+
+int cmd_run(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
+int cmd_inspect(int argc, char** argv);
+int cmd_convert(int argc, char** argv);
+int cmd_ppl(int argc, char** argv);
+
+// Entry point shared by main() and tests: dispatches argv[1] to its command.
+int tern_main(int argc, char** argv);
+
+}  // namespace tern
