@@ -1,8 +1,12 @@
 #include "core/thread_pool.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+
+#include "core/error.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -13,33 +17,68 @@
 
 namespace tern {
 namespace {
-// About 20-50 microseconds of spinning: longer than the gap between two parallel regions of
-// one forward pass, much shorter than the gap between two user requests.
+
+// Roughly 50-100 microseconds of spinning: longer than the gap between two regions of one
+// forward pass, much shorter than the gap between two user requests.
 constexpr int kSpinIterations = 1 << 14;
+constexpr uint64_t kChunkBits = 20;
+constexpr uint64_t kChunkMask = (uint64_t(1) << kChunkBits) - 1;
+constexpr int64_t kMaxChunks = int64_t(kChunkMask);
+
+inline uint64_t region_of(uint64_t w) { return w >> (2 * kChunkBits); }
+inline uint64_t count_of(uint64_t w) { return (w >> kChunkBits) & kChunkMask; }
+inline uint64_t next_of(uint64_t w) { return w & kChunkMask; }
+
+// Raw futex calls: libstdc++ 12's std::atomic::wait/notify can miss a wake-up (seen here as
+// a hang joining the workers), so the pool talks to the kernel directly.
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+void futex_wait(std::atomic<uint32_t>& word, uint32_t expected) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
+}
+void futex_wake_all(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
-  workers_.reserve(n_threads_ - 1);
+  workers_.reserve(size_t(n_threads_ - 1));
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_main(i); });
 }
 
 ThreadPool::~ThreadPool() {
   stop_.store(true);
-  epoch_.fetch_add(1);
-  epoch_.notify_all();
+  wake_.fetch_add(1);
+  futex_wake_all(wake_);
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::dispatch(Trampoline t, void* ctx) {
+// Claims and runs chunks of `region` until none are left or the region changed.
+void ThreadPool::work_on_region(uint64_t region, int thread) {
+  uint64_t w = work_.load(std::memory_order_acquire);
+  for (;;) {
+    if (region_of(w) != region || next_of(w) >= count_of(w)) return;
+    if (!work_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    // The successful claim proves `region` is unfinished, so task_ is still its task.
+    task_(task_ctx_, int64_t(next_of(w)), thread);
+    completed_.fetch_add(1, std::memory_order_acq_rel);
+    w = work_.load(std::memory_order_acquire);
+  }
+}
+
+void ThreadPool::dispatch(Trampoline t, void* ctx, int64_t n_chunks) {
+  TERN_ASSERT(n_chunks <= kMaxChunks);
   task_ = t;
   task_ctx_ = ctx;
-  n_done_.store(0, std::memory_order_relaxed);
-  epoch_.fetch_add(1, std::memory_order_seq_cst);  // publishes task_ / task_ctx_
-  if (n_sleeping_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
-  t(ctx, 0, n_threads_);
-  const int others = n_threads_ - 1;
+  completed_.store(0, std::memory_order_relaxed);
+  region_ = (region_ + 1) & ((uint64_t(1) << 24) - 1);
+  work_.store((region_ << (2 * kChunkBits)) | (uint64_t(n_chunks) << kChunkBits), std::memory_order_seq_cst);
+  wake_.fetch_add(1, std::memory_order_seq_cst);
+  if (n_sleeping_.load(std::memory_order_seq_cst) > 0) futex_wake_all(wake_);
+  work_on_region(region_, 0);
+  // Only chunks already claimed by other threads remain; wait for them.
   int spins = 0;
-  while (n_done_.load(std::memory_order_acquire) != others) {
+  while (completed_.load(std::memory_order_acquire) != n_chunks) {
     if (++spins < kSpinIterations) {
       TERN_CPU_RELAX();
     } else {
@@ -48,25 +87,26 @@ void ThreadPool::dispatch(Trampoline t, void* ctx) {
   }
 }
 
-void ThreadPool::worker_main(int ith) {
-  uint32_t seen = epoch_.load();
+void ThreadPool::worker_main(int thread) {
+  // Not wake_.load(): a thread that starts late must still see the increments made since the
+  // pool was built (the destructor's included), or it could wait for ever.
+  uint32_t seen = 0;
   for (;;) {
     int spins = 0;
     uint32_t cur;
-    while ((cur = epoch_.load(std::memory_order_acquire)) == seen) {
+    while ((cur = wake_.load(std::memory_order_acquire)) == seen) {
       if (++spins < kSpinIterations) {
         TERN_CPU_RELAX();
         continue;
       }
       n_sleeping_.fetch_add(1, std::memory_order_seq_cst);
-      if (epoch_.load(std::memory_order_seq_cst) == seen) epoch_.wait(seen);
+      if (wake_.load(std::memory_order_seq_cst) == seen) futex_wait(wake_, seen);
       n_sleeping_.fetch_sub(1, std::memory_order_seq_cst);
       spins = 0;
     }
     seen = cur;
     if (stop_.load()) return;
-    task_(task_ctx_, ith, n_threads_);
-    n_done_.fetch_add(1, std::memory_order_release);
+    work_on_region(region_of(work_.load(std::memory_order_acquire)), thread);
   }
 }
 

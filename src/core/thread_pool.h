@@ -1,17 +1,19 @@
 #pragma once
 // A persistent pool of worker threads for the forward pass.
 //
-// run(fn) calls fn(ith, nth) once on each of the nth threads (the caller is thread 0) and
-// returns when all have finished: the ggml-style "each thread takes its slice" model, so a
-// kernel splits its own work and no task objects are allocated per call.
+// A parallel region is split into chunks that threads *claim* from a shared counter, the
+// caller included. Why claiming rather than a fixed slice per thread: on a loaded or
+// oversubscribed machine a worker may be descheduled for a whole scheduler tick; with fixed
+// slices every region then waits milliseconds for it (llama.cpp's 2-thread decode of a tiny
+// model is slower than 1-thread for this reason). Here the caller simply takes the chunks
+// nobody has claimed, so a region never waits on a thread that has not started.
 //
-// Why spin first: a decode step of a small model issues hundreds of parallel regions of a few
+// Why spin first: a decode step of a small model issues hundreds of regions of a few
 // microseconds each; waking sleeping threads through the kernel per region costs more than the
-// work itself (llama.cpp's 2-thread decode of stories260K is slower than 1-thread for this
-// reason). Workers spin on an epoch counter for a while, then sleep on it (futex via
+// work. Workers spin on the region counter for a while, then sleep (futex via
 // std::atomic::wait), so an idle pool costs no CPU.
 //
-// Thread-safety: one caller at a time (run() is not re-entrant and not concurrent).
+// Thread-safety: one caller at a time (run()/for_chunks() are not re-entrant or concurrent).
 #include <atomic>
 #include <cstdint>
 #include <thread>
@@ -28,43 +30,60 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
+  // Calls fn(chunk, thread) once for every chunk in [0, n_chunks); `thread` in [0, size())
+  // identifies the executing thread (for per-thread scratch). Returns when all are done.
   template <class Fn>
-  void run(Fn&& fn) {
-    if (n_threads_ == 1) {
-      fn(0, 1);
+  void for_chunks(int64_t n_chunks, Fn&& fn) {
+    if (n_chunks <= 0) return;
+    if (n_threads_ == 1 || n_chunks == 1) {
+      for (int64_t c = 0; c < n_chunks; ++c) fn(c, 0);
       return;
     }
-    auto trampoline = [](void* ctx, int ith, int nth) { (*static_cast<Fn*>(ctx))(ith, nth); };
-    dispatch(trampoline, &fn);
+    auto trampoline = [](void* ctx, int64_t chunk, int thread) { (*static_cast<Fn*>(ctx))(chunk, thread); };
+    dispatch(trampoline, &fn, n_chunks);
   }
 
-  // Static split of [0, n) into contiguous ranges, one per thread: fn(begin, end, ith).
+  // ggml-style: fn(ith, nth) once for each ith in [0, nth), nth = size(). Each ith is a
+  // chunk, so any thread may run it (use thread_local or ith-indexed scratch, not both).
+  template <class Fn>
+  void run(Fn&& fn) {
+    const int nth = n_threads_;
+    for_chunks(nth, [&](int64_t chunk, int) { fn(int(chunk), nth); });
+  }
+
+  // Static split of [0, n) into contiguous ranges, one per chunk: fn(begin, end, chunk).
   template <class Fn>
   void parallel_for(int64_t n, Fn&& fn) {
-    run([&](int ith, int nth) {
-      const int64_t per = (n + nth - 1) / nth;
-      const int64_t begin = per * ith;
+    const int nth = n_threads_;
+    const int64_t per = (n + nth - 1) / nth;
+    for_chunks(nth, [&](int64_t c, int) {
+      const int64_t begin = per * c;
       const int64_t end = begin + per < n ? begin + per : n;
-      if (begin < end) fn(begin, end, ith);
+      if (begin < end) fn(begin, end, int(c));
     });
   }
 
  private:
-  using Trampoline = void (*)(void*, int, int);
-  void dispatch(Trampoline t, void* ctx);
-  void worker_main(int ith);
+  using Trampoline = void (*)(void*, int64_t, int);
+  void dispatch(Trampoline t, void* ctx, int64_t n_chunks);
+  void work_on_region(uint64_t region, int thread);
+  void worker_main(int thread);
 
   int n_threads_;
   std::vector<std::thread> workers_;
   Trampoline task_ = nullptr;
   void* task_ctx_ = nullptr;
-  alignas(64) std::atomic<uint32_t> epoch_{0};
-  alignas(64) std::atomic<int> n_done_{0};
+  // Region state in one word, so a claim also proves which region it belongs to:
+  //   [63..40] region id (24 bits) | [39..20] chunk count (20 bits) | [19..0] next chunk
+  alignas(64) std::atomic<uint64_t> work_{0};
+  alignas(64) std::atomic<uint32_t> wake_{0};  // bumped per region; workers futex-wait on it
+  alignas(64) std::atomic<int64_t> completed_{0};
   alignas(64) std::atomic<int> n_sleeping_{0};
   std::atomic<bool> stop_{false};
+  uint64_t region_ = 0;
 };
 
-// Threads to use when the user does not say: the number of physical cores seen (>= 1).
+// Threads to use when the user does not say: the number of cores online (>= 1).
 int default_thread_count();
 
 }  // namespace tern

@@ -1,5 +1,7 @@
 #include "gguf/gguf.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -31,6 +33,23 @@ const char* gguf_type_name(GgufType t) {
 
 namespace {
 
+// Names from a damaged file may hold control bytes or be huge; errors must stay one short line.
+std::string shown(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < 96; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > 96) out += "...";
+  return out;
+}
+
 bool valid_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::F64); }
 
 size_t scalar_size(GgufType t) {
@@ -51,6 +70,10 @@ size_t min_encoded_size(GgufType t) {
 }
 
 constexpr int kMaxArrayNesting = 16;
+// Counts read from a file are only trusted up to what the remaining bytes can hold; even then
+// reserve() is capped, so a corrupt count costs at most this many slots up front and the rest
+// grows only with elements that were really parsed.
+constexpr uint64_t kMaxReserve = 4096;
 constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
 
 class Reader {
@@ -66,7 +89,7 @@ class Reader {
   }
 
   void need(size_t k, const char* what) const {
-    if (k > remaining()) error("truncated file: ", what, " needs ", k, " bytes, ", remaining(), " left");
+    if (k > remaining()) error("truncated file: ", shown(what), " needs ", k, " bytes, ", remaining(), " left");
   }
   template <class T>
   T scalar(const char* what) {
@@ -79,7 +102,7 @@ class Reader {
   std::string string(const char* what) {
     const uint64_t len = scalar<uint64_t>(what);
     if (len > remaining())
-      error("string length ", len, " of ", what, " is larger than the rest of the file");
+      error("string length ", len, " of ", shown(what), " is larger than the rest of the file (truncated or corrupt file)");
     std::string s(reinterpret_cast<const char*>(p_ + pos_), len);
     pos_ += len;
     return s;
@@ -101,22 +124,23 @@ class Reader {
       case GgufType::F64: v.v = scalar<double>(key.c_str()); break;
       case GgufType::BOOL: {
         const uint8_t b = scalar<uint8_t>(key.c_str());
-        if (b > 1) error("metadata key ", key, ": bool value ", int(b), " is not 0 or 1");
+        if (b > 1) error("metadata key ", shown(key), ": bool value ", int(b), " is not 0 or 1");
         v.v = b != 0;
         break;
       }
       case GgufType::STRING: v.v = string(key.c_str()); break;
       case GgufType::ARRAY: {
-        if (depth >= kMaxArrayNesting) error("metadata key ", key, ": arrays nested too deeply");
+        if (depth >= kMaxArrayNesting) error("metadata key ", shown(key), ": arrays nested too deeply");
         const uint32_t et = scalar<uint32_t>(key.c_str());
-        if (!valid_value_type(et)) error("metadata key ", key, ": unknown array element type ", et);
+        if (!valid_value_type(et)) error("metadata key ", shown(key), ": unknown array element type ", et);
         const uint64_t count = scalar<uint64_t>(key.c_str());
         const GgufType elem = static_cast<GgufType>(et);
         if (count > remaining() / min_encoded_size(elem))
-          error("metadata key ", key, ": array count ", count, " is larger than the file allows");
+          error("metadata key ", shown(key), ": array count ", count,
+                " is larger than the rest of the file allows (truncated or corrupt file)");
         GgufArray arr;
         arr.elem_type = elem;
-        arr.items.reserve(count);
+        arr.items.reserve(std::min(count, kMaxReserve));
         for (uint64_t i = 0; i < count; ++i) arr.items.push_back(value(elem, key, depth + 1));
         v.v = std::move(arr);
         break;
@@ -145,7 +169,9 @@ void put_string(std::vector<uint8_t>& out, const std::string& s) {
   put_bytes(out, s.data(), s.size());
 }
 
-void put_value(std::vector<uint8_t>& out, const GgufValue& v) {
+// Encodes v; `key` names the metadata key in errors. Array items must carry the array's
+// element type, since the element type is written once and each item in its own encoding.
+void put_value(std::vector<uint8_t>& out, const GgufValue& v, const std::string& key) {
   switch (v.type) {
     case GgufType::U8: put<uint8_t>(out, static_cast<uint8_t>(v.as_uint())); break;
     case GgufType::I8: put<int8_t>(out, static_cast<int8_t>(v.as_int())); break;
@@ -155,17 +181,23 @@ void put_value(std::vector<uint8_t>& out, const GgufValue& v) {
     case GgufType::I32: put<int32_t>(out, static_cast<int32_t>(v.as_int())); break;
     case GgufType::U64: put<uint64_t>(out, v.as_uint()); break;
     case GgufType::I64: put<int64_t>(out, v.as_int()); break;
-    case GgufType::F32: put<float>(out, static_cast<float>(std::get<double>(v.v))); break;
-    case GgufType::F64: put<double>(out, std::get<double>(v.v)); break;
-    case GgufType::BOOL: put<uint8_t>(out, std::get<bool>(v.v) ? 1 : 0); break;
-    case GgufType::STRING: put_string(out, std::get<std::string>(v.v)); break;
+    case GgufType::F32: put<float>(out, static_cast<float>(v.as_float(key))); break;
+    case GgufType::F64: put<double>(out, v.as_float(key)); break;
+    case GgufType::BOOL: put<uint8_t>(out, v.as_bool(key) ? 1 : 0); break;
+    case GgufType::STRING: put_string(out, v.as_string(key)); break;
     case GgufType::ARRAY: {
-      const auto& a = std::get<GgufArray>(v.v);
+      const auto& a = v.as_array(key);
       put<uint32_t>(out, static_cast<uint32_t>(a.elem_type));
       put<uint64_t>(out, a.items.size());
-      for (const auto& item : a.items) put_value(out, item);
+      for (const auto& item : a.items) {
+        if (item.type != a.elem_type)
+          fail("gguf writer: key ", key, ": array of ", gguf_type_name(a.elem_type), " holds a ",
+               gguf_type_name(item.type), " item");
+        put_value(out, item, key);
+      }
       break;
     }
+    default: fail("gguf writer: key ", key, ": unknown value type ", static_cast<uint32_t>(v.type));
   }
 }
 
@@ -286,20 +318,26 @@ GgufFile GgufFile::parse(std::shared_ptr<const void> owner, const uint8_t* data,
   }
   r.scalar<uint32_t>("magic");
   f.version_ = r.scalar<uint32_t>("version");
-  if (f.version_ != 2 && f.version_ != 3)
-    fail(name, ": unsupported GGUF version ", f.version_, " (tern reads versions 2 and 3)");
+  if (f.version_ != 2 && f.version_ != 3) {
+    const uint32_t swapped = __builtin_bswap32(f.version_);
+    fail(name, ": unsupported GGUF version ", f.version_, " (tern reads versions 2 and 3",
+         swapped == 2 || swapped == 3 ? "; this looks like a big-endian file" : "", ")");
+  }
   const uint64_t n_tensors = r.scalar<uint64_t>("tensor count");
   const uint64_t n_kv = r.scalar<uint64_t>("metadata count");
-  if (n_kv > r.remaining() / 12) r.error("metadata count ", n_kv, " is larger than the file allows");
-  if (n_tensors > r.remaining() / 24) r.error("tensor count ", n_tensors, " is larger than the file allows");
+  // Smallest encodings: a key-value pair is 13 bytes (empty key, type, u8), a tensor info 32.
+  if (n_kv > r.remaining() / 13)
+    r.error("metadata count ", n_kv, " is larger than the rest of the file allows (truncated or corrupt file)");
+  if (n_tensors > r.remaining() / 32)
+    r.error("tensor count ", n_tensors, " is larger than the rest of the file allows (truncated or corrupt file)");
 
   std::unordered_set<std::string> keys;
-  f.kv_.reserve(n_kv);
+  f.kv_.reserve(std::min(n_kv, kMaxReserve));
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key = r.string("metadata key");
     const uint32_t t = r.scalar<uint32_t>("metadata value type");
-    if (!valid_value_type(t)) r.error("metadata key ", key, ": unknown value type ", t);
-    if (!keys.insert(key).second) r.error("duplicate metadata key ", key);
+    if (!valid_value_type(t)) r.error("metadata key ", shown(key), ": unknown value type ", t);
+    if (!keys.insert(key).second) r.error("duplicate metadata key ", shown(key));
     GgufValue v = r.value(static_cast<GgufType>(t), key, 0);
     f.kv_.emplace_back(std::move(key), std::move(v));
   }
@@ -312,45 +350,46 @@ GgufFile GgufFile::parse(std::shared_ptr<const void> owner, const uint8_t* data,
   }
 
   std::unordered_set<std::string> names;
-  f.tensors_.reserve(n_tensors);
+  f.tensors_.reserve(std::min(n_tensors, kMaxReserve));
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensorInfo t;
     t.name = r.string("tensor name");
     const uint32_t n_dims = r.scalar<uint32_t>("tensor dimension count");
     if (n_dims == 0 || n_dims > kMaxDims)
-      r.error("tensor ", t.name, ": ", n_dims, " dimensions (1 to ", kMaxDims, " allowed)");
+      r.error("tensor ", shown(t.name), ": ", n_dims, " dimensions (1 to ", kMaxDims, " allowed)");
     int64_t n_el = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t ne = r.scalar<uint64_t>("tensor shape");
       if (ne > uint64_t(std::numeric_limits<int64_t>::max()) ||
           (ne != 0 && uint64_t(n_el) > uint64_t(std::numeric_limits<int64_t>::max()) / ne))
-        r.error("tensor ", t.name, ": shape overflows");
+        r.error("tensor ", shown(t.name), ": shape overflows");
       t.ne.push_back(static_cast<int64_t>(ne));
       n_el *= static_cast<int64_t>(ne);
     }
     const uint32_t type_id = r.scalar<uint32_t>("tensor type");
     const auto ts = dtype_size(type_id);
-    if (!ts) r.error("unknown tensor type ", type_id, " in tensor ", t.name);
+    if (!ts) r.error("unknown tensor type ", type_id, " in tensor ", shown(t.name));
     t.type = ts->type;
     t.offset = r.scalar<uint64_t>("tensor offset");
     if (t.ne[0] % ts->block_size != 0)
-      fail(name, ": tensor ", t.name, ": row length ", t.ne[0], " is not a multiple of the ",
+      fail(name, ": tensor ", shown(t.name), ": row length ", t.ne[0], " is not a multiple of the ",
            ts->name, " block size ", ts->block_size);
     const uint64_t blocks = uint64_t(n_el) / uint64_t(ts->block_size);
     if (blocks > std::numeric_limits<uint64_t>::max() / uint64_t(ts->block_bytes))
-      r.error("tensor ", t.name, ": size overflows");
+      r.error("tensor ", shown(t.name), ": size overflows");
     t.n_bytes = blocks * uint64_t(ts->block_bytes);
     if (t.offset % f.alignment_ != 0)
-      fail(name, ": tensor ", t.name, ": data offset ", t.offset, " is not aligned to ", f.alignment_);
-    if (!names.insert(t.name).second) fail(name, ": duplicate tensor name ", t.name);
+      fail(name, ": tensor ", shown(t.name), ": data offset ", t.offset, " is not aligned to ", f.alignment_);
+    if (!names.insert(t.name).second) fail(name, ": duplicate tensor name ", shown(t.name));
     f.tensors_.push_back(std::move(t));
   }
 
   f.data_offset_ = align_up(r.pos(), f.alignment_);
   for (auto& t : f.tensors_) {
+    // Compare before adding: a huge offset must not wrap around to a small start.
     const uint64_t start = f.data_offset_ + t.offset;
-    if (start > size || t.n_bytes > size - start)
-      fail(name, ": tensor ", t.name, " (", t.n_bytes, " bytes at offset ", t.offset,
+    if (f.data_offset_ > size || t.offset > size - f.data_offset_ || t.n_bytes > size - start)
+      fail(name, ": tensor ", shown(t.name), " (", t.n_bytes, " bytes at offset ", t.offset,
            ") extends past the end of the file (", size, " bytes): truncated tensor data");
     t.data = data + start;
   }
@@ -420,8 +459,14 @@ void GgufWriter::copy_metadata(const GgufFile& src) {
 }
 
 uint64_t GgufWriter::alignment() const {
-  for (const auto& [k, v] : kv_)
-    if (k == "general.alignment") return v.as_uint();
+  for (const auto& [k, v] : kv_) {
+    if (k != "general.alignment") continue;
+    // The reader rejects anything else, so the writer must never produce it.
+    if (v.type != GgufType::U32) fail("gguf writer: general.alignment must be u32, not ", gguf_type_name(v.type));
+    const uint64_t al = v.as_uint();
+    if (al == 0 || (al & (al - 1)) != 0) fail("gguf writer: general.alignment ", al, " is not a power of two");
+    return al;
+  }
   return 32;
 }
 
@@ -431,7 +476,11 @@ void GgufWriter::add_tensor(const std::string& name, DType type, std::vector<int
     if (t.name == name) fail("gguf writer: duplicate tensor name ", name);
   if (ne.empty() || ne.size() > kMaxDims) fail("gguf writer: tensor ", name, " has ", ne.size(), " dimensions");
   int64_t n = 1;
-  for (int64_t d : ne) n *= d;
+  for (int64_t d : ne) {
+    if (d < 0 || (d != 0 && n > std::numeric_limits<int64_t>::max() / d))
+      fail("gguf writer: tensor ", name, ": invalid shape");
+    n *= d;
+  }
   const auto& info = dtype_info(type);
   if (ne[0] % info.block_size != 0)
     fail("gguf writer: tensor ", name, ": row length ", ne[0], " is not a multiple of the block size ", info.block_size);
@@ -461,7 +510,7 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
   for (const auto& [k, v] : kv_) {
     put_string(out, k);
     put<uint32_t>(out, static_cast<uint32_t>(v.type));
-    put_value(out, v);
+    put_value(out, v, k);
   }
   std::vector<uint64_t> offsets;
   uint64_t next = 0;
@@ -475,6 +524,9 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
     put<uint32_t>(out, static_cast<uint32_t>(t.type));
     put<uint64_t>(out, off);
   }
+  // With no tensors there is no data section to align: llama.cpp's metadata-only files (the
+  // vocab fixtures) end right after the header, and byte-exact round trips need the same.
+  if (tensors_.empty()) return out;
   const uint64_t data_start = align_up(out.size(), al);
   out.resize(data_start, 0);
   for (size_t i = 0; i < tensors_.size(); ++i) {
@@ -488,21 +540,27 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
   return out;
 }
 
-void GgufWriter::write(const std::string& path) const {
-  const std::vector<uint8_t> bytes = to_bytes();
+void GgufWriter::write(const std::string& path) const { write_bytes(path, to_bytes()); }
+
+void GgufWriter::write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   const std::string tmp = path + ".tmp";
   FILE* fp = std::fopen(tmp.c_str(), "wb");
   if (!fp) fail("cannot create ", tmp, ": ", std::strerror(errno));
   const size_t wrote = std::fwrite(bytes.data(), 1, bytes.size(), fp);
-  const bool ok = wrote == bytes.size() && std::fflush(fp) == 0;
-  std::fclose(fp);
+  bool ok = wrote == bytes.size() && std::fflush(fp) == 0;
+  int err = errno;  // fclose and remove may overwrite it
+  if (std::fclose(fp) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
   if (!ok) {
     std::remove(tmp.c_str());
-    fail("cannot write ", path, ": ", std::strerror(errno));
+    fail("cannot write ", path, ": ", std::strerror(err));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
     std::remove(tmp.c_str());
-    fail("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
+    fail("cannot rename ", tmp, " to ", path, ": ", std::strerror(e));
   }
 }
 

@@ -136,6 +136,8 @@ class GgufWriter {
   // half file under the final name). Throws tern::Error on I/O failure.
   void write(const std::string& path) const;
   std::vector<uint8_t> to_bytes() const;
+  // Writes an already serialised image the same way (PATH.tmp, then rename).
+  static void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
 
  private:
   uint64_t alignment() const;

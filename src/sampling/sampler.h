@@ -50,6 +50,9 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
+  // Applies repetition/frequency/presence penalties to work_ for the tokens in the window.
+  void apply_penalties(std::span<const int32_t> history);
+
   SamplingParams params_;
   int32_t n_vocab_;
   std::mt19937_64 rng_;

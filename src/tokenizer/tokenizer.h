@@ -64,6 +64,12 @@ class Tokenizer {
   int32_t bos_id_ = 1, eos_id_ = 2, eot_id_ = -1, unk_id_ = 0;
   bool add_bos_ = true, add_eos_ = false;
   std::vector<int32_t> eog_ids_;
+  // SPM: a space was prepended to the text when encoding (tokenizer.ggml.add_space_prefix),
+  // so decoding drops it again after BOS.
+  bool add_space_prefix_ = false;
+
+ private:
+  friend class StreamDecoder;
 };
 
 // Turns a stream of token ids into text that is always valid UTF-8: bytes of a character
@@ -80,7 +86,8 @@ class StreamDecoder {
  private:
   const Tokenizer& tok_;
   std::string pending_;
-  bool at_start_ = true;
+  bool at_start_ = true;   // no text emitted yet
+  bool after_bos_ = false;  // BOS was pushed while at_start_
 };
 
 }  // namespace tern

@@ -1,8 +1,103 @@
+// tern ppl: perplexity the way llama.cpp's llama-perplexity computes it, so figures are
+// comparable across engines: tokenize the whole text (BOS as the model asks), split it into
+// non-overlapping chunks of n_ctx tokens, replace each chunk's first token by BOS, evaluate
+// each chunk from an empty cache, and score only the second half of each chunk
+// (logits at positions n_ctx/2 .. n_ctx-2 predicting the next token). PPL = exp(mean NLL).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "core/error.h"
+#include "core/stats.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/model_args.h"
+#include "tools/progress.h"
 
 namespace tern {
 
-int cmd_ppl(int, char**) { fail("'ppl' is not implemented yet"); }
+int cmd_ppl(int argc, char** argv) {
+  CLI::App app{"Perplexity of a text file, computed as llama.cpp's llama-perplexity does."};
+  ModelArgs margs;
+  margs.add_to(app, /*with_ctx=*/false);
+  std::string text_file;
+  int64_t n_ctx = 512;
+  int64_t max_chunks = -1;
+  bool json = false;
+  app.add_option("-f,--file", text_file, "text file to score")->required();
+  app.add_option("-c,--ctx", n_ctx, "tokens per chunk (default 512)")->check(CLI::Range(int64_t(8), int64_t(1) << 20));
+  app.add_option("--chunks", max_chunks, "score at most this many chunks (-1: all)");
+  app.add_flag("--json", json, "print one JSON object");
+  if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+
+  std::ifstream in(text_file, std::ios::binary);
+  if (!in) fail("cannot open text file ", text_file);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+
+  margs.ctx = n_ctx;
+  margs.batch = std::max<int64_t>(margs.batch, n_ctx);  // one forward pass per chunk
+  LoadedSession ls = open_session(margs);
+  const Tokenizer& tok = *ls.tokenizer;
+  const bool add_bos = tok.add_bos_default();
+  const int64_t t_tok0 = now_ns();
+  const std::vector<int32_t> tokens = tok.encode(text, add_bos);
+  const double tokenize_s = double(now_ns() - t_tok0) / 1e9;
+  int64_t n_chunks = int64_t(tokens.size()) / n_ctx;
+  if (n_chunks == 0)
+    fail(text_file, " has ", tokens.size(), " tokens: at least ", n_ctx, " (one chunk of --ctx) are needed");
+  if (max_chunks >= 0) n_chunks = std::min(n_chunks, max_chunks);
+  if (!json)
+    std::fprintf(stderr, "tern ppl: %zu tokens (%.2f s to tokenize), %lld chunks of %lld\n", tokens.size(),
+                 tokenize_s, static_cast<long long>(n_chunks), static_cast<long long>(n_ctx));
+
+  const int64_t V = ls.session->hparams().n_vocab;
+  const int64_t first = n_ctx / 2;
+  double nll = 0, nll2 = 0;
+  int64_t count = 0;
+  std::vector<int32_t> chunk(static_cast<size_t>(n_ctx));
+  Progress progress("ppl", n_chunks, !json);
+  const int64_t t0 = now_ns();
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    std::copy_n(tokens.begin() + c * n_ctx, n_ctx, chunk.begin());
+    if (add_bos) chunk[0] = tok.bos_id();
+    ls.session->reset();
+    const float* logits = ls.session->eval(chunk, /*all_logits=*/true);
+    for (int64_t j = first; j < n_ctx - 1; ++j) {
+      const float* row = logits + j * V;
+      float mx = row[0];
+      for (int64_t v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v] - mx));
+      const double lp = double(row[chunk[size_t(j + 1)]] - mx) - std::log(sum);
+      nll -= lp;
+      nll2 += lp * lp;
+      ++count;
+    }
+    const double cur = std::exp(nll / double(count));
+    progress.update(c + 1, str_cat("ppl ", cur));
+  }
+  progress.finish();
+  const double seconds = double(now_ns() - t0) / 1e9;
+  const double mean_nll = nll / double(count);
+  const double ppl = std::exp(mean_nll);
+  const double var = nll2 / double(count) - mean_nll * mean_nll;
+  const double ppl_err = count > 1 ? ppl * std::sqrt(std::max(0.0, var) / double(count - 1)) : 0.0;
+  const double tok_s = double(n_chunks * n_ctx) / seconds;
+  if (json) {
+    nlohmann::json j = {{"ppl", ppl},         {"ppl_stderr", ppl_err}, {"n_chunks", n_chunks},
+                        {"n_ctx", n_ctx},     {"n_scored", count},     {"n_tokens", tokens.size()},
+                        {"seconds", seconds}, {"tok_s", tok_s},        {"peak_rss_bytes", peak_rss_bytes()}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("ppl %.4f +/- %.5f  (%lld chunks of %lld tokens, %lld scored, %.1f s, %.0f tok/s)\n", ppl, ppl_err,
+                static_cast<long long>(n_chunks), static_cast<long long>(n_ctx), static_cast<long long>(count),
+                seconds, tok_s);
+  }
+  return 0;
+}
 
 }  // namespace tern

@@ -1,8 +1,116 @@
+// tern run: generate text from a prompt, stream it, report TTFT/TBT/throughput/memory.
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
 #include "core/error.h"
+#include "core/stats.h"
+#include "kernels/matmul.h"
+#include "runtime/generate.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/model_args.h"
 
 namespace tern {
 
-int cmd_run(int, char**) { fail("'run' is not implemented yet"); }
+int cmd_run(int argc, char** argv) {
+  CLI::App app{"Generate text from a prompt and report the field's metrics (TTFT, TBT, tok/s, memory)."};
+  ModelArgs margs;
+  margs.add_to(app);
+  std::string prompt, prompt_file;
+  GenerateOptions opts;
+  bool no_bos = false, json = false;
+  int64_t seed = -1;
+  app.add_option("-p,--prompt", prompt, "prompt text (empty: start from BOS alone)");
+  app.add_option("-f,--file", prompt_file, "read the prompt from a file (exact bytes)");
+  app.add_option("-n,--n-predict", opts.n_predict, "tokens to generate (-1: until EOS or the context is full)")
+      ->check(CLI::Range(int64_t(-1), int64_t(1) << 24));
+  app.add_option("--temp", opts.sampling.temperature, "temperature (0: greedy)")->capture_default_str();
+  app.add_option("--top-k", opts.sampling.top_k, "top-k (0: off)")->capture_default_str();
+  app.add_option("--top-p", opts.sampling.top_p, "top-p / nucleus (1: off)")->capture_default_str();
+  app.add_option("--min-p", opts.sampling.min_p, "min-p (0: off)")->capture_default_str();
+  app.add_option("--repeat-penalty", opts.sampling.repeat_penalty, "repetition penalty (1: off)")->capture_default_str();
+  app.add_option("--repeat-last-n", opts.sampling.penalty_last_n, "tokens the penalties look back (-1: all)")->capture_default_str();
+  app.add_option("--frequency-penalty", opts.sampling.frequency_penalty, "frequency penalty")->capture_default_str();
+  app.add_option("--presence-penalty", opts.sampling.presence_penalty, "presence penalty")->capture_default_str();
+  app.add_option("-s,--seed", seed, "random seed (default: random, printed in the report)");
+  app.add_option("--stop", opts.stop, "stop string (repeatable); trimmed from the output");
+  app.add_flag("--ignore-eos", opts.ignore_eos, "keep generating after EOS");
+  app.add_flag("--no-bos", no_bos, "do not prepend BOS even if the model asks for it");
+  app.add_flag("--json", json, "print one JSON object (prompt_ids, ids, text, metrics) instead of streaming");
+  if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (!prompt_file.empty()) {
+    if (!prompt.empty()) fail("give either --prompt or --file, not both");
+    std::ifstream in(prompt_file, std::ios::binary);
+    if (!in) fail("cannot open prompt file ", prompt_file);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    prompt = ss.str();
+  }
+  opts.sampling.seed = seed >= 0 ? uint64_t(seed) : std::random_device{}();
+  opts.sampling.validate();
+
+  LoadedSession ls = open_session(margs);
+  const Tokenizer& tok = *ls.tokenizer;
+  std::vector<int32_t> prompt_ids = tok.encode(prompt, tok.add_bos_default() && !no_bos);
+  if (prompt_ids.empty()) fail("the prompt is empty and the model adds no BOS: give a prompt");
+
+  auto stream = [&](const std::string& piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  };
+  if (!json) {
+    // Echo the prompt as llama.cpp does, so the output reads as one text.
+    const std::string shown = tok.decode(prompt_ids);
+    std::fwrite(shown.data(), 1, shown.size(), stdout);
+    std::fflush(stdout);
+  }
+  GenerateResult r = generate(*ls.session, tok, prompt_ids, opts,
+                              json ? std::function<void(const std::string&)>{} : stream);
+  const auto& m = r.metrics;
+  const double tbt_mean = mean(m.tbt_ms), tbt_p50 = percentile(m.tbt_ms, 50), tbt_p99 = percentile(m.tbt_ms, 99);
+  const int64_t weight_bytes = ls.session->model().weight_bytes();
+  const int64_t kv_bytes = ls.session->kv_bytes();
+  const int64_t rss = peak_rss_bytes();
+  if (json) {
+    nlohmann::json j;
+    j["prompt_ids"] = r.prompt_ids;
+    j["ids"] = r.ids;
+    j["text"] = r.text;
+    j["finish_reason"] = r.finish_reason;
+    j["seed"] = opts.sampling.seed;
+    j["metrics"] = {{"n_prompt", m.n_prompt},         {"n_generated", m.n_generated},
+                    {"ttft_ms", m.ttft_ms},           {"tbt_ms_mean", tbt_mean},
+                    {"tbt_ms_p50", tbt_p50},          {"tbt_ms_p99", tbt_p99},
+                    {"latency_ms", m.latency_ms},     {"prefill_ms", m.prefill_ms},
+                    {"prefill_tok_s", m.prefill_tok_s}, {"decode_tok_s", m.decode_tok_s},
+                    {"weight_bytes", weight_bytes},   {"kv_bytes", kv_bytes},
+                    {"peak_rss_bytes", rss},          {"threads", ls.session->pool().size()},
+                    {"isa", active_isa()}};
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  std::fprintf(stderr,
+               "\n--- tern run: %lld prompt + %lld generated tokens, finish: %s, seed %llu, %d threads, isa %s\n"
+               "TTFT                %10.2f ms\n"
+               "TBT mean/p50/p99    %10.2f / %.2f / %.2f ms\n"
+               "generation latency  %10.2f ms\n"
+               "prefill             %10.2f tok/s\n"
+               "decode              %10.2f tok/s\n"
+               "weights             %10s\n"
+               "KV cache            %10s (%lld tokens)\n"
+               "peak RSS            %10s\n",
+               static_cast<long long>(m.n_prompt), static_cast<long long>(m.n_generated),
+               r.finish_reason.c_str(), static_cast<unsigned long long>(opts.sampling.seed),
+               ls.session->pool().size(), active_isa(), m.ttft_ms, tbt_mean, tbt_p50, tbt_p99,
+               m.latency_ms, m.prefill_tok_s, m.decode_tok_s, format_bytes(weight_bytes).c_str(),
+               format_bytes(kv_bytes).c_str(), static_cast<long long>(ls.session->n_ctx()),
+               format_bytes(rss).c_str());
+  return 0;
+}
 
 }  // namespace tern

@@ -20,6 +20,8 @@ int cmd_tokenize(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_ppl(int argc, char** argv);
+int cmd_logits(int argc, char** argv);
+int cmd_synth(int argc, char** argv);
 
 // Entry point shared by main() and tests: dispatches argv[1] to its command.
 int tern_main(int argc, char** argv);

@@ -15,6 +15,8 @@ const std::vector<Command>& commands() {
       {"inspect", "print a GGUF file's metadata, hyper-parameters and tensors", cmd_inspect},
       {"convert", "convert a llama2.c checkpoint + tokenizer to GGUF", cmd_convert},
       {"ppl", "perplexity of a text, computed as llama.cpp's llama-perplexity does", cmd_ppl},
+      {"logits", "print or save the logits of every position of a prompt", cmd_logits},
+      {"synth", "write a random-weight model with a real architecture shape", cmd_synth},
   };
   return kCommands;
 }

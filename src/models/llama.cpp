@@ -1,0 +1,199 @@
+// Llama-family decoder (Llama 2/3, TinyLlama, Mistral-style GQA): RMSNorm, RoPE ("normal"
+// pair layout), grouped-query attention, SwiGLU FFN, tied or untied output.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "models/model.h"
+#include "models/registry.h"
+#include "ops/ops.h"
+#include "quant/quant_traits.h"
+
+namespace tern {
+namespace {
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // [n_embd]
+  const float* ffn_norm = nullptr;   // [n_embd]
+  WeightView wq, wk, wv, wo;         // [n_embd -> n_embd | n_embd_kv]
+  WeightView w_gate, w_up, w_down;   // [n_embd -> n_ff], [n_ff -> n_embd]
+};
+
+class LlamaModel final : public Model {
+ public:
+  explicit LlamaModel(std::shared_ptr<const GgufFile> file) : file_(std::move(file)) {
+    hp_ = read_hparams(*file_);
+    const int64_t E = hp_.n_embd, Ekv = hp_.n_embd_kv(), F = hp_.n_ff, V = hp_.n_vocab;
+    tok_embd_ = weight("token_embd.weight", E, V);
+    output_norm_ = norm("output_norm.weight", E);
+    if (file_->find_tensor("output.weight")) {
+      output_ = weight("output.weight", E, V);
+    } else {
+      output_ = tok_embd_;  // tied embeddings
+    }
+    layers_.resize(size_t(hp_.n_layer));
+    for (int64_t il = 0; il < hp_.n_layer; ++il) {
+      const std::string b = "blk." + std::to_string(il) + ".";
+      LayerWeights& L = layers_[size_t(il)];
+      L.attn_norm = norm(b + "attn_norm.weight", E);
+      L.wq = weight(b + "attn_q.weight", E, E);
+      L.wk = weight(b + "attn_k.weight", E, Ekv);
+      L.wv = weight(b + "attn_v.weight", E, Ekv);
+      L.wo = weight(b + "attn_output.weight", E, E);
+      L.ffn_norm = norm(b + "ffn_norm.weight", E);
+      L.w_gate = weight(b + "ffn_gate.weight", E, F);
+      L.w_up = weight(b + "ffn_up.weight", E, F);
+      L.w_down = weight(b + "ffn_down.weight", F, E);
+    }
+    for (const auto& t : file_->tensors()) weight_bytes_ += int64_t(t.n_bytes);
+  }
+
+  void reserve(int64_t n_tokens) override {
+    if (n_tokens <= max_tokens_) return;
+    max_tokens_ = n_tokens;
+    const auto T = size_t(n_tokens);
+    x_.assign(T * size_t(hp_.n_embd), 0.0f);
+    xn_.assign(T * size_t(hp_.n_embd), 0.0f);
+    q_.assign(T * size_t(hp_.n_embd), 0.0f);
+    k_.assign(T * size_t(hp_.n_embd_kv()), 0.0f);
+    v_.assign(T * size_t(hp_.n_embd_kv()), 0.0f);
+    attn_.assign(T * size_t(hp_.n_embd), 0.0f);
+    gate_.assign(T * size_t(hp_.n_ff), 0.0f);
+    up_.assign(T * size_t(hp_.n_ff), 0.0f);
+    positions_.assign(T, 0);
+    out_rows_.assign(T * size_t(hp_.n_embd), 0.0f);
+  }
+  int64_t max_step_tokens() const override { return max_tokens_; }
+
+  void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits,
+               ThreadPool& pool) override;
+
+ private:
+  WeightView weight(const std::string& name, int64_t n_in, int64_t n_out) const {
+    const GgufTensorInfo* t = file_->find_tensor(name);
+    if (!t) fail(file_->path(), ": missing tensor ", name);
+    require_quant_traits(t->type, name.c_str());
+    if (t->ne.size() != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
+      fail(file_->path(), ": loading ", name, ": expected ", n_in, " x ", n_out, ", file has ",
+           t->shape_string());
+    return WeightView{t->type, n_in, n_out, t->data};
+  }
+  const float* norm(const std::string& name, int64_t n) const {
+    const GgufTensorInfo* t = file_->find_tensor(name);
+    if (!t) fail(file_->path(), ": missing tensor ", name);
+    if (t->type != DType::F32)
+      fail(file_->path(), ": loading ", name, ": norm weights must be f32, file has ", dtype_name(t->type));
+    if (t->ne.size() != 1 || t->ne[0] != n)
+      fail(file_->path(), ": loading ", name, ": expected ", n, ", file has ", t->shape_string());
+    if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0)
+      fail(file_->path(), ": tensor ", name, " data is misaligned");
+    return reinterpret_cast<const float*>(t->data);
+  }
+
+  std::shared_ptr<const GgufFile> file_;
+  WeightView tok_embd_, output_;
+  const float* output_norm_ = nullptr;
+  std::vector<LayerWeights> layers_;
+
+  int64_t max_tokens_ = 0;
+  // Activation scratch, sized by reserve(); T = tokens of the step.
+  std::vector<float> x_;      // [T, n_embd] residual stream
+  std::vector<float> xn_;     // [T, n_embd] normalised input of a block
+  std::vector<float> q_;      // [T, n_head * head_dim]
+  std::vector<float> k_;      // [T, n_head_kv * head_dim]
+  std::vector<float> v_;      // [T, n_head_kv * head_dim]
+  std::vector<float> attn_;   // [T, n_embd] attention output before wo
+  std::vector<float> gate_;   // [T, n_ff]
+  std::vector<float> up_;     // [T, n_ff]
+  std::vector<int32_t> positions_;  // [T]
+  std::vector<float> out_rows_;     // [rows needing logits, n_embd]
+  std::vector<AttentionArgs> attn_args_;
+};
+
+void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits,
+                         ThreadPool& pool) {
+  const int64_t E = hp_.n_embd, Ekv = hp_.n_embd_kv(), F = hp_.n_ff, V = hp_.n_vocab;
+  int64_t T = 0;
+  for (const auto& s : seqs) {
+    TERN_ASSERT(int64_t(s.slots.size()) >= s.n_past + int64_t(s.tokens.size()));
+    T += int64_t(s.tokens.size());
+  }
+  if (T == 0) return;
+  TERN_ASSERT_MSG(T <= max_tokens_, "step larger than reserve()");
+
+  // Embedding lookup and positions.
+  {
+    int64_t t = 0;
+    for (const auto& s : seqs)
+      for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
+        const int32_t id = s.tokens[i];
+        TERN_ASSERT_MSG(id >= 0 && id < V, "token id out of range");
+        dequantize_row(tok_embd_, id, x_.data() + t * E);
+        positions_[size_t(t)] = int32_t(s.n_past + int64_t(i));
+      }
+  }
+
+  const float scale = 1.0f / std::sqrt(float(hp_.head_dim));
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    const LayerWeights& L = layers_[size_t(il)];
+    rms_norm(x_.data(), L.attn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+    matmul(L.wq, xn_.data(), E, T, q_.data(), E, pool);
+    matmul(L.wk, xn_.data(), E, T, k_.data(), Ekv, pool);
+    matmul(L.wv, xn_.data(), E, T, v_.data(), Ekv, pool);
+    rope_norm(q_.data(), positions_.data(), T, hp_.n_head, hp_.head_dim, hp_.n_rot, hp_.rope_freq_base);
+    rope_norm(k_.data(), positions_.data(), T, hp_.n_head_kv, hp_.head_dim, hp_.n_rot, hp_.rope_freq_base);
+
+    // Store the new K/V at their slots, then attend per sequence.
+    float* kc = kv.k(il);
+    float* vc = kv.v(il);
+    attn_args_.clear();
+    int64_t t = 0;
+    for (const auto& s : seqs) {
+      const int64_t n = int64_t(s.tokens.size());
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t slot = s.slots[size_t(s.n_past + i)];
+        std::copy_n(k_.data() + (t + i) * Ekv, Ekv, kc + slot * Ekv);
+        std::copy_n(v_.data() + (t + i) * Ekv, Ekv, vc + slot * Ekv);
+      }
+      attn_args_.push_back(AttentionArgs{q_.data() + t * E, E, attn_.data() + t * E, E, kc, vc, Ekv,
+                                         s.slots.data(), s.n_past, n, hp_.n_head, hp_.n_head_kv,
+                                         hp_.head_dim, scale});
+      t += n;
+    }
+    attention(attn_args_, pool);
+    matmul(L.wo, attn_.data(), E, T, xn_.data(), E, pool);
+    add_inplace(x_.data(), xn_.data(), T * E);
+
+    rms_norm(x_.data(), L.ffn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+    matmul(L.w_gate, xn_.data(), E, T, gate_.data(), F, pool);
+    matmul(L.w_up, xn_.data(), E, T, up_.data(), F, pool);
+    swiglu(gate_.data(), up_.data(), gate_.data(), T * F, pool);
+    matmul(L.w_down, gate_.data(), F, T, xn_.data(), E, pool);
+    add_inplace(x_.data(), xn_.data(), T * E);
+  }
+
+  // Final norm and output projection only for the rows that need logits.
+  int64_t rows = 0, t = 0;
+  for (const auto& s : seqs) {
+    const int64_t n = int64_t(s.tokens.size());
+    if (s.all_logits) {
+      std::copy_n(x_.data() + t * E, n * E, out_rows_.data() + rows * E);
+      rows += n;
+    } else {
+      std::copy_n(x_.data() + (t + n - 1) * E, E, out_rows_.data() + rows * E);
+      rows += 1;
+    }
+    t += n;
+  }
+  rms_norm(out_rows_.data(), output_norm_, out_rows_.data(), rows, E, hp_.rms_eps, pool);
+  matmul(output_, out_rows_.data(), E, rows, logits, V, pool);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama(std::shared_ptr<const GgufFile> file) {
+  return std::make_unique<LlamaModel>(std::move(file));
+}
+
+}  // namespace tern

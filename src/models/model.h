@@ -1,0 +1,102 @@
+#pragma once
+// The model interface every architecture implements, and the data a forward pass consumes.
+//
+// A forward pass runs one *step*: a ragged batch of sequences, each contributing some new
+// tokens at its own position (a whole prompt, a prefill chunk, one decode token, or a few
+// speculative tokens: one mechanism). K/V are read and written through a slot mapping
+// (position -> KV slot), so the same forward serves a contiguous cache and a paged one.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "gguf/gguf.h"
+#include "kernels/matmul.h"
+
+namespace tern {
+
+struct HParams {
+  std::string arch;        // general.architecture
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  int64_t n_embd = 0;
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;    // n_embd / n_head
+  int64_t n_ff = 0;
+  int64_t n_rot = 0;       // rope dimension count
+  float rope_freq_base = 10000.0f;
+  float rms_eps = 1e-5f;
+
+  int64_t n_embd_kv() const { return n_head_kv * head_dim; }
+};
+
+// K/V storage for every layer: [n_slots, n_head_kv * head_dim] f32 for K and for V.
+// Sized once; slots are handed out by whoever owns the cache (runtime or kv/ block tables).
+class KvStore {
+ public:
+  KvStore(const HParams& hp, int64_t n_slots);
+  float* k(int64_t il) { return k_.data() + il * layer_stride_; }
+  float* v(int64_t il) { return v_.data() + il * layer_stride_; }
+  int64_t n_slots() const { return n_slots_; }
+  int64_t row() const { return row_; }
+  int64_t bytes() const { return int64_t(k_.size() + v_.size()) * int64_t(sizeof(float)); }
+
+ private:
+  int64_t n_slots_, row_, layer_stride_;
+  std::vector<float> k_;  // [n_layer][n_slots][n_embd_kv]
+  std::vector<float> v_;  // [n_layer][n_slots][n_embd_kv]
+};
+
+// One sequence's share of a step.
+struct SeqBatch {
+  int64_t n_past = 0;                 // tokens of this sequence already in the KV cache
+  std::span<const int32_t> tokens;    // new tokens, at positions n_past .. n_past+n-1
+  std::span<const int32_t> slots;     // KV slot of every position 0 .. n_past+n-1
+  bool all_logits = false;            // logits for every new token (perplexity) or the last only
+};
+
+// Rows of logits a step produces: sum over seqs of (all_logits ? n_tokens : 1).
+int64_t n_logit_rows(std::span<const SeqBatch> seqs);
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  const HParams& hparams() const { return hp_; }
+  // Bytes of all weight tensors as stored (what a decode step streams).
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+  // Runs one step. logits: [n_logit_rows(seqs), n_vocab], rows in the order of `seqs`.
+  // Writes the new tokens' K/V into `kv` at their slots. max_tokens of the scratch bounds
+  // the total new tokens of a step (see reserve()).
+  virtual void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits,
+                       ThreadPool& pool) = 0;
+  // Sizes the activation scratch for steps of up to n_tokens new tokens (allocates once).
+  virtual void reserve(int64_t n_tokens) = 0;
+  virtual int64_t max_step_tokens() const = 0;
+
+ protected:
+  HParams hp_;
+  int64_t weight_bytes_ = 0;
+};
+
+// A loaded model keeps its file (and so the weight mapping) alive.
+struct LoadedModel {
+  std::shared_ptr<const GgufFile> file;
+  std::unique_ptr<Model> model;
+};
+
+// Reads hyper-parameters of a GGUF model (any registered architecture); throws on missing or
+// inconsistent keys.
+HParams read_hparams(const GgufFile& file);
+// Builds the architecture named by general.architecture; throws for unknown ones.
+std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file);
+
+// Opens MODEL (GGUF, or a llama2.c .bin when tokenizer_bin is given) and builds it.
+std::shared_ptr<const GgufFile> open_model_file(const std::string& path,
+                                                const std::string& tokenizer_bin = "");
+
+}  // namespace tern

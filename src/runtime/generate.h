@@ -1,0 +1,47 @@
+#pragma once
+// Prompt -> prefill -> decode loop for one sequence, with the field's latency metrics.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/session.h"
+#include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tern {
+
+struct GenerateOptions {
+  int64_t n_predict = 128;          // tokens to generate (-1: until EOS or the context is full)
+  SamplingParams sampling;
+  std::vector<std::string> stop;    // stop strings (trimmed from the text)
+  bool ignore_eos = false;
+};
+
+struct GenerateMetrics {
+  int64_t n_prompt = 0;
+  int64_t n_generated = 0;
+  double ttft_ms = 0;               // start -> first generated token (prefill + first sample)
+  std::vector<double> tbt_ms;       // gap between consecutive generated tokens
+  double latency_ms = 0;            // start -> last generated token
+  double prefill_ms = 0;
+  double prefill_tok_s = 0;
+  double decode_tok_s = 0;          // (n_generated - 1) / sum(tbt)
+};
+
+struct GenerateResult {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> ids;         // generated ids (a stop string's tokens included)
+  std::string text;                 // generated text, stop string trimmed
+  std::string finish_reason;        // "stop" (EOS or stop string) or "length"
+  GenerateMetrics metrics;
+};
+
+// Runs the prompt, then samples until n_predict, EOS, a stop string or the end of the
+// context. on_text receives text as soon as it is final (valid UTF-8, never part of a
+// possible stop string). The session must be empty (n_past() == 0).
+GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                        const GenerateOptions& opts,
+                        const std::function<void(const std::string&)>& on_text = {});
+
+}  // namespace tern

@@ -1,0 +1,119 @@
+// Interoperability: llama.cpp (the peer installed by shared/peer/setup.sh) must load GGUF files
+// that tern writes and generate the same greedy tokens as llama2.c's reference run.
+// Skips when the peer or node is not installed.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <iostream>
+#include <sstream>
+
+#include "gguf_test_util.h"
+#include "models/llama2c_import.h"
+
+namespace tern::test {
+namespace {
+
+const std::string kModel = "models/stories260K.gguf";
+const std::string kBin = "models/stories260K-llama2c/stories260K.bin";
+const std::string kTok = "models/stories260K-llama2c/tok512.bin";
+const std::string kRef = "reference/stories260K/greedy_prompt_once_upon_a_time_n64.tokens";
+constexpr int kNew = 8;  // tokens generated
+
+std::string peer_script() {
+  const char* dir = std::getenv("PEER_DIR");
+  const char* home = std::getenv("HOME");
+  const std::string peer = dir ? dir : std::string(home ? home : "") + "/.cache/llamacpp-peer";
+  if (!std::filesystem::exists(peer + "/node_modules/node-llama-cpp")) return "";
+  const std::string script = peer + "/llamacpp_bench.mjs";
+  return std::filesystem::exists(script) ? script : "";
+}
+
+bool have_program(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::stringstream ss(path ? path : "");
+  for (std::string d; std::getline(ss, d, ':');)
+    if (!d.empty() && access((d + "/" + name).c_str(), X_OK) == 0) return true;
+  return false;
+}
+
+// The reference run's prompt and its first kNew greedy continuations ("pos input next" lines;
+// the prompt is positions 0..4, so the continuation is `next` from position 4 on).
+struct Reference {
+  std::vector<int> prompt, next;
+};
+Reference read_reference(size_t prompt_len) {
+  std::ifstream in(shared_path(kRef));
+  Reference r;
+  int pos, input, next;
+  while (in >> pos >> input >> next) {
+    if (size_t(pos) < prompt_len) r.prompt.push_back(input);
+    if (size_t(pos) + 1 >= prompt_len && r.next.size() < size_t(kNew)) r.next.push_back(next);
+  }
+  return r;
+}
+
+#define REQUIRE_PEER()                                                                                  \
+  const std::string script = peer_script();                                                             \
+  if (script.empty())                                                                                   \
+    GTEST_SKIP() << "llama.cpp peer not installed (run ../shared/peer/setup.sh; PEER_DIR or "           \
+                    "~/.cache/llamacpp-peer)";                                                          \
+  if (!have_program("node")) GTEST_SKIP() << "node not found in PATH";                                  \
+  for (const auto& rel : {kModel, kBin, kTok, kRef})                                                    \
+    if (!std::filesystem::exists(shared_path(rel))) GTEST_SKIP() << "missing " << shared_path(rel)
+
+// Runs llama.cpp's greedy decode on `gguf` and checks it against the reference run.
+void expect_llamacpp_matches_reference(const std::string& script, const std::string& gguf) {
+  std::vector<std::string> argv = {"node", script, "--model", gguf, "--greedy", "Once upon a time",
+                                   "--n", std::to_string(kNew), "--bos"};
+  if (have_program("timeout")) argv.insert(argv.begin(), {"timeout", "300"});
+  const RunResult r = run_program(argv);
+  ASSERT_EQ(r.exit_code, 0) << "llama.cpp failed to load/run " << gguf << ":\n" << r.err << r.out;
+  // The JSON is the last line of stdout.
+  std::string last;
+  std::stringstream ss(r.out);
+  for (std::string line; std::getline(ss, line);)
+    if (!line.empty()) last = line;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(last);
+  } catch (const std::exception& e) {
+    FAIL() << "peer output is not JSON: " << r.out;
+  }
+  const Reference ref = read_reference(5);
+  ASSERT_EQ(ref.prompt, (std::vector<int>{1, 403, 407, 261, 378}));
+  ASSERT_EQ(ref.next.size(), size_t(kNew));
+  EXPECT_EQ(j["prompt_ids"].get<std::vector<int>>(), ref.prompt);
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), ref.next) << "llama.cpp text: " << j["text"];
+  std::cout << "[ llama.cpp] " << gguf << ": ids " << j["ids"].dump() << " text " << j["text"].dump() << "\n";
+}
+
+TEST(LlamaCppPeer, LoadsTheLlama2cConversion) {
+  REQUIRE_PEER();
+  TempDir dir;
+  const std::string out = dir.file("stories260K-from-llama2c.gguf");
+  GgufWriter::write_bytes(out, llama2c_to_gguf_bytes(shared_path(kBin), shared_path(kTok)));
+  expect_llamacpp_matches_reference(script, out);
+}
+
+// The shared model rewritten by GgufWriter with a layout llama.cpp never produced: tensors in
+// reverse order, fresh offsets, and a 64-byte alignment recorded in general.alignment.
+TEST(LlamaCppPeer, LoadsARelaidOutFile) {
+  REQUIRE_PEER();
+  const GgufFile src = GgufFile::open(shared_path(kModel));
+  GgufWriter w;
+  w.copy_metadata(src);
+  w.set("general.alignment", GgufValue::u32(64));
+  for (auto it = src.tensors().rbegin(); it != src.tensors().rend(); ++it)
+    w.add_tensor(it->name, it->type, it->ne, it->data, it->n_bytes);
+  TempDir dir;
+  const std::string out = dir.file("stories260K-relaid.gguf");
+  w.write(out);
+  const GgufFile check = GgufFile::open(out);
+  ASSERT_EQ(check.alignment(), 64u);
+  ASSERT_EQ(check.tensors().front().name, src.tensors().back().name);
+  expect_llamacpp_matches_reference(script, out);
+}
+
+}  // namespace
+}  // namespace tern::test

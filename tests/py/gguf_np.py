@@ -1,0 +1,117 @@
+"""A minimal, independent GGUF reader and Llama forward pass in numpy (float64), used as a
+test oracle for tern's C++ implementation. Written from the GGUF spec, shares no code with tern."""
+import struct
+
+import numpy as np
+
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def read_gguf(path):
+    buf = open(path, "rb").read()
+    off = 0
+
+    def take(fmt):
+        nonlocal off
+        v = struct.unpack_from(fmt, buf, off)
+        off += struct.calcsize(fmt)
+        return v[0]
+
+    def string():
+        nonlocal off
+        n = take("<Q")
+        s = buf[off:off + n].decode("utf-8", "replace")
+        off += n
+        return s
+
+    def value(t):
+        if t == 8:
+            return string()
+        if t == 9:
+            et = take("<I")
+            n = take("<Q")
+            return [value(et) for _ in range(n)]
+        return take(_SCALAR[t])
+
+    assert buf[:4] == b"GGUF"
+    off = 4
+    take("<I")
+    n_tensors = take("<Q")
+    n_kv = take("<Q")
+    meta = {}
+    for _ in range(n_kv):
+        k = string()
+        meta[k] = value(take("<I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        nd = take("<I")
+        ne = [take("<Q") for _ in range(nd)]
+        typ = take("<I")
+        o = take("<Q")
+        infos.append((name, ne, typ, o))
+    align = meta.get("general.alignment", 32)
+    data_start = (off + align - 1) // align * align
+    tensors = {}
+    for name, ne, typ, o in infos:
+        count = int(np.prod(ne))
+        if typ == 0:
+            arr = np.frombuffer(buf, dtype="<f4", count=count, offset=data_start + o)
+        elif typ == 1:
+            arr = np.frombuffer(buf, dtype="<f2", count=count, offset=data_start + o)
+        else:
+            raise ValueError(f"oracle reads only F32/F16, tensor {name} has type {typ}")
+        # ggml ne[0] is the fastest dimension: numpy shape is reversed.
+        tensors[name] = arr.astype(np.float64).reshape(list(reversed(ne)))
+    return meta, tensors
+
+
+def llama_logits(meta, t, ids):
+    arch = meta["general.architecture"]
+    E = meta[f"{arch}.embedding_length"]
+    L = meta[f"{arch}.block_count"]
+    H = meta[f"{arch}.attention.head_count"]
+    Hkv = meta.get(f"{arch}.attention.head_count_kv", H)
+    hd = E // H
+    n_rot = meta.get(f"{arch}.rope.dimension_count", hd)
+    base = meta.get(f"{arch}.rope.freq_base", 10000.0)
+    eps = meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    T = len(ids)
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    def rope(x, nh):  # x: [T, nh, hd]; rotate pairs (2i, 2i+1) for 2i < n_rot
+        pos = np.arange(T)[:, None]
+        inv = base ** (-np.arange(0, n_rot, 2) / n_rot)
+        ang = pos * inv[None, :]
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        y = x.copy()
+        x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        y[..., 0:n_rot:2] = x0 * c - x1 * s
+        y[..., 1:n_rot:2] = x0 * s + x1 * c
+        return y
+
+    x = t["token_embd.weight"][ids]
+    for il in range(L):
+        p = f"blk.{il}."
+        h = rms(x, t[p + "attn_norm.weight"])
+        q = rope((h @ t[p + "attn_q.weight"].T).reshape(T, H, hd), H)
+        k = rope((h @ t[p + "attn_k.weight"].T).reshape(T, Hkv, hd), Hkv)
+        v = (h @ t[p + "attn_v.weight"].T).reshape(T, Hkv, hd)
+        rep = H // Hkv
+        k = np.repeat(k, rep, axis=1)
+        v = np.repeat(v, rep, axis=1)
+        att = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
+        att = att + np.triu(np.full((T, T), -np.inf), 1)[None]
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        o = np.einsum("hts,shd->thd", att, v).reshape(T, E)
+        x = x + o @ t[p + "attn_output.weight"].T
+        h = rms(x, t[p + "ffn_norm.weight"])
+        g = h @ t[p + "ffn_gate.weight"].T
+        u = h @ t[p + "ffn_up.weight"].T
+        x = x + (g / (1 + np.exp(-g)) * u) @ t[p + "ffn_down.weight"].T
+    x = rms(x, t["output_norm.weight"])
+    out = t.get("output.weight", t["token_embd.weight"])
+    return x @ out.T

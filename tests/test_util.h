@@ -1,0 +1,51 @@
+#pragma once
+// Helpers shared by the test binaries: where ../shared is, and skipping when it is absent.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace tern::testing {
+
+inline std::string shared_path(const std::string& rel) {
+  const char* env = std::getenv("TERN_SHARED_DIR");
+  const std::string base = env && *env ? env : TERN_SHARED_DIR;
+  return base + "/" + rel;
+}
+
+inline std::string read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs a shell command, returns its exit status and stdout (stderr to `err` if given).
+inline int run_command(const std::string& cmd, std::string* out, std::string* err = nullptr) {
+  const std::string err_file = std::filesystem::temp_directory_path() / ("tern_test_err_" + std::to_string(::getpid()));
+  const std::string full = cmd + " 2>" + err_file;
+  FILE* p = ::popen(full.c_str(), "r");
+  if (!p) return -1;
+  std::string acc;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) acc.append(buf, n);
+  const int status = ::pclose(p);
+  if (out) *out = acc;
+  if (err) *err = read_file_bytes(err_file);
+  std::remove(err_file.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace tern::testing
+
+// Skips the current test when a file from ../shared is missing (a user's machine).
+#define TERN_REQUIRE_SHARED(rel)                                                         \
+  do {                                                                                   \
+    if (!std::filesystem::exists(::tern::testing::shared_path(rel)))                     \
+      GTEST_SKIP() << "missing " << ::tern::testing::shared_path(rel) << " (../shared absent)"; \
+  } while (0)
