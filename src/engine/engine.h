@@ -1,0 +1,124 @@
+#pragma once
+// The serving engine: many concurrent requests over one model, vLLM-style.
+//
+//   Engine::step() = schedule (sched/) -> execute (Model::forward over a ragged batch with paged
+//   KV slots from kv/) -> update (sample, stream, finish, free blocks)
+//
+// Threading contract (what the server relies on):
+//   - add_request() and abort() are thread-safe and never block on a running step for long
+//     (they queue work that the engine thread applies at the start of its next step);
+//   - callbacks run on the engine thread, must be quick and must not call back into the engine
+//     except abort() (which is always allowed);
+//   - start() runs step() on a background thread until stop(); or a caller can drive step()
+//     itself (tests, bench-serve) when the engine was not started.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tern {
+
+struct EngineConfig {
+  int n_threads = 0;               // 0: all cores
+  int64_t kv_block_size = 16;      // tokens per KV block (--kv-block-size)
+  int64_t kv_memory_bytes = 0;     // KV arena size (--kv-memory); 0: n_ctx * n_parallel tokens
+  int64_t n_ctx = 0;               // most tokens (prompt + output) of one request; 0: model's
+  int64_t n_parallel = 4;          // sequences the default KV arena is sized for (--parallel)
+  int64_t max_batch_tokens = 512;  // token budget of one step (--batch-tokens)
+  int64_t max_running = 256;       // most requests decoding at once
+  int64_t max_waiting = 1024;      // queue length past which add_request refuses (429)
+  bool prefix_caching = true;
+};
+
+enum class FinishReason { None, Stop, Length, Abort, Error };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+
+struct RequestParams {
+  std::vector<int32_t> prompt_ids;   // already tokenized (BOS included if wanted); not empty
+  int64_t max_tokens = 16;           // tokens to generate; clipped to the context
+  SamplingParams sampling;
+  std::vector<std::string> stop;     // stop strings, trimmed from the text
+  bool ignore_eos = false;
+  int n_logprobs = -1;               // -1: none; 0..20: logprob of the token + that many top alternatives
+  int priority = 0;                  // lower runs first among waiting requests; FCFS within a priority
+  int n = 1;                         // completions of this prompt (OpenAI `n`): the prompt is
+                                     // computed once and its KV blocks shared copy-on-write
+};
+
+struct GeneratedToken {
+  int32_t id = 0;
+  float logprob = 0;                        // when n_logprobs >= 0
+  std::vector<TokenLogprob> top_logprobs;   // n_logprobs alternatives
+};
+
+struct RequestMetrics {
+  int64_t n_prompt = 0;
+  int64_t n_cached_prompt = 0;   // prompt tokens served from the prefix cache
+  int64_t n_generated = 0;
+  int64_t n_preempted = 0;       // times this request was preempted and recomputed
+  double queue_ms = 0;           // arrival -> first scheduled
+  double ttft_ms = 0;            // arrival -> first token
+  double e2e_ms = 0;             // arrival -> finish
+  std::vector<double> tbt_ms;    // gaps between consecutive tokens
+};
+
+// What a callback receives: everything new since the previous call for this request.
+struct RequestOutput {
+  uint64_t request_id = 0;
+  int index = 0;                       // which of the request's n completions
+  std::vector<GeneratedToken> tokens;  // new tokens
+  std::string text;                    // new text: valid UTF-8, never part of a possible stop string
+  bool finished = false;               // this completion (index) is finished
+  FinishReason finish_reason = FinishReason::None;
+  std::string error;                   // with FinishReason::Error
+  RequestMetrics metrics;              // filled when finished
+};
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+struct EngineMetrics {
+  int64_t n_running = 0, n_waiting = 0, n_preempted_total = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_free = 0;
+  int64_t kv_bytes = 0;
+  double kv_waste_pct = 0;             // allocated-but-unfilled slots / allocated slots, now
+  double prefix_hit_rate = 0;          // cached prompt tokens / prompt tokens, since start
+  int64_t prompt_tokens_total = 0, generated_tokens_total = 0;
+  int64_t requests_finished = 0, requests_aborted = 0, requests_failed = 0;
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<const GgufFile> model_file, std::shared_ptr<const Tokenizer> tokenizer,
+         const EngineConfig& config);
+  ~Engine();  // stops the loop; unfinished requests finish with FinishReason::Abort
+
+  // Queues a request. Returns its id (> 0). Throws tern::Error for a request that can never
+  // run (empty prompt, prompt + 1 longer than n_ctx, bad sampling params, bad token ids).
+  // Returns 0 when the waiting queue is full ("not now": the server answers 429).
+  uint64_t add_request(RequestParams params, OutputCallback on_output);
+  // Aborts a waiting or running request; its blocks are freed at the start of the next step and
+  // its callback receives a final output with FinishReason::Abort. Unknown ids are ignored.
+  void abort(uint64_t request_id);
+
+  // One iteration; returns false when there was nothing to do. Not thread-safe with itself.
+  bool step();
+  void start();  // background loop thread
+  void stop();   // joins it (in-flight requests keep their state)
+  bool has_work() const;
+
+  EngineMetrics metrics() const;  // thread-safe snapshot
+  const EngineConfig& config() const;
+  int64_t n_ctx() const;
+  const Tokenizer& tokenizer() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tern

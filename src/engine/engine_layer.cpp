@@ -1,0 +1,1 @@
+// layer engine (placeholder until its first source)

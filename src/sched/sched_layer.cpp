@@ -1,0 +1,1 @@
+// layer sched (placeholder until its first source)

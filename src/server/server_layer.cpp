@@ -1,0 +1,1 @@
+// layer server (placeholder until its first source)
