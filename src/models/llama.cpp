@@ -13,6 +13,10 @@
 namespace tern {
 namespace {
 
+struct LayerNames {
+  std::string wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [n_embd]
   const float* ffn_norm = nullptr;   // [n_embd]
@@ -31,11 +35,15 @@ class LlamaModel final : public Model {
       output_ = weight("output.weight", E, V);
     } else {
       output_ = tok_embd_;  // tied embeddings
+      output_is_tied_ = true;
     }
     layers_.resize(size_t(hp_.n_layer));
+    names_.resize(size_t(hp_.n_layer));
     for (int64_t il = 0; il < hp_.n_layer; ++il) {
       const std::string b = "blk." + std::to_string(il) + ".";
       LayerWeights& L = layers_[size_t(il)];
+      names_[size_t(il)] = {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight", b + "attn_output.weight",
+                            b + "ffn_gate.weight", b + "ffn_up.weight", b + "ffn_down.weight"};
       L.attn_norm = norm(b + "attn_norm.weight", E);
       L.wq = weight(b + "attn_q.weight", E, E);
       L.wk = weight(b + "attn_k.weight", E, Ekv);
@@ -94,7 +102,9 @@ class LlamaModel final : public Model {
   std::shared_ptr<const GgufFile> file_;
   WeightView tok_embd_, output_;
   const float* output_norm_ = nullptr;
+  bool output_is_tied_ = false;
   std::vector<LayerWeights> layers_;
+  std::vector<LayerNames> names_;
 
   int64_t max_tokens_ = 0;
   // Activation scratch, sized by reserve(); T = tokens of the step.
@@ -137,7 +147,13 @@ void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
   const float scale = 1.0f / std::sqrt(float(hp_.head_dim));
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const LayerWeights& L = layers_[size_t(il)];
+    const LayerNames& N = names_[size_t(il)];
     rms_norm(x_.data(), L.attn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+    if (observer_) {
+      observer_->on_linear_input(N.wq, xn_.data(), T, E);
+      observer_->on_linear_input(N.wk, xn_.data(), T, E);
+      observer_->on_linear_input(N.wv, xn_.data(), T, E);
+    }
     matmul(L.wq, xn_.data(), E, T, q_.data(), E, pool);
     matmul(L.wk, xn_.data(), E, T, k_.data(), Ekv, pool);
     matmul(L.wv, xn_.data(), E, T, v_.data(), Ekv, pool);
@@ -162,13 +178,19 @@ void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
       t += n;
     }
     attention(attn_args_, pool);
+    if (observer_) observer_->on_linear_input(N.wo, attn_.data(), T, E);
     matmul(L.wo, attn_.data(), E, T, xn_.data(), E, pool);
     add_inplace(x_.data(), xn_.data(), T * E);
 
     rms_norm(x_.data(), L.ffn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+    if (observer_) {
+      observer_->on_linear_input(N.w_gate, xn_.data(), T, E);
+      observer_->on_linear_input(N.w_up, xn_.data(), T, E);
+    }
     matmul(L.w_gate, xn_.data(), E, T, gate_.data(), F, pool);
     matmul(L.w_up, xn_.data(), E, T, up_.data(), F, pool);
     swiglu(gate_.data(), up_.data(), gate_.data(), T * F, pool);
+    if (observer_) observer_->on_linear_input(N.w_down, gate_.data(), T, F);
     matmul(L.w_down, gate_.data(), F, T, xn_.data(), E, pool);
     add_inplace(x_.data(), xn_.data(), T * E);
   }
@@ -187,6 +209,7 @@ void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
     t += n;
   }
   rms_norm(out_rows_.data(), output_norm_, out_rows_.data(), rows, E, hp_.rms_eps, pool);
+  if (observer_) observer_->on_linear_input(output_is_tied_ ? "token_embd.weight" : "output.weight", out_rows_.data(), rows, E);
   matmul(output_, out_rows_.data(), E, rows, logits, V, pool);
 }
 

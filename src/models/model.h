@@ -51,6 +51,15 @@ class KvStore {
   std::vector<float> v_;  // [n_layer][n_slots][n_embd_kv]
 };
 
+// Sees the input of every linear layer during forward (calibration for GPTQ, AWQ,
+// SmoothQuant, LLM.int8() outlier detection). `weight` names the GGUF tensor about to be
+// applied ("blk.3.attn_q.weight"); x is [n_tokens, n_in]. Called on the forward's thread.
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  virtual void on_linear_input(const std::string& weight, const float* x, int64_t n_tokens, int64_t n_in) = 0;
+};
+
 // One sequence's share of a step.
 struct SeqBatch {
   int64_t n_past = 0;                 // tokens of this sequence already in the KV cache
@@ -77,10 +86,13 @@ class Model {
   // Sizes the activation scratch for steps of up to n_tokens new tokens (allocates once).
   virtual void reserve(int64_t n_tokens) = 0;
   virtual int64_t max_step_tokens() const = 0;
+  // Installs (or clears, with nullptr) an observer of linear-layer inputs. Not owned.
+  void set_observer(ForwardObserver* observer) { observer_ = observer; }
 
  protected:
   HParams hp_;
   int64_t weight_bytes_ = 0;
+  ForwardObserver* observer_ = nullptr;
 };
 
 // A loaded model keeps its file (and so the weight mapping) alive.
