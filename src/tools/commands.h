@@ -22,6 +22,7 @@ int cmd_convert(int argc, char** argv);
 int cmd_ppl(int argc, char** argv);
 int cmd_logits(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
 
 // Entry point shared by main() and tests: dispatches argv[1] to its command.
 int tern_main(int argc, char** argv);

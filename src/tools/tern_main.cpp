@@ -17,6 +17,7 @@ const std::vector<Command>& commands() {
       {"ppl", "perplexity of a text, computed as llama.cpp's llama-perplexity does", cmd_ppl},
       {"logits", "print or save the logits of every position of a prompt", cmd_logits},
       {"synth", "write a random-weight model with a real architecture shape", cmd_synth},
+      {"bench", "prompt-processing and generation throughput with the decode roofline", cmd_bench},
   };
   return kCommands;
 }

@@ -1,0 +1,154 @@
+// tern bench: llama-bench-style prompt processing (pp) and generation (tg) throughput,
+// medians over repetitions after a warm-up, with the memory-bandwidth roofline for decode.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "core/stats.h"
+#include "kernels/matmul.h"
+#include "tools/bandwidth_probe.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+#include "tools/model_args.h"
+#include "tools/progress.h"
+
+namespace tern {
+
+namespace {
+
+// Bytes a decode step streams: every weight once, except the embedding table, of which only
+// one row is read (unless it doubles as the output projection).
+int64_t bytes_read_per_token(const GgufFile& f) {
+  int64_t bytes = 0;
+  const bool tied = f.find_tensor("output.weight") == nullptr;
+  for (const auto& t : f.tensors()) {
+    if (t.name == "token_embd.weight" && !tied) continue;
+    bytes += int64_t(t.n_bytes);
+  }
+  return bytes;
+}
+
+std::string model_type_name(const GgufFile& f) {
+  // The type most of the bytes are stored in (what llama-bench prints as the model type).
+  std::vector<std::pair<int64_t, DType>> by_type;
+  for (const auto& t : f.tensors()) {
+    auto it = std::find_if(by_type.begin(), by_type.end(), [&](const auto& p) { return p.second == t.type; });
+    if (it == by_type.end()) by_type.push_back({int64_t(t.n_bytes), t.type});
+    else it->first += int64_t(t.n_bytes);
+  }
+  if (by_type.empty()) return "?";
+  return dtype_name(std::max_element(by_type.begin(), by_type.end())->second);
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  CLI::App app{"Prompt-processing and generation throughput (llama-bench style) with the decode roofline."};
+  ModelArgs margs;
+  margs.add_to(app, /*with_ctx=*/false);
+  int64_t n_prompt = 512, n_gen = 128;
+  int reps = 5;
+  bool json = false, no_bandwidth = false;
+  app.add_option("-p,--n-prompt", n_prompt, "prompt tokens of the pp test (0: skip)")->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 16));
+  app.add_option("-n,--n-gen", n_gen, "generated tokens of the tg test (0: skip)")->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 16));
+  app.add_option("-r,--reps", reps, "repetitions (the median is reported)")->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_flag("--no-bandwidth", no_bandwidth, "skip the memory-bandwidth probe");
+  app.add_flag("--json", json, "print one JSON object");
+  if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (n_prompt == 0 && n_gen == 0) fail("nothing to measure: -p and -n are both 0");
+  margs.ctx = std::max<int64_t>(n_prompt, n_gen) + 1;
+  margs.batch = std::max<int64_t>(1, std::min<int64_t>(n_prompt, 512));
+  LoadedSession ls = open_session(margs);
+  Session& s = *ls.session;
+  const int64_t V = s.hparams().n_vocab;
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int32_t> pick(0, int32_t(V - 1));
+  std::vector<int32_t> prompt(size_t(std::max<int64_t>(n_prompt, 1)));
+  for (auto& t : prompt) t = pick(rng);
+
+  auto run_pp = [&]() {
+    s.reset();
+    const int64_t t0 = now_ns();
+    s.eval(prompt);
+    return double(n_prompt) / (double(now_ns() - t0) / 1e9);
+  };
+  auto run_tg = [&]() {
+    s.reset();
+    int32_t tok = ls.tokenizer->bos_id() >= 0 ? ls.tokenizer->bos_id() : 0;
+    const int64_t t0 = now_ns();
+    for (int64_t i = 0; i < n_gen; ++i) {
+      s.eval(std::span<const int32_t>(&tok, 1));
+      tok = pick(rng);
+    }
+    return double(n_gen) / (double(now_ns() - t0) / 1e9);
+  };
+
+  // Warm-up: page the weights in and let the pool's threads settle.
+  if (n_prompt > 0) run_pp();
+  if (n_gen > 0) {
+    const int64_t keep = n_gen;
+    n_gen = std::min<int64_t>(n_gen, 16);
+    run_tg();
+    n_gen = keep;
+  }
+  std::vector<double> pp, tg;
+  Progress progress("bench", int64_t(reps) * ((n_prompt > 0) + (n_gen > 0)), !json);
+  int64_t done = 0;
+  for (int r = 0; r < reps; ++r) {
+    if (n_prompt > 0) {
+      pp.push_back(run_pp());
+      progress.update(++done);
+    }
+    if (n_gen > 0) {
+      tg.push_back(run_tg());
+      progress.update(++done);
+    }
+  }
+  progress.finish();
+  const double bw = no_bandwidth ? 0.0 : measure_read_bandwidth_gb_s(s.pool());
+  const int64_t per_token = bytes_read_per_token(s.file());
+  const double pp_med = percentile(pp, 50), tg_med = percentile(tg, 50);
+  const double roofline_tok_s = bw > 0 ? bw * 1e9 / double(per_token) : 0.0;
+  const double roofline_pct = roofline_tok_s > 0 ? 100.0 * tg_med / roofline_tok_s : 0.0;
+  const int64_t weight_bytes = s.model().weight_bytes();
+  const std::string type = model_type_name(s.file());
+  if (json) {
+    nlohmann::json j = {{"model", margs.model},
+                        {"type", type},
+                        {"threads", s.pool().size()},
+                        {"isa", active_isa()},
+                        {"n_prompt", n_prompt},
+                        {"n_gen", n_gen},
+                        {"reps", reps},
+                        {"pp_tok_s", pp_med},
+                        {"tg_tok_s", tg_med},
+                        {"pp_runs", pp},
+                        {"tg_runs", tg},
+                        {"weight_bytes", weight_bytes},
+                        {"bytes_per_token", per_token},
+                        {"bandwidth_gb_s", bw},
+                        {"tg_roofline_tok_s", roofline_tok_s},
+                        {"tg_roofline_pct", roofline_pct},
+                        {"peak_rss_bytes", peak_rss_bytes()}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("| model | type | size | threads | isa | test | t/s (median of %d) |\n|---|---|---|---|---|---|---|\n", reps);
+  const std::string size = format_bytes(weight_bytes);
+  if (n_prompt > 0)
+    std::printf("| %s | %s | %s | %d | %s | pp%lld | %.2f |\n", margs.model.c_str(), type.c_str(), size.c_str(),
+                s.pool().size(), active_isa(), static_cast<long long>(n_prompt), pp_med);
+  if (n_gen > 0)
+    std::printf("| %s | %s | %s | %d | %s | tg%lld | %.2f |\n", margs.model.c_str(), type.c_str(), size.c_str(),
+                s.pool().size(), active_isa(), static_cast<long long>(n_gen), tg_med);
+  if (bw > 0)
+    std::printf("\nmemory read bandwidth %.1f GB/s; decode reads %s per token -> roofline %.1f tok/s; tg = %.1f%% of it\n",
+                bw, format_bytes(per_token).c_str(), roofline_tok_s, roofline_pct);
+  return 0;
+}
+
+}  // namespace tern
