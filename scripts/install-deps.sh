@@ -7,6 +7,7 @@ packages=(
   googletest libgtest-dev libgmock-dev
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   python3 python3-numpy
+  chromium  # headless browser for the chat page's test (tests/server/js)
 )
 missing=()
 # Node.js + npm run the server's contract tests (the official `openai` client) and the peer.

@@ -24,6 +24,14 @@ constexpr DTypeSize kTypes[] = {
     {DType::F64, "f64", 1, 8},         {DType::IQ1_M, "iq1_m", 256, 56},
     {DType::BF16, "bf16", 1, 2},       {DType::TQ1_0, "tq1_0", 256, 54},
     {DType::TQ2_0, "tq2_0", 256, 66},
+    // tern's formats: row = n_in/32 blocks' worth of int8 + tail (scale, outliers), see
+    // quant/quant_tern.h; group formats: f16 scale + u8 zero + packed values per group.
+    {DType::TI8, "ti8", 32, 34},          {DType::TI8_O9, "ti8_o9", 32, 36},
+    {DType::TI8_O10, "ti8_o10", 32, 40},  {DType::TI8_O12, "ti8_o12", 32, 48},
+    {DType::TI8_O16, "ti8_o16", 32, 64},  {DType::TI8_O24, "ti8_o24", 32, 98},
+    {DType::TQ4_G64, "tq4_g64", 64, 35},  {DType::TQ4_G128, "tq4_g128", 128, 67},
+    {DType::TQ3_G64, "tq3_g64", 64, 27},  {DType::TQ3_G128, "tq3_g128", 128, 51},
+    {DType::TQ8_G64, "tq8_g64", 64, 67},  {DType::TQ8_G128, "tq8_g128", 128, 131},
 };
 
 }  // namespace

@@ -15,6 +15,12 @@ enum class DType : uint32_t {
   IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
   IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
   TQ1_0 = 34, TQ2_0 = 35,
+  // tern's own formats (docs/compression.md), numbered from 1000 so that they never collide
+  // with ggml's ids. TI8*: int8 rows with a per-row scale and 16-bit outlier columns
+  // (LLM.int8(), SmoothQuant W8A8); the suffix is the class's bits per weight. TQ*: b-bit
+  // weights with an f16 scale and an integer zero point per group of g (GPTQ, AWQ).
+  TI8 = 1000, TI8_O9 = 1001, TI8_O10 = 1002, TI8_O12 = 1003, TI8_O16 = 1004, TI8_O24 = 1005,
+  TQ4_G64 = 1010, TQ4_G128 = 1011, TQ3_G64 = 1012, TQ3_G128 = 1013, TQ8_G64 = 1014, TQ8_G128 = 1015,
 };
 
 struct DTypeSize {

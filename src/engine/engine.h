@@ -38,6 +38,10 @@ struct EngineConfig {
 enum class FinishReason { None, Stop, Length, Abort, Error };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
 
+// Bytes of K/V cache one token takes in this model (f32 K and V, every layer): what
+// --kv-memory buys in tokens. Throws tern::Error on a file without llama-style hyper-parameters.
+int64_t kv_bytes_per_token(const GgufFile& model_file);
+
 struct RequestParams {
   std::vector<int32_t> prompt_ids;   // already tokenized (BOS included if wanted); not empty
   int64_t max_tokens = 16;           // tokens to generate; clipped to the context

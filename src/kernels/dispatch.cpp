@@ -1,16 +1,196 @@
+// Variant selection and the parts of a matmul shared by every ISA: activation quantization into
+// the caller's scratch, and the split of output rows across the pool. The kernels themselves
+// are the tables in ref/ and x86/ (see kernel_iface.h).
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "core/error.h"
+#include "kernels/kernel_iface.h"
 #include "kernels/matmul.h"
 
 namespace tern {
+namespace {
 
-// Placeholder dispatch: only the reference variant exists so far.
-void matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
-            int64_t ldy, ThreadPool& pool) {
-  matmul_ref(w, x, ldx, n_tokens, y, ldy, pool);
+using kern::ActKind;
+using kern::ActLayout;
+using kern::GemmArgs;
+using kern::KernelTable;
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
 }
 
-const char* active_isa() { return "ref"; }
+bool cpu_has_avx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+const KernelTable& table_of(Isa isa) {
+  switch (isa) {
+    case Isa::Avx2: return kern::table_avx2();
+    case Isa::Avx512: return kern::table_avx512();
+    default: return kern::table_ref();
+  }
+}
+
+Isa resolve_isa() {
+  const Isa best = isa_supported(Isa::Avx512) ? Isa::Avx512
+                   : isa_supported(Isa::Avx2) ? Isa::Avx2
+                                              : Isa::Ref;
+  const char* env = std::getenv("TERN_FORCE_ISA");
+  if (!env || !*env) return best;
+  const std::string v = env;
+  Isa forced;
+  if (v == "ref") forced = Isa::Ref;
+  else if (v == "avx2") forced = Isa::Avx2;
+  else if (v == "avx512") forced = Isa::Avx512;
+  else fail("TERN_FORCE_ISA=", v, ": unknown kernel variant (expected ref, avx2 or avx512)");
+  if (!isa_supported(forced))
+    fail("TERN_FORCE_ISA=", v, ": this CPU cannot run the ", v, " kernels (",
+         forced == Isa::Avx2 ? "needs AVX2, FMA and F16C"
+                             : "needs AVX-512 F, BW, VL, DQ and VNNI",
+         "; best available: ", isa_name(best), ")");
+  return forced;
+}
+
+// Scratch owned by the calling thread (the pool's owner), grown to the largest matmul seen and
+// reused: the quantized activations and one work area per pool thread.
+struct Scratch {
+  struct Buf {
+    std::unique_ptr<uint8_t[]> mem;
+    int64_t cap = 0;
+    uint8_t* data = nullptr;  // 64-byte aligned view into mem
+    uint8_t* get(int64_t bytes) {
+      if (bytes > cap) {
+        mem.reset(new uint8_t[size_t(bytes + 64)]);
+        cap = bytes;
+        data = mem.get() + (64 - reinterpret_cast<uintptr_t>(mem.get()) % 64) % 64;
+      }
+      return data;
+    }
+  };
+  Buf act;
+  std::vector<Buf> per_thread;
+  std::vector<uint8_t*> per_thread_ptr;
+};
+
+Scratch& caller_scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// Output rows per chunk: a multiple of the 4-row tiles, about 4 chunks per thread so that a
+// thread that starts late (descheduled) costs little, but at least 16 rows to keep the claim
+// overhead small next to the work.
+int64_t rows_per_chunk(int64_t n_out, int n_threads) {
+  if (n_threads <= 1) return n_out;
+  int64_t per = (n_out + 4 * n_threads - 1) / (4 * n_threads);
+  per = (per + 3) / 4 * 4;
+  return per < 16 ? 16 : per;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+    default: return "ref";
+  }
+}
+
+bool isa_supported(Isa isa) {
+  static const bool avx2 = cpu_has_avx2();
+  static const bool avx512 = cpu_has_avx512();
+  switch (isa) {
+    case Isa::Avx2: return avx2;
+    case Isa::Avx512: return avx512;
+    default: return true;
+  }
+}
+
+Isa selected_isa() {
+  static const Isa isa = resolve_isa();  // a throw leaves it unset: the next call re-reads
+  return isa;
+}
+
+const char* active_isa() { return isa_name(selected_isa()); }
+
+bool isa_has_kernel(Isa isa, DType type) { return table_of(isa).has_kernel(type); }
+
+void matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
+            int64_t ldy, ThreadPool& pool) {
+  matmul_isa(selected_isa(), w, x, ldx, n_tokens, y, ldy, pool);
+}
+
+void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens,
+                float* y, int64_t ldy, ThreadPool& pool) {
+  if (!isa_supported(isa)) fail("kernel variant ", isa_name(isa), " is not supported by this CPU");
+  if (n_tokens <= 0 || w.n_out <= 0) return;
+  if (w.row_bytes() < 0)
+    fail("matmul: row length ", w.n_in, " is not a multiple of the ", dtype_name(w.type),
+         " block size");
+  const KernelTable& kt = table_of(isa);
+  if (!kt.has_kernel(w.type)) {
+    matmul_ref(w, x, ldx, n_tokens, y, ldy, pool);
+    return;
+  }
+  Scratch& s = caller_scratch();
+  const ActLayout lay = kt.act_layout(w.type, w.n_in, n_tokens);
+  uint8_t* act = nullptr;
+  if (lay.kind != ActKind::None) {
+    act = s.act.get(lay.bytes);
+    // Quantizing is O(n_tokens * n_in) against the matmul's O(n_tokens * n_in * n_out): only
+    // worth spreading over the pool for a batch of tokens.
+    const int64_t g = lay.token_granule;
+    const int64_t n_units = (n_tokens + g - 1) / g;
+    if (n_tokens < 8 || pool.size() == 1 || n_units == 1) {
+      kt.quantize(lay, w.type, x, ldx, w.n_in, n_tokens, 0, n_tokens, act);
+    } else {
+      const int64_t per = (n_units + pool.size() - 1) / pool.size();
+      const int64_t n_chunks = (n_units + per - 1) / per;
+      pool.for_chunks(n_chunks, [&](int64_t c, int) {
+        const int64_t t0 = c * per * g;
+        const int64_t t1 = (c + 1) * per * g < n_tokens ? (c + 1) * per * g : n_tokens;
+        kt.quantize(lay, w.type, x, ldx, w.n_in, n_tokens, t0, t1, act);
+      });
+    }
+  }
+
+  const GemmArgs args{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes(), w.n_in,
+                      w.n_out, x, ldx, act, lay, n_tokens, y, ldy};
+  const int64_t scratch_bytes = kt.scratch_bytes(w.type, w.n_in);
+  const size_t nth = size_t(pool.size());
+  if (s.per_thread.size() < nth) {
+    s.per_thread.resize(nth);
+    s.per_thread_ptr.resize(nth);
+  }
+  for (size_t i = 0; i < nth; ++i)
+    s.per_thread_ptr[i] = scratch_bytes > 0 ? s.per_thread[i].get(scratch_bytes) : nullptr;
+  uint8_t* const* scratch = s.per_thread_ptr.data();
+
+  const int64_t per = rows_per_chunk(w.n_out, pool.size());
+  const int64_t n_chunks = (w.n_out + per - 1) / per;
+  pool.for_chunks(n_chunks, [&](int64_t c, int thread) {
+    const int64_t r0 = c * per;
+    const int64_t r1 = r0 + per < w.n_out ? r0 + per : w.n_out;
+    kt.gemm(args, r0, r1, scratch[thread]);
+  });
+}
 
 }  // namespace tern

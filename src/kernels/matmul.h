@@ -9,6 +9,11 @@
 // (kernels/dispatch) picks the variant once per process from the CPU's features
 // (TERN_FORCE_ISA=ref|avx2|avx512 overrides); every variant is tested against kernels/ref.
 // Must be called from the thread that owns `pool`; work is split across the pool.
+//
+// Quantized weights (Q8_0, Q4_0, Q4_K, Q6_K) multiply activations quantized on the fly to
+// 8 bits per block (Q8_0 / Q8_K, as llama.cpp does), so results differ from the f32 oracle
+// matmul_ref by that rounding (~0.5% of the magnitude of the result). Float weights (F32,
+// F16, BF16) use f32 arithmetic throughout.
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -34,7 +39,26 @@ void matmul_ref(const WeightView& w, const float* x, int64_t ldx, int64_t n_toke
 // Copies row `row` of w into dst[0..n_in) as f32 (embedding lookup).
 void dequantize_row(const WeightView& w, int64_t row, float* dst);
 
-// Name of the ISA variant in use ("ref", "avx2", "avx512").
+// Name of the ISA variant in use ("ref", "avx2", "avx512"). The first call (or the first
+// matmul) reads TERN_FORCE_ISA and throws tern::Error when it names an unknown variant or one
+// this CPU cannot run; call it at start-up to report that as a usage error.
 const char* active_isa();
+
+// --- variants, for tests and benchmarks ---------------------------------------------------
+
+enum class Isa { Ref, Avx2, Avx512 };
+
+const char* isa_name(Isa isa);
+// Whether this CPU (and OS) can run the variant: AVX2 needs AVX2+FMA+F16C; AVX-512 needs
+// F, BW, VL, DQ and VNNI as well.
+bool isa_supported(Isa isa);
+// The variant matmul() uses (best supported unless TERN_FORCE_ISA says otherwise).
+Isa selected_isa();
+// Runs one specific variant; throws tern::Error when the CPU cannot run it.
+void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens,
+                float* y, int64_t ldy, ThreadPool& pool);
+// Whether `isa` has a kernel for weights of `type` (otherwise matmul_isa falls back to
+// matmul_ref, e.g. for Q8_K weights).
+bool isa_has_kernel(Isa isa, DType type);
 
 }  // namespace tern

@@ -3,7 +3,9 @@
 // pick the paired activation type) and `tern quantize` (quantize). A new format is one row in
 // quant_traits.cpp plus its kernels and tests.
 //
-// Block layouts are llama.cpp's, byte for byte, so GGUF files interoperate both ways.
+// Block layouts are llama.cpp's, byte for byte, so GGUF files interoperate both ways; the
+// dequantizers evaluate the same float expressions in the same order as ggml's `to_float`, so
+// they reproduce its values bit for bit (tests/quant checks this against llama.cpp's output).
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -28,6 +30,9 @@ const QuantTraits* quant_traits(DType t);
 // Throws tern::Error("unsupported tensor type T in tensor NAME") when there is no codec.
 const QuantTraits& require_quant_traits(DType t, const char* tensor_name);
 
+// Elements per K-quant super-block.
+inline constexpr int kQK_K = 256;
+
 // Block structs (llama.cpp layouts).
 struct BlockQ8_0 {
   uint16_t d;  // fp16 scale
@@ -37,7 +42,52 @@ struct BlockQ4_0 {
   uint16_t d;        // fp16 scale
   uint8_t qs[16];    // low nibbles: elements 0..15, high nibbles: 16..31
 };
+
+// Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], q in 0..15.
+//   scales[12] packs eight 6-bit sc and eight 6-bit m:
+//     j < 4 : sc = scales[j] & 63,                               m = scales[j+4] & 63
+//     j >= 4: sc = (scales[j+4] & 15) | (scales[j-4] >> 6) << 4,  m = (scales[j+4] >> 4) | (scales[j] >> 6) << 4
+//   qs: 4 groups of 32 bytes; group g holds sub-block 2g in low nibbles, 2g+1 in high nibbles.
+struct BlockQ4_K {
+  uint16_t d;            // fp16 scale of the sub-block scales
+  uint16_t dmin;         // fp16 scale of the sub-block mins
+  uint8_t scales[12];
+  uint8_t qs[kQK_K / 2];
+};
+
+// Q6_K: 16 sub-blocks of 16; x = d * scales[j] * (q - 32), q in 0..63 split into a low nibble
+// (ql) and 2 high bits (qh). Per half of 128 elements, for l in 0..31:
+//   element l      : ql[l]    & 15, qh[l] bits 0-1      element l + 64: ql[l]    >> 4, qh[l] bits 4-5
+//   element l + 32 : ql[l+32] & 15, qh[l] bits 2-3      element l + 96: ql[l+32] >> 4, qh[l] bits 6-7
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];
+  uint8_t qh[kQK_K / 4];
+  int8_t scales[kQK_K / 16];
+  uint16_t d;  // fp16 super-block scale
+};
+
+// Q8_K: the activation format of the K-quants. f32 scale, and the sums of each 16 quants so
+// that the K-quant kernels can apply per-sub-block mins/offsets without touching qs again.
+struct BlockQ8_K {
+  float d;
+  int8_t qs[kQK_K];
+  int16_t bsums[kQK_K / 16];
+};
+
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ8_K) == 292);
+
+// Round to nearest, ties to even, for |x| < 2^22: the rounding every K-quant rule uses
+// (adding 1.5 * 2^23 puts the integer in the low mantissa bits). Exposed so that kernels
+// quantizing activations round exactly like the reference.
+inline int nearest_int(float x) {
+  float v = x + 12582912.0f;
+  int32_t i;
+  __builtin_memcpy(&i, &v, 4);
+  return (i & 0x007fffff) - 0x00400000;
+}
 
 }  // namespace tern

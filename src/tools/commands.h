@@ -23,6 +23,10 @@ int cmd_ppl(int argc, char** argv);
 int cmd_logits(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_quantize(int argc, char** argv);
+int cmd_compare(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
+int cmd_bench_serve(int argc, char** argv);
 
 // Entry point shared by main() and tests: dispatches argv[1] to its command.
 int tern_main(int argc, char** argv);

@@ -18,6 +18,10 @@ const std::vector<Command>& commands() {
       {"logits", "print or save the logits of every position of a prompt", cmd_logits},
       {"synth", "write a random-weight model with a real architecture shape", cmd_synth},
       {"bench", "prompt-processing and generation throughput with the decode roofline", cmd_bench},
+      {"quantize", "requantize a GGUF model (f16, q8_0, q4_0, q4_k, ...) as llama-quantize does", cmd_quantize},
+      {"compare", "quantize with each compression method and tabulate memory, speed and perplexity", cmd_compare},
+      {"serve", "serve a model over the OpenAI API, with metrics and a chat page", cmd_serve},
+      {"bench-serve", "serving benchmark: concurrent requests through the batching engine", cmd_bench_serve},
   };
   return kCommands;
 }

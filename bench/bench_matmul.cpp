@@ -1,0 +1,156 @@
+// Microbenchmark of the matmul kernels on a TinyLlama FFN weight (n_in 2048 x n_out 5632) in
+// every weight type, for the reference and each ISA variant this CPU runs:
+//   GEMV (decode, 1 token): time per call and effective bandwidth = weight bytes / time. The
+//     weight is cycled through enough copies (> 256 MB) that it streams from DRAM as a real
+//     model's layers do, instead of sitting in L3.
+//   GEMM (prefill, 128 tokens): GFLOP/s (2 * n_in * n_out * n_tokens / time) and the time per
+//     token relative to the GEMV.
+// Usage: bench_matmul [--threads N] [--types q4_0,q8_0,...] [--isa ref,avx2,avx512]
+//                     [--tokens 128] [--seconds 0.5]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "quant/quant_traits.h"
+
+using namespace tern;
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t p = 0;
+  while (p <= s.size()) {
+    const size_t q = s.find(',', p);
+    out.push_back(s.substr(p, q == std::string::npos ? std::string::npos : q - p));
+    if (q == std::string::npos) break;
+    p = q + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n_threads = 2;
+  int64_t n_tok = 128;
+  double min_seconds = 0.5;
+  std::vector<std::string> types = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"};
+  std::vector<std::string> isas = {"ref", "avx2", "avx512"};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--threads") n_threads = std::atoi(argv[i + 1]);
+    else if (a == "--types") types = split(argv[i + 1]);
+    else if (a == "--isa") isas = split(argv[i + 1]);
+    else if (a == "--tokens") n_tok = std::atoll(argv[i + 1]);
+    else if (a == "--seconds") min_seconds = std::atof(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  const int64_t n_in = 2048, n_out = 5632;
+  ThreadPool pool(n_threads);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<float> wf(size_t(n_in * n_out));
+  for (auto& v : wf) v = dist(rng);
+  std::vector<float> x(size_t(n_in * n_tok));
+  for (auto& v : x) v = dist(rng) * 50;
+  std::vector<float> y(size_t(n_out * n_tok));
+
+  std::printf("matmul %lld x %lld (n_in x n_out), %d threads, GEMM n_tokens %lld\n",
+              (long long)n_in, (long long)n_out, n_threads, (long long)n_tok);
+  {
+    // The GEMV ceiling: plain reads of 256 MB split over the pool, best of 5. On a shared
+    // machine this moves with the neighbours' load, so it is printed next to the figures.
+    const size_t n = size_t(32) << 20;  // uint64 words
+    std::vector<uint64_t> buf(n, 1);
+    double best = 1e30;
+    uint64_t sink = 0;
+    for (int rep = 0; rep < 5; ++rep) {
+      std::vector<uint64_t> part(size_t(n_threads), 0);
+      const double t0 = now_s();
+      pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int c) {
+        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // independent sums: bound by memory only
+        int64_t i = b;
+        for (; i + 4 <= e; i += 4) {
+          a0 += buf[size_t(i)];
+          a1 += buf[size_t(i + 1)];
+          a2 += buf[size_t(i + 2)];
+          a3 += buf[size_t(i + 3)];
+        }
+        for (; i < e; ++i) a0 += buf[size_t(i)];
+        part[size_t(c)] = a0 + a1 + a2 + a3;
+      });
+      best = std::min(best, now_s() - t0);
+      for (uint64_t p : part) sink += p;
+    }
+    std::printf("memory read bandwidth: %.1f GB/s (checksum %llu)\n", double(n * 8) / best / 1e9,
+                (unsigned long long)sink);
+  }
+  std::printf("%-6s %-7s %10s %9s %10s %10s %12s\n", "type", "isa", "gemv_us", "GB/s",
+              "gemm_ms", "GFLOP/s", "gemm/tok vs gemv");
+  for (const auto& tn : types) {
+    const auto type = dtype_from_name(tn);
+    if (!type || !quant_traits(*type)) {
+      std::fprintf(stderr, "unknown type %s\n", tn.c_str());
+      continue;
+    }
+    const QuantTraits& q = *quant_traits(*type);
+    const int64_t rb = dtype_row_bytes(*type, n_in);
+    const int64_t bytes = rb * n_out;
+    const int n_copies = int(std::min<int64_t>(64, (int64_t(256) << 20) / bytes + 1));
+    std::vector<std::vector<uint8_t>> copies(static_cast<size_t>(n_copies), std::vector<uint8_t>(static_cast<size_t>(bytes)));
+    for (int64_t o = 0; o < n_out; ++o) q.from_float(wf.data() + o * n_in, copies[0].data() + o * rb, n_in);
+    for (int c = 1; c < n_copies; ++c) copies[size_t(c)] = copies[0];
+
+    for (const auto& in : isas) {
+      Isa isa;
+      if (in == "ref") isa = Isa::Ref;
+      else if (in == "avx2") isa = Isa::Avx2;
+      else if (in == "avx512") isa = Isa::Avx512;
+      else continue;
+      if (!isa_supported(isa)) continue;
+      auto run = [&](int c, int64_t nt) {
+        const WeightView w{*type, n_in, n_out, copies[size_t(c)].data()};
+        matmul_isa(isa, w, x.data(), n_in, nt, y.data(), n_out, pool);
+      };
+      // GEMV: best of the per-call times over min_seconds (cycling copies).
+      run(0, 1);
+      double best = 1e30, t_start = now_s();
+      int c = 0;
+      do {
+        const double t0 = now_s();
+        run(c, 1);
+        best = std::min(best, now_s() - t0);
+        c = (c + 1) % n_copies;
+      } while (now_s() - t_start < min_seconds);
+      // GEMM: best of a few calls (weights reused across tokens, so no cycling needed).
+      double best_mm = 1e30;
+      t_start = now_s();
+      int reps = 0;
+      do {
+        const double t0 = now_s();
+        run(0, n_tok);
+        best_mm = std::min(best_mm, now_s() - t0);
+        ++reps;
+      } while (now_s() - t_start < min_seconds && reps < 50);
+      const double flops = 2.0 * double(n_in) * double(n_out) * double(n_tok);
+      std::printf("%-6s %-7s %10.1f %9.2f %10.2f %10.1f %11.2fx\n", tn.c_str(), in.c_str(),
+                  best * 1e6, double(bytes) / best / 1e9, best_mm * 1e3, flops / best_mm / 1e9,
+                  best / (best_mm / double(n_tok)));
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,537 @@
+#include "compress/methods.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "compress/gptq.h"
+#include "compress/linalg.h"
+#include "compress/quant_tern.h"
+#include "core/error.h"
+#include "core/stats.h"
+#include "models/model.h"
+
+namespace tern {
+namespace {
+
+enum class Kind { Llama, Rtn, Gptq, Awq, LlmInt8, SmoothQuant };
+
+struct MethodDef {
+  MethodInfo info;
+  Kind kind;
+  int bits;
+  DType llama_type;  // Kind::Llama only
+};
+
+const std::vector<MethodDef>& defs() {
+  static const std::vector<MethodDef> d = {
+      {{"f32", "no compression: f32 weights", false, false}, Kind::Llama, 32, DType::F32},
+      {{"f16", "f16 weights", false, false}, Kind::Llama, 16, DType::F16},
+      {{"bf16", "bf16 weights", false, false}, Kind::Llama, 16, DType::BF16},
+      {{"q8_0", "llama.cpp Q8_0: 8-bit blocks of 32, round to nearest", false, false}, Kind::Llama, 8, DType::Q8_0},
+      {{"q6_k", "llama.cpp Q6_K: 6-bit k-quant", false, false}, Kind::Llama, 6, DType::Q6_K},
+      {{"q4_k", "llama.cpp Q4_K_M mix: 4-bit k-quant", false, false}, Kind::Llama, 4, DType::Q4_K},
+      {{"q4_0", "llama.cpp Q4_0: 4-bit blocks of 32, round to nearest", false, false}, Kind::Llama, 4, DType::Q4_0},
+      {{"rtn-int8", "round to nearest, 8-bit groups with zero points (TQ8)", false, false}, Kind::Rtn, 8, DType::F32},
+      {{"rtn-int4", "round to nearest, 4-bit groups with zero points (TQ4)", false, false}, Kind::Rtn, 4, DType::F32},
+      {{"rtn-int3", "round to nearest, 3-bit groups with zero points (TQ3)", false, false}, Kind::Rtn, 3, DType::F32},
+      {{"gptq-int8", "GPTQ: inverse-Hessian error compensation, 8-bit groups (TQ8)", true, true}, Kind::Gptq, 8, DType::F32},
+      {{"gptq-int4", "GPTQ: inverse-Hessian error compensation, 4-bit groups (TQ4)", true, true}, Kind::Gptq, 4, DType::F32},
+      {{"gptq-int3", "GPTQ: inverse-Hessian error compensation, 3-bit groups (TQ3)", true, true}, Kind::Gptq, 3, DType::F32},
+      {{"awq-int4", "AWQ: activation-aware channel scales and clipping, 4-bit groups (TQ4)", true, false}, Kind::Awq, 4, DType::F32},
+      {{"awq-int3", "AWQ: activation-aware channel scales and clipping, 3-bit groups (TQ3)", true, false}, Kind::Awq, 3, DType::F32},
+      {{"llm.int8", "LLM.int8(): int8 rows x int8 tokens + 16-bit outlier columns (TI8)", true, false}, Kind::LlmInt8, 8, DType::F32},
+      {{"smoothquant-w8a8", "SmoothQuant: smoothing folded into norms/linears, int8 W8A8 (TI8)", true, false}, Kind::SmoothQuant, 8, DType::F32},
+  };
+  return d;
+}
+
+const MethodDef& def_of(const std::string& name) {
+  const std::string n = name == "smoothquant" ? "smoothquant-w8a8" : name;
+  for (const auto& d : defs())
+    if (n == d.info.name) return d;
+  std::string known;
+  for (const auto& d : defs()) known += std::string(known.empty() ? "" : ", ") + d.info.name;
+  fail("unknown method '", name, "' (known: ", known, ")");
+}
+
+bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+// Names of one layer's tensors.
+struct LayerNames {
+  std::string attn_norm, q, k, v, o, ffn_norm, gate, up, down;
+  explicit LayerNames(int64_t il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    attn_norm = b + "attn_norm.weight";
+    q = b + "attn_q.weight";
+    k = b + "attn_k.weight";
+    v = b + "attn_v.weight";
+    o = b + "attn_output.weight";
+    ffn_norm = b + "ffn_norm.weight";
+    gate = b + "ffn_gate.weight";
+    up = b + "ffn_up.weight";
+    down = b + "ffn_down.weight";
+  }
+  std::vector<std::string> linears() const { return {q, k, v, o, gate, up, down}; }
+};
+
+// A matrix (or vector) in f32, as the methods edit it.
+struct FloatTensor {
+  std::vector<float> data;
+  int64_t n_in = 0, n_out = 1;
+  bool modified = false;
+  float* row(int64_t r) { return data.data() + r * n_in; }
+};
+
+// One input site of a layer: the linears that read it, what precedes it (a norm vector or the
+// rows of a linear) and its channel ties.
+struct Site {
+  std::vector<std::string> weights;
+  std::string prev;           // tensor the 1/s folds into
+  bool prev_is_norm = true;   // norm: prev[j] /= s_j; linear: rows prev[row(j)] /= s_j
+  std::vector<int32_t> tie;   // class per channel (empty: none); for a linear prev, class = its row
+};
+
+std::vector<Site> layer_sites(const LayerNames& n, const HParams& hp) {
+  // attn_output's input channel c = h * head_dim + d comes from V row (h / group) * head_dim + d;
+  // heads of one group read one V head, so their channels share a scale (and that row).
+  std::vector<int32_t> tie(static_cast<size_t>(hp.n_embd));
+  const int64_t group = hp.n_head / hp.n_head_kv;
+  for (int64_t h = 0; h < hp.n_head; ++h)
+    for (int64_t d = 0; d < hp.head_dim; ++d) tie[size_t(h * hp.head_dim + d)] = int32_t((h / group) * hp.head_dim + d);
+  std::vector<int32_t> none;
+  return {
+      {{n.q, n.k, n.v}, n.attn_norm, true, none},
+      {{n.o}, n.v, false, tie},
+      {{n.gate, n.up}, n.ffn_norm, true, none},
+      {{n.down}, n.up, false, none},
+  };
+}
+
+// Folds per-channel scales into a site: W[:, j] *= s_j for its linears, 1/s_j into prev.
+void fold_scales(std::map<std::string, FloatTensor>& f, const Site& site, const std::vector<float>& s) {
+  for (const auto& name : site.weights) {
+    FloatTensor& w = f.at(name);
+    for (int64_t o = 0; o < w.n_out; ++o) {
+      float* r = w.row(o);
+      for (int64_t j = 0; j < w.n_in; ++j) r[j] *= s[size_t(j)];
+    }
+    w.modified = true;
+  }
+  FloatTensor& p = f.at(site.prev);
+  const int64_t n = int64_t(s.size());
+  if (site.prev_is_norm) {
+    for (int64_t j = 0; j < n; ++j) p.data[size_t(j)] /= s[size_t(j)];
+  } else {
+    // Row of prev feeding channel j: the tie class (GQA) or j itself. Tied channels share s, so
+    // each row is divided once.
+    std::vector<bool> done(size_t(p.n_out), false);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t r = site.tie.empty() ? j : site.tie[size_t(j)];
+      if (done[size_t(r)]) continue;
+      done[size_t(r)] = true;
+      float* row = p.row(r);
+      for (int64_t i = 0; i < p.n_in; ++i) row[i] /= s[size_t(j)];
+    }
+  }
+  p.modified = true;
+}
+
+// Group size for rows of n_in: the requested one when it divides the rows (or the row length when
+// smaller), else 64 when that divides them; otherwise the requested size with a short last group
+// (the algorithms run, but no tern type stores it: the tensor falls back).
+int64_t group_for(int64_t n_in, int64_t requested) {
+  if (n_in <= requested) return n_in;
+  if (n_in % requested == 0) return requested;
+  if (n_in % 64 == 0) return 64;
+  return requested;
+}
+
+// An encoded output tensor.
+struct Encoded {
+  DType type;
+  DType requested;
+  std::vector<uint8_t> bytes;
+  std::string reason;
+};
+
+Encoded encode_fallback(const FloatTensor& w, DType requested, const std::string& why, ThreadPool& pool) {
+  const DType t = fit_row_type(DType::F16, w.n_in);
+  return {t, requested, encode_rows(w.data.data(), w.n_in, w.n_out, t, pool),
+          str_cat("fallback: ", why, ", stored as ", dtype_name(t))};
+}
+
+Encoded encode_group(const GroupQuant& gq, const FloatTensor& w, const char* method, ThreadPool& pool) {
+  const auto type = group_quant_type(gq.bits, gq.group, gq.n_in);
+  const DType want = tq_type(gq.bits, gq.group == 64 ? 64 : 128).value_or(DType::F16);
+  if (!type)
+    return encode_fallback(w, want,
+                           str_cat("rows of ", w.n_in, " do not split into tq groups of 64 or 128"), pool);
+  return {*type, *type, pack_group_quant(gq), method};
+}
+
+Encoded encode_ti8(const FloatTensor& w, const std::vector<int32_t>& cols, const char* method, ThreadPool& pool) {
+  const auto type = ti8_type_for(w.n_in, int64_t(cols.size()));
+  if (!type)
+    return encode_fallback(w, DType::TI8, str_cat("rows of ", w.n_in, " are not a multiple of 32"), pool);
+  const int64_t rb = dtype_row_bytes(*type, w.n_in);
+  std::vector<uint8_t> out(static_cast<size_t>(rb * w.n_out));
+  pool.parallel_for(w.n_out, [&](int64_t o0, int64_t o1, int) {
+    for (int64_t o = o0; o < o1; ++o)
+      ti8_pack_row(*type, w.data.data() + o * w.n_in, w.n_in, cols.data(), int64_t(cols.size()), out.data() + o * rb);
+  });
+  return {*type, *type, std::move(out),
+          cols.empty() ? std::string(method) : str_cat(method, ", ", cols.size(), " outlier columns in 16 bits")};
+}
+
+}  // namespace
+
+const std::vector<MethodInfo>& compression_methods() {
+  static const std::vector<MethodInfo> infos = [] {
+    std::vector<MethodInfo> v;
+    for (const auto& d : defs()) v.push_back(d.info);
+    return v;
+  }();
+  return infos;
+}
+
+const MethodInfo& find_method(const std::string& name) { return def_of(name).info; }
+
+std::vector<std::string> default_compare_methods(DType src_type) {
+  const std::string src = src_type == DType::F16 ? "f16" : src_type == DType::BF16 ? "bf16" : "f32";
+  return {src, "q8_0", "q4_0", "q4_k", "gptq-int4", "awq-int4", "llm.int8", "smoothquant-w8a8"};
+}
+
+void check_method_source(const std::string& method, const GgufFile& src) {
+  const MethodDef& m = def_of(method);
+  for (const auto& t : src.tensors())
+    if (t.ne.size() == 2 && !is_float_type(t.type) && !(m.kind == Kind::Llama && t.type == m.llama_type))
+      fail(src.path(), " is already quantized (", t.name, " is ", dtype_name(t.type), "): ", m.info.name,
+           " starts from float weights (f32, f16 or bf16); give it the original model");
+}
+
+MethodReport apply_method(const std::string& method, const std::string& in_path, const std::string& out_path,
+                          const CalibStats* calib, const MethodOptions& opts) {
+  const MethodDef& m = def_of(method);
+  const int64_t t0 = now_ns();
+  MethodReport rep;
+  rep.method = m.info.name;
+  check_distinct_paths(in_path, out_path);
+  auto file = std::make_shared<const GgufFile>(GgufFile::open(in_path));
+  const GgufFile& src = *file;
+  check_method_source(method, src);
+
+  if (m.kind == Kind::Llama) {
+    QuantizeOptions qo;
+    qo.type = m.llama_type;
+    qo.n_threads = opts.n_threads;
+    qo.progress = opts.progress;
+    rep.quant = quantize_model(in_path, out_path, qo);
+    rep.seconds = double(now_ns() - t0) / 1e9;
+    return rep;
+  }
+
+  const bool search = opts.search;
+  const bool uses_calib = (m.info.needs_calib && search) || m.kind == Kind::LlmInt8;
+  if (uses_calib && !calib) fail(m.info.name, " needs calibration data (--calib FILE)");
+  if (m.kind == Kind::Gptq && search && calib && !calib->sites.empty() && calib->sites[0].hessian.empty())
+    fail("gptq needs the calibration Hessian (calibrate with hessian = true)");
+  if (opts.group <= 0) fail("--group must be positive");
+  if (m.kind == Kind::SmoothQuant && !(opts.alpha >= 0 && opts.alpha <= 1)) fail("--alpha must be in [0, 1]");
+
+  const HParams hp = read_hparams(src);
+  ThreadPool pool(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
+
+  // f32 copies of what the method reads or edits: every layer's linears and norms.
+  std::map<std::string, FloatTensor> f;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const LayerNames n(il);
+    for (const auto& name : {n.attn_norm, n.q, n.k, n.v, n.o, n.ffn_norm, n.gate, n.up, n.down}) {
+      const GgufTensorInfo* t = src.find_tensor(name);
+      if (!t) fail(in_path, ": missing tensor ", name);
+      FloatTensor ft;
+      ft.data = tensor_to_f32(*t, pool);
+      ft.n_in = t->ne[0];
+      ft.n_out = t->n_rows();
+      f.emplace(name, std::move(ft));
+    }
+  }
+
+  std::map<std::string, Encoded> enc;  // linear weight -> encoded
+  const char* tag = m.info.name;
+  int64_t total_outliers = 0;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const LayerNames n(il);
+    const std::vector<Site> sites = layer_sites(n, hp);
+    switch (m.kind) {
+      case Kind::Rtn:
+      case Kind::Gptq: {
+        for (const auto& name : n.linears()) {
+          FloatTensor& w = f.at(name);
+          const int64_t g = group_for(w.n_in, opts.group);
+          LayerReport lr;
+          lr.name = name;
+          GroupQuant gq;
+          if (m.kind == Kind::Gptq && search) {
+            const SiteStats& st = calib->of(name);
+            GptqOptions go;
+            go.bits = m.bits;
+            go.group = g;
+            go.damp = opts.damp;
+            go.act_order = opts.act_order;
+            GptqStats gs;
+            gq = gptq_quantize(w.data.data(), w.n_out, w.n_in, st.hessian, go, pool, &gs);
+            const GroupQuant rtn = rtn_group_quant(w.data.data(), w.n_out, w.n_in, m.bits, g, pool);
+            lr.err = output_error_gram(w.data.data(), gq.dequantize().data(), w.n_out, w.n_in, st.hessian, pool) /
+                     double(st.n_tokens);
+            lr.err_rtn = output_error_gram(w.data.data(), rtn.dequantize().data(), w.n_out, w.n_in, st.hessian, pool) /
+                         double(st.n_tokens);
+          } else {
+            gq = rtn_group_quant(w.data.data(), w.n_out, w.n_in, m.bits, g, pool);
+          }
+          enc.emplace(name, encode_group(gq, w, tag, pool));
+          rep.layers.push_back(lr);
+        }
+        break;
+      }
+      case Kind::Awq: {
+        // Phase 1: search every site on the float weights and fold the scales; phase 2 quantizes,
+        // so that a fold into a previous linear (attn_v, ffn_up rows) lands before its rounding.
+        std::map<std::string, std::vector<float>> site_scale;  // weight -> s of its site
+        std::map<std::string, double> site_alpha;
+        for (const Site& s : sites) {
+          const SiteStats* st = search ? &calib->of(s.weights[0]) : nullptr;
+          std::vector<float> scale(size_t(f.at(s.weights[0]).n_in), 1.0f);
+          double alpha = 0;
+          if (search) {
+            std::vector<const float*> ws;
+            std::vector<int64_t> outs;
+            for (const auto& name : s.weights) {
+              ws.push_back(f.at(name).data.data());
+              outs.push_back(f.at(name).n_out);
+            }
+            AwqOptions ao = opts.awq;
+            ao.bits = m.bits;
+            ao.group = group_for(f.at(s.weights[0]).n_in, opts.group);
+            // The MLP's scales are judged at its output (llm-awq), with ffn_down in f32.
+            const bool mlp = s.weights.size() == 2 && s.weights[1] == n.up && opts.awq.mlp_objective;
+            const FloatTensor& down = f.at(n.down);
+            const AwqScales sc = awq_search(ws, outs, f.at(s.weights[0]).n_in, *st, s.tie, ao, pool,
+                                            mlp ? down.data.data() : nullptr, down.n_out);
+            scale = sc.s;
+            alpha = sc.alpha;
+            fold_scales(f, s, scale);
+          }
+          for (const auto& name : s.weights) {
+            site_scale[name] = scale;
+            site_alpha[name] = alpha;
+          }
+        }
+        for (const Site& s : sites)
+          for (const auto& name : s.weights) {
+            FloatTensor& w = f.at(name);
+            AwqOptions ao = opts.awq;
+            ao.bits = m.bits;
+            ao.group = group_for(w.n_in, opts.group);
+            LayerReport lr;
+            lr.name = name;
+            GroupQuant gq;
+            if (search) {
+              const SiteStats& st = calib->of(name);
+              const std::vector<float>& sc = site_scale[name];
+              // Activations as the scaled layer sees them: x / s.
+              const int64_t n_t = std::min(st.n_samples, ao.clip_tokens);
+              std::vector<float> xs(static_cast<size_t>(n_t * w.n_in));
+              for (int64_t t = 0; t < n_t; ++t)
+                for (int64_t j = 0; j < w.n_in; ++j)
+                  xs[size_t(t * w.n_in + j)] = st.samples[size_t(t * w.n_in + j)] / sc[size_t(j)];
+              // llm-awq leaves attn_q/attn_k unclipped: their error passes through softmax.
+              const bool clip = name != n.q && name != n.k;
+              gq = awq_quantize(w.data.data(), w.n_out, w.n_in, xs.data(), n_t, clip, ao, pool);
+              std::vector<float> deq = gq.dequantize();
+              for (int64_t o = 0; o < w.n_out; ++o)
+                for (int64_t j = 0; j < w.n_in; ++j) deq[size_t(o * w.n_in + j)] /= sc[size_t(j)];
+              // The error report compares with the weights as the layer now computes them (other
+              // sites' folds included): W' / s, and with RTN of those same weights.
+              std::vector<float> w0 = w.data;
+              for (int64_t o = 0; o < w.n_out; ++o)
+                for (int64_t j = 0; j < w.n_in; ++j) w0[size_t(o * w.n_in + j)] /= sc[size_t(j)];
+              const GroupQuant rtn = rtn_group_quant(w0.data(), w.n_out, w.n_in, m.bits, ao.group, pool);
+              lr.err = output_error_samples(w0.data(), deq.data(), w.n_out, w.n_in, st.samples.data(), st.n_samples, pool) /
+                       double(st.n_samples);
+              lr.err_rtn = output_error_samples(w0.data(), rtn.dequantize().data(), w.n_out, w.n_in, st.samples.data(),
+                                                st.n_samples, pool) /
+                           double(st.n_samples);
+              lr.alpha = site_alpha[name];
+            } else {
+              gq = rtn_group_quant(w.data.data(), w.n_out, w.n_in, m.bits, ao.group, pool);
+            }
+            enc.emplace(name, encode_group(gq, w, tag, pool));
+            rep.layers.push_back(lr);
+          }
+        break;
+      }
+      case Kind::LlmInt8: {
+        for (const Site& s : sites) {
+          const SiteStats& st = calib->of(s.weights[0]);
+          std::vector<int32_t> cols;
+          for (int64_t j = 0; j < st.n_in; ++j)
+            if (double(st.absmax[size_t(j)]) > opts.threshold) cols.push_back(int32_t(j));
+          for (const auto& name : s.weights) {
+            enc.emplace(name, encode_ti8(f.at(name), cols, tag, pool));
+            LayerReport lr;
+            lr.name = name;
+            lr.outliers = int64_t(cols.size());
+            rep.layers.push_back(lr);
+            if (enc.at(name).type != enc.at(name).requested) continue;
+            total_outliers += int64_t(cols.size());
+          }
+        }
+        break;
+      }
+      case Kind::SmoothQuant: {
+        if (search) {
+          for (const Site& s : sites) {
+            const SiteStats& st = calib->of(s.weights[0]);
+            const int64_t n_in = st.n_in;
+            // s_j = max|X_j|^alpha / max|W_j|^(1 - alpha), max over tied channels too.
+            std::vector<double> xmax(static_cast<size_t>(n_in)), wmax(size_t(n_in), 0.0);
+            for (int64_t j = 0; j < n_in; ++j) xmax[size_t(j)] = st.absmax[size_t(j)];
+            for (const auto& name : s.weights) {
+              FloatTensor& w = f.at(name);
+              for (int64_t o = 0; o < w.n_out; ++o)
+                for (int64_t j = 0; j < n_in; ++j)
+                  wmax[size_t(j)] = std::max(wmax[size_t(j)], double(std::fabs(w.row(o)[j])));
+            }
+            if (!s.tie.empty()) {
+              std::map<int32_t, std::pair<double, double>> cls;
+              for (int64_t j = 0; j < n_in; ++j) {
+                auto& c = cls[s.tie[size_t(j)]];
+                c.first = std::max(c.first, xmax[size_t(j)]);
+                c.second = std::max(c.second, wmax[size_t(j)]);
+              }
+              for (int64_t j = 0; j < n_in; ++j) {
+                xmax[size_t(j)] = cls[s.tie[size_t(j)]].first;
+                wmax[size_t(j)] = cls[s.tie[size_t(j)]].second;
+              }
+            }
+            std::vector<float> sc(size_t(n_in), 1.0f);
+            for (int64_t j = 0; j < n_in; ++j)
+              if (xmax[size_t(j)] > 0 && wmax[size_t(j)] > 0)
+                sc[size_t(j)] = float(std::clamp(std::pow(xmax[size_t(j)], opts.alpha) /
+                                                     std::pow(wmax[size_t(j)], 1.0 - opts.alpha),
+                                                 1e-5, 1e5));
+            fold_scales(f, s, sc);
+          }
+        }
+        for (const auto& name : n.linears()) {
+          enc.emplace(name, encode_ti8(f.at(name), {}, tag, pool));
+          LayerReport lr;
+          lr.name = name;
+          rep.layers.push_back(lr);
+        }
+        break;
+      }
+      case Kind::Llama: break;
+    }
+    if (opts.progress) opts.progress(il + 1, hp.n_layer, str_cat(tag, " layer ", il));
+  }
+
+  // Assemble the file in the source's tensor order.
+  QuantizeOptions rule;
+  rule.type = m.bits >= 8 ? DType::Q8_0 : DType::Q4_0;
+  std::vector<OutTensor> out;
+  std::map<DType, int64_t> linear_bytes;
+  for (const auto& t : src.tensors()) {
+    TensorReport r;
+    r.name = t.name;
+    r.ne = t.ne;
+    r.src_type = t.type;
+    r.src_bytes = int64_t(t.n_bytes);
+    OutTensor o;
+    o.name = t.name;
+    o.ne = t.ne;
+    if (auto it = enc.find(t.name); it != enc.end()) {
+      o.type = it->second.type;
+      o.own(std::move(it->second.bytes));
+      r.requested = it->second.requested;
+      r.reason = it->second.reason;
+      linear_bytes[o.type] += int64_t(o.n_bytes);
+    } else if (auto ft = f.find(t.name); ft != f.end() && ft->second.modified && t.ne.size() == 1) {
+      // A norm with scales folded in: f32, as the loader requires.
+      o.type = DType::F32;
+      const auto* p = reinterpret_cast<const uint8_t*>(ft->second.data.data());
+      o.own(std::vector<uint8_t>(p, p + ft->second.data.size() * sizeof(float)));
+      r.requested = DType::F32;
+      r.reason = "norm with smoothing scales folded in";
+    } else if (t.ne.size() < 2) {
+      o.type = t.type;
+      o.data = t.data;
+      o.n_bytes = t.n_bytes;
+      r.requested = t.type;
+      r.reason = "1-D: kept";
+    } else {
+      auto [want, why] = default_tensor_type(src, t, rule);
+      const DType type = fit_row_type(want, t.ne[0]);
+      r.requested = want;
+      r.reason = type == want ? str_cat(why, " of ", dtype_name(rule.type))
+                              : str_cat("fallback: rows of ", t.ne[0], " do not fit ", dtype_name(want), ", stored as ",
+                                        dtype_name(type));
+      o.type = type;
+      if (type == t.type) {
+        o.data = t.data;
+        o.n_bytes = t.n_bytes;
+      } else {
+        const std::vector<float> x = tensor_to_f32(t, pool);
+        o.own(encode_rows(x.data(), t.ne[0], t.n_rows(), type, pool));
+      }
+    }
+    r.type = o.type;
+    r.bytes = int64_t(o.n_bytes);
+    rep.quant.src_bytes += r.src_bytes;
+    rep.quant.bytes += r.bytes;
+    rep.quant.tensors.push_back(std::move(r));
+    out.push_back(std::move(o));
+  }
+
+  DType main_type = DType::F16;
+  int64_t most = -1;
+  for (const auto& [t, b] : linear_bytes)
+    if (b > most && !is_float_type(t)) {
+      most = b;
+      main_type = t;
+    }
+  rep.quant.file_type = llama_file_type(main_type);
+  std::vector<std::pair<std::string, GgufValue>> kv = {
+      {"general.file_type", GgufValue::u32(rep.quant.file_type)},
+      {"general.quantization_version", GgufValue::u32(2)},
+      {"tern.quant.method", GgufValue::string(m.info.name)},
+      {"tern.quant.bits", GgufValue::u32(uint32_t(m.bits))},
+      {"tern.quant.search", GgufValue::boolean(search)},
+  };
+  if (uses_calib) kv.emplace_back("tern.quant.calib_tokens", GgufValue::u32(uint32_t(calib->n_tokens)));
+  switch (m.kind) {
+    case Kind::Rtn:
+    case Kind::Gptq:
+    case Kind::Awq: kv.emplace_back("tern.quant.group_size", GgufValue::u32(uint32_t(opts.group))); break;
+    default: break;
+  }
+  if (m.kind == Kind::Gptq) {
+    kv.emplace_back("tern.quant.gptq.damp", GgufValue::f32(float(opts.damp)));
+    kv.emplace_back("tern.quant.gptq.act_order", GgufValue::boolean(opts.act_order));
+  }
+  if (m.kind == Kind::LlmInt8) {
+    kv.emplace_back("tern.quant.llm_int8.threshold", GgufValue::f32(float(opts.threshold)));
+    kv.emplace_back("tern.quant.llm_int8.outlier_columns", GgufValue::u32(uint32_t(total_outliers)));
+  }
+  if (m.kind == Kind::SmoothQuant) kv.emplace_back("tern.quant.smoothquant.alpha", GgufValue::f32(float(opts.alpha)));
+  write_model(src, out, kv, out_path);
+
+  if (!search && m.kind != Kind::Rtn && m.kind != Kind::LlmInt8)
+    rep.notes.push_back("--speed-only: round-to-nearest values in the method's format (same size and speed)");
+  rep.seconds = double(now_ns() - t0) / 1e9;
+  rep.quant.seconds = rep.seconds;
+  return rep;
+}
+
+}  // namespace tern

@@ -1,0 +1,82 @@
+#pragma once
+// The compression methods `tern quantize --method` and `tern compare` apply, one name each:
+//
+//   f32, f16, bf16, q8_0, q4_0, q4_k, q6_k   llama.cpp's types and rules (quantize.h)
+//   rtn-int4 / -int3 / -int8                  round-to-nearest into TQ (the baseline of GPTQ/AWQ)
+//   gptq-int4 / -int3 / -int8                 GPTQ into TQ (gptq.h)
+//   awq-int4 / -int3                          AWQ into TQ (awq.h)
+//   llm.int8                                  LLM.int8(): TI8 with 16-bit outlier columns
+//   smoothquant-w8a8 (smoothquant)            SmoothQuant: smoothing folded into norms and
+//                                             linears, then TI8 W8A8
+//
+// Every method writes a GGUF file that tern runs with its own kernels. The tensors the methods
+// were not designed for (token embedding, output) follow llama.cpp's rule for the method's bit
+// width (q8_0 for 8-bit methods, q4_0's rules for 4- and 3-bit ones), so sizes compare like for
+// like. Details, formulas and formats: docs/compression.md.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compress/awq.h"
+#include "compress/calibrate.h"
+#include "compress/quantize.h"
+
+namespace tern {
+
+struct MethodInfo {
+  const char* name;
+  const char* summary;
+  bool needs_calib;    // runs the model on a calibration text
+  bool needs_hessian;  // ... and accumulates X^T X (GPTQ)
+};
+
+// Every method, in the order `tern compare` lists them.
+const std::vector<MethodInfo>& compression_methods();
+// The method of that name ("smoothquant" is an alias of "smoothquant-w8a8"); throws
+// "unknown method 'x' (known: ...)".
+const MethodInfo& find_method(const std::string& name);
+// The default method list of `tern compare` for a source of type `src_type`.
+std::vector<std::string> default_compare_methods(DType src_type);
+
+struct MethodOptions {
+  double threshold = 6.0;   // LLM.int8(): outlier when calibration max|x_j| exceeds this
+  double alpha = 0.5;       // SmoothQuant migration strength
+  double damp = 0.01;       // GPTQ dampening (fraction of the mean Hessian diagonal)
+  bool act_order = false;   // GPTQ act-order
+  int64_t group = 128;      // GPTQ/AWQ/RTN group size (the row length when smaller)
+  // false (tern compare --speed-only, random-weight models): GPTQ/AWQ/SmoothQuant write their
+  // format with round-to-nearest values and no smoothing, which has the same size and speed.
+  bool search = true;
+  AwqOptions awq;
+  int n_threads = 0;
+  ProgressFn progress;
+};
+
+// Per linear layer details of a run.
+struct LayerReport {
+  std::string name;
+  double err = -1;       // output error ||X W^T - X Q^T||^2 on calibration data (GPTQ, AWQ)
+  double err_rtn = -1;   // the same for round-to-nearest at the same bits and group size
+  int64_t outliers = -1; // LLM.int8() outlier columns
+  double alpha = -1;     // AWQ's chosen exponent
+};
+
+struct MethodReport {
+  std::string method;
+  QuantizeReport quant;  // per-tensor types and bytes
+  std::vector<LayerReport> layers;
+  std::vector<std::string> notes;
+  double seconds = 0;
+};
+
+// Throws when `method` cannot start from `src` (a source already quantized to another type);
+// apply_method checks it too, callers check first to fail before slow work.
+void check_method_source(const std::string& method, const GgufFile& src);
+
+// Applies `method` to the float model IN and writes OUT. `calib` is required when the method
+// needs calibration (find_method(..).needs_calib; with the Hessian for GPTQ when opts.search).
+// Throws tern::Error for a source already quantized to a type the method cannot start from.
+MethodReport apply_method(const std::string& method, const std::string& in_path, const std::string& out_path,
+                          const CalibStats* calib, const MethodOptions& opts);
+
+}  // namespace tern

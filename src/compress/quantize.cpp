@@ -1,0 +1,230 @@
+#include "compress/quantize.h"
+
+#include <fnmatch.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/stats.h"
+#include "quant/quant_traits.h"
+
+namespace tern {
+namespace {
+
+bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+// The types `tern quantize --type` writes: ggml's, so that llama.cpp loads the result.
+constexpr DType kQuantizeTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0,
+                                    DType::Q4_0, DType::Q4_K, DType::Q6_K};
+
+bool available(DType t) {
+  const QuantTraits* q = quant_traits(t);
+  return q && q->from_float;
+}
+
+// Layer index of "blk.N.*", -1 otherwise.
+int layer_of(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  return std::atoi(name.c_str() + 4);
+}
+
+// llama.cpp's "use more bits" layer pattern of the _M mixes: the first and last eighth of the
+// layers, and every third layer in between.
+bool use_more_bits(int il, int n_layer) {
+  return il < n_layer / 8 || il >= 7 * n_layer / 8 || (il - n_layer / 8) % 3 == 2;
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+}  // namespace
+
+int QuantizeReport::n_fallbacks() const {
+  int n = 0;
+  for (const auto& t : tensors) n += t.type != t.requested;
+  return n;
+}
+
+std::string quantize_type_names() {
+  std::string s;
+  for (DType t : kQuantizeTypes)
+    if (available(t)) s += std::string(s.empty() ? "" : ", ") + dtype_name(t);
+  return s;
+}
+
+DType parse_quantize_type(const std::string& name) {
+  const auto t = dtype_from_name(name);
+  bool ok = false;
+  if (t)
+    for (DType k : kQuantizeTypes) ok |= k == *t && available(k);
+  if (!ok) fail("unknown type '", name, "' (known: ", quantize_type_names(), ")");
+  return *t;
+}
+
+uint32_t llama_file_type(DType type) {
+  // llama_ftype values (llama.h): they are not the tensor type ids.
+  switch (type) {
+    case DType::F32: return 0;   // ALL_F32
+    case DType::F16: return 1;   // MOSTLY_F16
+    case DType::Q4_0: return 2;  // MOSTLY_Q4_0
+    case DType::Q8_0: return 7;  // MOSTLY_Q8_0
+    case DType::Q4_K: return 15; // MOSTLY_Q4_K_M (what llama-quantize calls "Q4_K")
+    case DType::Q6_K: return 18; // MOSTLY_Q6_K
+    case DType::BF16: return 32; // MOSTLY_BF16
+    default: return static_cast<uint32_t>(type);  // tern's own types: the type id itself
+  }
+}
+
+DType fit_row_type(DType want, int64_t n_in) {
+  if (dtype_row_bytes(want, n_in) >= 0) return want;
+  // Never less precise than asked: a k-quant that does not fit goes to q8_0 (llama.cpp's
+  // choice for q6_k; for q4_k it picks q5_0, which tern does not have), a 32-block type to f16.
+  if (dtype_row_bytes(DType::Q8_0, n_in) >= 0 && want != DType::Q8_0 && want != DType::Q4_0)
+    return DType::Q8_0;
+  return DType::F16;
+}
+
+std::pair<DType, std::string> default_tensor_type(const GgufFile& src, const GgufTensorInfo& t,
+                                                  const QuantizeOptions& opts) {
+  const std::string& name = t.name;
+  if (opts.pure || is_float_type(opts.type)) return {opts.type, "default"};
+  const bool has_output = src.find_tensor("output.weight") != nullptr;
+  if (name == "output.weight" || (!has_output && name == "token_embd.weight")) {
+    if (opts.output_type) return {*opts.output_type, "--output-type"};
+    if (opts.type == DType::Q8_0) return {DType::Q8_0, "output rule (q8_0 target: q8_0)"};
+    if (!available(DType::Q6_K)) return {DType::Q8_0, "output rule (q8_0: no q6_k codec)"};
+    if (t.ne[0] % kQK_K != 0)
+      return {DType::Q8_0, str_cat("output rule (q8_0: rows of ", t.ne[0], " do not fit q6_k's 256-blocks)")};
+    return {DType::Q6_K, "output rule (q6_k)"};
+  }
+  if (name == "token_embd.weight" && opts.embd_type) return {*opts.embd_type, "--embedding-type"};
+  if (opts.type == DType::Q4_K && available(DType::Q6_K) &&
+      (ends_with(name, ".attn_v.weight") || ends_with(name, ".ffn_down.weight"))) {
+    const int n_layer = int(src.get_uint(src.get_string("general.architecture", "llama") + ".block_count", 0));
+    const int il = layer_of(name);
+    if (n_layer > 0 && il >= 0 && use_more_bits(il, n_layer)) return {DType::Q6_K, "q4_k_m mix (q6_k layer)"};
+  }
+  return {opts.type, "default"};
+}
+
+bool matches_any(const std::string& name, const std::vector<std::string>& globs) {
+  for (const auto& g : globs)
+    if (g == name || fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  return false;
+}
+
+std::vector<float> tensor_to_f32(const GgufTensorInfo& t, ThreadPool& pool) {
+  const QuantTraits& q = require_quant_traits(t.type, t.name.c_str());
+  const int64_t n_in = t.ne.empty() ? 1 : t.ne[0], n_rows = t.n_rows();
+  const int64_t rb = dtype_row_bytes(t.type, n_in);
+  std::vector<float> out(static_cast<size_t>(n_in * n_rows));  // [n_rows, n_in]
+  pool.parallel_for(n_rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) q.to_float(t.data + r * rb, out.data() + r * n_in, n_in);
+  });
+  return out;
+}
+
+std::vector<uint8_t> encode_rows(const float* x, int64_t n_in, int64_t n_rows, DType type, ThreadPool& pool) {
+  const QuantTraits& q = require_quant_traits(type, "output tensor");
+  if (!q.from_float) fail("tern cannot quantize to ", dtype_name(type));
+  const int64_t rb = dtype_row_bytes(type, n_in);
+  if (rb < 0) fail("rows of ", n_in, " elements do not fit the ", dtype_name(type), " block size");
+  std::vector<uint8_t> out(static_cast<size_t>(rb * n_rows));
+  pool.parallel_for(n_rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) q.from_float(x + r * n_in, out.data() + r * rb, n_in);
+  });
+  return out;
+}
+
+void write_model(const GgufFile& src, const std::vector<OutTensor>& tensors,
+                 const std::vector<std::pair<std::string, GgufValue>>& set_kv, const std::string& path) {
+  GgufWriter w(src.version() >= 2 ? src.version() : 3);
+  w.copy_metadata(src);
+  for (const auto& [k, v] : set_kv) w.set(k, v);
+  for (const auto& t : tensors) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+  w.write(path);
+}
+
+void check_distinct_paths(const std::string& in, const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool same = fs::exists(out, ec) ? fs::equivalent(in, out, ec)
+                                        : fs::weakly_canonical(in, ec) == fs::weakly_canonical(out, ec);
+  if (same || in == out)
+    fail("the output path ", out, " is the input file: write the result to another file");
+}
+
+QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
+                              const QuantizeOptions& opts) {
+  check_distinct_paths(in_path, out_path);
+  if (!available(opts.type)) fail("tern cannot quantize to ", dtype_name(opts.type));
+  for (const auto& o : {opts.output_type, opts.embd_type})
+    if (o && !available(*o)) fail("tern cannot quantize to ", dtype_name(*o));
+  const int64_t t0 = now_ns();
+  const GgufFile src = GgufFile::open(in_path);
+  ThreadPool pool(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
+
+  QuantizeReport rep;
+  std::vector<OutTensor> out;
+  out.reserve(src.tensors().size());
+  int64_t total = 0, done = 0;
+  for (const auto& t : src.tensors()) total += t.n_elements();
+  for (const auto& t : src.tensors()) {
+    TensorReport r;
+    r.name = t.name;
+    r.ne = t.ne;
+    r.src_type = t.type;
+    r.src_bytes = int64_t(t.n_bytes);
+    OutTensor o;
+    o.name = t.name;
+    o.ne = t.ne;
+    DType want = t.type;
+    if (matches_any(t.name, opts.keep)) {
+      r.reason = "kept (--keep)";
+    } else if (t.ne.size() < 2 || !ends_with(t.name, "weight")) {
+      r.reason = "1-D: kept";
+    } else {
+      auto [type, why] = default_tensor_type(src, t, opts);
+      want = type;
+      r.reason = why;
+    }
+    r.requested = want;
+    const int64_t n_in = t.ne.empty() ? 1 : t.ne[0];
+    const DType type = want == t.type ? want : fit_row_type(want, n_in);
+    if (type != want)
+      r.reason = str_cat("fallback: rows of ", n_in, " are not a multiple of the ", dtype_name(want),
+                         " block size ", dtype_info(want).block_size, ", stored as ", dtype_name(type));
+    r.type = type;
+    o.type = type;
+    if (type == t.type) {
+      o.data = t.data;  // unchanged: borrow the mapping
+      o.n_bytes = t.n_bytes;
+    } else {
+      if (!is_float_type(t.type) && !is_float_type(type) && !opts.allow_requantize)
+        fail(in_path, ": tensor ", t.name, " is already ", dtype_name(t.type), "; requantizing it to ",
+             dtype_name(type), " compounds the rounding errors (pass --allow-requantize to do it anyway)");
+      const std::vector<float> f = tensor_to_f32(t, pool);
+      o.own(encode_rows(f.data(), n_in, t.n_rows(), type, pool));
+    }
+    r.bytes = int64_t(o.n_bytes);
+    rep.src_bytes += r.src_bytes;
+    rep.bytes += r.bytes;
+    rep.tensors.push_back(std::move(r));
+    out.push_back(std::move(o));
+    done += t.n_elements();
+    if (opts.progress) opts.progress(done, total, t.name);
+  }
+  // The data pointers of owned tensors stay valid: vector moves keep their heap buffers.
+  rep.file_type = llama_file_type(opts.type);
+  std::vector<std::pair<std::string, GgufValue>> kv = {
+      {"general.file_type", GgufValue::u32(rep.file_type)}};
+  if (!is_float_type(opts.type)) kv.emplace_back("general.quantization_version", GgufValue::u32(2));
+  write_model(src, out, kv, out_path);
+  rep.seconds = double(now_ns() - t0) / 1e9;
+  return rep;
+}
+
+}  // namespace tern

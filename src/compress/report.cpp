@@ -1,0 +1,175 @@
+#include "compress/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace tern {
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string mib(int64_t bytes) { return fmt(bytes >= 10 * 1048576 ? "%.1f" : "%.3f", double(bytes) / 1048576.0); }
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '&': o += "&amp;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+// "Nice" axis ticks covering [lo, hi].
+std::vector<double> ticks(double lo, double hi, int want = 5) {
+  const double span = hi - lo > 0 ? hi - lo : std::max(1e-9, std::fabs(hi));
+  const double raw = span / want;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+    if (raw <= m * mag) {
+      step = m * mag;
+      break;
+    }
+  std::vector<double> t;
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(v);
+  return t;
+}
+
+}  // namespace
+
+std::string markdown_table(const std::vector<CompareRow>& rows) {
+  const bool have_ppl = std::any_of(rows.begin(), rows.end(), [](const CompareRow& r) { return r.ppl >= 0; });
+  std::string s = "| method | format | WM (MiB) | bpw | RM (MiB) | pp tok/s | tg tok/s | TTFT ms | TBT ms |";
+  std::string sep = "|---|---|--:|--:|--:|--:|--:|--:|--:|";
+  if (have_ppl) {
+    s += " PPL | ΔPPL |";
+    sep += "--:|--:|";
+  }
+  s += "\n" + sep + "\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const CompareRow& r = rows[i];
+    // append() rather than a chain of operator+: GCC 12 reports a false -Wrestrict on the chain.
+    for (const std::string& cell : {r.method, r.format, mib(r.weight_bytes), fmt("%.2f", r.bpw), mib(r.peak_rss_bytes),
+                                    fmt("%.1f", r.pp_tok_s), fmt("%.1f", r.tg_tok_s), fmt("%.2f", r.ttft_ms),
+                                    fmt("%.2f", r.tbt_ms)})
+      s.append("| ").append(cell).append(" ");
+    if (have_ppl) {
+      s.append("| ").append(r.ppl >= 0 ? fmt("%.4f", r.ppl) : "-").append(" ");
+      s.append("| ").append(i == 0 || r.ppl < 0 ? "-" : fmt("%+.2f%%", r.ppl_delta_pct)).append(" ");
+    }
+    s.append("|\n");
+  }
+  return s;
+}
+
+nlohmann::json rows_json(const std::vector<CompareRow>& rows) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json j = {{"method", r.method},
+                        {"format", r.format},
+                        {"weight_bytes", r.weight_bytes},
+                        {"bpw", r.bpw},
+                        {"peak_rss_bytes", r.peak_rss_bytes},
+                        {"pp_tok_s", r.pp_tok_s},
+                        {"tg_tok_s", r.tg_tok_s},
+                        {"ttft_ms", r.ttft_ms},
+                        {"tbt_ms", r.tbt_ms},
+                        {"quantize_s", r.quantize_s},
+                        {"n_fallbacks", r.n_fallbacks}};
+    if (r.ppl >= 0) {
+      j["ppl"] = r.ppl;
+      j["ppl_stderr"] = r.ppl_stderr;
+      j["ppl_delta_pct"] = r.ppl_delta_pct;
+    } else {
+      j["ppl"] = nullptr;
+    }
+    if (r.recon_ratio >= 0) j["recon_error_vs_rtn"] = r.recon_ratio;
+    if (!r.notes.empty()) j["notes"] = r.notes;
+    a.push_back(std::move(j));
+  }
+  return a;
+}
+
+std::string svg_chart(const std::vector<CompareRow>& rows, const std::string& title) {
+  const bool have_ppl = std::any_of(rows.begin(), rows.end(), [](const CompareRow& r) { return r.ppl >= 0; });
+  const double W = 760, H = 480, L = 80, R = 30, T = 50, B = 60;  // canvas and margins
+  auto yv = [&](const CompareRow& r) { return have_ppl ? r.ppl : r.tg_tok_s; };
+  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300, smax = 0;
+  for (const auto& r : rows) {
+    if (have_ppl && r.ppl < 0) continue;
+    const double x = double(r.weight_bytes) / 1048576.0;
+    x0 = std::min(x0, x);
+    x1 = std::max(x1, x);
+    y0 = std::min(y0, yv(r));
+    y1 = std::max(y1, yv(r));
+    smax = std::max(smax, r.tg_tok_s);
+  }
+  if (x0 > x1) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  // Pad the ranges so that markers and labels stay inside the plot.
+  const double xp = std::max((x1 - x0) * 0.08, std::max(x1, 1e-6) * 0.02), yp = std::max((y1 - y0) * 0.12, std::fabs(y1) * 0.01 + 1e-9);
+  x0 = std::max(0.0, x0 - xp);
+  x1 += xp;
+  y0 -= yp;
+  y1 += yp;
+  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
+
+  std::string s = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt("%.0f", W) + "\" height=\"" +
+                  fmt("%.0f", H) + "\" viewBox=\"0 0 " + fmt("%.0f", W) + " " + fmt("%.0f", H) +
+                  "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s += "<text x=\"" + fmt("%.0f", W / 2) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) +
+       "</text>\n";
+  // Axes, grid and ticks.
+  for (double t : ticks(x0, x1)) {
+    s += "<line x1=\"" + fmt("%.1f", px(t)) + "\" y1=\"" + fmt("%.1f", T) + "\" x2=\"" + fmt("%.1f", px(t)) +
+         "\" y2=\"" + fmt("%.1f", H - B) + "\" stroke=\"#eee\"/>\n";
+    s += "<text x=\"" + fmt("%.1f", px(t)) + "\" y=\"" + fmt("%.1f", H - B + 18) + "\" text-anchor=\"middle\">" +
+         fmt(t < 10 ? "%.2g" : "%.0f", t) + "</text>\n";
+  }
+  for (double t : ticks(y0, y1)) {
+    s += "<line x1=\"" + fmt("%.1f", L) + "\" y1=\"" + fmt("%.1f", py(t)) + "\" x2=\"" + fmt("%.1f", W - R) +
+         "\" y2=\"" + fmt("%.1f", py(t)) + "\" stroke=\"#eee\"/>\n";
+    s += "<text x=\"" + fmt("%.1f", L - 8) + "\" y=\"" + fmt("%.1f", py(t) + 4) + "\" text-anchor=\"end\">" +
+         fmt("%.4g", t) + "</text>\n";
+  }
+  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", H - B) + "\" x2=\"" + fmt("%.0f", W - R) + "\" y2=\"" +
+       fmt("%.0f", H - B) + "\" stroke=\"black\"/>\n";
+  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T) + "\" x2=\"" + fmt("%.0f", L) + "\" y2=\"" +
+       fmt("%.0f", H - B) + "\" stroke=\"black\"/>\n";
+  s += "<text x=\"" + fmt("%.0f", (L + W - R) / 2) + "\" y=\"" + fmt("%.0f", H - 18) +
+       "\" text-anchor=\"middle\">weight memory (MiB)</text>\n";
+  s += "<text transform=\"translate(18," + fmt("%.0f", (T + H - B) / 2) + ") rotate(-90)\" text-anchor=\"middle\">" +
+       std::string(have_ppl ? "perplexity (lower is better)" : "generation tok/s") + "</text>\n";
+  // Markers: area proportional to generation speed.
+  static const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const CompareRow& r = rows[i];
+    if (have_ppl && r.ppl < 0) continue;
+    const double cx = px(double(r.weight_bytes) / 1048576.0), cy = py(yv(r));
+    const double rad = smax > 0 ? 4.0 + 14.0 * std::sqrt(r.tg_tok_s / smax) : 6.0;
+    s += "<circle cx=\"" + fmt("%.1f", cx) + "\" cy=\"" + fmt("%.1f", cy) + "\" r=\"" + fmt("%.1f", rad) +
+         "\" fill=\"" + kColors[i % 10] + "\" fill-opacity=\"0.6\" stroke=\"" + kColors[i % 10] + "\"><title>" +
+         xml_escape(r.method) + ": " + mib(r.weight_bytes) + " MiB, " + fmt("%.1f", r.tg_tok_s) + " tok/s" +
+         (r.ppl >= 0 ? ", ppl " + fmt("%.4f", r.ppl) : std::string()) + "</title></circle>\n";
+    s += "<text x=\"" + fmt("%.1f", cx + rad + 3) + "\" y=\"" + fmt("%.1f", cy + 4 + (i % 2 ? 10 : -6)) + "\">" +
+         xml_escape(r.method) + "</text>\n";
+  }
+  s += "<text x=\"" + fmt("%.0f", W - R) + "\" y=\"" + fmt("%.0f", T - 8) +
+       "\" text-anchor=\"end\" fill=\"#555\">marker area: generation tok/s</text>\n";
+  s += "</svg>\n";
+  return s;
+}
+
+}  // namespace tern

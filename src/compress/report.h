@@ -1,0 +1,38 @@
+#pragma once
+// The comparison table of `tern compare`: one row per method with the survey's columns (weight
+// memory, run memory, speed, perplexity), as Markdown, JSON and an SVG chart.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tern {
+
+struct CompareRow {
+  std::string method;
+  std::string format;          // main storage type of the linear layers ("q4_0", "tq4_g64")
+  int64_t weight_bytes = 0;    // WM: every tensor as stored
+  double bpw = 0;              // bits per weight over the 2-D tensors
+  int64_t peak_rss_bytes = 0;  // RM: peak RSS of a fixed generation
+  double pp_tok_s = 0;         // prompt processing
+  double tg_tok_s = 0;         // generation
+  double ttft_ms = 0;
+  double tbt_ms = 0;           // mean time between tokens
+  double ppl = -1;             // < 0: not measured (--speed-only)
+  double ppl_stderr = 0;
+  double ppl_delta_pct = 0;    // vs the first row (the source)
+  double quantize_s = 0;
+  int n_fallbacks = 0;
+  double recon_ratio = -1;     // GPTQ/AWQ: mean over layers of error / RTN error (< 1: better)
+  std::string notes;
+};
+
+// Markdown table (one header line, one separator, one line per row).
+std::string markdown_table(const std::vector<CompareRow>& rows);
+nlohmann::json rows_json(const std::vector<CompareRow>& rows);
+// Perplexity (or, without it, generation speed) against weight size, marker area proportional
+// to generation speed; a self-contained SVG document.
+std::string svg_chart(const std::vector<CompareRow>& rows, const std::string& title);
+
+}  // namespace tern

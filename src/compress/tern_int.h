@@ -1,0 +1,55 @@
+#pragma once
+// Integer matmul kernels of tern's own weight formats (quant/quant_tern.h):
+//
+//   TI8* (LLM.int8(), SmoothQuant W8A8): per token, the non-outlier columns of x are quantized
+//        to int8 with one absmax scale (vector-wise), the outlier columns are kept in 16 bits:
+//          y[t][r] = d_w[r] * d_x[t] * sum_j q_w[r][j] q_x[t][j]  +  sum_i o[r][i] * f16(x[t][c_i])
+//        (outlier columns have q_x = 0, so their -128 markers add nothing to the integer sum).
+//   TQ*  (GPTQ, AWQ, RTN): x quantized to int8 per 32 columns (d_x[b], as Q8_0 activations);
+//        with w = d_g * (q - z) per group g:
+//          y[t][r] = sum_g d_g * ( sum_{b in g} d_x[b] * sum_{j in b} q[j] q_x[j]
+//                                  - z_g * sum_{b in g} d_x[b] * sum_{j in b} q_x[j] )
+//
+// The integer sums are exact in every variant (ref, AVX-512 VNNI), so variants differ only in
+// the order of float additions. matmul() routes these types here (kernels/dispatch.cpp).
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/matmul.h"
+
+namespace tern {
+
+bool is_tern_int_type(DType t);
+
+// y = W x for a TI8* or TQ* weight with the kernels of `isa` (Ref, or Avx512 when supported;
+// Avx2 runs the reference row kernels).
+void tern_int_matmul(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
+                     int64_t ldy, ThreadPool& pool);
+
+// LLM.int8()'s decomposition with explicit pieces, for tests and for callers that route columns
+// themselves: w_i8 [n_out, n_in] int8 with per-row scales d_w [n_out], outlier columns cols [k]
+// (ascending) with 16-bit weights w_o [n_out, k] (f16 bits). Every column in cols is computed in 16 bits,
+// the rest in int8 (w_i8's entries in outlier columns are ignored).
+void llm_int8_matmul(Isa isa, const int8_t* w_i8, const float* d_w, const int32_t* cols, int64_t k,
+                     const uint16_t* w_o, int64_t n_in, int64_t n_out, const float* x, int64_t ldx,
+                     int64_t n_tokens, float* y, int64_t ldy, ThreadPool& pool);
+
+namespace kern {
+
+// Per-ISA row kernels (plain data + function pointers: ISA translation units call no inline
+// function of a shared header, see kernels/kernel_iface.h).
+struct TernIntRows {
+  // out[t] = sum_j w[j] * (xu[t][j] - 128) for n_tok activation rows xu (u8, stride bytes
+  // apart); w is one int8 row of n_in (a multiple of 32).
+  void (*i8_dots)(const int8_t* w, int64_t n_in, const uint8_t* xu, int64_t stride, int64_t n_tok, int32_t* out);
+  // out[t] = one TQ row (bits, group) times n_tok activation rows laid out as TqAct.
+  void (*tq_dots)(const uint8_t* w, int bits, int group, int64_t n_in, const uint8_t* act, int64_t stride,
+                  int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* out);
+};
+
+const TernIntRows& tern_int_rows_ref();
+const TernIntRows& tern_int_rows_avx512();
+
+}  // namespace kern
+}  // namespace tern

@@ -1,0 +1,608 @@
+// The serving engine: submission queue -> scheduler plan -> one ragged forward pass over paged
+// KV slots -> per-completion sampling, stop handling, streaming and metrics.
+//
+// Ownership: the engine thread (whoever calls step()) owns everything below `Engine-thread
+// state`; other threads only touch the submission queue and the metrics snapshot, under mu.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/stats.h"
+#include "core/thread_pool.h"
+#include "models/model.h"
+#include "sched/scheduler.h"
+
+namespace tern {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Abort: return "abort";
+    case FinishReason::Error: return "error";
+    default: return "none";
+  }
+}
+
+int64_t kv_bytes_per_token(const GgufFile& file) {
+  const HParams hp = read_hparams(file);
+  // K and V, f32, every layer.
+  return 2 * hp.n_layer * hp.n_embd_kv() * int64_t(sizeof(float));
+}
+
+namespace {
+
+double ms_between(int64_t t0_ns, int64_t t1_ns) { return double(t1_ns - t0_ns) / 1e6; }
+
+}  // namespace
+
+struct Engine::Impl {
+  struct Request;
+
+  // One of a request's n completions: its own sequence, sampler, text stream and timings.
+  struct Completion {
+    Request* req = nullptr;
+    int index = 0;
+    SeqId seq = 0;
+    Sampler sampler;
+    StreamDecoder decoder;
+    std::string text;     // generated text so far, before stop trimming
+    size_t emitted = 0;   // bytes of `text` already streamed
+    int64_t n_generated = 0;
+    int64_t t_last_ns = 0;
+    double ttft_ms = 0;
+    std::vector<double> tbt_ms;
+    bool finished = false;
+
+    Completion(Request* r, int i, const SamplingParams& sp, int32_t n_vocab, const Tokenizer& tok)
+        : req(r), index(i), sampler(sp, n_vocab), decoder(tok) {}
+  };
+
+  struct Request {
+    uint64_t id = 0;
+    RequestParams params;
+    OutputCallback on_output;
+    int64_t arrival_ns = 0;
+    int64_t first_scheduled_ns = 0;
+    int64_t max_new = 0;          // tokens each completion may generate (clipped to the context)
+    int64_t n_cached_prompt = 0;
+    bool forked = false;          // the n completions exist (after the prompt's first sample)
+    int n_unfinished = 0;         // of the n completions
+    FinishReason last_reason = FinishReason::None;
+    std::vector<std::unique_ptr<Completion>> completions;  // [1] before the fork, [n] after
+  };
+
+  struct Pending {
+    uint64_t id;
+    RequestParams params;
+    OutputCallback on_output;
+    int64_t arrival_ns;
+  };
+
+  EngineConfig cfg;
+  std::shared_ptr<const GgufFile> file;
+  std::shared_ptr<const Tokenizer> tok;
+  std::unique_ptr<Model> model;
+  int64_t n_ctx = 0;
+  int64_t n_vocab = 0;
+  ThreadPool pool;
+  std::unique_ptr<KvStore> kv_store;
+  std::unique_ptr<KvCacheManager> kv;
+  std::unique_ptr<Scheduler> sched;
+
+  // --- submission (any thread), guarded by mu --------------------------------------------
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Pending> incoming;
+  std::vector<uint64_t> aborts;
+  uint64_t next_id = 1;
+  EngineMetrics snapshot;
+  std::atomic<int64_t> n_queued{0};   // waiting in the scheduler (for add_request's 429)
+  std::atomic<int64_t> n_active{0};   // requests taken off the queue and not yet retired
+
+  // --- background loop ------------------------------------------------------------------
+  std::thread loop;
+  std::atomic<bool> stop_flag{false};
+
+  // --- engine-thread state --------------------------------------------------------------
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests;
+  std::unordered_map<SeqId, Completion*> by_seq;
+  SeqId next_seq = 1;
+  EngineMetrics totals;               // counters the engine thread accumulates
+  int64_t prompt_tokens_seen = 0, cached_tokens_seen = 0;
+  // Step buffers, reused every step (no allocation in the steady state).
+  std::vector<Pending> taken;
+  std::vector<uint64_t> taken_aborts;
+  std::vector<SeqBatch> batch;        // [n_seqs of the step]
+  std::vector<int32_t> slot_buf;      // slots of every scheduled seq, back to back
+  std::vector<size_t> slot_off;       // [n_seqs + 1] offsets into slot_buf
+  std::vector<float> logits;          // [n_seqs, n_vocab] one row per scheduled seq
+  std::vector<SeqId> failed_seqs;
+  RequestOutput out;                  // what callbacks receive
+
+  Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Tokenizer> t, const EngineConfig& c);
+
+  void validate(const RequestParams& p) const;
+  void take_submissions();
+  void admit(Pending& p);
+  void apply_abort(uint64_t id);
+  bool run_step();
+  void on_sampled(SeqId seq, const float* row);
+  void emit(Completion& c, int32_t id, const float* row);
+  void finish(Completion& c, FinishReason reason, const std::string& error = {});
+  void finish_request(Request& r, FinishReason reason, const std::string& error = {});
+  void deliver(Request& r);
+  void retire_if_done(Request& r);
+  void update_snapshot();
+};
+
+Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Tokenizer> t,
+                   const EngineConfig& c)
+    : cfg(c), file(std::move(f)), tok(std::move(t)),
+      pool(c.n_threads > 0 ? c.n_threads : default_thread_count()) {
+  if (!file) fail("engine: no model file");
+  if (!tok) fail("engine: no tokenizer");
+  if (cfg.kv_block_size < 1 || cfg.kv_block_size > 4096)
+    fail("--kv-block-size must be in [1, 4096], got ", cfg.kv_block_size);
+  if (cfg.max_batch_tokens < 1) fail("--batch-tokens must be >= 1, got ", cfg.max_batch_tokens);
+  if (cfg.max_running < 1) fail("max_running must be >= 1, got ", cfg.max_running);
+  if (cfg.max_waiting < 1) fail("max_waiting must be >= 1, got ", cfg.max_waiting);
+  if (cfg.n_parallel < 1) fail("--parallel must be >= 1, got ", cfg.n_parallel);
+  if (cfg.n_ctx < 0 || cfg.kv_memory_bytes < 0) fail("--ctx and --kv-memory must be >= 0");
+  model = load_model(file);
+  const HParams& hp = model->hparams();
+  n_vocab = hp.n_vocab;
+  if (tok->n_vocab() > n_vocab)
+    fail(file->path(), ": the tokenizer has ", tok->n_vocab(), " tokens but the model's embedding only ", n_vocab);
+  n_ctx = cfg.n_ctx > 0 ? cfg.n_ctx : hp.n_ctx_train;
+  if (n_ctx < 2 || n_ctx > (int64_t(1) << 24)) fail("context size ", n_ctx, " is out of range");
+
+  // The arena: --kv-memory bytes, or room for n_parallel full contexts.
+  const int64_t bs = cfg.kv_block_size;
+  const int64_t per_token = 2 * hp.n_layer * hp.n_embd_kv() * int64_t(sizeof(float));
+  int64_t n_blocks;
+  if (cfg.kv_memory_bytes > 0) {
+    n_blocks = cfg.kv_memory_bytes / (per_token * bs);
+    if (n_blocks < 1)
+      fail("--kv-memory ", cfg.kv_memory_bytes, " bytes holds less than one KV block (", per_token * bs,
+           " bytes for ", bs, " tokens)");
+  } else {
+    n_blocks = (n_ctx * cfg.n_parallel + bs - 1) / bs;
+  }
+  if (n_blocks * bs >= (int64_t(1) << 31)) fail("the KV arena is too large: ", n_blocks * bs, " tokens");
+  // One request alone must always fit, so nothing ever fails for lack of KV memory: a context
+  // larger than the arena is clipped to it.
+  n_ctx = std::min(n_ctx, n_blocks * bs);
+  if (n_ctx < 2) fail("the KV arena holds only ", n_ctx, " tokens: raise --kv-memory");
+  // A step must be able to give every running sequence its decode token.
+  cfg.max_running = std::min(cfg.max_running, cfg.max_batch_tokens);
+  cfg.n_ctx = n_ctx;
+
+  kv_store = std::make_unique<KvStore>(hp, n_blocks * bs);
+  kv = std::make_unique<KvCacheManager>(n_blocks, bs, cfg.prefix_caching);
+  SchedulerConfig sc;
+  sc.max_batch_tokens = cfg.max_batch_tokens;
+  sc.max_running = cfg.max_running;
+  // 1% of the pool kept for growth when admitting (vLLM's default watermark).
+  sc.watermark_blocks = n_blocks / 100;
+  sched = std::make_unique<Scheduler>(sc, *kv);
+  model->reserve(cfg.max_batch_tokens);
+
+  const auto max_seqs = size_t(cfg.max_running);
+  batch.reserve(max_seqs);
+  slot_off.reserve(max_seqs + 1);
+  logits.assign(std::min(max_seqs, size_t(cfg.max_batch_tokens)) * size_t(n_vocab), 0.0f);
+  snapshot.kv_blocks_total = snapshot.kv_blocks_free = n_blocks;
+  snapshot.kv_bytes = kv_store->bytes();
+}
+
+void Engine::Impl::validate(const RequestParams& p) const {
+  if (p.prompt_ids.empty()) fail("the prompt has no tokens");
+  if (int64_t(p.prompt_ids.size()) + 1 > n_ctx)
+    fail("the prompt has ", p.prompt_ids.size(), " tokens but the context holds ", n_ctx,
+         " (prompt + at least one generated token)");
+  for (size_t i = 0; i < p.prompt_ids.size(); ++i)
+    if (p.prompt_ids[i] < 0 || p.prompt_ids[i] >= n_vocab)
+      fail("prompt token ", i, " has id ", p.prompt_ids[i], ", outside the vocabulary of ", n_vocab);
+  p.sampling.validate();
+  if (p.n < 1 || p.n > 128) fail("n must be in [1, 128], got ", p.n);
+  if (p.n > cfg.max_running) fail("n = ", p.n, " is more than the engine runs at once (", cfg.max_running, ")");
+  if (p.n_logprobs < -1 || p.n_logprobs > 20) fail("logprobs must be in [0, 20], got ", p.n_logprobs);
+  for (const auto& s : p.stop)
+    if (s.empty()) fail("a stop string is empty");
+}
+
+// --- submission ------------------------------------------------------------------------
+
+void Engine::Impl::take_submissions() {
+  taken.clear();
+  taken_aborts.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    // Counted as active before leaving the queue, so has_work() never sees a gap.
+    n_active.fetch_add(int64_t(incoming.size()));
+    std::swap(taken, incoming);
+    std::swap(taken_aborts, aborts);
+  }
+  for (Pending& p : taken) admit(p);
+  taken.clear();  // drop the moved-from callbacks now
+  for (uint64_t id : taken_aborts) apply_abort(id);
+}
+
+void Engine::Impl::admit(Pending& p) {
+  auto r = std::make_unique<Request>();
+  r->id = p.id;
+  r->params = std::move(p.params);
+  r->on_output = std::move(p.on_output);
+  r->arrival_ns = p.arrival_ns;
+  const int64_t n_prompt = int64_t(r->params.prompt_ids.size());
+  r->max_new = n_ctx - n_prompt;  // every generated token has a position in the context
+  if (r->params.max_tokens > 0) r->max_new = std::min(r->max_new, r->params.max_tokens);
+  r->n_unfinished = r->params.n;
+  const SeqId seq = next_seq++;
+  auto c = std::make_unique<Completion>(r.get(), 0, r->params.sampling, int32_t(n_vocab), *tok);
+  c->seq = seq;
+  by_seq[seq] = c.get();
+  r->completions.push_back(std::move(c));
+  sched->add(seq, r->params.prompt_ids, r->params.priority);
+  requests[r->id] = std::move(r);
+}
+
+void Engine::Impl::apply_abort(uint64_t id) {
+  auto it = requests.find(id);
+  if (it == requests.end()) return;
+  finish_request(*it->second, FinishReason::Abort);
+}
+
+// --- the step ---------------------------------------------------------------------------
+
+bool Engine::Impl::run_step() {
+  take_submissions();
+  if (sched->n_running() + sched->n_waiting() == 0) {
+    update_snapshot();
+    return false;
+  }
+  const StepPlan& plan = sched->schedule();
+  if (plan.empty()) {
+    update_snapshot();
+    return false;
+  }
+  const int64_t t_start = now_ns();
+  const int64_t bs = kv->block_size();
+  // Copy-on-write of shared partial blocks (forked completions), before anything is written.
+  if (!kv->pending_copies().empty()) {
+    const int64_t row = kv_store->row();
+    const int64_t n_layer = model->hparams().n_layer;
+    for (const BlockCopy& cp : kv->pending_copies())
+      for (int64_t il = 0; il < n_layer; ++il) {
+        std::copy_n(kv_store->k(il) + int64_t(cp.src) * bs * row, cp.n_tokens * row,
+                    kv_store->k(il) + int64_t(cp.dst) * bs * row);
+        std::copy_n(kv_store->v(il) + int64_t(cp.src) * bs * row, cp.n_tokens * row,
+                    kv_store->v(il) + int64_t(cp.dst) * bs * row);
+      }
+  }
+  // The plan -> SeqBatch entries (token spans point into the scheduler's token lists, which
+  // do not change until commit()).
+  batch.clear();
+  slot_buf.clear();
+  slot_off.clear();
+  for (const ScheduledSeq& e : plan.seqs) {
+    slot_off.push_back(slot_buf.size());
+    kv->slots(sched->block_table(e.id), e.n_past + e.n_tokens, slot_buf);
+    Completion* c = by_seq.at(e.id);
+    Request& r = *c->req;
+    if (r.first_scheduled_ns == 0) {
+      // First time on the engine: what the prefix cache covered is n_past.
+      r.first_scheduled_ns = t_start;
+      r.n_cached_prompt = e.n_past;
+      prompt_tokens_seen += int64_t(r.params.prompt_ids.size());
+      cached_tokens_seen += e.n_past;
+    }
+  }
+  slot_off.push_back(slot_buf.size());
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& e = plan.seqs[i];
+    SeqBatch sb;
+    sb.n_past = e.n_past;
+    sb.tokens = sched->tokens(e.id).subspan(size_t(e.n_past), size_t(e.n_tokens));
+    sb.slots = std::span<const int32_t>(slot_buf.data() + slot_off[i], slot_off[i + 1] - slot_off[i]);
+    sb.all_logits = false;
+    batch.push_back(sb);
+  }
+  const size_t need = size_t(n_logit_rows(batch)) * size_t(n_vocab);
+  if (logits.size() < need) logits.resize(need);
+  try {
+    model->forward(batch, *kv_store, logits.data(), pool);
+  } catch (const std::exception& ex) {
+    // The whole step failed: give its blocks back and fail the requests in it, alone.
+    sched->rollback();
+    failed_seqs.clear();
+    for (const ScheduledSeq& e : plan.seqs) failed_seqs.push_back(e.id);
+    for (SeqId s : failed_seqs) {
+      auto it = by_seq.find(s);
+      if (it != by_seq.end()) finish_request(*it->second->req, FinishReason::Error, ex.what());
+    }
+    ++totals.steps;
+    update_snapshot();
+    return true;
+  }
+  sched->commit();
+  ++totals.steps;
+  // Sampling: one logits row per scheduled sequence, used by those that reached their end.
+  // (Requests may finish while we walk the plan; the plan itself stays valid.)
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& e = plan.seqs[i];
+    if (!e.sample) continue;
+    if (!by_seq.count(e.id)) continue;
+    on_sampled(e.id, logits.data() + i * size_t(n_vocab));
+  }
+  update_snapshot();
+  return true;
+}
+
+void Engine::Impl::on_sampled(SeqId seq, const float* row) {
+  Completion* c = by_seq.at(seq);
+  Request& r = *c->req;
+  try {
+    if (!r.forked && r.params.n > 1) {
+      // The prompt is computed: the other n - 1 completions start here, sharing its blocks.
+      for (int i = 1; i < r.params.n; ++i) {
+        SamplingParams sp = r.params.sampling;
+        sp.seed += uint64_t(i);  // distinct draws per completion, reproducible from the seed
+        auto child = std::make_unique<Completion>(&r, i, sp, int32_t(n_vocab), *tok);
+        child->seq = next_seq++;
+        sched->fork(seq, child->seq);
+        by_seq[child->seq] = child.get();
+        r.completions.push_back(std::move(child));
+      }
+      r.forked = true;
+      // All n sample their first token from the prompt's logits. Copy the list of raw pointers
+      // first: emit() may finish (and erase) the request.
+      Completion* cs[128];
+      const int n = int(r.completions.size());
+      for (int i = 0; i < n; ++i) cs[i] = r.completions[size_t(i)].get();
+      const uint64_t rid = r.id;
+      for (int i = 0; i < n; ++i) {
+        if (!requests.count(rid)) break;
+        if (!cs[i]->finished) emit(*cs[i], cs[i]->sampler.sample(row, sched->tokens(cs[i]->seq)), row);
+      }
+      return;
+    }
+    r.forked = true;
+    emit(*c, c->sampler.sample(row, sched->tokens(seq)), row);
+  } catch (const std::exception& ex) {
+    if (requests.count(r.id)) finish_request(r, FinishReason::Error, ex.what());
+  }
+}
+
+// One new token of completion c: stream it, decide whether it ends the completion.
+void Engine::Impl::emit(Completion& c, int32_t id, const float* row) {
+  Request& r = *c.req;
+  const RequestParams& p = r.params;
+  const int64_t t = now_ns();
+  if (c.n_generated == 0) c.ttft_ms = ms_between(r.arrival_ns, t);
+  else c.tbt_ms.push_back(ms_between(c.t_last_ns, t));
+  c.t_last_ns = t;
+  ++c.n_generated;
+  ++totals.generated_tokens_total;
+
+  out.tokens.clear();
+  out.text.clear();
+  GeneratedToken gt;
+  gt.id = id;
+  if (p.n_logprobs >= 0) {
+    gt.logprob = Sampler::logprob_of(row, int32_t(n_vocab), id);
+    if (p.n_logprobs > 0) gt.top_logprobs = Sampler::top_logprobs(row, int32_t(n_vocab), p.n_logprobs);
+  }
+  out.tokens.push_back(std::move(gt));
+
+  FinishReason reason = FinishReason::None;
+  if (!p.ignore_eos && tok->is_eog(id)) {
+    reason = FinishReason::Stop;
+  } else {
+    c.text += c.decoder.push(id);
+    const size_t stop_at = find_stop(c.text, p.stop);
+    if (stop_at != std::string::npos) {
+      c.text.resize(stop_at);
+      reason = FinishReason::Stop;
+    }
+  }
+  if (reason == FinishReason::None && c.n_generated >= r.max_new) reason = FinishReason::Length;
+  if (reason == FinishReason::None) {
+    const size_t safe = c.text.size() - stop_holdback(c.text, p.stop);
+    if (safe > c.emitted) {
+      out.text.assign(c.text, c.emitted, safe - c.emitted);
+      c.emitted = safe;
+    }
+    sched->append_token(c.seq, id);
+    out.finished = false;
+    out.finish_reason = FinishReason::None;
+    out.error.clear();
+    out.request_id = r.id;
+    out.index = c.index;
+    if (r.on_output) r.on_output(out);
+    return;
+  }
+  finish(c, reason);
+}
+
+// Ends one completion: final text, metrics, callback; frees its sequence.
+void Engine::Impl::finish(Completion& c, FinishReason reason, const std::string& error) {
+  if (c.finished) return;
+  Request& r = *c.req;
+  c.finished = true;
+  if (reason == FinishReason::Length) c.text += c.decoder.flush();  // held incomplete bytes
+  if (reason != FinishReason::Abort && reason != FinishReason::Error && c.text.size() > c.emitted)
+    out.text.append(c.text, c.emitted, std::string::npos);
+  c.emitted = c.text.size();
+  if (c.seq) {
+    out.metrics.n_preempted = sched->contains(c.seq) ? sched->n_preempted(c.seq) : 0;
+    sched->remove(c.seq);
+    by_seq.erase(c.seq);
+  } else {
+    out.metrics.n_preempted = 0;
+  }
+  const int64_t t = now_ns();
+  RequestMetrics& m = out.metrics;
+  m.n_prompt = int64_t(r.params.prompt_ids.size());
+  m.n_cached_prompt = r.n_cached_prompt;
+  m.n_generated = c.n_generated;
+  m.queue_ms = r.first_scheduled_ns ? ms_between(r.arrival_ns, r.first_scheduled_ns) : ms_between(r.arrival_ns, t);
+  m.ttft_ms = c.ttft_ms;
+  m.e2e_ms = ms_between(r.arrival_ns, t);
+  m.tbt_ms = c.tbt_ms;
+  out.request_id = r.id;
+  out.index = c.index;
+  out.finished = true;
+  out.finish_reason = reason;
+  out.error = error;
+  --r.n_unfinished;
+  r.last_reason = reason;
+  if (r.on_output) {
+    try {
+      r.on_output(out);
+    } catch (...) {
+      // A callback that throws on its final output has nothing left to be told.
+    }
+  }
+  out.tokens.clear();
+  out.text.clear();
+  out.metrics = RequestMetrics{};
+  retire_if_done(r);
+}
+
+// Ends every unfinished completion of r (abort, error), including those a fork would have made.
+void Engine::Impl::finish_request(Request& r, FinishReason reason, const std::string& error) {
+  const uint64_t rid = r.id;
+  if (!r.forked && r.params.n > 1) {
+    // The other completions never started: they end with the first, on their own index.
+    for (int i = 1; i < r.params.n; ++i) {
+      auto c = std::make_unique<Completion>(&r, i, r.params.sampling, int32_t(n_vocab), *tok);
+      r.completions.push_back(std::move(c));
+    }
+    r.forked = true;
+  }
+  Completion* cs[128];
+  const int n = int(r.completions.size());
+  for (int i = 0; i < n; ++i) cs[i] = r.completions[size_t(i)].get();
+  for (int i = 0; i < n; ++i) {
+    if (!requests.count(rid)) return;  // retired with its last completion
+    if (cs[i]->finished) continue;
+    out.tokens.clear();
+    out.text.clear();
+    finish(*cs[i], reason, error);
+  }
+}
+
+void Engine::Impl::retire_if_done(Request& r) {
+  if (r.n_unfinished > 0) return;
+  switch (r.last_reason) {
+    case FinishReason::Abort: ++totals.requests_aborted; break;
+    case FinishReason::Error: ++totals.requests_failed; break;
+    default: ++totals.requests_finished; break;
+  }
+  requests.erase(r.id);  // r is gone after this line
+  n_active.fetch_sub(1);
+}
+
+void Engine::Impl::update_snapshot() {
+  EngineMetrics m = totals;
+  m.n_running = sched->n_running();
+  m.n_waiting = sched->n_waiting();
+  m.n_preempted_total = sched->n_preempted_total();
+  m.kv_blocks_total = kv->n_blocks();
+  m.kv_blocks_used = kv->n_used_blocks();
+  m.kv_blocks_free = kv->n_free_blocks();
+  m.kv_bytes = kv_store->bytes();
+  m.kv_waste_pct = kv->waste_pct();
+  m.prompt_tokens_total = prompt_tokens_seen;
+  m.prefix_hit_rate = prompt_tokens_seen > 0 ? double(cached_tokens_seen) / double(prompt_tokens_seen) : 0.0;
+  n_queued.store(m.n_waiting, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu);
+  m.n_waiting += int64_t(incoming.size());
+  snapshot = m;
+}
+
+// --- Engine -----------------------------------------------------------------------------
+
+Engine::Engine(std::shared_ptr<const GgufFile> model_file, std::shared_ptr<const Tokenizer> tokenizer,
+               const EngineConfig& config)
+    : impl_(std::make_unique<Impl>(std::move(model_file), std::move(tokenizer), config)) {}
+
+Engine::~Engine() {
+  stop();
+  // Everything still queued or running ends with FinishReason::Abort.
+  impl_->take_submissions();
+  std::vector<uint64_t> ids;
+  for (const auto& [id, r] : impl_->requests) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint64_t id : ids) impl_->apply_abort(id);
+}
+
+uint64_t Engine::add_request(RequestParams params, OutputCallback on_output) {
+  impl_->validate(params);
+  const int64_t t = now_ns();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const int64_t waiting = impl_->n_queued.load(std::memory_order_relaxed) + int64_t(impl_->incoming.size());
+  if (waiting >= impl_->cfg.max_waiting) return 0;  // "not now": the caller answers 429
+  const uint64_t id = impl_->next_id++;
+  impl_->incoming.push_back(Impl::Pending{id, std::move(params), std::move(on_output), t});
+  impl_->cv.notify_one();
+  return id;
+}
+
+void Engine::abort(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->aborts.push_back(request_id);
+  impl_->cv.notify_one();
+}
+
+bool Engine::step() { return impl_->run_step(); }
+
+void Engine::start() {
+  if (impl_->loop.joinable()) return;
+  impl_->stop_flag.store(false);
+  impl_->loop = std::thread([this] {
+    Impl& m = *impl_;
+    while (!m.stop_flag.load()) {
+      if (m.run_step()) continue;
+      // Idle: sleep until a submission, an abort or stop() (the timeout is a safety net).
+      std::unique_lock<std::mutex> lock(m.mu);
+      m.cv.wait_for(lock, std::chrono::milliseconds(50), [&] {
+        return m.stop_flag.load() || !m.incoming.empty() || !m.aborts.empty();
+      });
+    }
+  });
+}
+
+void Engine::stop() {
+  if (!impl_->loop.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop_flag.store(true);
+    impl_->cv.notify_all();
+  }
+  impl_->loop.join();
+}
+
+bool Engine::has_work() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return !impl_->incoming.empty() || !impl_->aborts.empty() || impl_->n_active.load() > 0;
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->snapshot;
+}
+
+const EngineConfig& Engine::config() const { return impl_->cfg; }
+int64_t Engine::n_ctx() const { return impl_->n_ctx; }
+const Tokenizer& Engine::tokenizer() const { return *impl_->tok; }
+
+}  // namespace tern

@@ -1,1 +1,0 @@
-// layer engine (placeholder until its first source)

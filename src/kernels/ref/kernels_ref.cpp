@@ -1,0 +1,276 @@
+// The scalar "ref" kernel table: the same arithmetic as the SIMD paths (activations quantized
+// to Q8_0 / Q8_K, integer dot products per block, one float scale per block), written as
+// plain loops. It is what TERN_FORCE_ISA=ref runs, and the oracle the ISA variants' integer
+// paths are compared against (tests/kernels); matmul_ref (dequantize + f32 dot) is the
+// independent oracle for all of them.
+#include <cmath>
+#include <cstring>
+
+#include "core/fp16.h"
+#include "kernels/kernel_iface.h"
+#include "quant/quant_traits.h"
+
+namespace tern::kern {
+namespace {
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// --- activation quantizers (the rules every ISA reproduces bit for bit) ---------------------
+
+// Q8_0 activations: d = amax / 127 in f32, q = nearest(x / d) with ties to even (what SIMD
+// float->int conversion does, unlike Q8_0 weights' roundf).
+void quantize_q8_0_act(const float* x, int64_t n_in, int8_t* qs, float* d, int32_t* nsum) {
+  for (int64_t b = 0; b < n_in / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    const float db = amax / 127.0f;
+    const float id = db != 0.0f ? 1.0f / db : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int q = nearest_int(xb[j] * id);
+      qs[32 * b + j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    d[b] = db;
+    nsum[b] = -sum;
+  }
+}
+
+// Q8_K activations: llama.cpp's quantize_row_q8_K rule (see quant_k.cpp), split into arrays.
+void quantize_q8_k_act(const float* x, int64_t n_in, int8_t* qs, float* d, int16_t* bsums) {
+  for (int64_t b = 0; b < n_in / kQK_K; ++b) {
+    const float* xb = x + kQK_K * b;
+    int8_t* q = qs + kQK_K * b;
+    float max = 0, amax = 0;
+    for (int j = 0; j < kQK_K; ++j)
+      if (std::fabs(xb[j]) > amax) {
+        amax = std::fabs(xb[j]);
+        max = xb[j];
+      }
+    if (amax == 0.0f) {
+      std::memset(q, 0, kQK_K);
+      std::memset(bsums + 16 * b, 0, 16 * sizeof(int16_t));
+      d[b] = 0.0f;
+      continue;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < kQK_K; ++j) {
+      const int v = nearest_int(iscale * xb[j]);
+      q[j] = static_cast<int8_t>(v < 127 ? v : 127);
+    }
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) sum += q[16 * g + l];
+      bsums[16 * b + g] = static_cast<int16_t>(sum);
+    }
+    d[b] = 1 / iscale;
+  }
+}
+
+// --- per-type dot products of one weight row with one activation row ------------------------
+
+float dot_q8_0(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd) {
+  const auto* blk = reinterpret_cast<const BlockQ8_0*>(w);
+  float s = 0.0f;
+  for (int64_t b = 0; b < n_in / 32; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < 32; ++j) isum += blk[b].qs[j] * xq[32 * b + j];
+    s += float(isum) * (fp16_to_f32(blk[b].d) * xd[b]);
+  }
+  return s;
+}
+
+float dot_q4_0(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd,
+               const int32_t* nsum) {
+  const auto* blk = reinterpret_cast<const BlockQ4_0*>(w);
+  float s = 0.0f;
+  for (int64_t b = 0; b < n_in / 32; ++b) {
+    // sum (q - 8) * x = sum q * x - 8 * sum x: the nibbles stay unsigned (what pmaddubsw and
+    // vpdpbusd want), the offset comes from the activation's block sum.
+    int32_t isum = 8 * nsum[b];
+    for (int j = 0; j < 16; ++j)
+      isum += (blk[b].qs[j] & 0x0F) * xq[32 * b + j] + (blk[b].qs[j] >> 4) * xq[32 * b + j + 16];
+    s += float(isum) * (fp16_to_f32(blk[b].d) * xd[b]);
+  }
+  return s;
+}
+
+// Q4_K: d * dx * sum_j sc_j (q . x)_j  -  dmin * dx * sum_j m_j * (sum of x over sub-block j).
+float dot_q4_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd,
+               const int16_t* bsums) {
+  const auto* blk = reinterpret_cast<const BlockQ4_K*>(w);
+  float s = 0.0f;
+  for (int64_t b = 0; b < n_in / kQK_K; ++b) {
+    const BlockQ4_K& B = blk[b];
+    const int8_t* x = xq + kQK_K * b;
+    const int16_t* bs = bsums + 16 * b;
+    int32_t sum_q = 0, sum_m = 0;
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      if (j < 4) {
+        sc = B.scales[j] & 63;
+        m = B.scales[j + 4] & 63;
+      } else {
+        sc = (B.scales[j + 4] & 0x0F) | ((B.scales[j - 4] >> 6) << 4);
+        m = (B.scales[j + 4] >> 4) | ((B.scales[j] >> 6) << 4);
+      }
+      const uint8_t* q = B.qs + 32 * (j / 2);
+      const int shift = (j % 2) * 4;
+      int32_t dot = 0;
+      for (int l = 0; l < 32; ++l) dot += ((q[l] >> shift) & 0x0F) * x[32 * j + l];
+      sum_q += sc * dot;
+      sum_m += m * (bs[2 * j] + bs[2 * j + 1]);
+    }
+    s += xd[b] * (fp16_to_f32(B.d) * float(sum_q) - fp16_to_f32(B.dmin) * float(sum_m));
+  }
+  return s;
+}
+
+// Q6_K: d * dx * sum_j sc_j * ((q . x)_j - 32 * (sum of x over sub-block j)).
+float dot_q6_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd,
+               const int16_t* bsums) {
+  const auto* blk = reinterpret_cast<const BlockQ6_K*>(w);
+  float s = 0.0f;
+  for (int64_t b = 0; b < n_in / kQK_K; ++b) {
+    const BlockQ6_K& B = blk[b];
+    const int8_t* x = xq + kQK_K * b;
+    const int16_t* bs = bsums + 16 * b;
+    int32_t q6[kQK_K];
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = B.ql + 64 * h;
+      const uint8_t* qh = B.qh + 32 * h;
+      int32_t* q = q6 + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        q[l] = (ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4);
+        q[l + 32] = (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4);
+        q[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+        q[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+      }
+    }
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      int32_t dot = 0;
+      for (int l = 0; l < 16; ++l) dot += q6[16 * j + l] * x[16 * j + l];
+      isum += B.scales[j] * (dot - 32 * bs[j]);
+    }
+    s += (fp16_to_f32(B.d) * xd[b]) * float(isum);
+  }
+  return s;
+}
+
+float dot_float(DType t, const uint8_t* w, int64_t n_in, const float* x) {
+  float s = 0.0f;
+  switch (t) {
+    case DType::F32: {
+      const auto* p = reinterpret_cast<const float*>(w);
+      for (int64_t i = 0; i < n_in; ++i) s += p[i] * x[i];
+      break;
+    }
+    case DType::F16: {
+      const auto* p = reinterpret_cast<const uint16_t*>(w);
+      for (int64_t i = 0; i < n_in; ++i) s += fp16_to_f32(p[i]) * x[i];
+      break;
+    }
+    case DType::BF16: {
+      const auto* p = reinterpret_cast<const uint16_t*>(w);
+      for (int64_t i = 0; i < n_in; ++i) s += bf16_to_f32(p[i]) * x[i];
+      break;
+    }
+    default:
+      break;
+  }
+  return s;
+}
+
+// --- the table ---------------------------------------------------------------------------
+
+bool ref_has_kernel(DType t) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
+    case DType::Q4_K: case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void ref_quantize(const ActLayout& lay, DType, const float* x, int64_t ldx, int64_t n_in,
+                  int64_t, int64_t t0, int64_t t1, uint8_t* act) {
+  for (int64_t t = t0; t < t1; ++t) quantize_row_ref(lay, x + t * ldx, n_in, act + t * lay.stride);
+}
+
+int64_t ref_scratch_bytes(DType, int64_t) { return 0; }
+
+void ref_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* w = a.w + r * a.row_bytes;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      float v;
+      if (a.act_layout.kind == ActKind::None)
+        v = dot_float(a.type, w, a.n_in, a.x + t * a.ldx);
+      else
+        v = dot_ref(a.type, w, a.n_in, a.act + t * a.act_layout.stride, a.act_layout);
+      a.y[t * a.ldy + r] = v;
+    }
+  }
+}
+
+const KernelTable kRefTable = {"ref", ref_has_kernel, act_rows_layout, ref_quantize,
+                               ref_scratch_bytes, ref_gemm};
+
+}  // namespace
+
+ActLayout act_rows_layout(DType weight_type, int64_t n_in, int64_t n_tokens) {
+  ActLayout l{};
+  l.token_granule = 1;
+  switch (weight_type) {
+    case DType::Q8_0:
+    case DType::Q4_0:
+      l.kind = ActKind::Q8_0Rows;
+      l.off_d = n_in;
+      l.off_sum = n_in + 4 * (n_in / 32);
+      l.stride = round_up(l.off_sum + 4 * (n_in / 32), 64);
+      break;
+    case DType::Q4_K:
+    case DType::Q6_K:
+      l.kind = ActKind::Q8_KRows;
+      l.off_d = n_in;
+      l.off_sum = n_in + 4 * (n_in / kQK_K);
+      l.stride = round_up(l.off_sum + 2 * (n_in / 16), 64);
+      break;
+    default:
+      return l;
+  }
+  l.bytes = l.stride * n_tokens;
+  return l;
+}
+
+void quantize_row_ref(const ActLayout& lay, const float* x, int64_t n_in, uint8_t* row) {
+  auto* qs = reinterpret_cast<int8_t*>(row);
+  auto* d = reinterpret_cast<float*>(row + lay.off_d);
+  if (lay.kind == ActKind::Q8_0Rows)
+    quantize_q8_0_act(x, n_in, qs, d, reinterpret_cast<int32_t*>(row + lay.off_sum));
+  else if (lay.kind == ActKind::Q8_KRows)
+    quantize_q8_k_act(x, n_in, qs, d, reinterpret_cast<int16_t*>(row + lay.off_sum));
+}
+
+float dot_ref(DType t, const uint8_t* w, int64_t n_in, const uint8_t* row, const ActLayout& lay) {
+  const auto* xq = reinterpret_cast<const int8_t*>(row);
+  const auto* xd = reinterpret_cast<const float*>(row + lay.off_d);
+  switch (t) {
+    case DType::Q8_0: return dot_q8_0(w, n_in, xq, xd);
+    case DType::Q4_0:
+      return dot_q4_0(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
+    case DType::Q4_K:
+      return dot_q4_k(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
+    case DType::Q6_K:
+      return dot_q6_k(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
+    default:
+      return 0.0f;
+  }
+}
+
+const KernelTable& table_ref() { return kRefTable; }
+
+}  // namespace tern::kern

@@ -1,0 +1,524 @@
+#pragma once
+// Kernels shared by the AVX2 and AVX-512 tables, written once with 256-bit vectors and
+// parameterised by an `Ops` policy for the integer dot-product primitives:
+//
+//   Ops::dot_u8s8(acc, u, s)  acc[i] += sum of 4 products u8 * s8      (vpdpbusd / pmaddubsw)
+//   Ops::dot_s16(acc, a, b)   acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1]  (vpdpwssd / pmaddwd)
+//   Ops::kMaxTokens           tokens per register tile (16 ymm registers for AVX2, 32 for AVX-512)
+//
+// Include only from *_avx2.cpp / *_avx512.cpp. Everything is in an unnamed namespace so each
+// ISA's translation unit has its own copy (no ODR mixing of differently compiled code).
+//
+// The "classic" path tiles R weight rows x T tokens: each weight block is loaded and unpacked
+// once per tile and reused for T tokens; accumulators are 8 f32 lanes per (row, token), reduced
+// horizontally once per tile.
+// GCC 12's AVX-512 headers build _mm512_undefined_*() as a self-initialised variable, which
+// -Wuninitialized reports inside intrinsics such as _mm512_cvtph_ps; the diagnostic belongs to
+// the header, so it is silenced for the header's lines only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/kernel_iface.h"
+#include "quant/quant_traits.h"
+
+namespace tern::kern {
+namespace {
+
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int32_t hsum256_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+inline float hmax256(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
+inline __m256 abs256(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+// Four vectors of 8 int32 (elements 0..31 in order) -> 32 int8, saturating.
+inline __m256i pack_i32x4_to_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
+  // packs work per 128-bit lane, leaving dword groups in the order 0 2 4 6 1 3 5 7.
+  const __m256i ab = _mm256_packs_epi32(a, b);
+  const __m256i cd = _mm256_packs_epi32(c, d);
+  const __m256i abcd = _mm256_packs_epi16(ab, cd);
+  return _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// --- activation quantizers, bit-identical to quantize_row_ref (ref/kernels_ref.cpp) --------
+// Float -> int conversion rounds to nearest even (MXCSR default), as nearest_int does.
+
+// One block of 32: q = 32 int8 in element order; returns d, stores -sum(q) in *nsum.
+inline float q8_0_block(const float* xb, __m256i* q_out, int32_t* nsum) {
+  __m256 v[4];
+  for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(xb + 8 * k);
+  const __m256 m = _mm256_max_ps(_mm256_max_ps(abs256(v[0]), abs256(v[1])),
+                                 _mm256_max_ps(abs256(v[2]), abs256(v[3])));
+  const float amax = hmax256(m);
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const __m256 vid = _mm256_set1_ps(id);
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));
+  *q_out = pack_i32x4_to_i8(q[0], q[1], q[2], q[3]);
+  *nsum = -hsum256_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+  return d;
+}
+
+// One super-block of 256: qs[256], bsums[16] (sums of 16); returns d.
+inline float q8_k_block(const float* xb, int8_t* qs, int16_t* bsums) {
+  __m256 m = _mm256_setzero_ps();
+  for (int k = 0; k < 32; ++k) m = _mm256_max_ps(m, abs256(_mm256_loadu_ps(xb + 8 * k)));
+  const float amax = hmax256(m);
+  if (amax == 0.0f) {
+    std::memset(qs, 0, kQK_K);
+    std::memset(bsums, 0, 32);
+    return 0.0f;
+  }
+  // The sign of the grid comes from the first element of largest magnitude (the reference
+  // scans in order and keeps the first).
+  float max = 0.0f;
+  const __m256 vamax = _mm256_set1_ps(amax);
+  for (int k = 0; k < 32; ++k) {
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(abs256(_mm256_loadu_ps(xb + 8 * k)), vamax, _CMP_EQ_OQ));
+    if (mask) {
+      max = xb[8 * k + __builtin_ctz(unsigned(mask))];
+      break;
+    }
+  }
+  const float iscale = -127.0f / max;
+  const __m256 vis = _mm256_set1_ps(iscale);
+  for (int g = 0; g < 8; ++g) {  // 32 elements = two bsums groups
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * g + 8 * k), vis));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * g), pack_i32x4_to_i8(q[0], q[1], q[2], q[3]));
+    // |q| <= 127 by construction, so packing's saturation never clips and sums are exact.
+    bsums[2 * g] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(q[0], q[1])));
+    bsums[2 * g + 1] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(q[2], q[3])));
+  }
+  return 1 / iscale;
+}
+
+void quantize_q8_0_rows(const ActLayout& lay, const float* x, int64_t n_in, uint8_t* row) {
+  auto* qs = reinterpret_cast<int8_t*>(row);
+  auto* d = reinterpret_cast<float*>(row + lay.off_d);
+  auto* nsum = reinterpret_cast<int32_t*>(row + lay.off_sum);
+  for (int64_t b = 0; b < n_in / 32; ++b) {
+    __m256i q;
+    d[b] = q8_0_block(x + 32 * b, &q, &nsum[b]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * b), q);
+  }
+}
+
+void quantize_q8_k_rows(const ActLayout& lay, const float* x, int64_t n_in, uint8_t* row) {
+  auto* qs = reinterpret_cast<int8_t*>(row);
+  auto* d = reinterpret_cast<float*>(row + lay.off_d);
+  auto* bsums = reinterpret_cast<int16_t*>(row + lay.off_sum);
+  for (int64_t b = 0; b < n_in / kQK_K; ++b)
+    d[b] = q8_k_block(x + kQK_K * b, qs + kQK_K * b, bsums + 16 * b);
+}
+
+void quantize_rows(const ActLayout& lay, const float* x, int64_t ldx, int64_t n_in, int64_t t0,
+                   int64_t t1, uint8_t* act) {
+  for (int64_t t = t0; t < t1; ++t) {
+    if (lay.kind == ActKind::Q8_0Rows)
+      quantize_q8_0_rows(lay, x + t * ldx, n_in, act + t * lay.stride);
+    else
+      quantize_q8_k_rows(lay, x + t * ldx, n_in, act + t * lay.stride);
+  }
+}
+
+// --- classic integer tiles ---------------------------------------------------------------
+
+struct Tile {
+  const uint8_t* w;      // weight row of the tile's first row
+  int64_t row_bytes;
+  const uint8_t* act;    // activation row of the tile's first token (Rows layout)
+  int64_t act_stride;
+  int64_t off_d, off_sum;
+  int64_t nb;            // blocks (32 or 256 elements) per row
+  float* y;              // y of (first token, first row)
+  int64_t ldy;
+};
+
+template <int R, int T>
+inline void store_tile(const Tile& c, __m256 (&acc)[R][T]) {
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) c.y[t * c.ldy + r] = hsum256(acc[r][t]);
+}
+
+template <int T>
+struct ActPtrs {
+  const int8_t* q[T];
+  const float* d[T];
+  const uint8_t* sum[T];  // nsum (int32) or bsums (int16)
+  explicit ActPtrs(const Tile& c) {
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* row = c.act + t * c.act_stride;
+      q[t] = reinterpret_cast<const int8_t*>(row);
+      d[t] = reinterpret_cast<const float*>(row + c.off_d);
+      sum[t] = row + c.off_sum;
+    }
+  }
+};
+
+// Q8_0 x Q8_0: the sign trick makes one operand unsigned (|w|) and moves w's sign onto x, so
+// that pmaddubsw's int16 pair sums (<= 2 * 127 * 127) cannot saturate.
+template <class Ops, int R, int T>
+void tile_q8_0(const Tile& c) {
+  __m256 acc[R][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  const ActPtrs<T> x(c);
+  for (int64_t b = 0; b < c.nb; ++b) {
+    __m256i xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[t] + 32 * b));
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(c.w + r * c.row_bytes) + b;
+      const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
+      const __m256i aw = _mm256_abs_epi8(wq);
+      const float dw = f16_to_f32(blk->d);
+      for (int t = 0; t < T; ++t) {
+        const __m256i s = Ops::dot_u8s8(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv[t], wq));
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * x.d[t][b]), acc[r][t]);
+      }
+    }
+  }
+  store_tile<R, T>(c, acc);
+}
+
+// Q4_0 x Q8_0: nibbles stay unsigned (0..15); the -8 offset is -8 * sum(x), preloaded into the
+// integer accumulator as nsum in each of the 8 lanes.
+template <class Ops, int R, int T>
+void tile_q4_0(const Tile& c) {
+  __m256 acc[R][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  const ActPtrs<T> x(c);
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  for (int64_t b = 0; b < c.nb; ++b) {
+    __m256i xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[t] + 32 * b));
+    for (int r = 0; r < R; ++r) {
+      const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(c.w + r * c.row_bytes) + b;
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs));
+      // low nibbles are elements 0..15, high nibbles 16..31
+      const __m256i wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+      const float dw = f16_to_f32(blk->d);
+      for (int t = 0; t < T; ++t) {
+        const int32_t nsum = reinterpret_cast<const int32_t*>(x.sum[t])[b];
+        const __m256i s = Ops::dot_u8s8(_mm256_set1_epi32(nsum), wq, xv[t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * x.d[t][b]), acc[r][t]);
+      }
+    }
+  }
+  store_tile<R, T>(c, acc);
+}
+
+// Unpacks Q4_K's twelve scale bytes into sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15),
+// four bytes at a time (layout in quant_traits.h).
+inline __m128i q4_k_scales_mins(const uint8_t* s) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint32_t sc_lo = a & 0x3F3F3F3Fu;
+  const uint32_t sc_hi = (c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u);  // top bits of a -> bits 4,5
+  const uint32_t m_lo = b & 0x3F3F3F3Fu;
+  const uint32_t m_hi = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
+  return _mm_setr_epi32(int(sc_lo), int(sc_hi), int(m_lo), int(m_hi));
+}
+
+// Q4_K x Q8_K per super-block: pmaddubsw (nibble x int8, no saturation: 2 * 15 * 127) then
+// a multiply-add by the sub-block's scale into int32; the mins meet Q8_K's bsums (sums of
+// 16 activations) in one pmaddwd.
+template <class Ops, int R, int T>
+void tile_q4_k(const Tile& c) {
+  __m256 acc[R][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  const ActPtrs<T> x(c);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t sb = 0; sb < c.nb; ++sb) {
+    for (int r = 0; r < R; ++r) {
+      const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(c.w + r * c.row_bytes) + sb;
+      const __m128i sm = q4_k_scales_mins(blk->scales);
+      const __m128i s16 = _mm_cvtepu8_epi16(sm);                     // sc0..sc7
+      const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));  // m0..m7
+      // bsums come per 16 elements: sub-block j covers bsums 2j and 2j+1.
+      const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+      const __m256i s16x2 = _mm256_set_m128i(s16, s16);
+      // Two accumulators per token: vpdpwssd's latency would otherwise serialise the chain.
+      __m256i S[T], S2[T];
+      for (int t = 0; t < T; ++t) S[t] = S2[t] = _mm256_setzero_si256();
+      for (int g = 0; g < 4; ++g) {  // 32 bytes of qs: sub-blocks 2g (low), 2g+1 (high nibbles)
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs + 32 * g));
+        const __m256i lo = _mm256_and_si256(q, m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const __m256i sc_lo = _mm256_shuffle_epi8(s16x2, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * g))));
+        const __m256i sc_hi = _mm256_shuffle_epi8(s16x2, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * g + 1))));
+        for (int t = 0; t < T; ++t) {
+          const int8_t* xq = x.q[t] + kQK_K * sb + 64 * g;
+          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+          const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
+          S[t] = Ops::dot_s16(S[t], _mm256_maddubs_epi16(lo, x0), sc_lo);
+          S2[t] = Ops::dot_s16(S2[t], _mm256_maddubs_epi16(hi, x1), sc_hi);
+        }
+      }
+      const float d = f16_to_f32(blk->d), dmin = f16_to_f32(blk->dmin);
+      for (int t = 0; t < T; ++t) {
+        const int16_t* bs = reinterpret_cast<const int16_t*>(x.sum[t]) + 16 * sb;
+        const __m256i M = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs)), mins);
+        const float dx = x.d[t][sb];
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(S[t], S2[t])), _mm256_set1_ps(d * dx), acc[r][t]);
+        acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M), _mm256_set1_ps(dmin * dx), acc[r][t]);
+      }
+    }
+  }
+  store_tile<R, T>(c, acc);
+}
+
+// Q6_K x Q8_K: 6-bit quants rebuilt unsigned (0..63: pmaddubsw pairs <= 2 * 63 * 127 fit
+// int16), multiplied by each 16-element sub-block's int8 scale in pmaddwd; the -32 offset is
+// -32 * sum_j sc_j * bsums_j, one more pmaddwd per token.
+template <class Ops, int R, int T>
+void tile_q6_k(const Tile& c) {
+  __m256 acc[R][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  const ActPtrs<T> x(c);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m2 = _mm256_set1_epi8(0x03);
+  // pmaddubsw output int16 lanes 0..7 come from elements 0..15 (sub-block j), lanes 8..15 from
+  // elements 16..31 (sub-block j+1): a pair vector holds sc_j in the low 128 bits, sc_j+1 in
+  // the high. With the 8 scales of a half in both lanes, pair i picks int16 2i / 2i+1.
+  __m256i pair_ctrl[4];
+  for (int i = 0; i < 4; ++i)
+    pair_ctrl[i] = _mm256_set_m128i(_mm_set1_epi16(short(0x0100 + 0x0202 * (2 * i + 1))),
+                                    _mm_set1_epi16(short(0x0100 + 0x0202 * (2 * i))));
+  for (int64_t sb = 0; sb < c.nb; ++sb) {
+    for (int r = 0; r < R; ++r) {
+      const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(c.w + r * c.row_bytes) + sb;
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->scales)));
+      // One accumulator per half and token (latency of the vpdpwssd chain); the half-0 one
+      // starts at the -32 offset term.
+      __m256i S[2][T];
+      for (int t = 0; t < T; ++t) {
+        const int16_t* bs = reinterpret_cast<const int16_t*>(x.sum[t]) + 16 * sb;
+        const __m256i M = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs)), sc16);
+        S[0][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(M, 5));
+        S[1][t] = _mm256_setzero_si256();
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256i L = h == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00)
+                                 : _mm256_permute2x128_si256(sc16, sc16, 0x11);
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + 64 * h));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h));
+        // The 16-bit shifts cannot leak bits across bytes: everything shifted is masked first.
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+        for (int i = 0; i < 4; ++i) {
+          const __m256i scp = _mm256_shuffle_epi8(L, pair_ctrl[i]);
+          for (int t = 0; t < T; ++t) {
+            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[t] + kQK_K * sb + 128 * h + 32 * i));
+            S[h][t] = Ops::dot_s16(S[h][t], _mm256_maddubs_epi16(q[i], xv), scp);
+          }
+        }
+      }
+      const float d = f16_to_f32(blk->d);
+      for (int t = 0; t < T; ++t)
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(S[0][t], S[1][t])),
+                                    _mm256_set1_ps(d * x.d[t][sb]), acc[r][t]);
+    }
+  }
+  store_tile<R, T>(c, acc);
+}
+
+// --- classic driver ------------------------------------------------------------------------
+
+template <class Ops, int R, int T>
+void int_tile(DType type, const Tile& c) {
+  switch (type) {
+    case DType::Q8_0: tile_q8_0<Ops, R, T>(c); break;
+    case DType::Q4_0: tile_q4_0<Ops, R, T>(c); break;
+    case DType::Q4_K: tile_q4_k<Ops, R, T>(c); break;
+    case DType::Q6_K: tile_q6_k<Ops, R, T>(c); break;
+    default: break;
+  }
+}
+
+// Where the Rows-layout activations of tokens [t_begin, n_tokens) live: the whole buffer for
+// Rows layouts, the tail section after the token groups for Lanes layouts.
+struct RowsView {
+  const uint8_t* act;  // row of token t_begin
+  int64_t stride, off_d, off_sum, t_begin;
+  int64_t block;       // 32 (Q8_0) or 256 (Q8_K)
+};
+
+inline RowsView rows_view(const GemmArgs& a) {
+  const ActLayout& l = a.act_layout;
+  const bool q8_0 = l.kind == ActKind::Q8_0Rows || l.kind == ActKind::Q8_0Lanes;
+  if (l.kind == ActKind::Q8_0Rows || l.kind == ActKind::Q8_KRows)
+    return {a.act, l.stride, l.off_d, l.off_sum, 0, q8_0 ? 32 : kQK_K};
+  return {a.act + l.tail_offset, l.tail_stride, l.off_d, l.off_sum, l.lane_tokens, q8_0 ? 32 : kQK_K};
+}
+
+// Rows [r, r+R) x tokens [t0, t1) of a quantized weight, Rows activations.
+template <class Ops, int R>
+void int_rows(const GemmArgs& a, const RowsView& v, int64_t r, int64_t t0, int64_t t1) {
+  constexpr int TM = Ops::kMaxTokens;
+  Tile c;
+  c.row_bytes = a.row_bytes;
+  c.act_stride = v.stride;
+  c.off_d = v.off_d;
+  c.off_sum = v.off_sum;
+  c.nb = a.n_in / v.block;
+  c.ldy = a.ldy;
+  c.w = a.w + r * a.row_bytes;
+  for (int64_t t = t0; t < t1; t += TM) {
+    c.act = v.act + (t - v.t_begin) * v.stride;
+    c.y = a.y + t * a.ldy + r;
+    const int64_t n = t1 - t < TM ? t1 - t : TM;
+    if (n == TM) int_tile<Ops, R, TM>(a.type, c);
+    else if (n == 1) int_tile<Ops, R, 1>(a.type, c);
+    else if constexpr (TM > 2) {
+      if (n == 2) int_tile<Ops, R, 2>(a.type, c);
+      else if constexpr (TM > 3) {
+        if (n == 3) int_tile<Ops, R, 3>(a.type, c);
+      }
+    }
+  }
+}
+
+// Tokens [v.t_begin, n_tokens) are taken in blocks whose activations stay in L2 while every
+// row of the chunk passes over them; within a block, 4-row x TM-token tiles.
+template <class Ops>
+void gemm_int_classic(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
+  tb = tb < Ops::kMaxTokens ? Ops::kMaxTokens : tb / Ops::kMaxTokens * Ops::kMaxTokens;
+  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
+    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) int_rows<Ops, 4>(a, v, r, t0, t1);
+    for (; r < r1; ++r) int_rows<Ops, 1>(a, v, r, t0, t1);
+  }
+}
+
+// --- float weights: 8 elements per step, scalar tail for rows of any length ----------------
+// 256-bit vectors on AVX-512 too: Zen 4 executes 512-bit operations as two 256-bit halves, and
+// the 16-lane version (masked tails, a cache-line split on every load of a 32-byte aligned
+// row) measured 20-50% slower in bench_matmul.
+
+struct LoadF32 {
+  static __m256 load8(const uint8_t* row, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i); }
+  static float load1(const uint8_t* row, int64_t i) { return reinterpret_cast<const float*>(row)[i]; }
+};
+struct LoadF16 {
+  static __m256 load8(const uint8_t* row, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + i)));
+  }
+  static float load1(const uint8_t* row, int64_t i) { return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]); }
+};
+struct LoadBF16 {
+  static __m256 load8(const uint8_t* row, int64_t i) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static float load1(const uint8_t* row, int64_t i) {
+    const uint32_t u = uint32_t(reinterpret_cast<const uint16_t*>(row)[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
+template <class Load, int R, int T>
+void tile_float(const GemmArgs& a, int64_t r, int64_t t) {
+  __m256 acc[R][T];
+  for (auto& ar : acc)
+    for (auto& v : ar) v = _mm256_setzero_ps();
+  const uint8_t* w = a.w + r * a.row_bytes;
+  const float* x = a.x + t * a.ldx;
+  int64_t i = 0;
+  for (; i + 8 <= a.n_in; i += 8) {
+    __m256 wv[R];
+    for (int rr = 0; rr < R; ++rr) wv[rr] = Load::load8(w + rr * a.row_bytes, i);
+    for (int tt = 0; tt < T; ++tt) {
+      const __m256 xv = _mm256_loadu_ps(x + tt * a.ldx + i);
+      for (int rr = 0; rr < R; ++rr) acc[rr][tt] = _mm256_fmadd_ps(wv[rr], xv, acc[rr][tt]);
+    }
+  }
+  float tail[R][T] = {};
+  for (; i < a.n_in; ++i)
+    for (int rr = 0; rr < R; ++rr) {
+      const float wv = Load::load1(w + rr * a.row_bytes, i);
+      for (int tt = 0; tt < T; ++tt) tail[rr][tt] += wv * x[tt * a.ldx + i];
+    }
+  for (int rr = 0; rr < R; ++rr)
+    for (int tt = 0; tt < T; ++tt) a.y[(t + tt) * a.ldy + r + rr] = hsum256(acc[rr][tt]) + tail[rr][tt];
+}
+
+template <class Load, int R, int TM>
+void float_rows(const GemmArgs& a, int64_t r, int64_t t0, int64_t t1) {
+  int64_t t = t0;
+  for (; t + TM <= t1; t += TM) tile_float<Load, R, TM>(a, r, t);
+  if constexpr (TM > 3) {
+    if (t1 - t == 3) return tile_float<Load, R, 3>(a, r, t);
+  }
+  if constexpr (TM > 2) {
+    if (t1 - t == 2) return tile_float<Load, R, 2>(a, r, t);
+  }
+  if (t1 - t == 1) tile_float<Load, R, 1>(a, r, t);
+}
+
+template <class Load, int TM>
+void gemm_float(const GemmArgs& a, int64_t r0, int64_t r1) {
+  // Token blocks of ~256 KB of f32 activations stay in L2 across the chunk's rows.
+  int64_t tb = (256 << 10) / (4 * (a.n_in > 0 ? a.n_in : 1));
+  tb = tb < TM ? TM : tb / TM * TM;
+  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += tb) {
+    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) float_rows<Load, 4, TM>(a, r, t0, t1);
+    for (; r < r1; ++r) float_rows<Load, 1, TM>(a, r, t0, t1);
+  }
+}
+
+bool x86_has_kernel(DType t) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
+    case DType::Q4_K: case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+}  // namespace tern::kern

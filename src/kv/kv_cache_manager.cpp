@@ -1,0 +1,145 @@
+#include "kv/kv_cache_manager.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace tern {
+
+KvCacheManager::KvCacheManager(int64_t n_blocks, int64_t block_size, bool prefix_caching)
+    : pool_(n_blocks, block_size), prefix_caching_(prefix_caching) {
+  // Slots are int32 in SeqBatch.
+  TERN_ASSERT(n_blocks * block_size < (int64_t(1) << 31));
+}
+
+int64_t KvCacheManager::match_prefix(BlockTable& t, std::span<const int32_t> tokens) {
+  TERN_ASSERT(t.blocks.empty() && t.n_computed == 0 && t.n_reserved == 0);
+  if (!prefix_caching_ || tokens.empty()) return 0;
+  const int64_t bs = block_size();
+  // Leave the last token to compute: its logits are needed, and a block is never written twice.
+  const int64_t max_blocks = (int64_t(tokens.size()) - 1) / bs;
+  uint64_t parent = kRootBlockKey;
+  int64_t n = 0;
+  for (; n < max_blocks; ++n) {
+    const auto toks = tokens.subspan(size_t(n * bs), size_t(bs));
+    const uint64_t key = block_key(parent, toks);
+    const BlockId b = pool_.lookup(key, parent, toks);
+    if (b == kNoBlock) break;
+    pool_.retain(b);
+    t.blocks.push_back(b);
+    parent = key;
+  }
+  t.n_computed = t.n_reserved = n * bs;
+  t.n_hashed = n;
+  t.last_key = parent;
+  n_lookup_tokens_ += int64_t(tokens.size());
+  n_hit_tokens_ += n * bs;
+  return n * bs;
+}
+
+int64_t KvCacheManager::blocks_needed(const BlockTable& t, int64_t n) const {
+  if (n <= 0) return 0;
+  const int64_t bs = block_size();
+  const int64_t have = int64_t(t.blocks.size());
+  const int64_t want = (t.n_computed + n + bs - 1) / bs;
+  int64_t need = std::max<int64_t>(0, want - have);
+  // Writing into a partly filled block that another sequence shares: copy it first.
+  const int64_t bi = t.n_computed / bs;
+  if (t.n_computed % bs != 0 && bi < have && pool_.ref_count(t.blocks[size_t(bi)]) > 1) ++need;
+  return need;
+}
+
+bool KvCacheManager::reserve(BlockTable& t, int64_t n) {
+  TERN_ASSERT_MSG(t.n_reserved == t.n_computed, "a reservation is already outstanding");
+  TERN_ASSERT(n >= 0);
+  if (n == 0) return true;
+  if (blocks_needed(t, n) > pool_.n_free()) return false;
+  const int64_t bs = block_size();
+  const int64_t bi = t.n_computed / bs;
+  if (t.n_computed % bs != 0 && bi < int64_t(t.blocks.size()) &&
+      pool_.ref_count(t.blocks[size_t(bi)]) > 1) {
+    const BlockId src = t.blocks[size_t(bi)];
+    const BlockId dst = pool_.allocate();
+    TERN_ASSERT(dst != kNoBlock);
+    const int32_t n_copy = int32_t(t.n_computed % bs);
+    copies_.push_back(BlockCopy{src, dst, n_copy});
+    pool_.set_filled(dst, n_copy);
+    pool_.release(src);  // still held by the other sharers
+    t.blocks[size_t(bi)] = dst;
+  }
+  const int64_t want = (t.n_computed + n + bs - 1) / bs;
+  while (int64_t(t.blocks.size()) < want) {
+    const BlockId b = pool_.allocate();
+    TERN_ASSERT(b != kNoBlock);
+    t.blocks.push_back(b);
+  }
+  t.n_reserved = t.n_computed + n;
+  return true;
+}
+
+void KvCacheManager::commit(BlockTable& t, int64_t n, std::span<const int32_t> tokens) {
+  TERN_ASSERT(n >= 0 && t.n_computed + n <= t.n_reserved);
+  TERN_ASSERT(int64_t(tokens.size()) >= t.n_computed + n);
+  const int64_t bs = block_size();
+  const int64_t begin = t.n_computed, end = t.n_computed + n;
+  for (int64_t bi = begin / bs; bi * bs < end; ++bi)
+    pool_.set_filled(t.blocks[size_t(bi)], int32_t(std::min(bs, end - bi * bs)));
+  t.n_computed = end;
+  rollback(t);  // slots reserved but not used by this step go back
+  while ((t.n_hashed + 1) * bs <= t.n_computed) {
+    if (prefix_caching_) {
+      const auto toks = tokens.subspan(size_t(t.n_hashed * bs), size_t(bs));
+      const uint64_t key = block_key(t.last_key, toks);
+      pool_.publish(t.blocks[size_t(t.n_hashed)], key, t.last_key, toks);
+      t.last_key = key;
+    }
+    ++t.n_hashed;
+  }
+}
+
+void KvCacheManager::rollback(BlockTable& t) {
+  const int64_t bs = block_size();
+  const size_t keep = size_t((t.n_computed + bs - 1) / bs);
+  while (t.blocks.size() > keep) {
+    const BlockId b = t.blocks.back();
+    t.blocks.pop_back();
+    std::erase_if(copies_, [b](const BlockCopy& c) { return c.dst == b; });
+    pool_.release(b);
+  }
+  t.n_reserved = t.n_computed;
+}
+
+void KvCacheManager::fork(const BlockTable& parent, BlockTable& child) {
+  TERN_ASSERT(child.blocks.empty() && child.n_computed == 0);
+  TERN_ASSERT_MSG(parent.n_reserved == parent.n_computed, "fork with a reservation outstanding");
+  for (BlockId b : parent.blocks) pool_.retain(b);
+  child = parent;
+}
+
+void KvCacheManager::free(BlockTable& t) {
+  for (auto it = t.blocks.rbegin(); it != t.blocks.rend(); ++it) {
+    const BlockId b = *it;
+    // A copy into a block nobody will read is dropped (its destination may be reused).
+    if (pool_.ref_count(b) == 1) std::erase_if(copies_, [b](const BlockCopy& c) { return c.dst == b; });
+    pool_.release(b);
+  }
+  t = BlockTable{};
+}
+
+void KvCacheManager::slots(const BlockTable& t, int64_t n, std::vector<int32_t>& out) const {
+  TERN_ASSERT(n <= int64_t(t.blocks.size()) * block_size());
+  const int64_t bs = block_size();
+  for (int64_t p = 0; p < n; p += bs) {
+    const int32_t base = int32_t(int64_t(t.blocks[size_t(p / bs)]) * bs);
+    const int64_t m = std::min(bs, n - p);
+    for (int64_t i = 0; i < m; ++i) out.push_back(base + int32_t(i));
+  }
+}
+
+double KvCacheManager::waste_pct() const {
+  const int64_t allocated = pool_.n_used() * block_size();
+  if (allocated == 0) return 0.0;
+  return 100.0 * double(allocated - pool_.n_filled_slots()) / double(allocated);
+}
+
+}  // namespace tern

@@ -1,0 +1,21 @@
+#pragma once
+// Per-format codecs behind the traits table (quant_traits.cpp). Internal to the quant layer;
+// everyone else goes through quant_traits(). Each to_float/from_float takes n elements,
+// n a multiple of the block size.
+#include <cstdint>
+
+namespace tern::codec {
+
+void q8_0_to_float(const void* src, float* dst, int64_t n);
+void q8_0_from_float(const float* src, void* dst, int64_t n);
+void q4_0_to_float(const void* src, float* dst, int64_t n);
+void q4_0_from_float(const float* src, void* dst, int64_t n);
+
+void q4_k_to_float(const void* src, float* dst, int64_t n);
+void q4_k_from_float(const float* src, void* dst, int64_t n);
+void q6_k_to_float(const void* src, float* dst, int64_t n);
+void q6_k_from_float(const float* src, void* dst, int64_t n);
+void q8_k_to_float(const void* src, float* dst, int64_t n);
+void q8_k_from_float(const float* src, void* dst, int64_t n);
+
+}  // namespace tern::codec

@@ -1,1 +1,0 @@
-// layer sched (placeholder until its first source)

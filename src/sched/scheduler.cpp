@@ -1,0 +1,227 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace tern {
+
+Scheduler::Scheduler(const SchedulerConfig& cfg, KvCacheManager& kv) : cfg_(cfg), kv_(kv) {
+  TERN_ASSERT(cfg_.max_batch_tokens > 0 && cfg_.max_running > 0 && cfg_.watermark_blocks >= 0);
+  plan_.seqs.reserve(size_t(std::min<int64_t>(cfg_.max_running, 4096)));
+}
+
+bool Scheduler::before(const Seq* a, const Seq* b) {
+  if (a->priority != b->priority) return a->priority < b->priority;
+  if (a->order != b->order) return a->order < b->order;
+  return a->id < b->id;
+}
+
+Scheduler::Seq& Scheduler::get(SeqId id) {
+  auto it = seqs_.find(id);
+  TERN_ASSERT_MSG(it != seqs_.end(), "unknown sequence");
+  return it->second;
+}
+
+const Scheduler::Seq& Scheduler::get(SeqId id) const {
+  auto it = seqs_.find(id);
+  TERN_ASSERT_MSG(it != seqs_.end(), "unknown sequence");
+  return it->second;
+}
+
+void Scheduler::insert_sorted(std::vector<Seq*>& v, Seq* s) {
+  v.insert(std::upper_bound(v.begin(), v.end(), s, before), s);
+}
+
+void Scheduler::erase_from(std::vector<Seq*>& v, Seq* s) {
+  auto it = std::lower_bound(v.begin(), v.end(), s, before);
+  TERN_ASSERT(it != v.end() && *it == s);
+  v.erase(it);
+}
+
+void Scheduler::add(SeqId id, std::span<const int32_t> prompt, int priority) {
+  TERN_ASSERT(!prompt.empty());
+  TERN_ASSERT_MSG(!seqs_.count(id), "sequence id already in use");
+  TERN_ASSERT(!planned_);
+  Seq& s = seqs_[id];
+  s.id = id;
+  s.priority = priority;
+  s.order = next_order_++;
+  s.tokens.assign(prompt.begin(), prompt.end());
+  insert_sorted(waiting_, &s);
+}
+
+void Scheduler::fork(SeqId parent, SeqId child) {
+  TERN_ASSERT(!planned_);
+  TERN_ASSERT_MSG(!seqs_.count(child), "sequence id already in use");
+  Seq& p = get(parent);
+  TERN_ASSERT_MSG(p.running && p.table.n_computed == int64_t(p.tokens.size()),
+                  "fork of a sequence that is not running or still has tokens to compute");
+  Seq& c = seqs_[child];
+  Seq& pp = get(parent);  // (rehash may have moved nothing: unordered_map nodes are stable)
+  c.id = child;
+  c.priority = pp.priority;
+  c.order = pp.order;
+  c.running = true;
+  c.tokens = pp.tokens;
+  kv_.fork(pp.table, c.table);
+  insert_sorted(running_, &c);
+}
+
+void Scheduler::append_token(SeqId id, int32_t token) {
+  TERN_ASSERT(!planned_);
+  get(id).tokens.push_back(token);
+}
+
+void Scheduler::remove(SeqId id) {
+  TERN_ASSERT_MSG(!planned_, "remove() between schedule() and commit()/rollback()");
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  Seq& s = it->second;
+  erase_from(s.running ? running_ : waiting_, &s);
+  kv_.free(s.table);
+  seqs_.erase(it);
+}
+
+bool Scheduler::is_running(SeqId id) const { return get(id).running; }
+std::span<const int32_t> Scheduler::tokens(SeqId id) const { return get(id).tokens; }
+const BlockTable& Scheduler::block_table(SeqId id) const { return get(id).table; }
+int64_t Scheduler::n_preempted(SeqId id) const { return get(id).n_preempted; }
+
+int64_t Scheduler::tokens_that_fit(const Seq& s, int64_t n, int64_t free_blocks) const {
+  if (kv_.blocks_needed(s.table, n) <= free_blocks) return n;
+  // blocks_needed is monotonic in n: binary search the largest m that fits.
+  int64_t lo = 0, hi = n;  // fits(lo), !fits(hi)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (kv_.blocks_needed(s.table, mid) <= free_blocks) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+void Scheduler::preempt(Seq& s) {
+  TERN_ASSERT(s.running);
+  if (s.plan_index >= 0) {
+    // Planned earlier in this step: take it out of the plan and give its budget back.
+    const size_t i = size_t(s.plan_index);
+    budget_ += plan_.seqs[i].n_tokens;
+    plan_.n_tokens -= plan_.seqs[i].n_tokens;
+    plan_.seqs.erase(plan_.seqs.begin() + ptrdiff_t(i));
+    for (size_t j = i; j < plan_.seqs.size(); ++j) get(plan_.seqs[j].id).plan_index = int32_t(j);
+    s.plan_index = -1;
+  }
+  kv_.free(s.table);  // recomputed from its tokens when it runs again
+  erase_from(running_, &s);
+  s.running = false;
+  insert_sorted(waiting_, &s);
+  ++s.n_preempted;
+  ++n_preempted_total_;
+  plan_.preempted.push_back(s.id);
+}
+
+void Scheduler::plan_seq(Seq& s, int64_t n) {
+  const bool ok = kv_.reserve(s.table, n);
+  TERN_ASSERT(ok);
+  const int64_t n_past = s.table.n_computed;
+  s.plan_index = int32_t(plan_.seqs.size());
+  plan_.seqs.push_back(ScheduledSeq{s.id, n_past, n, n_past + n == int64_t(s.tokens.size())});
+  plan_.n_tokens += n;
+  budget_ -= n;
+}
+
+const StepPlan& Scheduler::schedule() {
+  TERN_ASSERT_MSG(!planned_, "schedule() twice without commit()/rollback()");
+  plan_.seqs.clear();
+  plan_.preempted.clear();
+  plan_.n_tokens = 0;
+  budget_ = cfg_.max_batch_tokens;
+  for (Seq* s : running_) s->plan_index = -1;
+
+  // Passes 1 (decodes) and 2 (prefill chunks) over the running set, oldest first.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
+      Seq& s = *running_[i];
+      const int64_t remaining = int64_t(s.tokens.size()) - s.table.n_computed;
+      if (remaining <= 0 || s.plan_index >= 0) continue;
+      if ((pass == 0) != (remaining == 1)) continue;
+      const int64_t want = std::min(remaining, budget_);
+      int64_t n = tokens_that_fit(s, want, kv_.n_free_blocks());
+      while (n == 0) {
+        // Out of blocks: the newest running sequence gives its blocks up (possibly s itself).
+        Seq& victim = *running_.back();
+        preempt(victim);
+        if (&victim == &s) break;
+        n = tokens_that_fit(s, want, kv_.n_free_blocks());
+      }
+      if (!s.running) break;  // s was the newest: everyone after it is gone too
+      plan_seq(s, n);
+    }
+  }
+
+  // Pass 3: admit waiting sequences, unless this step had to preempt (no room to grow).
+  while (plan_.preempted.empty() && !waiting_.empty() && budget_ > 0 &&
+         int64_t(running_.size()) < cfg_.max_running) {
+    Seq& s = *waiting_.front();
+    if (s.table.blocks.empty()) kv_.match_prefix(s.table, s.tokens);
+    const int64_t remaining = int64_t(s.tokens.size()) - s.table.n_computed;
+    TERN_ASSERT(remaining > 0);
+    const int64_t reserve_for_running = running_.empty() ? 0 : cfg_.watermark_blocks;
+    const int64_t free_blocks = kv_.n_free_blocks() - reserve_for_running;
+    const int64_t n = free_blocks > 0 ? tokens_that_fit(s, std::min(remaining, budget_), free_blocks) : 0;
+    if (n == 0) {
+      // Strict FCFS: nobody overtakes the head of the queue. Matched blocks go back (still
+      // cached) so that waiting holds no blocks.
+      kv_.free(s.table);
+      break;
+    }
+    waiting_.erase(waiting_.begin());
+    s.running = true;
+    insert_sorted(running_, &s);
+    plan_seq(s, n);
+  }
+  planned_ = !plan_.seqs.empty();
+  return plan_;
+}
+
+void Scheduler::commit() {
+  for (const ScheduledSeq& e : plan_.seqs) {
+    Seq& s = get(e.id);
+    kv_.commit(s.table, e.n_tokens, s.tokens);
+    s.plan_index = -1;
+  }
+  kv_.clear_copies();
+  planned_ = false;
+}
+
+void Scheduler::rollback() {
+  for (const ScheduledSeq& e : plan_.seqs) {
+    Seq& s = get(e.id);
+    kv_.rollback(s.table);
+    s.plan_index = -1;
+  }
+  kv_.clear_copies();
+  planned_ = false;
+}
+
+void Scheduler::check_invariants() const {
+  TERN_ASSERT(std::is_sorted(running_.begin(), running_.end(), before));
+  TERN_ASSERT(std::is_sorted(waiting_.begin(), waiting_.end(), before));
+  TERN_ASSERT(running_.size() + waiting_.size() == seqs_.size());
+  for (const Seq* s : running_) TERN_ASSERT(s->running);
+  for (const Seq* s : waiting_) {
+    TERN_ASSERT(!s->running);
+    // A waiting sequence holds no blocks (preempted: freed; never run: nothing matched yet).
+    TERN_ASSERT(s->table.blocks.empty() && s->table.n_computed == 0);
+  }
+  const int64_t bs = kv_.block_size();
+  for (const auto& [id, s] : seqs_) {
+    TERN_ASSERT(s.id == id);
+    TERN_ASSERT(s.table.n_computed <= int64_t(s.tokens.size()));
+    TERN_ASSERT(s.table.n_reserved >= s.table.n_computed);
+    TERN_ASSERT(int64_t(s.table.blocks.size()) == (s.table.n_reserved + bs - 1) / bs);
+    for (BlockId b : s.table.blocks) TERN_ASSERT(kv_.pool().ref_count(b) > 0);
+  }
+  kv_.pool().check_invariants();
+}
+
+}  // namespace tern

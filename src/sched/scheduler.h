@@ -1,0 +1,124 @@
+#pragma once
+// Iteration-level continuous batching (vLLM/Orca style), pure logic: no tensors, no model.
+//
+// Every step the scheduler writes a plan, "n tokens for sequence s" for each scheduled
+// sequence, under a token budget (max_batch_tokens) and the free KV blocks:
+//   1. running sequences that decode (one token each), oldest first: a decode is never
+//      starved by someone's long prompt;
+//   2. running sequences still prefilling (a prompt, or a recompute after preemption), oldest
+//      first, in chunks of whatever budget and blocks are left (chunked prefill);
+//   3. waiting sequences (lower priority value first, FCFS within one), while budget, blocks
+//      and max_running allow, after a prefix-cache lookup that may cover part of the prompt.
+// When a running sequence cannot get a block it preempts the newest running sequence (lowest
+// priority first): its blocks are freed and it goes back to the waiting queue to be recomputed
+// later from its tokens (prompt + what it generated). Nothing fails for lack of KV memory.
+//
+// Blocks are reserved while planning and committed only when the caller reports the forward
+// pass succeeded (commit()); rollback() returns them (see kv/kv_cache_manager.h).
+//
+// Not thread-safe (owned by the engine thread).
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/kv_cache_manager.h"
+
+namespace tern {
+
+using SeqId = uint64_t;
+
+struct SchedulerConfig {
+  int64_t max_batch_tokens = 512;  // new tokens per step, all sequences together
+  int64_t max_running = 256;       // sequences in the running set
+  // Free blocks that admitting a waiting sequence must leave for the running ones to grow
+  // into (fewer preemptions right after admission). Ignored when nothing is running.
+  int64_t watermark_blocks = 0;
+};
+
+// One sequence's share of a step.
+struct ScheduledSeq {
+  SeqId id = 0;
+  int64_t n_past = 0;    // tokens already in the cache: the step computes n_past .. n_past+n_tokens-1
+  int64_t n_tokens = 0;  // new tokens this step (1 for a decode, a chunk for a prefill)
+  bool sample = false;   // the step reaches the sequence's last known token: sample the next one
+};
+
+struct StepPlan {
+  std::vector<ScheduledSeq> seqs;  // batch order
+  std::vector<SeqId> preempted;    // preempted while planning this step (blocks already freed)
+  int64_t n_tokens = 0;            // sum of seqs[].n_tokens
+  bool empty() const { return seqs.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& cfg, KvCacheManager& kv);
+
+  // A new waiting sequence with its prompt (not empty). priority: lower runs first.
+  void add(SeqId id, std::span<const int32_t> prompt, int priority = 0);
+  // child starts running right away with the tokens and (shared) blocks of parent, which must
+  // be running with nothing left to compute: the n completions of one prompt.
+  void fork(SeqId parent, SeqId child);
+  // A token the caller sampled for a running sequence; it is computed in a later step.
+  void append_token(SeqId id, int32_t token);
+  // Drops the sequence (finished or aborted) and frees its blocks. Unknown ids are ignored.
+  // Not between schedule() and commit()/rollback().
+  void remove(SeqId id);
+
+  // Plans the next step and reserves its blocks. The plan stays valid until the next call.
+  const StepPlan& schedule();
+  // The step's forward pass succeeded: the scheduled tokens are in the cache.
+  void commit();
+  // The step failed: returns the blocks it reserved (the sequences stay where they are).
+  void rollback();
+
+  bool contains(SeqId id) const { return seqs_.count(id) != 0; }
+  bool is_running(SeqId id) const;
+  std::span<const int32_t> tokens(SeqId id) const;
+  const BlockTable& block_table(SeqId id) const;
+  int64_t n_preempted(SeqId id) const;
+
+  int64_t n_running() const { return int64_t(running_.size()); }
+  int64_t n_waiting() const { return int64_t(waiting_.size()); }
+  int64_t n_preempted_total() const { return n_preempted_total_; }
+  const SchedulerConfig& config() const { return cfg_; }
+  KvCacheManager& kv() { return kv_; }
+
+  // Aborts (TERN_ASSERT) when the running/waiting sets and the block tables disagree. For tests.
+  void check_invariants() const;
+
+ private:
+  struct Seq {
+    SeqId id = 0;
+    int priority = 0;
+    uint64_t order = 0;            // arrival: FCFS tie-break (a fork shares its parent's)
+    bool running = false;
+    int32_t plan_index = -1;       // entry in plan_ this step, or -1
+    int64_t n_preempted = 0;
+    std::vector<int32_t> tokens;   // prompt + generated
+    BlockTable table;
+  };
+  static bool before(const Seq* a, const Seq* b);  // (priority, order, id)
+  Seq& get(SeqId id);
+  const Seq& get(SeqId id) const;
+  void insert_sorted(std::vector<Seq*>& v, Seq* s);
+  void erase_from(std::vector<Seq*>& v, Seq* s);
+  // Largest m <= n whose blocks fit in `free_blocks`.
+  int64_t tokens_that_fit(const Seq& s, int64_t n, int64_t free_blocks) const;
+  void preempt(Seq& s);
+  void plan_seq(Seq& s, int64_t n);
+
+  SchedulerConfig cfg_;
+  KvCacheManager& kv_;
+  std::unordered_map<SeqId, Seq> seqs_;
+  std::vector<Seq*> running_;   // sorted by before(): the back is preempted first
+  std::vector<Seq*> waiting_;   // sorted by before(): the front is admitted first
+  StepPlan plan_;
+  int64_t budget_ = 0;
+  bool planned_ = false;        // schedule() ran; commit()/rollback() pending
+  uint64_t next_order_ = 0;
+  int64_t n_preempted_total_ = 0;
+};
+
+}  // namespace tern

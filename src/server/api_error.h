@@ -1,0 +1,35 @@
+#pragma once
+// Errors the server reports as OpenAI-style error objects:
+//   {"error": {"message": "...", "type": "invalid_request_error", "param": "top_p", "code": null}}
+// ApiError is a tern::Error (bad input is an error by layer, docs/architecture.md) that also
+// carries the HTTP status and the fields of that object, so the request parser can stay pure
+// and the HTTP layer only has to render whatever it catches.
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+
+namespace tern::server {
+
+class ApiError : public Error {
+ public:
+  ApiError(int status, std::string type, std::string param, std::string code, const std::string& message)
+      : Error(message), status_(status), type_(std::move(type)), param_(std::move(param)), code_(std::move(code)) {}
+
+  int status() const { return status_; }
+  const std::string& type() const { return type_; }    // "invalid_request_error", ...
+  const std::string& param() const { return param_; }  // "" -> null
+  const std::string& code() const { return code_; }    // "" -> null
+
+ private:
+  int status_;
+  std::string type_, param_, code_;
+};
+
+// 400 invalid_request_error naming the offending parameter ("" when it is the whole body).
+template <class... Args>
+[[noreturn]] void bad_request(const std::string& param, Args&&... args) {
+  throw ApiError(400, "invalid_request_error", param, "", str_cat(std::forward<Args>(args)...));
+}
+
+}  // namespace tern::server

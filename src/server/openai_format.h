@@ -1,0 +1,80 @@
+#pragma once
+// OpenAI response objects and Server-Sent Events, as OpenAI's API reference spells them:
+//   /v1/completions       -> "text_completion" (stream chunks have the same object name)
+//   /v1/chat/completions  -> "chat.completion" / "chat.completion.chunk"
+// Pure functions of their inputs (and the tokenizer, for logprob token texts).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "server/api_error.h"
+#include "server/openai_request.h"
+
+namespace tern::server {
+
+struct ResponseMeta {
+  ApiKind kind = ApiKind::Completion;
+  std::string id;       // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;  // unix seconds
+  std::string model;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+// One choice as it accumulates (non-streaming responses).
+struct ChoiceResult {
+  int index = 0;
+  std::string text;
+  std::vector<GeneratedToken> tokens;  // kept only when logprobs were asked for
+  int64_t n_tokens = 0;
+  bool finished = false;
+  FinishReason finish = FinishReason::None;
+  std::string error;
+  RequestMetrics metrics;
+};
+
+// "stop" or "length"; an abort reads as "stop" (the caller reports errors separately).
+const char* openai_finish_reason(FinishReason r);
+// "cmpl-" / "chatcmpl-" followed by 24 random hex digits.
+std::string new_response_id(ApiKind kind);
+
+nlohmann::json usage_json(const Usage& u);
+
+// Logprobs of `tokens` in the endpoint's shape: completions
+// {tokens, token_logprobs, top_logprobs, text_offset}, chat {content: [{token, logprob, bytes,
+// top_logprobs}], refusal: null}. text_offset starts at `offset` (completions only).
+nlohmann::json logprobs_json(ApiKind kind, const std::vector<GeneratedToken>& tokens, const Tokenizer& tok,
+                             int64_t offset = 0);
+
+// The whole (non-streaming) response.
+nlohmann::json completion_response(const ResponseMeta& meta, const std::vector<ChoiceResult>& choices,
+                                   const Usage& usage, bool with_logprobs, const Tokenizer& tok);
+
+// Stream chunks. `include_usage` adds "usage": null to every chunk, as OpenAI does when
+// stream_options.include_usage is set; the last chunk then carries the usage (usage_chunk).
+nlohmann::json role_chunk(const ResponseMeta& meta, int index, bool include_usage);  // chat only
+nlohmann::json text_chunk(const ResponseMeta& meta, int index, const std::string& text,
+                          const nlohmann::json& logprobs, bool include_usage);
+nlohmann::json finish_chunk(const ResponseMeta& meta, int index, FinishReason reason, bool include_usage);
+nlohmann::json usage_chunk(const ResponseMeta& meta, const Usage& usage);
+
+// "data: {json}\n\n"; invalid UTF-8 (never produced by the decoder, but cheap to guard)
+// becomes U+FFFD instead of throwing.
+std::string sse_event(const nlohmann::json& j);
+inline constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+// {"error": {"message", "type", "param", "code"}}.
+nlohmann::json error_json(const std::string& message, const std::string& type, const std::string& param = "",
+                          const std::string& code = "");
+nlohmann::json error_json(const ApiError& e);
+// JSON text for a response body (same UTF-8 guard as sse_event).
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace tern::server

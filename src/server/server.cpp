@@ -1,0 +1,763 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "server/api_error.h"
+#include "server/conn_watch.h"
+#include "server/openai_format.h"
+#include "server/web_assets.h"
+
+namespace tern::server {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// How often a waiting handler looks at its connection, the shutdown flag and its deadline
+// between engine outputs: bounds how long a vanished client's KV blocks stay allocated.
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Constant-time comparison, so the API key cannot be guessed byte by byte from timings.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < a.size(); ++i) diff |= unsigned(uint8_t(a[i]) ^ uint8_t(i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+const char* error_type_for(int status) {
+  if (status == 401) return "authentication_error";
+  if (status == 404) return "not_found_error";
+  if (status == 429) return "rate_limit_error";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+void set_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(dump_json(j), "application/json");
+}
+
+void set_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
+               const std::string& code = "") {
+  set_json(res, status, error_json(message, error_type_for(status), param, code));
+}
+
+void set_api_error(httplib::Response& res, const ApiError& e) { set_json(res, e.status(), error_json(e)); }
+
+// The per-request label of tern_requests_total: known routes by name, the rest as one value
+// so that random paths cannot grow the metric without bound.
+std::string endpoint_label(const std::string& path) {
+  static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+                                "/metrics",        "/tokenize",            "/detokenize"};
+  for (const char* k : known)
+    if (path == k) return k;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  for (const auto& a : web_assets())
+    if (path == a.path) return "static";
+  if (path == "/") return "static";
+  return "other";
+}
+
+// Set when a generation request's job has counted it in tern_requests_total, for the logger
+// that runs next on the same worker thread (httplib runs handler, content provider and logger
+// of one request on one thread).
+thread_local bool t_counted_by_job = false;
+
+// One engine output, tagged with the prompt (of a batched /v1/completions) it belongs to.
+struct Event {
+  int prompt = 0;
+  RequestOutput out;
+};
+
+// Where the engine's callbacks leave outputs for the handler thread. Shared (shared_ptr) by
+// the callbacks and the handler, so a callback that fires after the handler gave up (abort
+// on disconnect) still has somewhere to write.
+struct Mailbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Event> events;
+
+  void push(Event e) {
+    {
+      std::lock_guard lock(mu);
+      events.push_back(std::move(e));
+    }
+    cv.notify_one();
+  }
+  // Moves whatever is queued into `out`, waiting up to `timeout` for the first.
+  void take(std::deque<Event>& out, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, timeout, [&] { return !events.empty(); });
+    out.swap(events);
+    events.clear();
+  }
+};
+
+}  // namespace
+
+struct Server::Impl {
+  Backend& backend;
+  ServerConfig cfg;
+  httplib::Server http;
+  ServerMetrics metrics;
+  std::thread listen_thread;
+  int bound_port = -1;
+  const int64_t started = unix_now();
+
+  std::atomic<bool> draining{false};   // refusing new requests
+  std::atomic<bool> abort_all{false};  // grace period over: in-flight requests abort
+  std::atomic<int64_t> in_flight{0};
+  std::mutex drain_mu;
+  std::condition_variable drain_cv;
+  std::once_flag shutdown_once;
+
+  Impl(Backend& b, ServerConfig c) : backend(b), cfg(std::move(c)) {}
+
+  // Counts a generation request in flight from construction to destruction; shutdown waits
+  // for the count to reach zero.
+  struct InFlight {
+    Impl* impl;
+    explicit InFlight(Impl* i) : impl(i) {
+      impl->in_flight.fetch_add(1);
+      impl->metrics.request_started();
+    }
+    ~InFlight() {
+      impl->metrics.request_ended();
+      {
+        std::lock_guard lock(impl->drain_mu);
+        impl->in_flight.fetch_sub(1);
+      }
+      impl->drain_cv.notify_all();
+    }
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+  };
+
+  // Everything one generation request owns once it has been submitted to the engine.
+  struct Job {
+    Impl* impl = nullptr;
+    std::unique_ptr<InFlight> in_flight;
+    std::shared_ptr<Mailbox> mailbox = std::make_shared<Mailbox>();
+    OpenAiRequest req;
+    ResponseMeta meta;
+    std::vector<uint64_t> ids;            // engine request id per prompt
+    std::vector<int64_t> prompt_tokens;   // per prompt
+    std::vector<std::string> echo;        // per prompt ("" unless echo)
+    std::vector<ChoiceResult> choices;    // [prompt * n + index]
+    std::vector<int> unfinished;          // per prompt: choices still running
+    std::vector<int64_t> cached;          // per prompt: prefix-cache hits
+    int n_done = 0;
+    ConnWatch conn;
+    Clock::time_point deadline;
+    bool live = false;     // accepted and being served: its end must be accounted for
+    bool counted = false;  // finish_accounting() ran
+
+    ~Job() {
+      abort_unfinished();
+      // A job torn down without an answer written: the connection broke under it.
+      if (live && !counted) finish_accounting(499, /*from_destructor=*/true);
+    }
+
+    bool all_done() const { return n_done == int(choices.size()); }
+
+    void abort_unfinished() {
+      for (size_t p = 0; p < ids.size(); ++p)
+        if (ids[p] != 0 && unfinished[p] > 0) impl->backend.abort(ids[p]);
+      std::fill(unfinished.begin(), unfinished.end(), 0);
+    }
+
+    Usage usage() const {
+      Usage u;
+      for (size_t p = 0; p < prompt_tokens.size(); ++p) {
+        u.prompt_tokens += prompt_tokens[p];
+        u.cached_tokens += cached[p];
+      }
+      for (const auto& c : choices) u.completion_tokens += c.n_tokens;
+      return u;
+    }
+
+    // Token counters and the status of the request, once, whatever way it ends. Counted
+    // here, before the answer is written and before the request leaves the in-flight gauge,
+    // so a client that has its answer (or gave up) already finds it in /metrics.
+    void finish_accounting(int status, bool from_destructor = false) {
+      counted = true;
+      const Usage u = usage();
+      impl->metrics.add_tokens(u.prompt_tokens, u.completion_tokens);
+      impl->metrics.count_request(req.kind == ApiKind::Chat ? "/v1/chat/completions" : "/v1/completions", status);
+      // The logger runs later on this thread (unless the connection broke, when the job is
+      // torn down after it) and must not count the same request again.
+      if (!from_destructor) t_counted_by_job = true;
+    }
+
+    // Applies one engine output to its choice; returns that choice's index.
+    ChoiceResult& apply(const Event& ev) {
+      const int index = ev.prompt * req.n + ev.out.index;
+      ChoiceResult& c = choices.at(size_t(index));
+      c.text += ev.out.text;
+      c.n_tokens += int64_t(ev.out.tokens.size());
+      if (req.n_logprobs >= 0) c.tokens.insert(c.tokens.end(), ev.out.tokens.begin(), ev.out.tokens.end());
+      if (ev.out.finished && !c.finished) {
+        c.finished = true;
+        c.finish = ev.out.finish_reason;
+        c.error = ev.out.error;
+        c.metrics = ev.out.metrics;
+        cached[size_t(ev.prompt)] = std::max(cached[size_t(ev.prompt)], ev.out.metrics.n_cached_prompt);
+        if (unfinished[size_t(ev.prompt)] > 0) --unfinished[size_t(ev.prompt)];
+        ++n_done;
+        if (c.finish == FinishReason::Stop || c.finish == FinishReason::Length) impl->metrics.observe_completion(c.metrics);
+      }
+      return c;
+    }
+
+    // Why the handler must stop waiting, or nullptr to go on.
+    const char* interrupted() const {
+      if (impl->abort_all.load()) return "shutdown";
+      if (conn.closed()) return "disconnected";
+      if (Clock::now() > deadline) return "timeout";
+      return nullptr;
+    }
+  };
+
+  // ---- request preparation ---------------------------------------------------------------
+
+  void check_model(const std::string& model) const {
+    if (model.empty() || model == cfg.model_id) return;
+    for (const auto& n : cfg.model_names)
+      if (model == n) return;
+    throw ApiError(400, "invalid_request_error", "model", "model_not_found",
+                   str_cat("The model `", model, "` does not exist. This server serves `", cfg.model_id, "`."));
+  }
+
+  std::vector<int32_t> checked_ids(const std::vector<int64_t>& ids, const std::string& param) const {
+    const int64_t n_vocab = backend.tokenizer().n_vocab();
+    std::vector<int32_t> out;
+    out.reserve(ids.size());
+    for (int64_t id : ids) {
+      if (id < 0 || id >= n_vocab) bad_request(param, "token id ", id, " is outside the vocabulary [0, ", n_vocab, ").");
+      out.push_back(int32_t(id));
+    }
+    return out;
+  }
+
+  // Parses, tokenizes and validates against the model; the Job is ready to submit.
+  std::shared_ptr<Job> prepare(const std::string& body, ApiKind kind) {
+    auto job = std::make_shared<Job>();
+    job->impl = this;
+    job->req = parse_openai_request(body, kind, cfg.limits);
+    OpenAiRequest& r = job->req;
+    check_model(r.model);
+    job->meta = {kind, new_response_id(kind), unix_now(), cfg.model_id};
+
+    const Tokenizer& tok = backend.tokenizer();
+    std::vector<std::vector<int32_t>> prompts;
+    if (kind == ApiKind::Chat) {
+      prompts.push_back(tok.encode(cfg.chat_template.apply(r.messages), tok.add_bos_default(), true));
+      job->echo.push_back("");
+    } else {
+      for (size_t i = 0; i < r.prompts.size(); ++i) {
+        const Prompt& p = r.prompts[i];
+        const std::string param = r.prompts.size() > 1 ? str_cat("prompt[", i, "]") : "prompt";
+        if (p.is_tokens) {
+          prompts.push_back(checked_ids(p.tokens, param));
+          job->echo.push_back(r.echo ? tok.decode(prompts.back()) : "");
+        } else {
+          // Special-token texts in a raw prompt become those tokens, as in llama.cpp's server:
+          // a client can write its own template.
+          prompts.push_back(tok.encode(p.text, tok.add_bos_default(), true));
+          job->echo.push_back(r.echo ? p.text : "");
+        }
+      }
+    }
+
+    const int64_t n_ctx = backend.n_ctx();
+    const char* max_param = r.kind == ApiKind::Chat ? "max_completion_tokens" : "max_tokens";
+    int64_t max_tokens = r.max_tokens.value_or(r.kind == ApiKind::Chat ? n_ctx : 16);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int64_t n_prompt = int64_t(prompts[i].size());
+      if (n_prompt == 0) bad_request("prompt", "the prompt is empty and this model adds no BOS token.");
+      if (n_prompt >= n_ctx)
+        throw ApiError(400, "invalid_request_error", r.kind == ApiKind::Chat ? "messages" : "prompt",
+                       "context_length_exceeded",
+                       str_cat("This model's maximum context length is ", n_ctx, " tokens. However, your ",
+                               r.kind == ApiKind::Chat ? "messages resulted in " : "prompt has ", n_prompt,
+                               " tokens. Please reduce the length of the ",
+                               r.kind == ApiKind::Chat ? "messages." : "prompt."));
+      if (r.max_tokens && n_prompt + *r.max_tokens > n_ctx)
+        throw ApiError(400, "invalid_request_error", max_param, "context_length_exceeded",
+                       str_cat("This model's maximum context length is ", n_ctx, " tokens. However, you requested ",
+                               n_prompt + *r.max_tokens, " tokens (", n_prompt, " in the prompt, ", *r.max_tokens,
+                               " for the completion). Please reduce the prompt or the completion length."));
+      // Defaults are clipped to what fits; an explicit value that does not fit was refused above.
+      max_tokens = std::min(max_tokens, n_ctx - n_prompt);
+    }
+
+    job->ids.assign(prompts.size(), 0);
+    job->unfinished.assign(prompts.size(), r.n);
+    job->cached.assign(prompts.size(), 0);
+    for (const auto& p : prompts) job->prompt_tokens.push_back(int64_t(p.size()));
+    job->choices.resize(prompts.size() * size_t(r.n));
+    for (size_t i = 0; i < job->choices.size(); ++i) {
+      job->choices[i].index = int(i);
+      job->choices[i].text = job->echo[i / size_t(r.n)];
+    }
+
+    // Submit. A refusal of any prompt takes the whole request back.
+    std::random_device rd;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestParams params;
+      params.prompt_ids = std::move(prompts[i]);
+      params.max_tokens = max_tokens;
+      params.sampling = r.sampling;
+      if (!r.seed) params.sampling.seed = (uint64_t(rd()) << 32) ^ rd();
+      params.stop = r.stop;
+      params.ignore_eos = r.ignore_eos;
+      params.n_logprobs = r.n_logprobs;
+      params.priority = r.priority;
+      params.n = r.n;
+      std::weak_ptr<Mailbox> weak = job->mailbox;
+      const int prompt_index = int(i);
+      uint64_t id = 0;
+      try {
+        id = backend.add_request(std::move(params), [weak, prompt_index](const RequestOutput& out) {
+          if (auto mb = weak.lock()) mb->push({prompt_index, out});
+        });
+      } catch (const ApiError&) {
+        throw;
+      } catch (const Error& e) {
+        bad_request("", e.what());
+      }
+      if (id == 0)
+        throw ApiError(429, "rate_limit_error", "", "queue_full",
+                       "The server's request queue is full. Please retry after a short wait.");
+      job->ids[i] = id;
+    }
+    return job;
+  }
+
+  // ---- generation handlers ---------------------------------------------------------------
+
+  void handle_generate(const httplib::Request& hreq, httplib::Response& res, ApiKind kind) {
+    auto guard = std::make_unique<InFlight>(this);
+    if (cfg.max_in_flight > 0 && in_flight.load() > cfg.max_in_flight) {
+      res.set_header("Retry-After", std::to_string(cfg.retry_after_s));
+      set_error(res, 503, "The server is busy (too many requests in flight). Please retry after a short wait.", "",
+                "server_busy");
+      return;
+    }
+    std::shared_ptr<Job> job;
+    try {
+      job = prepare(hreq.body, kind);
+    } catch (const ApiError& e) {
+      if (e.status() == 429 || e.status() == 503) res.set_header("Retry-After", std::to_string(cfg.retry_after_s));
+      set_api_error(res, e);
+      return;
+    } catch (const Error& e) {
+      set_error(res, 400, e.what());
+      return;
+    }
+    job->in_flight = std::move(guard);
+    job->live = true;
+    job->conn = ConnWatch(hreq.local_addr, hreq.local_port, hreq.remote_addr, hreq.remote_port);
+    job->deadline = Clock::now() + std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
+    if (job->req.stream) start_stream(job, res);
+    else wait_whole(job, res);
+  }
+
+  void wait_whole(const std::shared_ptr<Job>& job, httplib::Response& res) {
+    std::deque<Event> events;
+    while (!job->all_done()) {
+      job->mailbox->take(events, kPollInterval);
+      for (const auto& ev : events) job->apply(ev);
+      events.clear();
+      if (job->all_done()) break;
+      if (const char* why = job->interrupted()) {
+        job->abort_unfinished();
+        finish_interrupted(*job, res, why);
+        return;
+      }
+    }
+    for (const auto& c : job->choices) {
+      if (c.finish == FinishReason::Error) {
+        job->finish_accounting(500);
+        set_error(res, 500, "generation failed: " + c.error);
+        return;
+      }
+      if (c.finish == FinishReason::Abort) {
+        job->finish_accounting(503);
+        res.set_header("Retry-After", std::to_string(cfg.retry_after_s));
+        set_error(res, 503, "the request was aborted by the server.");
+        return;
+      }
+    }
+    job->finish_accounting(200);
+    set_json(res, 200,
+             completion_response(job->meta, job->choices, job->usage(), job->req.n_logprobs >= 0, backend.tokenizer()));
+  }
+
+  void finish_interrupted(Job& job, httplib::Response& res, const std::string& why) {
+    if (why == "disconnected") {
+      job.finish_accounting(499);
+      res.status = 499;  // nobody reads it (nginx's "client closed request")
+    } else if (why == "timeout") {
+      job.finish_accounting(503);
+      set_error(res, 503, str_cat("the request ran past the server's time limit (", cfg.request_timeout_s, " s)."), "",
+                "timeout");
+    } else {
+      job.finish_accounting(503);
+      res.set_header("Retry-After", std::to_string(cfg.retry_after_s));
+      set_error(res, 503, "the server is shutting down.", "", "shutting_down");
+    }
+  }
+
+  void start_stream(const std::shared_ptr<Job>& job, httplib::Response& res) {
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job](size_t, httplib::DataSink& sink) {
+          // httplib runs the provider outside its handler's try/catch: an exception escaping
+          // here would end the process, so it ends only this stream.
+          try {
+            return stream_body(*job, sink);
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "tern serve: stream failed: %s\n", e.what());
+            job->abort_unfinished();
+            if (!job->counted) job->finish_accounting(500);
+            return false;
+          }
+        },
+        [job](bool) {
+          // Runs when the response is torn down, written or not: a stream that never reached
+          // its end (a write failed, the connection broke first) aborts what is still running.
+          job->abort_unfinished();
+        });
+  }
+
+  bool stream_body(Job& job, httplib::DataSink& sink) {
+    const OpenAiRequest& r = job.req;
+    const bool chat = r.kind == ApiKind::Chat;
+    auto send = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+    auto fail_stream = [&]() {
+      job.abort_unfinished();
+      if (!job.counted) job.finish_accounting(499);
+      return false;
+    };
+    for (const auto& c : job.choices) {
+      if (chat && !send(sse_event(role_chunk(job.meta, c.index, r.include_usage)))) return fail_stream();
+      if (!c.text.empty() && !send(sse_event(text_chunk(job.meta, c.index, c.text, nullptr, r.include_usage))))
+        return fail_stream();
+    }
+    std::deque<Event> events;
+    std::string error;  // first error of any choice; ends the stream with an error event
+    int error_status = 0;
+    while (!job.all_done()) {
+      job.mailbox->take(events, kPollInterval);
+      std::string out;
+      for (const auto& ev : events) {
+        ChoiceResult& c = job.apply(ev);
+        const auto& o = ev.out;
+        if (!o.text.empty() || (!o.tokens.empty() && r.n_logprobs >= 0)) {
+          const json lp = r.n_logprobs >= 0 ? logprobs_json(r.kind, o.tokens, backend.tokenizer()) : json(nullptr);
+          out += sse_event(text_chunk(job.meta, c.index, o.text, lp, r.include_usage));
+        }
+        if (o.finished) {
+          if (o.finish_reason == FinishReason::Error && error.empty()) {
+            error = "generation failed: " + o.error;
+            error_status = 500;
+          } else if (o.finish_reason == FinishReason::Abort && error.empty()) {
+            error = "the request was aborted by the server.";
+            error_status = 503;
+          } else {
+            out += sse_event(finish_chunk(job.meta, c.index, o.finish_reason, r.include_usage));
+          }
+        }
+      }
+      events.clear();
+      // One write per wake-up: chunks that arrived together leave in one TCP segment.
+      if (!out.empty() && !send(out)) return fail_stream();
+      if (!error.empty()) break;
+      if (job.all_done()) break;
+      if (const char* why = job.interrupted()) {
+        const std::string w = why;
+        job.abort_unfinished();
+        if (w == "disconnected") return fail_stream();
+        error = w == "timeout" ? str_cat("the request ran past the server's time limit (", cfg.request_timeout_s, " s).")
+                               : "the server is shutting down.";
+        error_status = 503;
+        break;
+      }
+    }
+    if (!error.empty()) {
+      job.abort_unfinished();
+      job.finish_accounting(error_status == 500 ? 500 : 503);
+      // OpenAI's clients raise an API error for a data event carrying "error".
+      send(sse_event(error_json(error, error_type_for(error_status))) + kSseDone);
+      sink.done();
+      return true;
+    }
+    std::string tail;
+    if (r.include_usage) tail += sse_event(usage_chunk(job.meta, job.usage()));
+    tail += kSseDone;
+    job.finish_accounting(200);
+    send(tail);
+    sink.done();
+    return true;
+  }
+
+  // ---- other endpoints -------------------------------------------------------------------
+
+  void handle_models(const httplib::Request& req, httplib::Response& res) {
+    const json model = {{"id", cfg.model_id}, {"object", "model"}, {"created", started}, {"owned_by", "tern"},
+                        {"max_model_len", backend.n_ctx()}};
+    if (req.matches.size() > 1) {
+      const std::string id = req.matches[1];
+      try {
+        check_model(id);
+      } catch (const ApiError& e) {
+        set_json(res, 404, error_json(e.what(), "invalid_request_error", "model", "model_not_found"));
+        return;
+      }
+      set_json(res, 200, model);
+      return;
+    }
+    set_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+  }
+
+  void handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+    const TokenizeRequest r = parse_tokenize_request(req.body, cfg.limits);
+    check_model(r.model);
+    const Tokenizer& tok = backend.tokenizer();
+    std::vector<int32_t> ids;
+    if (r.has_messages) ids = tok.encode(cfg.chat_template.apply(r.messages), r.add_special && tok.add_bos_default(), true);
+    else ids = tok.encode(r.text, r.add_special && tok.add_bos_default(), true);
+    json j = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", backend.n_ctx()}};
+    if (r.with_pieces) {
+      json pieces = json::array();
+      for (int32_t id : ids) pieces.push_back(tok.token_to_piece(id, true));
+      j["pieces"] = pieces;
+    }
+    set_json(res, 200, j);
+  }
+
+  void handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+    const DetokenizeRequest r = parse_detokenize_request(req.body, cfg.limits);
+    check_model(r.model);
+    const std::string text = backend.tokenizer().decode(checked_ids(r.tokens, "tokens"));
+    set_json(res, 200, {{"prompt", text}});
+  }
+
+  void handle_static(const httplib::Request& req, httplib::Response& res) {
+    const std::string path = req.path == "/" ? "/index.html" : req.path;
+    for (const auto& a : web_assets()) {
+      if (path != a.path) continue;
+      res.status = 200;
+      res.set_header("Cache-Control", "no-cache");
+      res.set_header("X-Content-Type-Options", "nosniff");
+      res.set_content(reinterpret_cast<const char*>(a.data), a.size, a.mime);
+      return;
+    }
+    set_error(res, 404, str_cat("Unknown path: GET ", req.path));
+  }
+
+  // ---- wiring ------------------------------------------------------------------------------
+
+  // Runs `fn`, turning what it throws into an OpenAI-style error response.
+  template <class Fn>
+  void guarded(httplib::Response& res, Fn&& fn) {
+    try {
+      fn();
+    } catch (const ApiError& e) {
+      set_api_error(res, e);
+    } catch (const Error& e) {
+      set_error(res, 400, e.what());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tern serve: internal error: %s\n", e.what());
+      set_error(res, 500, "internal server error");
+    }
+  }
+
+  bool is_static_path(const std::string& path) const { return endpoint_label(path) == "static"; }
+
+  httplib::Server::HandlerResponse pre_route(const httplib::Request& req, httplib::Response& res) {
+    t_counted_by_job = false;  // a request whose logger never ran must not silence this one's
+    size_t header_bytes = 0;
+    for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
+    if (header_bytes > cfg.max_header_bytes) {
+      set_error(res, 431, str_cat("The request's headers are larger than ", cfg.max_header_bytes, " bytes."));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // /health answers without a key (load balancers probe it); so do the chat page's static
+    // files, which hold no data: the page itself asks for the key and sends it with each call.
+    const bool open = req.path == "/health" || (req.method == "GET" && is_static_path(req.path));
+    if (!cfg.api_key.empty() && !open) {
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string prefix = "Bearer ";
+      if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), cfg.api_key)) {
+        res.set_header("WWW-Authenticate", "Bearer");
+        set_error(res, 401, "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.", "",
+                  "invalid_api_key");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    if (draining.load() && req.path != "/health" && req.path != "/metrics") {
+      res.set_header("Retry-After", std::to_string(cfg.retry_after_s));
+      set_error(res, 503, "The server is shutting down.", "", "shutting_down");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+
+  void setup() {
+    http.new_task_queue = [n = size_t(std::max(cfg.http_threads, 4))] { return new httplib::ThreadPool(n); };
+    if (cfg.max_in_flight <= 0) cfg.max_in_flight = std::max(1, cfg.http_threads - 8);
+    http.set_payload_max_length(cfg.max_body_bytes);
+    http.set_read_timeout(cfg.read_timeout_s, 0);
+    http.set_write_timeout(cfg.write_timeout_s, 0);
+    http.set_keep_alive_timeout(cfg.keep_alive_timeout_s);
+    http.set_tcp_nodelay(true);  // SSE chunks are small and must leave at once
+
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return pre_route(req, res); });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { handle_generate(req, res, ApiKind::Completion); });
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { handle_generate(req, res, ApiKind::Chat); });
+    });
+    http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { handle_models(req, res); });
+    });
+    http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { handle_models(req, res); });
+    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      if (draining.load()) set_json(res, 503, {{"status", "shutting_down"}});
+      else set_json(res, 200, {{"status", "ok"}});
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.render(backend.metrics()), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { handle_tokenize(req, res); });
+    });
+    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { handle_detokenize(req, res); });
+    });
+    http.Get(R"(/.*)", [this](const httplib::Request& req, httplib::Response& res) { handle_static(req, res); });
+
+    // httplib's own refusals (413 body too large, 414, 404 no route, 400 unparsable request)
+    // come without a body: give them an OpenAI-style one.
+    http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty() || res.status == 499) return httplib::Server::HandlerResponse::Unhandled;
+      std::string msg;
+      switch (res.status) {
+        case 404: msg = str_cat("Unknown endpoint: ", req.method, " ", req.path); break;
+        case 405: msg = str_cat("Method ", req.method, " is not allowed on ", req.path); break;
+        case 413: msg = "The request body is too large."; break;
+        case 414: msg = "The request URI is too long."; break;
+        default: msg = str_cat("HTTP error ", res.status); break;
+      }
+      set_error(res, res.status, msg);
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown exception";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      std::fprintf(stderr, "tern serve: internal error: %s\n", what.c_str());
+      set_error(res, 500, "internal server error");
+    });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      // Generation requests that got as far as the engine were counted by their job (a
+      // stream always is, by its end or, when its connection broke first, by its teardown).
+      const bool stream = res.get_header_value("Content-Type") == "text/event-stream";
+      if (!t_counted_by_job && !stream) metrics.count_request(endpoint_label(req.path), res.status);
+      t_counted_by_job = false;
+      if (cfg.log_requests || res.status >= 500)
+        std::fprintf(stderr, "%s %s %s -> %d\n", req.remote_addr.c_str(), req.method.c_str(), req.path.c_str(),
+                     res.status);
+    });
+  }
+};
+
+Server::Server(Backend& backend, ServerConfig config) : impl_(std::make_unique<Impl>(backend, std::move(config))) {
+  impl_->setup();
+}
+
+Server::~Server() { shutdown(std::chrono::milliseconds(0)); }
+
+int Server::bind() {
+  if (impl_->bound_port >= 0) return impl_->bound_port;
+  const auto& c = impl_->cfg;
+  if (c.port == 0) {
+    impl_->bound_port = impl_->http.bind_to_any_port(c.host);
+    if (impl_->bound_port < 0) fail("cannot listen on ", c.host, ": no free port");
+  } else {
+    if (!impl_->http.bind_to_port(c.host, c.port)) fail("cannot listen on ", c.host, ":", c.port, " (address in use?)");
+    impl_->bound_port = c.port;
+  }
+  return impl_->bound_port;
+}
+
+void Server::listen() {
+  bind();
+  impl_->http.listen_after_bind();
+}
+
+void Server::start() {
+  bind();
+  impl_->listen_thread = std::thread([this] { impl_->http.listen_after_bind(); });
+  // listen_after_bind() sets is_running() once it enters its accept loop; wait for that so a
+  // shutdown() right after start() cannot race with it.
+  const auto give_up = Clock::now() + std::chrono::seconds(10);
+  while (!impl_->http.is_running()) {
+    if (Clock::now() > give_up) fail("the HTTP server did not start listening");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void Server::shutdown(std::chrono::milliseconds grace) {
+  Impl& s = *impl_;
+  std::call_once(s.shutdown_once, [&] {
+    s.draining.store(true);
+    {
+      std::unique_lock lock(s.drain_mu);
+      s.drain_cv.wait_for(lock, grace, [&] { return s.in_flight.load() == 0; });
+    }
+    s.abort_all.store(true);
+    {
+      // Aborted requests end within one poll interval plus a write; the bound only guards
+      // against a client that stopped reading (its write times out after write_timeout_s).
+      std::unique_lock lock(s.drain_mu);
+      s.drain_cv.wait_for(lock, std::chrono::seconds(s.cfg.write_timeout_s + 5),
+                          [&] { return s.in_flight.load() == 0; });
+    }
+    if (s.bound_port >= 0) s.http.stop();
+    if (s.listen_thread.joinable()) s.listen_thread.join();
+  });
+}
+
+int Server::port() const { return impl_->bound_port; }
+const ServerMetrics& Server::metrics() const { return impl_->metrics; }
+int64_t Server::in_flight() const { return impl_->in_flight.load(); }
+
+}  // namespace tern::server

@@ -1,0 +1,74 @@
+#pragma once
+// `tern serve`: the OpenAI-compatible HTTP server in front of a serving engine.
+//
+//   POST /v1/completions, /v1/chat/completions   (stream: true -> Server-Sent Events)
+//   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus)
+//   POST /tokenize, /detokenize
+//   GET  /  and the chat page's files (embedded, see web_assets.h)
+//
+// Threads: cpp-httplib serves each connection on a worker of its pool; a generation request
+// keeps its worker while it waits on a per-request queue that the engine's callbacks fill.
+// The server never blocks the engine thread. See docs/server.md for the whole contract.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/backend.h"
+#include "server/chat_template.h"
+#include "server/metrics.h"
+#include "server/openai_request.h"
+
+namespace tern::server {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";       // loopback unless told otherwise
+  int port = 8080;                      // 0: any free port (see Server::port())
+  std::string api_key;                  // non-empty: "Authorization: Bearer KEY" required
+  std::string model_id = "tern";        // what /v1/models reports
+  std::vector<std::string> model_names; // other names accepted in "model" (file name, path)
+  ChatTemplate chat_template;
+  ParseLimits limits;
+  size_t max_body_bytes = size_t(8) << 20;     // larger bodies: 413
+  size_t max_header_bytes = size_t(64) << 10;  // all header lines together: 431
+  int read_timeout_s = 30;              // a client sending its request this slowly is dropped
+  int write_timeout_s = 60;             // a client not reading its response for this long is dropped
+  int keep_alive_timeout_s = 5;
+  double request_timeout_s = 600;       // a generation still running after this is aborted
+  int http_threads = 128;               // connections served at once (each stream holds one)
+  int max_in_flight = 0;                // generation requests at once; 0: http_threads - 8; more: 503
+  int retry_after_s = 1;                // Retry-After of 429/503 answers
+  bool log_requests = false;            // one stderr line per request (errors are always logged)
+};
+
+class Server {
+ public:
+  // `backend` must outlive the server.
+  Server(Backend& backend, ServerConfig config);
+  ~Server();  // shutdown with no grace period
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the listening socket; returns the port. Throws tern::Error when it cannot.
+  int bind();
+  // Serves until shutdown(); binds first if bind() was not called. Blocks.
+  void listen();
+  // listen() on a background thread; returns once the socket is bound.
+  void start();
+  // Graceful stop, callable from any thread (not from a handler): new requests get 503, requests
+  // in flight get up to `grace` to finish, then the rest are aborted (a stream ends with an
+  // error event and [DONE], a waiting client gets 503), then the listener closes and the
+  // workers are joined. Idempotent.
+  void shutdown(std::chrono::milliseconds grace);
+
+  int port() const;
+  const ServerMetrics& metrics() const;
+  int64_t in_flight() const;  // generation requests being served
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tern::server

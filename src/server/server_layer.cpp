@@ -1,1 +1,0 @@
-// layer server (placeholder until its first source)

@@ -1,0 +1,359 @@
+// tern bench-serve: vLLM's benchmark_serving, in-process. Replays prompts (ShareGPT-style JSON
+// or synthetic lengths) against the serving engine at a fixed concurrency (closed loop) or a
+// Poisson request rate (open loop), and reports request and token throughput, TTFT / TBT / E2E
+// latency, KV memory used and wasted, the prefix-cache hit rate and peak RSS.
+//
+// The engine is driven from this thread (Engine::step()), so arrivals are injected between
+// steps exactly when due and no thread is spent on a client.
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+#include "core/stats.h"
+#include "engine/engine.h"
+#include "kernels/matmul.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+#include "tools/model_args.h"
+
+namespace tern {
+namespace {
+
+// "512M", "2G", "1.5GiB", "4096" -> bytes (binary units).
+int64_t parse_bytes(const std::string& s) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    fail("cannot read '", s, "' as a size (e.g. 512M, 2G)");
+  }
+  std::string unit = s.substr(pos);
+  for (auto& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() >= 2 && unit.substr(unit.size() - 2) == "IB") unit.resize(unit.size() - 2);
+  else if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  double mult = 1;
+  if (unit == "K") mult = 1024.0;
+  else if (unit == "M") mult = 1024.0 * 1024;
+  else if (unit == "G") mult = 1024.0 * 1024 * 1024;
+  else if (!unit.empty()) fail("unknown size unit in '", s, "' (use K, M or G)");
+  if (!(v >= 0) || v * mult > 9e18) fail("size '", s, "' is out of range");
+  return int64_t(v * mult);
+}
+
+// First human turn of each conversation of a ShareGPT-format file.
+std::vector<std::string> read_sharegpt(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open prompts file ", path);
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    fail(path, ": not valid JSON: ", e.what());
+  }
+  if (!j.is_array()) fail(path, ": expected a JSON array of conversations");
+  std::vector<std::string> out;
+  for (const auto& item : j) {
+    if (!item.is_object()) continue;
+    const auto it = item.find("conversations");
+    if (it == item.end() || !it->is_array() || it->empty()) continue;
+    const auto& turn = (*it)[0];
+    if (!turn.is_object() || !turn.contains("value") || !turn["value"].is_string()) continue;
+    const std::string text = turn["value"].get<std::string>();
+    if (!text.empty()) out.push_back(text);
+  }
+  if (out.empty()) fail(path, ": no conversations with a first turn");
+  return out;
+}
+
+struct Record {
+  int64_t n_prompt = 0, n_generated = 0, n_cached = 0;
+  double ttft_ms = 0, e2e_ms = 0, queue_ms = 0;
+  std::vector<double> tbt_ms;
+  FinishReason reason = FinishReason::None;
+  bool done = false;
+};
+
+}  // namespace
+
+int cmd_bench_serve(int argc, char** argv) {
+  CLI::App app{"Serving benchmark (vLLM's benchmark_serving, in-process): replay prompts through the "
+               "continuous-batching engine and report throughput, latency and KV figures."};
+  std::string model_path, tokenizer_bin, prompts_file, kv_memory = "0";
+  EngineConfig ecfg;
+  int64_t num_prompts = 64, concurrency = 0, max_tokens = 128, input_len = 128, max_prompt_tokens = 0;
+  double request_rate = 0;
+  int64_t seed = 0, warmup = 1;
+  float temperature = 0;
+  bool json = false, no_prefix_cache = false, ignore_eos_off = false;
+  app.add_option("-m,--model", model_path, "model file: GGUF, or a llama2.c .bin with --tokenizer")->required();
+  app.add_option("--tokenizer", tokenizer_bin, "llama2.c tokenizer.bin (for a .bin model)");
+  app.add_option("-t,--threads", ecfg.n_threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--prompts", prompts_file, "ShareGPT-format JSON (first human turn of each conversation); "
+                                            "default: synthetic prompts of --input-len random tokens");
+  app.add_option("--num-prompts", num_prompts, "requests to send")->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  app.add_option("--input-len", input_len, "tokens of a synthetic prompt (without --prompts)")->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  app.add_option("--max-prompt-tokens", max_prompt_tokens, "truncate longer prompts (default: what the context allows)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  auto* conc = app.add_option("--concurrency", concurrency, "requests in flight (closed loop); default: all at once")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  app.add_option("--request-rate", request_rate, "Poisson arrivals at R requests/s (open loop)")
+      ->check(CLI::PositiveNumber)->excludes(conc);
+  app.add_option("--max-tokens", max_tokens, "tokens generated per request (EOS ignored, as vLLM's benchmark)")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  app.add_flag("--stop-at-eos", ignore_eos_off, "stop a request at EOS instead of generating --max-tokens");
+  app.add_option("--temp", temperature, "sampling temperature (0: greedy)")->capture_default_str();
+  app.add_option("-s,--seed", seed, "seed of the prompt order, arrivals and sampling")->capture_default_str();
+  app.add_option("-c,--ctx", ecfg.n_ctx, "most tokens of one request (default: the model's training context)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  app.add_option("--parallel", ecfg.n_parallel, "contexts the default KV arena holds (ctx x parallel tokens)")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+  app.add_option("--kv-memory", kv_memory, "KV arena size in bytes (512M, 2G); overrides --ctx x --parallel");
+  app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block")->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  app.add_option("--batch-tokens", ecfg.max_batch_tokens, "token budget of one step")->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+  app.add_option("--max-running", ecfg.max_running, "most sequences decoding at once")->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+  app.add_flag("--no-prefix-cache", no_prefix_cache, "disable prefix caching");
+  app.add_option("--warmup", warmup, "short requests run before timing (page in the weights)")->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(64)));
+  std::string save_prompts;
+  app.add_option("--save-prompts", save_prompts, "write the prompts' token ids as JSON (to replay them on a peer engine)");
+  app.add_flag("--json", json, "print one JSON object instead of the report");
+  if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  (void)active_isa();  // a bad TERN_FORCE_ISA is a usage error, before loading anything
+  ecfg.kv_memory_bytes = parse_bytes(kv_memory);
+  ecfg.prefix_caching = !no_prefix_cache;
+  ecfg.max_waiting = std::max<int64_t>(ecfg.max_waiting, num_prompts + warmup + 1);
+
+  auto file = open_model_file(model_path, tokenizer_bin);
+  std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
+  Engine engine(file, tok, ecfg);
+  const int64_t n_ctx = engine.n_ctx();
+  if (max_tokens >= n_ctx) fail("--max-tokens ", max_tokens, " leaves no room for a prompt in a context of ", n_ctx);
+  const int64_t prompt_cap = std::min(max_prompt_tokens > 0 ? max_prompt_tokens : n_ctx, n_ctx - max_tokens);
+
+  // Prompts: ShareGPT texts in a seeded random order (as vLLM samples them), or random tokens.
+  std::mt19937_64 rng{uint64_t(seed)};
+  std::vector<std::vector<int32_t>> prompts;
+  int64_t n_truncated = 0;
+  if (!prompts_file.empty()) {
+    std::vector<std::string> texts = read_sharegpt(prompts_file);
+    std::shuffle(texts.begin(), texts.end(), rng);
+    for (int64_t i = 0; i < num_prompts; ++i) {
+      std::vector<int32_t> ids = tok->encode(texts[size_t(i) % texts.size()], tok->add_bos_default());
+      if (int64_t(ids.size()) > prompt_cap) {
+        ids.resize(size_t(prompt_cap));
+        ++n_truncated;
+      }
+      if (ids.empty()) ids.push_back(tok->bos_id());
+      prompts.push_back(std::move(ids));
+    }
+  } else {
+    const int64_t len = std::min(input_len, prompt_cap);
+    // Ordinary tokens only (no BOS/EOS/byte tokens in the middle of a prompt).
+    const int32_t lo = std::min<int32_t>(259, tok->n_vocab() - 1), hi = tok->n_vocab();
+    for (int64_t i = 0; i < num_prompts; ++i) {
+      std::vector<int32_t> ids;
+      if (tok->add_bos_default()) ids.push_back(tok->bos_id());
+      while (int64_t(ids.size()) < len) ids.push_back(lo + int32_t(rng() % uint64_t(hi - lo)));
+      prompts.push_back(std::move(ids));
+    }
+  }
+
+  if (!save_prompts.empty()) {
+    std::ofstream out(save_prompts);
+    if (!out) fail("cannot write ", save_prompts);
+    out << nlohmann::json{{"max_tokens", max_tokens}, {"prompts", prompts}}.dump() << "\n";
+  }
+
+  auto make_params = [&](const std::vector<int32_t>& ids, int64_t n_out, uint64_t s) {
+    RequestParams p;
+    p.prompt_ids = ids;
+    p.max_tokens = n_out;
+    p.sampling.temperature = temperature;
+    p.sampling.seed = s;
+    p.ignore_eos = !ignore_eos_off;
+    return p;
+  };
+
+  // Warm-up: page the weights in and size every buffer before the clock starts.
+  std::mt19937_64 warm_rng(uint64_t(seed) ^ 0x5741524Dull);  // its own tokens: no prefix hits later
+  for (int64_t w = 0; w < warmup; ++w) {
+    std::vector<int32_t> ids;
+    if (tok->add_bos_default()) ids.push_back(tok->bos_id());
+    while (ids.size() < 16) ids.push_back(int32_t(3 + warm_rng() % uint64_t(tok->n_vocab() - 3)));
+    engine.add_request(make_params(ids, 4, 1), {});
+  }
+  while (engine.has_work()) engine.step();
+  const EngineMetrics base = engine.metrics();
+
+  // Arrival times (open loop): exponential gaps at request_rate.
+  std::vector<double> arrival_s(size_t(num_prompts), 0.0);
+  if (request_rate > 0) {
+    std::exponential_distribution<double> gap(request_rate);
+    double t = 0;
+    for (auto& a : arrival_s) {
+      a = t;
+      t += gap(rng);
+    }
+  }
+  const int64_t in_flight_cap = request_rate > 0 ? num_prompts : (concurrency > 0 ? concurrency : num_prompts);
+
+  std::vector<Record> records(static_cast<size_t>(num_prompts));
+  std::vector<uint64_t> ids;
+  int64_t next = 0, n_done = 0, in_flight = 0;
+  double waste_sum = 0;
+  int64_t waste_samples = 0, kv_used_peak = 0, max_running_seen = 0;
+  const int64_t t0 = now_ns();
+  int64_t t_end = t0;
+  while (n_done < num_prompts) {
+    const double elapsed_s = double(now_ns() - t0) / 1e9;
+    while (next < num_prompts && in_flight < in_flight_cap &&
+           (request_rate <= 0 || arrival_s[size_t(next)] <= elapsed_s)) {
+      const size_t i = size_t(next);
+      records[i].n_prompt = int64_t(prompts[i].size());
+      const uint64_t id = engine.add_request(
+          make_params(prompts[i], max_tokens, uint64_t(seed) + i), [&records, &n_done, &in_flight, &t_end, i](const RequestOutput& o) {
+            if (!o.finished) return;
+            Record& r = records[i];
+            r.done = true;
+            r.reason = o.finish_reason;
+            r.n_generated = o.metrics.n_generated;
+            r.n_cached = o.metrics.n_cached_prompt;
+            r.ttft_ms = o.metrics.ttft_ms;
+            r.e2e_ms = o.metrics.e2e_ms;
+            r.queue_ms = o.metrics.queue_ms;
+            r.tbt_ms = o.metrics.tbt_ms;
+            ++n_done;
+            --in_flight;
+            t_end = now_ns();
+          });
+      if (id == 0) break;  // queue full: retry after the next step
+      ids.push_back(id);
+      ++next;
+      ++in_flight;
+    }
+    if (engine.step()) {
+      const EngineMetrics m = engine.metrics();
+      if (m.n_running > 0) {
+        waste_sum += m.kv_waste_pct;
+        ++waste_samples;
+      }
+      kv_used_peak = std::max(kv_used_peak, m.kv_blocks_used);
+      max_running_seen = std::max(max_running_seen, m.n_running);
+    } else if (request_rate > 0 && next < num_prompts) {
+      // Idle until the next arrival.
+      const double wait_s = arrival_s[size_t(next)] - double(now_ns() - t0) / 1e9;
+      if (wait_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait_s, 0.05)));
+    }
+  }
+  const double duration_s = double(t_end - t0) / 1e9;
+  const EngineMetrics m = engine.metrics();
+
+  std::vector<double> ttft, tbt, e2e, queue;
+  int64_t n_in = 0, n_out = 0, n_cached = 0, n_failed = 0;
+  for (const Record& r : records) {
+    ttft.push_back(r.ttft_ms);
+    e2e.push_back(r.e2e_ms);
+    queue.push_back(r.queue_ms);
+    tbt.insert(tbt.end(), r.tbt_ms.begin(), r.tbt_ms.end());
+    n_in += r.n_prompt;
+    n_out += r.n_generated;
+    n_cached += r.n_cached;
+    if (r.reason == FinishReason::Error || r.reason == FinishReason::Abort) ++n_failed;
+  }
+  const int64_t block_bytes = kv_bytes_per_token(*file) * engine.config().kv_block_size;
+  const double req_s = duration_s > 0 ? double(num_prompts) / duration_s : 0;
+  const double out_tok_s = duration_s > 0 ? double(n_out) / duration_s : 0;
+  const double total_tok_s = duration_s > 0 ? double(n_in + n_out) / duration_s : 0;
+  const double waste_pct = waste_samples ? waste_sum / double(waste_samples) : 0;
+  const double hit_rate = n_in > 0 ? double(n_cached) / double(n_in) : 0;
+  const int64_t preempted = m.n_preempted_total - base.n_preempted_total;
+  const int64_t rss = peak_rss_bytes();
+
+  if (json) {
+    nlohmann::json j;
+    j["model"] = model_path;
+    j["prompts"] = prompts_file.empty() ? "synthetic" : prompts_file;
+    j["num_prompts"] = num_prompts;
+    j["concurrency"] = request_rate > 0 ? nlohmann::json(nullptr) : nlohmann::json(in_flight_cap);
+    j["request_rate"] = request_rate > 0 ? nlohmann::json(request_rate) : nlohmann::json(nullptr);
+    j["max_tokens"] = max_tokens;
+    j["threads"] = ecfg.n_threads > 0 ? ecfg.n_threads : default_thread_count();
+    j["isa"] = active_isa();
+    j["duration_s"] = duration_s;
+    j["completed"] = num_prompts - n_failed;
+    j["failed"] = n_failed;
+    j["prompt_tokens"] = n_in;
+    j["output_tokens"] = n_out;
+    j["truncated_prompts"] = n_truncated;
+    j["request_throughput"] = req_s;
+    j["output_tok_s"] = out_tok_s;
+    j["total_tok_s"] = total_tok_s;
+    j["ttft_ms_mean"] = mean(ttft);
+    j["ttft_ms_p50"] = percentile(ttft, 50);
+    j["ttft_ms_p99"] = percentile(ttft, 99);
+    j["tbt_ms_mean"] = mean(tbt);
+    j["tbt_ms_p50"] = percentile(tbt, 50);
+    j["tbt_ms_p99"] = percentile(tbt, 99);
+    j["e2e_ms_mean"] = mean(e2e);
+    j["e2e_ms_p50"] = percentile(e2e, 50);
+    j["e2e_ms_p99"] = percentile(e2e, 99);
+    j["queue_ms_mean"] = mean(queue);
+    j["kv_bytes"] = m.kv_bytes;
+    j["kv_blocks_total"] = m.kv_blocks_total;
+    j["kv_block_size"] = engine.config().kv_block_size;
+    j["kv_used_bytes_peak"] = kv_used_peak * block_bytes;
+    j["kv_waste_pct"] = waste_pct;
+    j["prefix_hit_rate"] = hit_rate;
+    j["preemptions"] = preempted;
+    j["max_running"] = max_running_seen;
+    j["peak_rss_bytes"] = rss;
+    std::printf("%s\n", j.dump().c_str());
+    return n_failed == 0 ? 0 : 1;
+  }
+  char load_desc[64];
+  if (request_rate > 0) std::snprintf(load_desc, sizeof load_desc, "Poisson %g req/s", request_rate);
+  else std::snprintf(load_desc, sizeof load_desc, "concurrency %lld", static_cast<long long>(in_flight_cap));
+  std::printf(
+      "--- tern bench-serve: %lld requests (%s), %s, max %lld tokens, %d threads, isa %s\n"
+      "duration                %10.2f s\n"
+      "requests                %10.2f req/s   (%lld completed, %lld failed)\n"
+      "output tokens           %10.2f tok/s   (%lld tokens)\n"
+      "total tokens            %10.2f tok/s   (%lld prompt tokens%s)\n"
+      "TTFT mean/p50/p99       %10.2f / %.2f / %.2f ms\n"
+      "TBT  mean/p50/p99       %10.2f / %.2f / %.2f ms\n"
+      "E2E  mean/p50/p99       %10.2f / %.2f / %.2f ms\n"
+      "queue time mean         %10.2f ms\n"
+      "running at once (max)   %10lld\n"
+      "KV arena                %10s (%lld blocks x %lld tokens), peak used %s\n"
+      "KV waste (mean)         %10.2f %%   (allocated but unfilled slots)\n"
+      "prefix-cache hit rate   %10.2f %%\n"
+      "preemptions             %10lld\n"
+      "peak RSS                %10s\n",
+      static_cast<long long>(num_prompts), prompts_file.empty() ? "synthetic" : "ShareGPT",
+      load_desc,
+      static_cast<long long>(max_tokens), ecfg.n_threads > 0 ? ecfg.n_threads : default_thread_count(),
+      active_isa(), duration_s, req_s, static_cast<long long>(num_prompts - n_failed),
+      static_cast<long long>(n_failed), out_tok_s, static_cast<long long>(n_out), total_tok_s,
+      static_cast<long long>(n_in), n_truncated ? (", " + std::to_string(n_truncated) + " truncated").c_str() : "",
+      mean(ttft), percentile(ttft, 50), percentile(ttft, 99), mean(tbt), percentile(tbt, 50), percentile(tbt, 99),
+      mean(e2e), percentile(e2e, 50), percentile(e2e, 99), mean(queue), static_cast<long long>(max_running_seen),
+      format_bytes(m.kv_bytes).c_str(), static_cast<long long>(m.kv_blocks_total),
+      static_cast<long long>(engine.config().kv_block_size), format_bytes(kv_used_peak * block_bytes).c_str(),
+      waste_pct, 100.0 * hit_rate, static_cast<long long>(preempted), format_bytes(rss).c_str());
+  return n_failed == 0 ? 0 : 1;
+}
+
+}  // namespace tern

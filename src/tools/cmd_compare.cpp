@@ -1,0 +1,296 @@
+// tern compare: the compression surveys' table for your own model. For every method: quantize
+// (compress/methods.h), then measure weight memory, run memory (peak RSS of a fixed greedy
+// generation), prompt and generation speed, TTFT, TBT and perplexity. Each measurement runs in a
+// child `tern` process, so that every method's peak RSS is its own.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "compress/calibrate.h"
+#include "compress/methods.h"
+#include "compress/report.h"
+#include "core/error.h"
+#include "core/stats.h"
+#include "models/model.h"
+#include "tokenizer/tokenizer.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+#include "tools/model_args.h"
+#include "tools/progress.h"
+
+namespace tern {
+namespace {
+
+std::string shell_quote(const std::string& s) {
+  std::string o = "'";
+  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return o + "'";
+}
+
+// Runs `tern ARGS --json` as a child and parses its JSON (the last line of stdout).
+nlohmann::json run_child(const std::string& self, const std::string& args) {
+  const std::string err_file = (std::filesystem::temp_directory_path() /
+                                ("tern_compare_err_" + std::to_string(::getpid()))).string();
+  const std::string cmd = shell_quote(self) + " " + args + " --json 2>" + shell_quote(err_file);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) fail("cannot run ", self);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  std::ifstream ef(err_file);
+  std::stringstream es;
+  es << ef.rdbuf();
+  std::remove(err_file.c_str());
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string e = es.str();
+    while (!e.empty() && e.back() == '\n') e.pop_back();
+    fail("tern ", args.substr(0, args.find(' ')), " failed: ", e.substr(e.rfind('\n') == std::string::npos ? 0 : e.rfind('\n') + 1));
+  }
+  const size_t start = out.rfind("\n{");
+  return nlohmann::json::parse(start == std::string::npos ? out : out.substr(start + 1));
+}
+
+std::string read_text(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open ", what, " ", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> split_methods(const std::string& list) {
+  std::vector<std::string> v;
+  std::stringstream ss(list);
+  for (std::string m; std::getline(ss, m, ',');) {
+    m.erase(0, m.find_first_not_of(' '));
+    m.erase(m.find_last_not_of(' ') + 1);
+    if (!m.empty()) v.push_back(m);
+  }
+  return v;
+}
+
+std::string main_format(const MethodReport& rep) {
+  // The type holding the most weights among the layers' linear weights ("blk.*") that the method
+  // stored in its own choice of type (per-tensor fallbacks aside).
+  std::map<std::string, int64_t> bytes;
+  for (const auto& t : rep.quant.tensors)
+    if (t.name.rfind("blk.", 0) == 0 && t.ne.size() == 2 && t.type == t.requested)
+      bytes[dtype_name(t.type)] += t.ne[0] * t.ne[1];
+  std::string best;
+  int64_t most = -1;
+  for (const auto& [name, b] : bytes)
+    if (b > most) most = b, best = name;
+  return best;
+}
+
+}  // namespace
+
+int cmd_compare(int argc, char** argv) {
+  CLI::App app{"Quantize a model with each compression method and tabulate weight memory, run memory, speed\n"
+               "and perplexity (docs/compression.md)."};
+  std::string model, methods_arg, ppl_file, calib_file, json_out, chart, out_dir;
+  int64_t ctx = 512, ppl_chunks = -1, gen_tokens = 64, prompt_tokens = 128;
+  int threads = 0, reps = 1;
+  bool json = false, speed_only = false, keep_files = false;
+  MethodOptions mopts;
+  CalibOptions copts;
+  copts.n_tokens = -1;
+  std::string known;
+  for (const auto& m : compression_methods()) known += std::string(known.empty() ? "" : ", ") + m.name;
+  app.add_option("-m,--model", model, "source model (f32, f16 or bf16 GGUF)")->required();
+  app.add_option("--methods", methods_arg,
+                 "comma-separated methods (default: the source type, q8_0, q4_0, q4_k, gptq-int4, awq-int4, "
+                 "llm.int8, smoothquant-w8a8); known: " + known);
+  app.add_option("--ppl-file", ppl_file, "text for perplexity (and, by default, calibration and the prompt)");
+  app.add_option("-c,--ctx", ctx, "perplexity context (tokens per chunk)")->capture_default_str()
+      ->check(CLI::Range(int64_t(8), int64_t(1) << 20));
+  app.add_option("--ppl-chunks", ppl_chunks, "score at most this many chunks (-1: the whole text)");
+  app.add_option("--calib", calib_file, "calibration text (default: --ppl-file; its last tokens are used)");
+  app.add_option("--calib-tokens", copts.n_tokens, "calibration tokens (default 4096; 256 with --speed-only)");
+  app.add_option("--gen-tokens", gen_tokens, "tokens generated for speed and memory")->capture_default_str()
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 16));
+  app.add_option("--prompt-tokens", prompt_tokens, "prompt length for prompt processing and TTFT")->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+  app.add_option("--reps", reps, "speed runs per method (the median is reported)")->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  app.add_flag("--speed-only", speed_only,
+               "no perplexity; GPTQ/AWQ/SmoothQuant store round-to-nearest values in their format (random-weight "
+               "models: same size and speed)");
+  app.add_option("--threshold", mopts.threshold, "LLM.int8() outlier threshold")->capture_default_str();
+  app.add_option("--alpha", mopts.alpha, "SmoothQuant migration strength")->capture_default_str();
+  app.add_option("--damp", mopts.damp, "GPTQ dampening")->capture_default_str();
+  app.add_flag("--act-order", mopts.act_order, "GPTQ act-order");
+  app.add_option("--group", mopts.group, "GPTQ/AWQ/RTN group size")->capture_default_str();
+  app.add_option("-t,--threads", threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--out-dir", out_dir, "keep the quantized models here (default: a temporary folder, removed)");
+  app.add_flag("--json", json, "print the table as a JSON array (one object per method)");
+  app.add_option("--json-out", json_out, "also write the JSON array to this file");
+  app.add_option("--chart", chart, "write an SVG chart: perplexity vs weight memory, marker area = tg tok/s");
+  if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+
+  // Validate everything before any slow work.
+  auto src = open_model_file(model);
+  DType src_type = DType::F32;
+  for (const auto& t : src->tensors())
+    if (t.ne.size() == 2) {
+      src_type = t.type;
+      break;
+    }
+  const std::vector<std::string> methods =
+      methods_arg.empty() ? default_compare_methods(src_type) : split_methods(methods_arg);
+  if (methods.empty()) fail("--methods is empty");
+  bool need_calib = false, need_hessian = false;
+  for (const auto& m : methods) {
+    const MethodInfo& info = find_method(m);  // throws for unknown names
+    check_method_source(m, *src);
+    const bool llm_int8 = std::string(info.name) == "llm.int8";
+    need_calib |= info.needs_calib && (!speed_only || llm_int8);
+    need_hessian |= info.needs_hessian && !speed_only;
+  }
+  if (ppl_file.empty() && !speed_only) fail("give --ppl-file TEXT (or --speed-only)");
+  const std::string text = ppl_file.empty() ? std::string() : read_text(ppl_file, "perplexity text");
+  if (calib_file.empty()) calib_file = ppl_file;
+  if (need_calib && calib_file.empty()) fail("the methods need a calibration text: --calib FILE");
+  if (copts.n_tokens < 0) copts.n_tokens = speed_only ? 256 : 4096;
+  mopts.search = !speed_only;
+  mopts.n_threads = threads;
+  copts.n_threads = threads;
+
+  namespace fs = std::filesystem;
+  const bool temp_dir = out_dir.empty();
+  const fs::path dir = temp_dir ? fs::temp_directory_path() / ("tern_compare_" + std::to_string(::getpid())) : fs::path(out_dir);
+  fs::create_directories(dir);
+  struct Cleanup {
+    fs::path dir;
+    bool active;
+    ~Cleanup() {
+      std::error_code ec;
+      if (active) fs::remove_all(dir, ec);
+    }
+  } cleanup{dir, temp_dir && !keep_files};
+
+  // The prompt: the text's first prompt_tokens tokens (a fixed sentence without a text).
+  const auto tok = Tokenizer::from_gguf(*src);
+  std::string prompt = "Once upon a time, there was a little girl who lived in a village near the forest.";
+  if (!text.empty()) {
+    std::vector<int32_t> ids = tok->encode(text.substr(0, size_t(prompt_tokens) * 16), false);
+    if (int64_t(ids.size()) > prompt_tokens) ids.resize(size_t(prompt_tokens));
+    prompt = tok->decode(ids);
+  }
+  const std::string prompt_file = (dir / "prompt.txt").string();
+  std::ofstream(prompt_file, std::ios::binary) << prompt;
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const std::string targs = threads > 0 ? " -t " + std::to_string(threads) : std::string();
+
+  Progress progress("compare", 1, !json);
+  // A fresh bar whenever a new piece of work starts (its total changes or its count restarts).
+  int64_t last_done = 0, last_total = 0;
+  auto draw = [&](const std::string& label) {
+    return [&, label](int64_t done, int64_t total, const std::string& note) {
+      if (total != last_total || done < last_done) progress = Progress(label, total, !json);
+      last_done = done;
+      last_total = total;
+      progress.update(done, note);
+      if (done == total) progress.finish();
+    };
+  };
+  CalibStats calib;
+  if (need_calib) {
+    copts.text_file = calib_file;
+    copts.hessian = need_hessian;
+    copts.progress = draw("calibrate");
+    calib = calibrate(src, copts);
+    if (!json)
+      std::fprintf(stderr, "calibration: %lld tokens of %s in %.1f s\n", static_cast<long long>(calib.n_tokens),
+                   calib_file.c_str(), calib.seconds);
+  }
+
+  std::vector<CompareRow> rows;
+  const std::string stem = fs::path(model).stem().string();
+  for (size_t mi = 0; mi < methods.size(); ++mi) {
+    const std::string& m = methods[mi];
+    const MethodInfo& info = find_method(m);
+    const std::string out = (dir / (stem + "-" + info.name + ".gguf")).string();
+    mopts.progress = draw(str_cat(info.name, " (", mi + 1, "/", methods.size(), ")"));
+    const MethodReport rep = apply_method(m, model, out, need_calib ? &calib : nullptr, mopts);
+    CompareRow row;
+    row.method = info.name;
+    row.format = main_format(rep);
+    row.weight_bytes = rep.quant.bytes;
+    int64_t n_el = 0, bytes2d = 0;
+    for (const auto& t : rep.quant.tensors)
+      if (t.ne.size() == 2) {
+        n_el += t.ne[0] * t.ne[1];
+        bytes2d += t.bytes;
+      }
+    row.bpw = n_el > 0 ? 8.0 * double(bytes2d) / double(n_el) : 0;
+    row.quantize_s = rep.seconds;
+    row.n_fallbacks = rep.quant.n_fallbacks();
+    double ratio = 0;
+    int n_ratio = 0;
+    for (const auto& l : rep.layers)
+      if (l.err >= 0 && l.err_rtn > 0) ratio += l.err / l.err_rtn, ++n_ratio;
+    if (n_ratio) row.recon_ratio = ratio / n_ratio;
+    for (const auto& n : rep.notes) row.notes += (row.notes.empty() ? "" : "; ") + n;
+
+    // Speed and memory: greedy generation from the fixed prompt, median of reps runs.
+    std::vector<double> pp, tg, ttft, tbt;
+    for (int r = 0; r < reps; ++r) {
+      if (!json) std::fprintf(stderr, "%s: generating %lld tokens (run %d/%d)\n", info.name,
+                              static_cast<long long>(gen_tokens), r + 1, reps);
+      const nlohmann::json j = run_child(self, "run -m " + shell_quote(out) + " -f " + shell_quote(prompt_file) +
+                                                   " -n " + std::to_string(gen_tokens) +
+                                                   " --temp 0 --ignore-eos --seed 1" + targs);
+      const auto& mt = j["metrics"];
+      pp.push_back(mt["prefill_tok_s"].get<double>());
+      tg.push_back(mt["decode_tok_s"].get<double>());
+      ttft.push_back(mt["ttft_ms"].get<double>());
+      tbt.push_back(mt["tbt_ms_mean"].get<double>());
+      row.peak_rss_bytes = std::max<int64_t>(row.peak_rss_bytes, mt["peak_rss_bytes"].get<int64_t>());
+    }
+    row.pp_tok_s = percentile(pp, 50);
+    row.tg_tok_s = percentile(tg, 50);
+    row.ttft_ms = percentile(ttft, 50);
+    row.tbt_ms = percentile(tbt, 50);
+    if (!speed_only) {
+      if (!json) std::fprintf(stderr, "%s: perplexity\n", info.name);
+      const nlohmann::json j = run_child(self, "ppl -m " + shell_quote(out) + " -f " + shell_quote(ppl_file) +
+                                                   " --ctx " + std::to_string(ctx) + " --chunks " +
+                                                   std::to_string(ppl_chunks) + targs);
+      row.ppl = j["ppl"].get<double>();
+      row.ppl_stderr = j["ppl_stderr"].get<double>();
+      if (!rows.empty() && rows[0].ppl > 0) row.ppl_delta_pct = 100.0 * (row.ppl / rows[0].ppl - 1.0);
+    }
+    rows.push_back(row);
+  }
+
+  const nlohmann::json arr = rows_json(rows);
+  if (!json_out.empty()) std::ofstream(json_out) << arr.dump(2) << "\n";
+  if (!chart.empty()) {
+    std::ofstream svg(chart);
+    if (!svg) fail("cannot write ", chart);
+    svg << svg_chart(rows, str_cat(stem, speed_only ? ": generation speed vs weight memory"
+                                                    : ": perplexity vs weight memory"));
+  }
+  if (json) {
+    std::printf("%s\n", arr.dump().c_str());
+    return 0;
+  }
+  std::printf("%s", markdown_table(rows).c_str());
+  if (speed_only) std::printf("\n--speed-only: no perplexity; GPTQ/AWQ/SmoothQuant wrote round-to-nearest values in their formats.\n");
+  for (const auto& r : rows)
+    if (r.recon_ratio >= 0)
+      std::printf("%s: layer output error %.1f%% of round-to-nearest's (mean over layers)\n", r.method.c_str(),
+                  100.0 * r.recon_ratio);
+  return 0;
+}
+
+}  // namespace tern

@@ -1,0 +1,136 @@
+// tern serve: the OpenAI-compatible HTTP server (src/server) in front of the serving engine.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "models/model.h"
+#include "server/backend.h"
+#include "server/server.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+#include "tools/model_args.h"
+
+namespace tern {
+
+int cmd_serve(int argc, char** argv) {
+  CLI::App app{"Serve a model over the OpenAI API (completions, chat, streaming), with /metrics and a chat page at /."};
+  ModelArgs margs;
+  margs.add_to(app);
+  server::ServerConfig scfg;
+  EngineConfig ecfg;
+  std::string alias, chat_template;
+  double kv_memory_mib = 0;
+  double grace_s = 30;
+  bool no_prefix_cache = false;
+  app.add_option("--host", scfg.host, "address to listen on (default: loopback only)")->capture_default_str();
+  app.add_option("--port", scfg.port, "TCP port (0: any free port, printed at start-up)")
+      ->check(CLI::Range(0, 65535))->capture_default_str();
+  app.add_option("--parallel", ecfg.n_parallel, "sequences the default KV cache is sized for")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)))->capture_default_str();
+  app.add_option("--api-key", scfg.api_key,
+                 "require 'Authorization: Bearer KEY' on every endpoint but /health and the chat page's files "
+                 "(default: $TERN_API_KEY if set)");
+  app.add_option("--alias", alias, "model name reported by /v1/models and accepted in requests (default: file name)");
+  app.add_option("--chat-template", chat_template,
+                 "chatml|llama2|llama3|mistral|phi3|zephyr|gemma, or a file with a Jinja template to recognise "
+                 "(default: the model's tokenizer.chat_template, else chatml)");
+  app.add_option("--kv-memory", kv_memory_mib, "KV cache size in MiB (default: ctx x parallel tokens)")
+      ->check(CLI::Range(0.0, 1e7));
+  app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)))->capture_default_str();
+  app.add_option("--max-running", ecfg.max_running, "most requests decoding at once")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))->capture_default_str();
+  app.add_option("--max-waiting", ecfg.max_waiting, "waiting requests past which new ones get 429")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20))->capture_default_str();
+  app.add_flag("--no-prefix-cache", no_prefix_cache, "do not share KV blocks of common prompt prefixes");
+  app.add_option("--http-threads", scfg.http_threads, "connections served at once (each stream holds one)")
+      ->check(CLI::Range(4, 4096))->capture_default_str();
+  app.add_option("--timeout", scfg.request_timeout_s, "seconds a generation may run before it is aborted")
+      ->check(CLI::Range(0.001, 1e7))->capture_default_str();
+  app.add_option("--read-timeout", scfg.read_timeout_s, "seconds a client may take to send its request")
+      ->check(CLI::Range(1, 3600))->capture_default_str();
+  app.add_option("--write-timeout", scfg.write_timeout_s, "seconds a client may leave its response unread")
+      ->check(CLI::Range(1, 3600))->capture_default_str();
+  app.add_option("--max-body", scfg.max_body_bytes, "largest request body in bytes (larger: 413)")
+      ->check(CLI::Range(size_t(1024), size_t(1) << 30))->capture_default_str();
+  app.add_option("--shutdown-grace", grace_s,
+                 "on SIGTERM/SIGINT, seconds in-flight requests get to finish before they are aborted")
+      ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
+  app.add_flag("-v,--verbose", scfg.log_requests, "log every request to stderr");
+  if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (scfg.api_key.empty())
+    if (const char* k = std::getenv("TERN_API_KEY")) scfg.api_key = k;
+
+  // Signals are taken by one thread with sigwait(): block them before any other thread exists
+  // so every thread inherits the mask. A vanished client must not kill the process either.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::shared_ptr<const GgufFile> file = open_model_file(margs.model, margs.tokenizer_bin);
+  std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::from_gguf(*file);
+
+  ecfg.n_threads = margs.threads;
+  ecfg.n_ctx = margs.ctx;
+  ecfg.max_batch_tokens = margs.batch;
+  ecfg.prefix_caching = !no_prefix_cache;
+  if (kv_memory_mib > 0) ecfg.kv_memory_bytes = int64_t(kv_memory_mib * 1024 * 1024);
+  if (ecfg.max_running < ecfg.n_parallel) ecfg.max_running = ecfg.n_parallel;
+
+  const std::filesystem::path model_path(margs.model);
+  scfg.model_id = alias.empty() ? model_path.stem().string() : alias;
+  scfg.model_names = {model_path.filename().string(), margs.model};
+  std::string note;
+  const auto token_text = [&](int32_t id) {
+    return id >= 0 && id < tokenizer->n_vocab() ? tokenizer->tokens()[size_t(id)] : std::string();
+  };
+  scfg.chat_template = server::select_chat_template(chat_template, file->get_string("tokenizer.chat_template", ""),
+                                                    token_text(tokenizer->bos_id()), token_text(tokenizer->eos_id()),
+                                                    &note);
+
+  Engine engine(file, tokenizer, ecfg);
+  server::EngineBackend backend(engine);
+  server::Server srv(backend, scfg);
+  const int port = srv.bind();
+  engine.start();
+  const EngineMetrics em = engine.metrics();
+  std::fprintf(stderr, "tern serve: model %s (id \"%s\"), context %lld tokens, KV %s in %lld blocks of %lld tokens\n",
+               margs.model.c_str(), scfg.model_id.c_str(), static_cast<long long>(engine.n_ctx()),
+               format_bytes(em.kv_bytes).c_str(), static_cast<long long>(em.kv_blocks_total),
+               static_cast<long long>(ecfg.kv_block_size));
+  std::fprintf(stderr, "tern serve: %s\n", note.c_str());
+  if (!scfg.api_key.empty()) std::fprintf(stderr, "tern serve: API key required\n");
+  std::fprintf(stderr, "tern serve: listening on http://%s:%d (chat page at /)\n", scfg.host.c_str(), port);
+  std::fflush(stderr);
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "tern serve: %s: finishing in-flight requests (up to %.0f s), then stopping\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", grace_s);
+    srv.shutdown(std::chrono::milliseconds(int64_t(grace_s * 1000)));
+  });
+  srv.listen();
+  // listen() also returns when the listener fails: wake the signal thread so it shuts down
+  // and can be joined (shutdown is idempotent).
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  engine.stop();
+  const EngineMetrics end = engine.metrics();
+  std::fprintf(stderr, "tern serve: stopped (%lld requests finished, %lld aborted, %lld tokens generated)\n",
+               static_cast<long long>(end.requests_finished), static_cast<long long>(end.requests_aborted),
+               static_cast<long long>(end.generated_tokens_total));
+  return 0;
+}
+
+}  // namespace tern

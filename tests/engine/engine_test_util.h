@@ -1,0 +1,166 @@
+#pragma once
+// Helpers for the engine tests: collect a request's streamed outputs, run a set of prompts
+// through an Engine (driving step() from the test thread) and the same prompts alone through
+// the single-sequence path (Session + generate), which is the oracle for exactness.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "models/model.h"
+#include "models/synth.h"
+#include "quant/quant_traits.h"
+#include "kernels/matmul.h"
+#include "runtime/generate.h"
+#include "runtime/session.h"
+#include "test_util.h"
+
+namespace tern::testing {
+
+// Everything one completion streamed.
+struct Collected {
+  std::vector<int32_t> ids;
+  std::vector<GeneratedToken> tokens;
+  std::string text;
+  FinishReason reason = FinishReason::None;
+  std::string error;
+  RequestMetrics metrics;
+  int n_final = 0;  // final outputs received (must end as 1)
+};
+
+// Thread-safe sink: (request id, index) -> Collected.
+class Sink {
+ public:
+  OutputCallback callback() {
+    return [this](const RequestOutput& o) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Collected& c = got_[{o.request_id, o.index}];
+      EXPECT_EQ(c.n_final, 0) << "output after the final one, request " << o.request_id;
+      for (const auto& t : o.tokens) {
+        c.ids.push_back(t.id);
+        c.tokens.push_back(t);
+      }
+      c.text += o.text;
+      if (o.finished) {
+        ++c.n_final;
+        c.reason = o.finish_reason;
+        c.error = o.error;
+        c.metrics = o.metrics;
+      }
+    };
+  }
+  Collected get(uint64_t id, int index = 0) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = got_.find({id, index});
+    return it == got_.end() ? Collected{} : it->second;
+  }
+  size_t n_finished() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (const auto& [k, c] : got_) n += c.n_final;
+    return n;
+  }
+  std::map<std::pair<uint64_t, int>, Collected> all() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return got_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<uint64_t, int>, Collected> got_;
+};
+
+inline void drive(Engine& e, int64_t max_steps = 1000000) {
+  for (int64_t i = 0; i < max_steps && e.has_work(); ++i) e.step();
+}
+
+inline SamplingParams greedy() {
+  SamplingParams s;
+  s.temperature = 0;
+  return s;
+}
+
+// The single-sequence reference: one Session, the prompt alone.
+inline GenerateResult run_alone(std::shared_ptr<const GgufFile> file, const Tokenizer& tok,
+                                const std::vector<int32_t>& prompt, int64_t max_tokens,
+                                const SamplingParams& sp, const std::vector<std::string>& stop = {},
+                                bool ignore_eos = false) {
+  SessionConfig cfg;
+  cfg.n_threads = 2;
+  Session s(file, cfg);
+  GenerateOptions opts;
+  opts.n_predict = max_tokens;
+  opts.sampling = sp;
+  opts.stop = stop;
+  opts.ignore_eos = ignore_eos;
+  return generate(s, tok, prompt, opts);
+}
+
+// A random-weight model with the stories260K shape in `type` (Q4_0 where rows allow, the rest
+// fall back), written once per test binary to a temporary file.
+inline std::string synthetic_model_path(DType type) {
+  struct TempModel {
+    std::string path;
+    explicit TempModel(DType t) {
+      path = (std::filesystem::temp_directory_path() /
+              ("tern_engine_test_synth_" + std::string(dtype_name(t)) + "_" + std::to_string(::getpid()) + ".gguf"))
+                 .string();
+      SynthOptions o;
+      o.shape = "stories260k";
+      o.type = t;
+      o.seed = 99;
+      o.n_threads = 2;
+      synth_model(o, path);
+    }
+    ~TempModel() { std::filesystem::remove(path); }
+  };
+  static std::mutex mu;
+  static std::map<DType, std::unique_ptr<TempModel>> models;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& m = models[type];
+  if (!m) m = std::make_unique<TempModel>(type);
+  return m->path;
+}
+
+// Whether the matmul kernel in use gives every token's row the same bits whatever the batch
+// size (a GEMM row equal to the GEMV of that token). Greedy outputs of a batched engine can
+// only equal single runs bit for bit when it does; F32 kernels do, some quantized GEMM paths
+// round differently from their GEMV.
+inline bool matmul_is_batch_invariant(DType type) {
+  const int64_t n_in = 256, n_out = 32;
+  std::vector<float> wf(size_t(n_in * n_out));
+  uint64_t s = 12345;
+  auto rnd = [&s] {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return float(int64_t(s >> 40) % 2001 - 1000) / 1000.0f;
+  };
+  for (auto& x : wf) x = rnd();
+  const QuantTraits* qt = quant_traits(type);
+  const int64_t rb = dtype_row_bytes(type, n_in);
+  std::vector<uint8_t> wq(size_t(rb * n_out));
+  if (type == DType::F32) {
+    std::memcpy(wq.data(), wf.data(), wq.size());
+  } else {
+    for (int64_t o = 0; o < n_out; ++o) qt->from_float(wf.data() + o * n_in, wq.data() + o * rb, n_in);
+  }
+  const WeightView w{type, n_in, n_out, wq.data()};
+  ThreadPool pool(2);
+  for (int64_t T : {2, 7, 8, 16, 17, 33, 64}) {
+    std::vector<float> x(static_cast<size_t>(T * n_in)), y(static_cast<size_t>(T * n_out)), y1(static_cast<size_t>(n_out));
+    for (auto& v : x) v = rnd();
+    matmul(w, x.data(), n_in, T, y.data(), n_out, pool);
+    for (int64_t t = 0; t < T; ++t) {
+      matmul(w, x.data() + t * n_in, n_in, 1, y1.data(), n_out, pool);
+      if (std::memcmp(y1.data(), y.data() + t * n_out, size_t(n_out) * sizeof(float)) != 0) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace tern::testing

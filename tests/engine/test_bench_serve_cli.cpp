@@ -1,0 +1,72 @@
+// `tern bench-serve`: runs end to end on a small model and reports the documented JSON fields.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace tern {
+namespace {
+
+using tern::testing::run_command;
+using tern::testing::shared_path;
+
+nlohmann::json bench(const std::string& args) {
+  std::string out, err;
+  const int rc = run_command(std::string(TERN_BINARY) + " bench-serve " + args, &out, &err);
+  EXPECT_EQ(rc, 0) << err;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(out);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not JSON: " << out << "\n" << err;
+  }
+  return j;
+}
+
+TEST(BenchServeCli, SyntheticPromptsAtAFixedConcurrency) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  const auto j = bench("-m " + shared_path("models/stories260K.gguf") +
+                       " -t 2 --num-prompts 12 --concurrency 4 --max-tokens 8 --input-len 20 --json");
+  for (const char* key : {"request_throughput", "output_tok_s", "total_tok_s", "ttft_ms_p50", "ttft_ms_p99",
+                          "tbt_ms_p50", "tbt_ms_p99", "e2e_ms_p50", "kv_waste_pct", "prefix_hit_rate",
+                          "peak_rss_bytes", "kv_bytes", "kv_used_bytes_peak", "preemptions"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j.value("completed", 0), 12);
+  EXPECT_EQ(j.value("failed", -1), 0);
+  EXPECT_EQ(j.value("output_tokens", 0), 12 * 8);
+  EXPECT_EQ(j.value("max_running", 0), 4);
+  EXPECT_GT(j.value("output_tok_s", 0.0), 0.0);
+  EXPECT_GE(j.value("kv_waste_pct", -1.0), 0.0);
+  EXPECT_LT(j.value("kv_waste_pct", 100.0), 100.0);
+  EXPECT_GT(j.value("peak_rss_bytes", 0), 0);
+}
+
+TEST(BenchServeCli, ShareGptPromptsWithPoissonArrivalsAndATightArena) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  TERN_REQUIRE_SHARED("data/prompts/ShareGPT_V3_filtered_500.json");
+  // 300 KiB of KV holds 15 blocks of 16 tokens (1280 bytes a token): about two of these
+  // requests at a time, so they queue and preempt, and still none fails.
+  const auto j = bench("-m " + shared_path("models/stories260K.gguf") + " --prompts " +
+                       shared_path("data/prompts/ShareGPT_V3_filtered_500.json") +
+                       " -t 2 --num-prompts 10 --request-rate 200 --max-tokens 6 --max-prompt-tokens 100"
+                       " --kv-memory 300K --json");
+  EXPECT_EQ(j.value("completed", 0), 10);
+  EXPECT_EQ(j.value("failed", -1), 0);
+  EXPECT_EQ(j.value("output_tokens", 0), 60);
+  EXPECT_EQ(j.value("kv_bytes", 0), 300 * 1024 / (16 * 1280) * 16 * 1280);
+}
+
+TEST(BenchServeCli, BadArgumentsAreUsageErrors) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  std::string out, err;
+  const std::string m = " -m " + shared_path("models/stories260K.gguf");
+  EXPECT_EQ(run_command(std::string(TERN_BINARY) + " bench-serve" + m + " --concurrency 2 --request-rate 3", &out, &err), 2);
+  EXPECT_EQ(run_command(std::string(TERN_BINARY) + " bench-serve" + m + " --kv-memory 12Q", &out, &err), 1);
+  EXPECT_NE(err.find("unknown size unit"), std::string::npos) << err;
+  EXPECT_EQ(run_command(std::string(TERN_BINARY) + " bench-serve" + m + " --prompts /nonexistent.json", &out, &err), 1);
+  EXPECT_NE(err.find("cannot open prompts file"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace tern

@@ -1,0 +1,358 @@
+// Every kernel variant this CPU can run against the references, over many shapes (ragged row
+// lengths for float weights, every token-tile remainder, rows not a multiple of the row tile)
+// with 1 and 2 threads:
+//  - each variant (ref table included) vs matmul_ref, the dequantize + f32 oracle, within the
+//    error that quantizing the activations to 8 bits can cause (a rigorous per-output bound);
+//  - each SIMD variant vs the scalar ref table, which quantizes activations identically, within
+//    float summation-order noise: this catches small errors the first bound would allow.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "kernels/kernel_iface.h"
+#include "kernels/matmul.h"
+#include "quant/quant_traits.h"
+
+namespace tern {
+namespace {
+
+struct Weights {
+  DType type;
+  int64_t n_in, n_out;
+  std::vector<uint8_t> data;
+  std::vector<float> deq;  // [n_out][n_in], the values the weights stand for
+  WeightView view() const { return {type, n_in, n_out, data.data()}; }
+};
+
+Weights make_weights(DType type, int64_t n_in, int64_t n_out, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const QuantTraits& q = *quant_traits(type);
+  Weights w{type, n_in, n_out, {}, {}};
+  const int64_t rb = dtype_row_bytes(type, n_in);
+  w.data.resize(size_t(rb * n_out));
+  w.deq.resize(size_t(n_in * n_out));
+  std::vector<float> row(static_cast<size_t>(n_in));
+  for (int64_t o = 0; o < n_out; ++o) {
+    // Row scales spread over two decades so per-block scales matter.
+    const float scale = std::pow(10.0f, float(o % 5) / 2.0f - 1.0f);
+    for (auto& v : row) v = dist(rng) * scale;
+    q.from_float(row.data(), w.data.data() + o * rb, n_in);
+    q.to_float(w.data.data() + o * rb, w.deq.data() + o * n_in, n_in);
+  }
+  return w;
+}
+
+// x: [n_tokens][ldx]; blocks of 32 get different magnitudes, and one block of each token is
+// all zeros (the quantizers' amax == 0 path).
+std::vector<float> make_acts(int64_t n_in, int64_t n_tokens, int64_t ldx, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(size_t(ldx * n_tokens), 1e30f);  // padding must never be read
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t zero_block = n_in >= 64 ? (t * 7) % (n_in / 32) : -1;
+    for (int64_t i = 0; i < n_in; ++i) {
+      const float mag = std::pow(2.0f, float((i / 32 + t) % 7) - 3.0f);
+      x[size_t(t * ldx + i)] = i / 32 == zero_block ? 0.0f : dist(rng) * mag;
+    }
+  }
+  return x;
+}
+
+struct Case {
+  DType type;
+  int64_t n_in, n_out, n_tokens;
+};
+
+// Per-output error bound against the f32 oracle. Quantized weights see activations rounded to
+// 8 bits per block: |x_i - x^_i| <= amax(block) / 254, so |y - y_ref| <= sum_i |w_i| * that.
+// Both sides also carry f32 rounding, bounded loosely by 1e-5 * sum |w_i x_i|.
+std::vector<double> oracle_bounds(const Weights& w, const std::vector<float>& x, int64_t ldx,
+                                  int64_t n_tokens) {
+  const QuantTraits& q = *quant_traits(w.type);
+  const int64_t act_block = q.vec_dot_type == DType::Q8_K ? kQK_K : 32;
+  const bool quantized = q.vec_dot_type != DType::F32;
+  std::vector<double> bound(size_t(n_tokens * w.n_out));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* xt = x.data() + t * ldx;
+    for (int64_t o = 0; o < w.n_out; ++o) {
+      const float* wr = w.deq.data() + o * w.n_in;
+      double mag = 0, qerr = 0;
+      for (int64_t b = 0; b < w.n_in; b += act_block) {
+        double amax = 0, wsum = 0;
+        for (int64_t i = b; i < b + act_block && i < w.n_in; ++i) {
+          amax = std::fmax(amax, std::fabs(xt[i]));
+          wsum += std::fabs(wr[i]);
+          mag += std::fabs(double(wr[i]) * xt[i]);
+        }
+        qerr += wsum * amax / 254.0;
+      }
+      bound[size_t(t * w.n_out + o)] = (quantized ? qerr * 1.001 : 0.0) + 1e-5 * mag + 1e-30;
+    }
+  }
+  return bound;
+}
+
+// Summation-order noise between two variants with identical quantized inputs.
+std::vector<double> reorder_bounds(const Weights& w, const std::vector<float>& x, int64_t ldx,
+                                   int64_t n_tokens) {
+  std::vector<double> bound(size_t(n_tokens * w.n_out));
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t o = 0; o < w.n_out; ++o) {
+      double mag = 0;
+      for (int64_t i = 0; i < w.n_in; ++i)
+        mag += std::fabs(double(w.deq[size_t(o * w.n_in + i)]) * x[size_t(t * ldx + i)]);
+      bound[size_t(t * w.n_out + o)] = 1.05 * 1e-5 * mag + 1e-30;
+    }
+  return bound;
+}
+
+// One pool per thread count for the whole binary (never destroyed): starting threads per test
+// would dominate the small cases.
+ThreadPool& shared_pool(int n_threads) {
+  static ThreadPool* pools[3] = {nullptr, new ThreadPool(1), new ThreadPool(2)};
+  return *pools[n_threads];
+}
+
+std::vector<Isa> isas_to_test() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::Ref, Isa::Avx2, Isa::Avx512})
+    if (isa_supported(i)) v.push_back(i);
+  return v;
+}
+
+// Runs one case through every variant and both thread counts; y carries a guard band (ldy >
+// n_out, and NaN-filled) to catch writes outside the [n_tokens][n_out] window.
+void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
+  const Weights w = make_weights(c.type, c.n_in, c.n_out, seed);
+  const int64_t ldx = c.n_in + 3, ldy = c.n_out + 5;
+  const auto x = make_acts(c.n_in, c.n_tokens, ldx, seed + 1);
+  std::vector<float> y_oracle(size_t(ldy * c.n_tokens), NAN);
+  matmul_ref(w.view(), x.data(), ldx, c.n_tokens, y_oracle.data(), ldy, pool);
+  const auto ob = oracle_bounds(w, x, ldx, c.n_tokens);
+  const auto rb = reorder_bounds(w, x, ldx, c.n_tokens);
+
+  std::vector<float> y_ref_isa;
+  for (Isa isa : isas_to_test()) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(c.type) << " isa " << isa_name(isa) << " n_in "
+                                      << c.n_in << " n_out " << c.n_out << " n_tokens "
+                                      << c.n_tokens << " threads " << pool.size());
+    std::vector<float> y(size_t(ldy * c.n_tokens), NAN);
+    matmul_isa(isa, w.view(), x.data(), ldx, c.n_tokens, y.data(), ldy, pool);
+
+    int n_bad = 0;
+    for (int64_t t = 0; t < c.n_tokens; ++t) {
+      for (int64_t o = 0; o < ldy; ++o) {
+        const size_t k = size_t(t * ldy + o);
+        if (o >= c.n_out) {
+          if (!std::isnan(y[k]) && n_bad++ < 3) ADD_FAILURE() << "wrote outside y at t " << t << " o " << o;
+          continue;
+        }
+        const size_t kb = size_t(t * c.n_out + o);
+        if (!(std::fabs(double(y[k]) - y_oracle[k]) <= ob[kb]) && n_bad++ < 3)
+          ADD_FAILURE() << "vs oracle at t " << t << " o " << o << ": " << y[k] << " vs "
+                        << y_oracle[k] << " (bound " << ob[kb] << ")";
+        if (isa != Isa::Ref && !(std::fabs(double(y[k]) - y_ref_isa[k]) <= rb[kb]) && n_bad++ < 3)
+          ADD_FAILURE() << "vs ref kernels at t " << t << " o " << o << ": " << y[k] << " vs "
+                        << y_ref_isa[k] << " (bound " << rb[kb] << ")";
+      }
+    }
+    if (isa == Isa::Ref) y_ref_isa = y;
+    if (n_bad) return;
+  }
+}
+
+const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16};
+const DType kQ32Types[] = {DType::Q8_0, DType::Q4_0};
+const DType kKTypes[] = {DType::Q4_K, DType::Q6_K};
+const int64_t kOuts[] = {1, 3, 17, 64};
+// 9 and 28 leave a partial 16-token group big enough for the AVX-512 lanes (padded), 33 and
+// 70 one that goes to the classic tiles.
+const int64_t kTokens[] = {1, 2, 5, 9, 16, 28, 33};
+
+class KernelsVsReference : public ::testing::TestWithParam<int> {};
+
+TEST_P(KernelsVsReference, FloatTypes) {
+  ThreadPool& pool = shared_pool(GetParam());
+  uint32_t seed = 100;
+  for (DType t : kFloatTypes)
+    for (int64_t n_in : {1, 7, 32, 64, 96, 172, 256, 512, 4096 + 32})
+      for (int64_t n_out : kOuts)
+        for (int64_t n_tok : kTokens) check_case({t, n_in, n_out, n_tok}, pool, seed++);
+}
+
+TEST_P(KernelsVsReference, Q8_0AndQ4_0) {
+  ThreadPool& pool = shared_pool(GetParam());
+  uint32_t seed = 200;
+  for (DType t : kQ32Types)
+    for (int64_t n_in : {32, 64, 96, 256, 512, 4096 + 32})
+      for (int64_t n_out : kOuts)
+        for (int64_t n_tok : kTokens) check_case({t, n_in, n_out, n_tok}, pool, seed++);
+}
+
+TEST_P(KernelsVsReference, KQuants) {
+  ThreadPool& pool = shared_pool(GetParam());
+  uint32_t seed = 300;
+  for (DType t : kKTypes)
+    for (int64_t n_in : {256, 512, 4096 + 256})
+      for (int64_t n_out : kOuts)
+        for (int64_t n_tok : kTokens) check_case({t, n_in, n_out, n_tok}, pool, seed++);
+}
+
+// Big enough for several row chunks per thread and full 16-token groups plus remainders.
+TEST_P(KernelsVsReference, LargerShapes) {
+  ThreadPool& pool = shared_pool(GetParam());
+  uint32_t seed = 400;
+  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
+    check_case({t, 1024, 200, 70}, pool, seed++);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, KernelsVsReference, ::testing::Values(1, 2),
+                         [](const auto& info) { return std::to_string(info.param) + "thread"; });
+
+// The scalar integer paths are exact arithmetic on the dequantized values: dot_ref equals the
+// f64 dot of the dequantized weight row and the dequantized activation row.
+TEST(KernelsRef, IntegerDotIsDotOfDequantizedValues) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t n_in = 1024;
+    const Weights w = make_weights(t, n_in, 4, 7);
+    const auto x = make_acts(n_in, 1, n_in, 8);
+    const kern::ActLayout lay = kern::act_rows_layout(t, n_in, 1);
+    std::vector<uint8_t> act(size_t(lay.bytes));
+    kern::quantize_row_ref(lay, x.data(), n_in, act.data());
+    const int bs = lay.kind == kern::ActKind::Q8_0Rows ? 32 : kQK_K;
+    const auto* qs = reinterpret_cast<const int8_t*>(act.data());
+    const auto* d = reinterpret_cast<const float*>(act.data() + lay.off_d);
+    for (int64_t o = 0; o < 4; ++o) {
+      double want = 0, mag = 0;
+      for (int64_t i = 0; i < n_in; ++i) {
+        const double xi = double(d[i / bs]) * qs[i];
+        EXPECT_LE(std::fabs(xi - x[size_t(i)]), std::fabs(d[i / bs]) * 0.5 * (1 + 1e-6));
+        want += double(w.deq[size_t(o * n_in + i)]) * xi;
+        mag += std::fabs(double(w.deq[size_t(o * n_in + i)]) * xi);
+      }
+      const float got = kern::dot_ref(t, w.data.data() + o * dtype_row_bytes(t, n_in), n_in,
+                                      act.data(), lay);
+      EXPECT_NEAR(got, want, 1e-5 * mag) << "row " << o;
+    }
+  }
+}
+
+// Every SIMD table quantizes activations into the Rows layouts bit for bit like the reference.
+TEST(KernelsRef, SimdActivationQuantizersMatchReference) {
+  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+    if (!isa_supported(isa)) continue;
+    const kern::KernelTable& kt = isa == Isa::Avx2 ? kern::table_avx2() : kern::table_avx512();
+    for (DType t : {DType::Q8_0, DType::Q4_K}) {
+      SCOPED_TRACE(::testing::Message() << isa_name(isa) << " " << dtype_name(t));
+      const int64_t n_in = 2048;
+      // Values with exact .5 ties after scaling and repeated maxima of both signs.
+      auto x = make_acts(n_in, 1, n_in, 9);
+      x[5] = 3.0f;
+      x[6] = -3.0f;
+      x[300] = -8.0f;
+      x[301] = 8.0f;
+      const kern::ActLayout lay = kern::act_rows_layout(t, n_in, 1);
+      std::vector<uint8_t> want(size_t(lay.bytes)), got(size_t(lay.bytes));
+      kern::quantize_row_ref(lay, x.data(), n_in, want.data());
+      kt.quantize(lay, t, x.data(), n_in, n_in, 1, 0, 1, got.data());
+      EXPECT_EQ(want, got);
+    }
+  }
+}
+
+TEST(KernelsDispatch, SelectedIsaIsSupported) {
+  const std::string name = active_isa();
+  EXPECT_TRUE(name == "ref" || name == "avx2" || name == "avx512") << name;
+  EXPECT_TRUE(isa_supported(selected_isa()));
+  EXPECT_STREQ(active_isa(), isa_name(selected_isa()));
+  if (!std::getenv("TERN_FORCE_ISA")) {
+    // Without an override the best variant wins.
+    const Isa best = isa_supported(Isa::Avx512) ? Isa::Avx512
+                     : isa_supported(Isa::Avx2) ? Isa::Avx2 : Isa::Ref;
+    EXPECT_EQ(selected_isa(), best);
+  }
+}
+
+TEST(KernelsDispatch, MatmulUsesAKernelAndMatchesOracle) {
+  ThreadPool& pool = shared_pool(2);
+  const Weights w = make_weights(DType::Q4_K, 512, 40, 11);
+  const auto x = make_acts(512, 3, 512, 12);
+  std::vector<float> y(3 * 40), yr(3 * 40);
+  matmul(w.view(), x.data(), 512, 3, y.data(), 40, pool);
+  matmul_ref(w.view(), x.data(), 512, 3, yr.data(), 40, pool);
+  const auto ob = oracle_bounds(w, x, 512, 3);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_LE(std::fabs(double(y[i]) - yr[i]), ob[i]) << i;
+}
+
+// Types without a fast kernel (Q8_K as a weight) still work through the reference.
+TEST(KernelsDispatch, TypesWithoutKernelFallBackToReference) {
+  ThreadPool& pool = shared_pool(2);
+  const Weights w = make_weights(DType::Q8_K, 256, 5, 13);
+  const auto x = make_acts(256, 2, 256, 14);
+  std::vector<float> yr(10);
+  matmul_ref(w.view(), x.data(), 256, 2, yr.data(), 5, pool);
+  for (Isa isa : isas_to_test()) {
+    EXPECT_FALSE(isa_has_kernel(isa, DType::Q8_K));
+    std::vector<float> y(10);
+    matmul_isa(isa, w.view(), x.data(), 256, 2, y.data(), 5, pool);
+    EXPECT_EQ(y, yr) << isa_name(isa);
+  }
+}
+
+TEST(KernelsDispatch, DequantizeRowMatchesTraits) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+    const Weights w = make_weights(t, 512, 3, 15);
+    std::vector<float> row(512);
+    dequantize_row(w.view(), 2, row.data());
+    EXPECT_EQ(row, std::vector<float>(w.deq.begin() + 1024, w.deq.begin() + 1536)) << dtype_name(t);
+  }
+}
+
+TEST(KernelsDispatch, RejectsRowsNotMultipleOfBlock) {
+  ThreadPool& pool = shared_pool(1);
+  std::vector<uint8_t> data(1000);
+  std::vector<float> x(100), y(4);
+  const WeightView w{DType::Q4_0, 48, 2, data.data()};
+  EXPECT_THROW(matmul(w, x.data(), 48, 1, y.data(), 2, pool), Error);
+}
+
+// The override is read once per process, so these run in a fresh child (threadsafe death test
+// style re-executes the binary for just this test).
+TEST(KernelsDispatchDeathTest, ForceIsaOverrideAndErrors) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("TERN_FORCE_ISA", "ref", 1);
+        std::exit(std::string(active_isa()) == "ref" ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(
+      {
+        setenv("TERN_FORCE_ISA", "sse9", 1);
+        try {
+          active_isa();
+        } catch (const Error& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          std::exit(3);
+        }
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(3), "TERN_FORCE_ISA=sse9: unknown kernel variant");
+  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+    if (isa_supported(isa)) continue;  // only testable on a CPU that lacks it
+    EXPECT_THROW(matmul_isa(isa, WeightView{DType::F32, 4, 1, nullptr}, nullptr, 4, 1, nullptr, 1,
+                            shared_pool(1)),
+                 Error);
+  }
+}
+
+}  // namespace
+}  // namespace tern

@@ -1,0 +1,273 @@
+// KvCacheManager: block tables, prepare-then-commit, prefix hits, copy-on-write forks.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kv/kv_cache_manager.h"
+
+namespace tern {
+namespace {
+
+std::vector<int32_t> iota_tokens(int64_t n, int32_t first = 100) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+// Runs one "step" of n tokens: reserve, commit.
+void run(KvCacheManager& kv, BlockTable& t, int64_t n, const std::vector<int32_t>& tokens) {
+  ASSERT_TRUE(kv.reserve(t, n));
+  kv.commit(t, n, tokens);
+  kv.clear_copies();
+}
+
+TEST(KvCacheManager, SlotsFollowTheBlockTable) {
+  KvCacheManager kv(8, 4, true);
+  BlockTable t;
+  const auto tokens = iota_tokens(10);
+  ASSERT_TRUE(kv.reserve(t, 10));
+  EXPECT_EQ(t.blocks.size(), 3u);
+  EXPECT_EQ(t.n_computed, 0);
+  EXPECT_EQ(t.n_reserved, 10);
+  std::vector<int32_t> slots;
+  kv.slots(t, 10, slots);
+  ASSERT_EQ(slots.size(), 10u);
+  for (int64_t p = 0; p < 10; ++p)
+    EXPECT_EQ(slots[size_t(p)], t.blocks[size_t(p / 4)] * 4 + int32_t(p % 4)) << "position " << p;
+  kv.commit(t, 10, tokens);
+  EXPECT_EQ(t.n_computed, 10);
+  EXPECT_EQ(t.n_hashed, 2);
+  EXPECT_EQ(kv.pool().n_cached(), 2);
+  // 12 slots allocated, 10 filled.
+  EXPECT_NEAR(kv.waste_pct(), 100.0 * 2 / 12, 1e-9);
+  kv.free(t);
+  EXPECT_EQ(kv.n_used_blocks(), 0);
+}
+
+TEST(KvCacheManager, ReserveIsAllOrNothing) {
+  KvCacheManager kv(3, 4, true);
+  BlockTable a, b;
+  ASSERT_TRUE(kv.reserve(a, 8));
+  EXPECT_EQ(kv.blocks_needed(b, 5), 2);
+  EXPECT_FALSE(kv.reserve(b, 5));  // needs 2, 1 free: nothing taken
+  EXPECT_TRUE(b.blocks.empty());
+  EXPECT_EQ(kv.n_free_blocks(), 1);
+  EXPECT_TRUE(kv.reserve(b, 4));
+  kv.rollback(a);  // a failed step: its blocks come back
+  EXPECT_TRUE(a.blocks.empty());
+  EXPECT_EQ(kv.n_free_blocks(), 2);
+  kv.free(b);
+  EXPECT_EQ(kv.n_used_blocks(), 0);
+  kv.pool().check_invariants();
+}
+
+TEST(KvCacheManager, CommitOfFewerTokensReturnsTheRest) {
+  KvCacheManager kv(8, 4, true);
+  BlockTable t;
+  const auto tokens = iota_tokens(12);
+  ASSERT_TRUE(kv.reserve(t, 12));
+  EXPECT_EQ(t.blocks.size(), 3u);
+  kv.commit(t, 5, tokens);  // e.g. speculative tokens rejected
+  EXPECT_EQ(t.n_computed, 5);
+  EXPECT_EQ(t.n_reserved, 5);
+  EXPECT_EQ(t.blocks.size(), 2u);
+  EXPECT_EQ(kv.n_used_blocks(), 2);
+  kv.free(t);
+}
+
+TEST(KvCacheManager, PrefixHitReusesFullBlocksAndLeavesOneTokenToCompute) {
+  KvCacheManager kv(16, 4, true);
+  const auto prompt = iota_tokens(10);
+  BlockTable a;
+  run(kv, a, 10, prompt);  // blocks 0..3, 4..7 published; 8..9 partial
+  BlockTable b;
+  auto other = prompt;
+  other[9] = 7;  // differs only in the partial block
+  EXPECT_EQ(kv.match_prefix(b, other), 8);
+  EXPECT_EQ(b.blocks[0], a.blocks[0]);
+  EXPECT_EQ(b.blocks[1], a.blocks[1]);
+  EXPECT_EQ(kv.pool().ref_count(a.blocks[0]), 2);
+  EXPECT_EQ(b.n_computed, 8);
+  // A prompt that is exactly two blocks: the last block is recomputed so a token is left.
+  BlockTable c;
+  const std::vector<int32_t> exact(prompt.begin(), prompt.begin() + 8);
+  EXPECT_EQ(kv.match_prefix(c, exact), 4);
+  // A different first block: no hit, even though later blocks match.
+  BlockTable d;
+  auto shifted = prompt;
+  shifted[0] = 1;
+  EXPECT_EQ(kv.match_prefix(d, shifted), 0);
+  EXPECT_EQ(kv.n_hit_tokens(), 12);
+  for (BlockTable* t : {&a, &b, &c, &d}) kv.free(*t);
+  EXPECT_EQ(kv.n_used_blocks(), 0);
+  // Freed, the blocks stay cached: a new request still hits.
+  BlockTable e;
+  EXPECT_EQ(kv.match_prefix(e, prompt), 8);
+  kv.free(e);
+  kv.pool().check_invariants();
+}
+
+TEST(KvCacheManager, NoPrefixCachingMeansNoHits) {
+  KvCacheManager kv(16, 4, false);
+  const auto prompt = iota_tokens(10);
+  BlockTable a, b;
+  run(kv, a, 10, prompt);
+  EXPECT_EQ(kv.match_prefix(b, prompt), 0);
+  EXPECT_EQ(kv.pool().n_cached(), 0);
+  kv.free(a);
+  kv.free(b);
+}
+
+TEST(KvCacheManager, EvictionForgetsTheDeepestBlocksFirst) {
+  KvCacheManager kv(4, 4, true);
+  const auto prompt = iota_tokens(17);
+  BlockTable a;
+  run(kv, a, 16, prompt);  // 4 full blocks published
+  kv.free(a);              // freed deepest first -> the first block is the most recently freed
+  BlockTable b;
+  const auto other = iota_tokens(4, 900);
+  run(kv, b, 4, other);    // takes one free block: evicts the 4th block of the prefix
+  BlockTable c;
+  EXPECT_EQ(kv.match_prefix(c, prompt), 12);
+  kv.free(b);
+  kv.free(c);
+  kv.pool().check_invariants();
+}
+
+TEST(KvCacheManager, ForkSharesBlocksAndCopiesThePartialBlockOnWrite) {
+  KvCacheManager kv(16, 4, true);
+  auto prompt = iota_tokens(6);
+  BlockTable parent;
+  run(kv, parent, 6, prompt);  // block0 full, block1 has 2 of 4
+  std::vector<BlockTable> kids(3);
+  for (auto& k : kids) kv.fork(parent, k);
+  const BlockId shared = parent.blocks[1];
+  EXPECT_EQ(kv.pool().ref_count(parent.blocks[0]), 4);
+  EXPECT_EQ(kv.pool().ref_count(shared), 4);
+  EXPECT_EQ(kv.n_used_blocks(), 2);
+  // Each of the first three writers copies; the last holder writes in place.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(kv.blocks_needed(kids[size_t(i)], 1), 1);
+    ASSERT_TRUE(kv.reserve(kids[size_t(i)], 1));
+    ASSERT_EQ(kv.pending_copies().size(), size_t(i + 1));
+    const BlockCopy& c = kv.pending_copies().back();
+    EXPECT_EQ(c.src, shared);
+    EXPECT_EQ(c.dst, kids[size_t(i)].blocks[1]);
+    EXPECT_EQ(c.n_tokens, 2);
+    EXPECT_EQ(kids[size_t(i)].blocks[0], parent.blocks[0]);
+  }
+  EXPECT_EQ(kv.pool().ref_count(shared), 1);
+  EXPECT_EQ(kv.blocks_needed(parent, 1), 0);
+  ASSERT_TRUE(kv.reserve(parent, 1));
+  EXPECT_EQ(parent.blocks[1], shared);
+  EXPECT_EQ(kv.pending_copies().size(), 3u);
+  kv.clear_copies();
+  prompt.push_back(5);
+  kv.commit(parent, 1, prompt);
+  for (auto& k : kids) {
+    kv.commit(k, 1, prompt);
+    kv.free(k);
+  }
+  kv.free(parent);
+  EXPECT_EQ(kv.n_used_blocks(), 0);
+  kv.pool().check_invariants();
+}
+
+TEST(KvCacheManager, FreeDropsCopiesIntoBlocksNobodyReads) {
+  KvCacheManager kv(8, 4, true);
+  const auto prompt = iota_tokens(6);
+  BlockTable parent, kid;
+  run(kv, parent, 6, prompt);
+  kv.fork(parent, kid);
+  ASSERT_TRUE(kv.reserve(kid, 1));
+  EXPECT_EQ(kv.pending_copies().size(), 1u);
+  kv.free(kid);  // preempted before the step ran
+  EXPECT_TRUE(kv.pending_copies().empty());
+  kv.free(parent);
+  EXPECT_EQ(kv.n_used_blocks(), 0);
+}
+
+// Random reserve / commit / rollback / fork / match / free over many tables, with a fake
+// K/V arena: every slot remembers which (prefix hash, position) wrote it, and every step
+// checks that each table's computed positions read back their own prefix's values. That is
+// what paged attention needs from the bookkeeping: the right K/V behind every slot, through
+// prefix hits, copy-on-write forks and evictions.
+TEST(KvCacheManager, RandomOperationsKeepKvContentRight) {
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 10; ++round) {
+    const int64_t bs = 1 + int64_t(rng() % 8), n_blocks = 4 + int64_t(rng() % 40);
+    KvCacheManager kv(n_blocks, bs, round % 3 != 0);
+    std::vector<uint64_t> arena(size_t(n_blocks * bs), 0);  // [n_slots] fake K/V
+    struct Seq {
+      BlockTable t;
+      std::vector<int32_t> tokens;
+    };
+    std::vector<Seq> seqs;
+    // Value K/V would have at position p: a function of tokens[0..p] only.
+    auto value = [](const std::vector<int32_t>& tokens, int64_t p) {
+      uint64_t h = 1469598103934665603ull;
+      for (int64_t i = 0; i <= p; ++i) h = (h ^ uint64_t(tokens[size_t(i)] + 1)) * 1099511628211ull;
+      return h;
+    };
+    std::vector<int32_t> slots;
+    auto check = [&](const Seq& s) {
+      slots.clear();
+      kv.slots(s.t, s.t.n_computed, slots);
+      for (int64_t p = 0; p < s.t.n_computed; ++p)
+        ASSERT_EQ(arena[size_t(slots[size_t(p)])], value(s.tokens, p)) << "position " << p;
+    };
+    for (int op = 0; op < 3000; ++op) {
+      const int kind = int(rng() % 10);
+      if (kind == 0 || seqs.empty()) {
+        Seq s;
+        // Few distinct prompts so prefixes are shared.
+        const int64_t n = 1 + int64_t(rng() % (3 * bs + 2));
+        const int32_t base = int32_t(rng() % 3);
+        for (int64_t i = 0; i < n; ++i) s.tokens.push_back(base + int32_t(i % 5));
+        kv.match_prefix(s.t, s.tokens);
+        seqs.push_back(std::move(s));
+      } else {
+        Seq& s = seqs[size_t(rng() % seqs.size())];
+        if (kind <= 5) {
+          // A step: compute some of the remaining tokens (or a new generated one).
+          if (s.t.n_computed == int64_t(s.tokens.size())) s.tokens.push_back(int32_t(rng() % 5));
+          const int64_t n = 1 + int64_t(rng() % (int64_t(s.tokens.size()) - s.t.n_computed));
+          if (!kv.reserve(s.t, n)) continue;  // not now
+          for (const BlockCopy& c : kv.pending_copies())
+            for (int32_t i = 0; i < c.n_tokens; ++i)
+              arena[size_t(c.dst * bs + i)] = arena[size_t(c.src * bs + i)];
+          kv.clear_copies();
+          if (rng() % 8 == 0) {  // the step failed
+            kv.rollback(s.t);
+          } else {
+            slots.clear();
+            kv.slots(s.t, s.t.n_computed + n, slots);
+            for (int64_t p = s.t.n_computed; p < s.t.n_computed + n; ++p)
+              arena[size_t(slots[size_t(p)])] = value(s.tokens, p);
+            kv.commit(s.t, n, s.tokens);
+          }
+        } else if (kind == 6 && s.t.n_computed == int64_t(s.tokens.size())) {
+          Seq child;
+          child.tokens = s.tokens;
+          kv.fork(s.t, child.t);
+          seqs.push_back(std::move(child));
+        } else if (kind >= 7) {
+          kv.free(s.t);
+          std::swap(s, seqs.back());
+          seqs.pop_back();
+        }
+      }
+      for (const Seq& s : seqs) ASSERT_NO_FATAL_FAILURE(check(s));
+      kv.pool().check_invariants();
+    }
+    for (Seq& s : seqs) kv.free(s.t);
+    EXPECT_EQ(kv.n_used_blocks(), 0);
+    EXPECT_EQ(kv.n_free_blocks(), n_blocks);
+    kv.pool().check_invariants();
+  }
+}
+
+}  // namespace
+}  // namespace tern

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzz run of the OpenAI request parser with libFuzzer + ASan + UBSan:
+#   tests/server/fuzz/run_fuzz.sh [SECONDS=60]
+# Needs clang with libFuzzer (Debian's clang). Not part of CTest (it is open-ended); the
+# deterministic FuzzParser.* tests in test_server always run.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../../.." && pwd)"
+secs="${1:-60}"
+out="$root/build/fuzz"
+mkdir -p "$out/corpus"
+clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$root/src" \
+  "$root/tests/server/fuzz/fuzz_request_parser.cpp" "$root/src/server/openai_request.cpp" \
+  "$root/src/server/chat_template.cpp" "$root/src/sampling/sampler.cpp" "$root/src/core/error.cpp" \
+  -o "$out/fuzz_request_parser"
+# Seeds: one valid request of each shape (first byte: 0 completions, 1 chat).
+printf '\0{"model":"m","prompt":"Once upon a time","max_tokens":16,"temperature":0.7,"top_p":0.9,"n":2,"stop":["\\n","end"],"seed":1,"logprobs":2,"stream":true,"stream_options":{"include_usage":true},"user":"u"}' >"$out/corpus/seed1"
+printf '\0{"prompt":[[1,2,3],[4,5]],"echo":true,"top_k":5,"min_p":0.1,"presence_penalty":1,"frequency_penalty":-1,"best_of":1}' >"$out/corpus/seed2"
+printf '\1{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":null},{"role":"user","content":"q"}],"max_completion_tokens":8,"logprobs":true,"top_logprobs":3}' >"$out/corpus/seed3"
+"$out/fuzz_request_parser" -max_total_time="$secs" -max_len=4096 -print_final_stats=1 "$out/corpus"

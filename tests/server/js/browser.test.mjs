@@ -1,0 +1,79 @@
+// Browser test of the chat page: headless Chromium (Debian's, driven by playwright-core)
+// loads /, sends a message, and sees the answer stream in with its TTFT and tok/s.
+//   TERN_BASE_URL   the server (started by run.sh with --api-key $TERN_TEST_API_KEY)
+//   CHROMIUM        the browser binary (default /usr/bin/chromium)
+//   TERN_SCREENSHOT optional: where to save a PNG of the page after the answer
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { chromium } from "playwright-core";
+
+const base = process.env.TERN_BASE_URL;
+
+test("the chat page streams an answer", async () => {
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    // Root in a container has no user namespaces for Chromium's sandbox.
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+  });
+  try {
+    const page = await browser.newPage();
+    const external = [];
+    page.on("request", (r) => {
+      if (!r.url().startsWith(base)) external.push(r.url());
+    });
+    const pageErrors = [];
+    page.on("pageerror", (e) => pageErrors.push(String(e)));
+
+    await page.goto(base + "/");
+    assert.equal(await page.title(), "tern chat");
+
+    // The server wants a key: enter it in the settings, as a user would.
+    await page.click("#toggle-settings");
+    await page.fill("#api_key", process.env.TERN_TEST_API_KEY || "");
+    await page.dispatchEvent("#api_key", "change");
+    await page.fill("#max_tokens", "200");
+    await page.dispatchEvent("#max_tokens", "change");
+    await page.waitForFunction(() => document.querySelector("#model").textContent.includes("stories"));
+
+    // Count how many times the answer's text changes while it streams in.
+    await page.evaluate(() => {
+      window.__updates = 0;
+      new MutationObserver((records) => {
+        for (const r of records) {
+          const msg = r.target.nodeType === 1 ? r.target.closest(".msg.assistant") : r.target.parentElement?.closest(".msg.assistant");
+          if (msg) window.__updates++;
+        }
+      }).observe(document.querySelector("#conversation"), { childList: true, subtree: true, characterData: true });
+    });
+
+    await page.fill("#prompt", "Once upon a time");
+    await page.press("#prompt", "Enter");
+
+    const answer = page.locator(".msg.assistant").last();
+    await answer.waitFor();
+    await page.waitForSelector(".msg.assistant[data-done='true']", { timeout: 60_000 });
+    const text = await answer.locator(".text").textContent();
+    assert.ok(text.trim().length > 0, "the answer has text");
+    assert.equal(await answer.locator(".error").count(), 0);
+    assert.equal(await page.locator(".msg.user .text").first().textContent(), "Once upon a time");
+
+    const updates = await page.evaluate(() => window.__updates);
+    assert.ok(updates > 3, `the answer appeared piece by piece (${updates} updates)`);
+
+    const metrics = await answer.locator(".metrics").textContent();
+    assert.match(metrics, /TTFT \d+ ms/);
+    assert.match(metrics, /[\d.]+ tok\/s/);
+    assert.match(metrics, /\d+ tokens/);
+
+    // A second turn carries the conversation.
+    await page.fill("#prompt", "And then?");
+    await page.click("#send");
+    await page.waitForFunction(() => document.querySelectorAll(".msg.assistant[data-done='true']").length === 2, null, { timeout: 60_000 });
+
+    if (process.env.TERN_SCREENSHOT) await page.screenshot({ path: process.env.TERN_SCREENSHOT, fullPage: true });
+    assert.deepEqual(external, [], "the page loads nothing from outside the server");
+    assert.deepEqual(pageErrors, []);
+  } finally {
+    await browser.close();
+  }
+});

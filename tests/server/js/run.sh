@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Runs the Node-based server tests against a real `tern serve`:
+#   run.sh TERN_BINARY SHARED_DIR contract|browser
+# Exit 77 (CTest's SKIP_RETURN_CODE) when something it needs is missing: the shared model,
+# node/npm, Chromium (browser test), or the npm packages cannot be installed (no registry).
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+tern="$1"
+shared="$2"
+what="$3"
+model="$shared/models/stories260K.gguf"
+
+skip() {
+  echo "SKIPPED: $*"
+  exit 77
+}
+
+[ -f "$model" ] || skip "missing $model (../shared absent)"
+command -v node >/dev/null 2>&1 || skip "node not found (scripts/install-deps.sh installs it)"
+command -v npm >/dev/null 2>&1 || skip "npm not found (scripts/install-deps.sh installs it)"
+if [ "$what" = browser ]; then
+  CHROMIUM="${CHROMIUM:-$(command -v chromium || true)}"
+  [ -n "$CHROMIUM" ] && [ -x "$CHROMIUM" ] || skip "chromium not found (Debian package 'chromium')"
+  export CHROMIUM
+fi
+
+# npm ci once per checkout (the contract and browser tests may start together under ctest -j:
+# the lock, outside the tree because npm ci empties node_modules, makes the second wait).
+(
+  flock 9
+  stamp="$here/node_modules/.tern-installed"
+  if [ ! -f "$stamp" ] || [ "$here/package-lock.json" -nt "$stamp" ]; then
+    echo "npm ci in $here"
+    (cd "$here" && npm ci --no-audit --no-fund --loglevel=error) || exit 1
+    touch "$stamp"
+  fi
+) 9>"${TMPDIR:-/tmp}/tern-npm-$(printf '%s' "$here" | cksum | cut -d' ' -f1).lock" ||
+  skip "npm ci failed (is the npm registry reachable?)"
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# start_server NAME ARGS...: starts `tern serve` on a free loopback port; sets URL_<NAME>.
+start_server() {
+  local name="$1"
+  shift
+  "$tern" serve -m "$model" --host 127.0.0.1 --port 0 --threads 1 "$@" 2>"$work/$name.log" &
+  pids+=($!)
+  local url=""
+  for _ in $(seq 1 300); do
+    url="$(grep -o 'listening on http://[0-9.:]*' "$work/$name.log" | head -1 | sed 's/listening on //')"
+    [ -n "$url" ] && break
+    if ! kill -0 "${pids[-1]}" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  if [ -z "$url" ]; then
+    echo "tern serve ($name) did not start:"
+    cat "$work/$name.log"
+    exit 1
+  fi
+  printf -v "URL_$name" '%s' "$url"
+}
+
+export TERN_TEST_API_KEY="tern-test-key-$$"
+export TERN_MODEL_ID="stories260K"
+start_server main --api-key "$TERN_TEST_API_KEY" --parallel 8 --ctx 2048
+export TERN_BASE_URL="$URL_main"
+
+case "$what" in
+  contract)
+    start_server busy --parallel 1 --max-running 1 --max-waiting 1
+    export TERN_BUSY_URL="$URL_busy"
+    node --test --test-reporter=spec "$here/contract.test.mjs"
+    rc=$?
+    ;;
+  browser)
+    node --test --test-reporter=spec "$here/browser.test.mjs"
+    rc=$?
+    ;;
+  *)
+    echo "usage: run.sh TERN_BINARY SHARED_DIR contract|browser"
+    exit 2
+    ;;
+esac
+
+if [ "$rc" -ne 0 ]; then
+  echo "--- tern serve log ---"
+  cat "$work/main.log"
+fi
+exit "$rc"

@@ -1,0 +1,110 @@
+// Prometheus text rendering and the OpenAI response/SSE builders, in isolation.
+#include <gtest/gtest.h>
+
+#include "fake_backend.h"
+#include "server/metrics.h"
+#include "server/openai_format.h"
+
+using namespace tern;
+using namespace tern::server;
+using nlohmann::json;
+
+TEST(Metrics, HistogramIsCumulative) {
+  Histogram h({0.1, 1, 10});
+  for (double x : {0.05, 0.1, 0.5, 5.0, 50.0}) h.observe(x);
+  EXPECT_EQ(h.counts(), (std::vector<uint64_t>{2, 3, 4}));
+  EXPECT_EQ(h.count(), 5u);
+  EXPECT_DOUBLE_EQ(h.sum(), 55.65);
+  PrometheusWriter w;
+  w.histogram("x_seconds", "help text", h);
+  EXPECT_EQ(w.text(),
+            "# HELP x_seconds help text\n# TYPE x_seconds histogram\n"
+            "x_seconds_bucket{le=\"0.1\"} 2\nx_seconds_bucket{le=\"1\"} 3\nx_seconds_bucket{le=\"10\"} 4\n"
+            "x_seconds_bucket{le=\"+Inf\"} 5\nx_seconds_sum 55.65\nx_seconds_count 5\n");
+}
+
+TEST(Metrics, LabelsAreEscaped) {
+  PrometheusWriter w;
+  w.sample("m", {{"a", "x\"y\\z\nw"}}, 1.5);
+  EXPECT_EQ(w.text(), "m{a=\"x\\\"y\\\\z\\nw\"} 1.5\n");
+  EXPECT_EQ(PrometheusWriter::format_value(1e300 * 1e10), "+Inf");
+}
+
+TEST(Metrics, ServerMetricsRenderEngineGauges) {
+  ServerMetrics m;
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/chat/completions", 429);
+  RequestMetrics rm;
+  rm.ttft_ms = 12;
+  rm.e2e_ms = 40;
+  rm.tbt_ms = {5, 6, 7};
+  m.observe_completion(rm);
+  m.add_tokens(10, 4);
+  EngineMetrics em;
+  em.n_running = 2;
+  em.n_waiting = 3;
+  em.kv_blocks_total = 100;
+  em.kv_blocks_used = 25;
+  em.kv_blocks_free = 75;
+  em.prefix_hit_rate = 0.5;
+  const std::string t = m.render(em);
+  for (const char* line :
+       {"tern_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2\n",
+        "tern_requests_total{endpoint=\"/v1/chat/completions\",status=\"429\"} 1\n", "tern_prompt_tokens_total 10\n",
+        "tern_generation_tokens_total 4\n", "tern_time_to_first_token_seconds_bucket{le=\"0.02\"} 1\n",
+        "tern_time_per_output_token_seconds_count 3\n", "tern_num_requests_running 2\n", "tern_num_requests_waiting 3\n",
+        "tern_kv_blocks_used 25\n", "tern_kv_blocks_free 75\n", "tern_kv_cache_usage_ratio 0.25\n",
+        "tern_prefix_cache_hit_rate 0.5\n"})
+    EXPECT_NE(t.find(line), std::string::npos) << line;
+  EXPECT_EQ(m.requests("/v1/completions", 200), 2u);
+  // Every line is a comment or `name{labels} value`.
+  size_t start = 0;
+  while (start < t.size()) {
+    const size_t end = t.find('\n', start);
+    ASSERT_NE(end, std::string::npos);
+    const std::string line = t.substr(start, end - start);
+    start = end + 1;
+    if (line[0] == '#') continue;
+    EXPECT_NE(line.find(' '), std::string::npos) << line;
+    EXPECT_EQ(line.rfind("tern_", 0), 0u) << line;
+  }
+}
+
+TEST(Format, ResponsesAndChunks) {
+  tern::testing::ByteTokenizer tok;
+  ResponseMeta meta{ApiKind::Chat, "chatcmpl-1", 1700000000, "m"};
+  ChoiceResult c;
+  c.index = 0;
+  c.text = "hi";
+  c.finish = FinishReason::Stop;
+  GeneratedToken g;
+  g.id = 3 + 'h';
+  g.logprob = -0.5f;
+  g.top_logprobs = {{3 + 'h', -0.5f}, {3 + 'x', -2.0f}};
+  c.tokens = {g};
+  Usage u{5, 2, 1};
+  const json full = completion_response(meta, {c}, u, true, tok);
+  EXPECT_EQ(full["object"], "chat.completion");
+  EXPECT_EQ(full["choices"][0]["message"]["content"], "hi");
+  EXPECT_EQ(full["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(full["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1]["token"], "x");
+  EXPECT_EQ(full["usage"], json({{"prompt_tokens", 5}, {"completion_tokens", 2}, {"total_tokens", 7},
+                                  {"prompt_tokens_details", {{"cached_tokens", 1}}}}));
+  EXPECT_EQ(role_chunk(meta, 1, false)["choices"][0]["delta"], json({{"role", "assistant"}, {"content", ""}}));
+  EXPECT_EQ(finish_chunk(meta, 0, FinishReason::Length, true)["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(finish_chunk(meta, 0, FinishReason::Length, true)["usage"].is_null());
+  EXPECT_TRUE(usage_chunk(meta, u)["choices"].empty());
+  EXPECT_EQ(sse_event(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  // Invalid UTF-8 never throws out of the formatter.
+  EXPECT_EQ(sse_event(json{{"a", std::string("\xff")}}), "data: {\"a\":\"\xef\xbf\xbd\"}\n\n");
+  meta.kind = ApiKind::Completion;
+  const json t = text_chunk(meta, 2, "abc", nullptr, false);
+  EXPECT_EQ(t["object"], "text_completion");
+  EXPECT_EQ(t["choices"][0]["text"], "abc");
+  EXPECT_EQ(t["choices"][0]["index"], 2);
+  EXPECT_EQ(new_response_id(ApiKind::Completion).size(), 5u + 24u);
+  EXPECT_NE(new_response_id(ApiKind::Chat), new_response_id(ApiKind::Chat));
+  const json e = error_json("bad", "invalid_request_error", "n");
+  EXPECT_EQ(e, json({{"error", {{"message", "bad"}, {"type", "invalid_request_error"}, {"param", "n"}, {"code", nullptr}}}}));
+}
