@@ -44,3 +44,22 @@ TEST(ThreadPool, RunAndParallelForCoverEverything) {
 
 }  // namespace
 }  // namespace tern
+
+namespace tern {
+namespace {
+
+// Pools built and destroyed back to back, with and without work, never hang in the
+// destructor (a worker that starts late must still see the stop signal).
+TEST(ThreadPool, CreateDestroyNeverHangs) {
+  for (int i = 0; i < 3000; ++i) {
+    ThreadPool pool(1 + i % 4);
+    if (i % 3 == 0) {
+      std::atomic<int> n{0};
+      pool.for_chunks(5, [&](int64_t, int) { n++; });
+      ASSERT_EQ(n.load(), 5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tern
