@@ -163,7 +163,8 @@ std::string svg_chart(const std::vector<CompareRow>& rows, const std::string& ti
          "\" fill=\"" + kColors[i % 10] + "\" fill-opacity=\"0.6\" stroke=\"" + kColors[i % 10] + "\"><title>" +
          xml_escape(r.method) + ": " + mib(r.weight_bytes) + " MiB, " + fmt("%.1f", r.tg_tok_s) + " tok/s" +
          (r.ppl >= 0 ? ", ppl " + fmt("%.4f", r.ppl) : std::string()) + "</title></circle>\n";
-    s += "<text x=\"" + fmt("%.1f", cx + rad + 3) + "\" y=\"" + fmt("%.1f", cy + 4 + (i % 2 ? 10 : -6)) + "\">" +
+    // Labels staggered vertically: methods of similar size and quality share a spot.
+    s += "<text x=\"" + fmt("%.1f", cx + rad + 3) + "\" y=\"" + fmt("%.1f", cy + 4 + double(i % 4) * 13 - 19) + "\">" +
          xml_escape(r.method) + "</text>\n";
   }
   s += "<text x=\"" + fmt("%.0f", W - R) + "\" y=\"" + fmt("%.0f", T - 8) +

@@ -104,12 +104,15 @@ void tq_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stri
       const uint8_t* a = act + i * stride;
       const float* dxv = reinterpret_cast<const float*>(a + off_dxv) + (g * G / 64) * 16;
       const float* xs = reinterpret_cast<const float*>(a + off_xs) + g * G / 32;
-      for (int c = 0; c < G / 64; ++c) {
-        const __m512i xq = _mm512_loadu_si512(a + g * G + 64 * c);
-        const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[c], xq);
-        const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_load_ps(dxv + 16 * c));
-        acc[i] = _mm512_fmadd_ps(dv, t, acc[i]);
+      // Within the group: sum of d_x[b] * (q . q_x) per lane; the group scale d once at the end.
+      __m512 grp = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_loadu_si512(a + g * G))),
+          _mm512_load_ps(dxv));
+      for (int c = 1; c < G / 64; ++c) {
+        const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[c], _mm512_loadu_si512(a + g * G + 64 * c));
+        grp = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_load_ps(dxv + 16 * c), grp);
       }
+      acc[i] = _mm512_fmadd_ps(dv, grp, acc[i]);
       float xsum = 0.0f;
       for (int b = 0; b < G / 32; ++b) xsum += xs[b];
       corr[i] += d * z * xsum;

@@ -136,6 +136,8 @@ int cmd_bench_serve(int argc, char** argv) {
   ecfg.prefix_caching = !no_prefix_cache;
   ecfg.max_waiting = std::max<int64_t>(ecfg.max_waiting, num_prompts + warmup + 1);
 
+  // Before the engine: callbacks write here, and ~Engine would call them for anything unfinished.
+  std::vector<Record> records(static_cast<size_t>(num_prompts));
   auto file = open_model_file(model_path, tokenizer_bin);
   std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
   Engine engine(file, tok, ecfg);
@@ -210,7 +212,6 @@ int cmd_bench_serve(int argc, char** argv) {
   }
   const int64_t in_flight_cap = request_rate > 0 ? num_prompts : (concurrency > 0 ? concurrency : num_prompts);
 
-  std::vector<Record> records(static_cast<size_t>(num_prompts));
   std::vector<uint64_t> ids;
   int64_t next = 0, n_done = 0, in_flight = 0;
   double waste_sum = 0;

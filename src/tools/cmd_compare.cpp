@@ -84,6 +84,10 @@ std::string main_format(const MethodReport& rep) {
   for (const auto& t : rep.quant.tensors)
     if (t.name.rfind("blk.", 0) == 0 && t.ne.size() == 2 && t.type == t.requested)
       bytes[dtype_name(t.type)] += t.ne[0] * t.ne[1];
+  if (bytes.empty()) {  // every layer fell back (e.g. q4_k of 64-wide rows)
+    for (const auto& t : rep.quant.tensors)
+      if (t.name.rfind("blk.", 0) == 0 && t.ne.size() == 2) bytes[std::string(dtype_name(t.type)) + " (fallback)"] += t.ne[0] * t.ne[1];
+  }
   std::string best;
   int64_t most = -1;
   for (const auto& [name, b] : bytes)

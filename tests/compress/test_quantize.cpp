@@ -17,6 +17,16 @@ namespace {
 
 using namespace tern::testing;
 
+// Removes the scratch folder of this test process (temp_path) at the end of the run.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(std::filesystem::path(temp_path("x")).parent_path(), ec);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
 nlohmann::json quantize_json(const std::string& args) {
   std::string out, err;
   const int rc = run_command(kTern + " quantize " + args + " --json", &out, &err);
