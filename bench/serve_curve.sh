@@ -11,7 +11,9 @@
 # flight, for both engines [INPUT_LEN + MAX_TOKENS + 16, or 1024 with PROMPTS]), EXTRA (more
 # bench-serve flags). Both engines get KV room for CTX x C tokens (tern stores K/V in f32,
 # llama.cpp in f16, so tern's arena is twice the bytes for the same tokens).
-# Prints a Markdown table; the JSON of every run is kept in $OUT [/tmp/tern_serve_curve].
+# Prints a Markdown table (with the 1-minute load average after each run: on a shared machine,
+# figures taken under load are not comparable); the JSON of every run is kept in $OUT
+# [/tmp/tern_serve_curve].
 set -euo pipefail
 model=${1:?usage: serve_curve.sh MODEL.gguf [--peer]}
 peer=${2:-}
@@ -34,8 +36,8 @@ field() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); v=j.get(s
 single=$(python3 -c "import json; print(round(json.load(open('$OUT/run.json'))['metrics']['decode_tok_s'],2))")
 echo "single-request decode (tern run): $single tok/s"
 echo
-echo "| concurrency | requests | output tok/s | x single decode | total tok/s | TTFT p50 ms | TBT p50 ms | TBT p99 ms | KV waste % | peak RSS MiB |${peer:+ llama.cpp output tok/s | tern / llama.cpp |}"
-echo "|---|---|---|---|---|---|---|---|---|---|${peer:+---|---|}"
+echo "| concurrency | requests | output tok/s | x single decode | total tok/s | TTFT p50 ms | TBT p50 ms | TBT p99 ms | KV waste % | peak RSS MiB | load avg |${peer:+ llama.cpp output tok/s | tern / llama.cpp |}"
+echo "|---|---|---|---|---|---|---|---|---|---|---|${peer:+---|---|}"
 for c in $CONCURRENCY; do
   n=$((c * PROMPTS_PER_C))
   src=(--input-len "$INPUT_LEN")
@@ -47,7 +49,7 @@ for c in $CONCURRENCY; do
   out=$(field "$f" output_tok_s)
   ratio=$(python3 -c "print(round($out / $single, 2) if $single > 0 else 0)")
   rss=$(python3 -c "import json; print(round(json.load(open('$f'))['peak_rss_bytes']/2**20))")
-  row="| $c | $n | $out | $ratio | $(field "$f" total_tok_s) | $(field "$f" ttft_ms_p50) | $(field "$f" tbt_ms_p50) | $(field "$f" tbt_ms_p99) | $(field "$f" kv_waste_pct) | $rss |"
+  row="| $c | $n | $out | $ratio | $(field "$f" total_tok_s) | $(field "$f" ttft_ms_p50) | $(field "$f" tbt_ms_p50) | $(field "$f" tbt_ms_p99) | $(field "$f" kv_waste_pct) | $rss | $(cut -d' ' -f1 /proc/loadavg) |"
   if [ -n "$peer" ]; then
     node "$here/llamacpp_serve.mjs" --model "$model" --prompts "$OUT/prompts_c$c.json" --concurrency "$c" \
       --threads "$THREADS" --ctx-per-seq "$CTX" > "$OUT/peer_c$c.json"
