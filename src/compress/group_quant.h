@@ -6,7 +6,7 @@
 #include <optional>
 #include <vector>
 
-#include "compress/quant_tern.h"
+#include "quant/quant_tern.h"
 #include "core/thread_pool.h"
 
 namespace tern {

@@ -6,7 +6,7 @@
 
 #include "compress/gptq.h"
 #include "compress/linalg.h"
-#include "compress/quant_tern.h"
+#include "quant/quant_tern.h"
 #include "core/error.h"
 #include "core/stats.h"
 #include "models/model.h"

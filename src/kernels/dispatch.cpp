@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/kernel_iface.h"
 #include "kernels/matmul.h"
+#include "kernels/tern_int.h"
 
 namespace tern {
 namespace {
@@ -142,6 +143,12 @@ void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64
                 float* y, int64_t ldy, ThreadPool& pool) {
   if (!isa_supported(isa)) fail("kernel variant ", isa_name(isa), " is not supported by this CPU");
   if (n_tokens <= 0 || w.n_out <= 0) return;
+  // tern's integer formats carry their own kernels (per-token int8 activations, outlier
+  // columns, group zero points); they do not fit the block-pair KernelTable.
+  if (is_tern_int_type(w.type)) {
+    tern_int_matmul(isa, w, x, ldx, n_tokens, y, ldy, pool);
+    return;
+  }
   if (w.row_bytes() < 0)
     fail("matmul: row length ", w.n_in, " is not a multiple of the ", dtype_name(w.type),
          " block size");

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "quant/quant_codecs.h"
+#include "quant/quant_tern.h"
 
 namespace tern {
 namespace {
@@ -49,7 +50,9 @@ const QuantTraits kTraits[] = {
 const QuantTraits* quant_traits(DType t) {
   for (const auto& q : kTraits)
     if (q.type == t) return &q;
-  return nullptr;
+  // tern's own formats (LLM.int8(), SmoothQuant, GPTQ/AWQ groups) have their rows in
+  // quant_tern.cpp; nullptr for anything neither table knows.
+  return tern_quant_traits(t);
 }
 
 const QuantTraits& require_quant_traits(DType t, const char* tensor_name) {

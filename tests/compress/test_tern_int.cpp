@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "compress/quant_tern.h"
-#include "compress/tern_int.h"
+#include "quant/quant_tern.h"
+#include "kernels/tern_int.h"
 #include "core/fp16.h"
 
 namespace tern {

@@ -10,7 +10,7 @@
 
 #include <cstring>
 
-#include "compress/tern_int.h"
+#include "kernels/tern_int.h"
 
 namespace tern::kern {
 namespace {

@@ -1,13 +1,13 @@
 // The driver of tern's integer kernels (activation quantization, row split across the pool) and
 // the scalar reference row kernels. The AVX-512 VNNI row kernels are in tern_int_avx512.cpp.
-#include "compress/tern_int.h"
+#include "kernels/tern_int.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "compress/quant_tern.h"
+#include "quant/quant_tern.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "quant/quant_traits.h"

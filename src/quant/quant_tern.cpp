@@ -1,4 +1,4 @@
-#include "compress/quant_tern.h"
+#include "quant/quant_tern.h"
 
 #include <algorithm>
 #include <cmath>
