@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
+
 namespace tern {
 
 void rms_norm(const float* x, const float* weight, float* out, int64_t n_tokens, int64_t n,
@@ -99,9 +101,9 @@ void attend_row(const AttentionArgs& a, int64_t i, int64_t h, float* acc) {
 
 }  // namespace
 
-void attention(std::span<const AttentionArgs> seqs, ThreadPool& pool) {
-  int64_t n_items = 0;
-  for (const auto& a : seqs) n_items += a.n_tokens * a.n_head;
+namespace {
+
+void attention_ref(std::span<const AttentionArgs> seqs, ThreadPool& pool) {
   pool.run([&](int ith, int nth) {
     thread_local std::vector<float> acc;
     int64_t max_hd = 0;
@@ -116,7 +118,67 @@ void attention(std::span<const AttentionArgs> seqs, ThreadPool& pool) {
           if (item % nth == ith) attend_row(a, i, h, acc.data());
     }
   });
-  (void)n_items;
+}
+
+// One unit of parallel work: query tokens [i0, i1) of sequence `seq`, KV head `kvh`.
+struct TileItem {
+  int32_t seq;
+  int32_t kvh;
+  int64_t i0, i1;
+};
+
+// Query rows per tile: enough to amortise loading each K block (tokens x GQA group), few
+// enough that S and O stay in L1/L2.
+constexpr int64_t kTileRows = 32;
+
+}  // namespace
+
+void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& pool) {
+  if (!isa_supported(isa)) fail("attention variant ", isa_name(isa), " is not supported by this CPU");
+  for (const auto& a : seqs) {
+    TERN_ASSERT(a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 && a.head_dim > 0);
+  }
+  if (isa == Isa::Ref) {
+    attention_ref(seqs, pool);
+    return;
+  }
+  auto* tile = isa == Isa::Avx512 ? attn::attention_tile_avx512 : attn::attention_tile_avx2;
+
+  // Tiles, the latest query tokens first: under causal masking they see the most keys, and
+  // the pool's threads claim items in order, so the long ones start early.
+  // The list lives in the caller's thread_local; the workers reach it through this reference
+  // (naming a thread_local inside the lambda would give each worker its own, empty one).
+  thread_local std::vector<TileItem> caller_items;
+  std::vector<TileItem>& items = caller_items;
+  items.clear();
+  int64_t work = 0, max_scratch = 0;
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    const AttentionArgs& a = seqs[si];
+    if (a.n_tokens <= 0) continue;
+    const int64_t g = a.n_head / a.n_head_kv;
+    const int64_t tq = std::max<int64_t>(1, kTileRows / g);  // tokens per tile
+    max_scratch = std::max(max_scratch, attn::tile_scratch_floats(a.head_dim, tq * g));
+    work += a.n_tokens * a.n_head * (a.n_past + a.n_tokens) * a.head_dim;
+    for (int64_t i1 = a.n_tokens; i1 > 0; i1 -= tq)
+      for (int64_t kvh = 0; kvh < a.n_head_kv; ++kvh)
+        items.push_back(TileItem{int32_t(si), int32_t(kvh), std::max<int64_t>(0, i1 - tq), i1});
+  }
+  auto run_item = [&](int64_t c, int) {
+    thread_local std::vector<float> scratch;
+    if (int64_t(scratch.size()) < max_scratch) scratch.resize(size_t(max_scratch));
+    const TileItem& it = items[size_t(c)];
+    tile(seqs[size_t(it.seq)], it.kvh, it.i0, it.i1, scratch.data());
+  };
+  // A decode step of a small model: fork/join would cost more than the work.
+  if (work < (int64_t(1) << 16) || pool.size() == 1) {
+    for (int64_t c = 0; c < int64_t(items.size()); ++c) run_item(c, 0);
+    return;
+  }
+  pool.for_chunks(int64_t(items.size()), [&](int64_t c, int t) { run_item(c, t); });
+}
+
+void attention(std::span<const AttentionArgs> seqs, ThreadPool& pool) {
+  attention_isa(selected_isa(), seqs, pool);
 }
 
 }  // namespace tern

@@ -6,6 +6,8 @@
 #include <span>
 
 #include "core/thread_pool.h"
+#include "kernels/matmul.h"
+#include "ops/attention_iface.h"
 
 namespace tern {
 
@@ -25,31 +27,14 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n, ThreadPoo
 // x += y elementwise.
 void add_inplace(float* x, const float* y, int64_t n);
 
-// Causal attention of one sequence's new tokens over its KV cache, online softmax
-// (flash-style: running max and sum per query row, no n x n score matrix).
-//
-//   q:   [n_tokens, n_head * head_dim]     (rows ldq floats apart)
-//   out: [n_tokens, n_head * head_dim]     (rows ldo floats apart)
-//   K/V of position p live at k_base + slots[p] * kv_row (same for v), kv_row = n_head_kv*head_dim
-//   new token i sits at position n_past + i and sees positions 0 .. n_past + i.
-//   GQA: query head h reads KV head h / (n_head / n_head_kv); K/V are never copied per head.
-struct AttentionArgs {
-  const float* q;
-  int64_t ldq;
-  float* out;
-  int64_t ldo;
-  const float* k_base;
-  const float* v_base;
-  int64_t kv_row;
-  const int32_t* slots;  // [n_past + n_tokens]
-  int64_t n_past;
-  int64_t n_tokens;
-  int64_t n_head;
-  int64_t n_head_kv;
-  int64_t head_dim;
-  float scale;  // 1/sqrt(head_dim)
-};
-// Runs every (sequence, head, token) item of `seqs` on the pool.
+// Causal attention of a batch of sequences over their KV caches (AttentionArgs in
+// ops/attention_iface.h): flash-style, tiled over query rows and key blocks with an online
+// softmax; no n x n score matrix exists. The query heads of one GQA group share each K/V row
+// they load. A row's result does not depend on the other rows of the batch, so a sequence's
+// output is the same alone, in a prefill chunk or in a batch of decodes.
 void attention(std::span<const AttentionArgs> seqs, ThreadPool& pool);
+// The same with a chosen kernel variant (tests; TERN_FORCE_ISA selects for attention()):
+// Isa::Ref is the scalar reference, one query row at a time with a per-key online softmax.
+void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& pool);
 
 }  // namespace tern

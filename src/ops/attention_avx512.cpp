@@ -1,0 +1,8 @@
+// Tiled attention compiled for AVX-512 (see attention_tile_impl.h).
+#include "ops/attention_tile_impl.h"
+
+namespace tern::attn {
+void attention_tile_avx512(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch) {
+  tile_impl(a, kvh, i0, i1, scratch);
+}
+}  // namespace tern::attn

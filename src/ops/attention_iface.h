@@ -1,0 +1,52 @@
+#pragma once
+// Plain-data interface between ops/ops.cpp and the ISA variants of the tiled attention kernel
+// (attention_avx2.cpp, attention_avx512.cpp). Like kernels/kernel_iface.h, nothing here is an
+// inline function: an ISA translation unit must not emit a copy of shared inline code that the
+// linker could then hand to baseline callers.
+#include <cstdint>
+
+namespace tern {
+
+// Causal attention of one sequence's new tokens over its KV cache (see ops.h).
+//
+//   q:   [n_tokens, n_head * head_dim]     (rows ldq floats apart)
+//   out: [n_tokens, n_head * head_dim]     (rows ldo floats apart)
+//   K/V of position p live at k_base + slots[p] * kv_row (same for v), kv_row = n_head_kv*head_dim
+//   new token i sits at position n_past + i and sees positions 0 .. n_past + i.
+//   GQA: query head h reads KV head h / (n_head / n_head_kv); K/V are never copied per head.
+struct AttentionArgs {
+  const float* q;
+  int64_t ldq;
+  float* out;
+  int64_t ldo;
+  const float* k_base;
+  const float* v_base;
+  int64_t kv_row;
+  const int32_t* slots;  // [n_past + n_tokens]
+  int64_t n_past;
+  int64_t n_tokens;
+  int64_t n_head;
+  int64_t n_head_kv;
+  int64_t head_dim;
+  float scale;  // 1/sqrt(head_dim)
+};
+
+namespace attn {
+
+// Keys per tile: the kernel walks the context in blocks of this many positions.
+constexpr int64_t kKeyBlock = 64;
+
+// Floats of scratch one tile of `n_rows` query rows (tokens x heads of one KV group) needs.
+constexpr int64_t tile_scratch_floats(int64_t head_dim, int64_t n_rows) {
+  // Kt [head_dim][kKeyBlock] | S [n_rows][kKeyBlock] | O [n_rows][head_dim] | m, l [n_rows]
+  return head_dim * kKeyBlock + n_rows * kKeyBlock + n_rows * head_dim + 2 * n_rows;
+}
+
+// One tile: query tokens [i0, i1) of `a`, every query head of KV head `kvh` (the GQA group
+// shares each K/V row it loads). Rows are independent: a row's result does not depend on which
+// other rows share its tile, so batching never changes a sequence's output.
+void attention_tile_avx2(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch);
+void attention_tile_avx512(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch);
+
+}  // namespace attn
+}  // namespace tern

@@ -1,0 +1,291 @@
+#pragma once
+// The tiled (flash-style) attention kernel, written once over a 16-float vector type V and
+// compiled per ISA by attention_avx2.cpp (V = two __m256) and attention_avx512.cpp (V = one
+// __m512). Everything has internal linkage and uses no std:: templates (see attention_iface.h).
+//
+// For a tile of R query rows (tokens i0..i1-1 times the g query heads of one KV head) the
+// context is walked in blocks of kKeyBlock (64) positions:
+//   Kt = K_block^T                          [head_dim][64]  (loaded once, used by all R rows)
+//   S  = Q Kt * scale, causal mask -> -inf  [R][64]         (4 vectors per row, in registers)
+//   online softmax: m' = max(m, max S), c = exp(m - m'), P = exp(S - m'),
+//                   l = l c + sum P,  O = O c + P V_block
+// and finally out = O / l. No n x n matrix exists. Each row's arithmetic depends only on that
+// row (its query, its position, the keys it sees), never on the rows beside it in the tile, so
+// a sequence's output is the same whatever it is batched with.
+// GCC 12's AVX-512 headers build _mm512_undefined_*() as a self-initialised variable, which
+// -Wmaybe-uninitialized reports inside intrinsics; silenced for the header's lines only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cstdint>
+
+#include "ops/attention_iface.h"
+
+namespace tern::attn {
+namespace {
+
+#if defined(__AVX512F__)
+struct V {
+  __m512 v;
+};
+constexpr int kRowsPerPass = 2;  // query rows sharing each Kt load: 2 x 4 accumulators
+inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void vstore(float* p, V a) { _mm512_storeu_ps(p, a.v); }
+inline V vset1(float x) { return {_mm512_set1_ps(x)}; }
+inline V vzero() { return {_mm512_setzero_ps()}; }
+inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V vmul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V vadd(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V vsub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V vmax(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline float vhmax(V a) { return _mm512_reduce_max_ps(a.v); }
+inline float vhsum(V a) { return _mm512_reduce_add_ps(a.v); }
+// Lanes whose index base + lane is >= limit become `fill`.
+inline V vkeep_below(V a, int32_t base, int32_t limit, float fill) {
+  const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base),
+                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __mmask16 keep = _mm512_cmplt_epi32_mask(idx, _mm512_set1_epi32(limit));
+  return {_mm512_mask_blend_ps(keep, _mm512_set1_ps(fill), a.v)};
+}
+inline V vround(V a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+// 2^n for integral n in [-126, 127].
+inline V vexp2i(V n) {
+  const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
+}
+// 0 where x < lim, else a.
+inline V vzero_below(V a, V x, float lim) {
+  const __mmask16 low = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(lim), _CMP_LT_OQ);
+  return {_mm512_mask_blend_ps(low, a.v, _mm512_setzero_ps())};
+}
+#else
+struct V {
+  __m256 lo, hi;
+};
+constexpr int kRowsPerPass = 1;  // 4 accumulators of two ymm each already fill the registers
+inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void vstore(float* p, V a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline V vset1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline V vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V vfma(V a, V b, V c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V vmul(V a, V b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline V vadd(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline V vsub(V a, V b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline V vmax(V a, V b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline float hreduce8(__m256 x, bool is_max) {
+  __m128 h = is_max ? _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1))
+                    : _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  __m128 s = _mm_movehl_ps(h, h);
+  h = is_max ? _mm_max_ps(h, s) : _mm_add_ps(h, s);
+  s = _mm_shuffle_ps(h, h, 1);
+  h = is_max ? _mm_max_ss(h, s) : _mm_add_ss(h, s);
+  return _mm_cvtss_f32(h);
+}
+inline float vhmax(V a) { return hreduce8(_mm256_max_ps(a.lo, a.hi), true); }
+inline float vhsum(V a) { return hreduce8(_mm256_add_ps(a.lo, a.hi), false); }
+inline V vkeep_below(V a, int32_t base, int32_t limit, float fill) {
+  const __m256i lim = _mm256_set1_epi32(limit);
+  const __m256i idx_lo = _mm256_add_epi32(_mm256_set1_epi32(base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i idx_hi = _mm256_add_epi32(idx_lo, _mm256_set1_epi32(8));
+  const __m256 f = _mm256_set1_ps(fill);
+  return {_mm256_blendv_ps(f, a.lo, _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, idx_lo))),
+          _mm256_blendv_ps(f, a.hi, _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, idx_hi)))};
+}
+inline V vround(V a) {
+  return {_mm256_round_ps(a.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+          _mm256_round_ps(a.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+inline V vexp2i(V n) {
+  const __m256i b = _mm256_set1_epi32(127);
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n.lo), b), 23)),
+          _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n.hi), b), 23))};
+}
+inline V vzero_below(V a, V x, float lim) {
+  const __m256 l = _mm256_set1_ps(lim);
+  return {_mm256_andnot_ps(_mm256_cmp_ps(x.lo, l, _CMP_LT_OQ), a.lo),
+          _mm256_andnot_ps(_mm256_cmp_ps(x.hi, l, _CMP_LT_OQ), a.hi)};
+}
+#endif
+
+// exp(x) for x <= 0: Cody-Waite reduction x = n ln2 + r, a degree-6 polynomial for exp(r) on
+// |r| <= ln2/2 (relative error ~2e-7), times 2^n; 0 below -87 (and for -inf), where expf
+// underflows anyway.
+inline V vexp_nonpos(V x) {
+  const V xc = vmax(x, vset1(-87.0f));
+  const V n = vround(vmul(xc, vset1(1.44269504088896341f)));
+  V r = vfma(n, vset1(-0.693359375f), xc);
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  V p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  const V e = vadd(vfma(vmul(p, r), r, r), vset1(1.0f));
+  return vzero_below(vmul(e, vexp2i(n)), x, -87.0f);
+}
+inline float exp_nonpos(float x) {
+  float lanes[16];
+  vstore(lanes, vexp_nonpos(vset1(x)));
+  return lanes[0];
+}
+
+constexpr int64_t kB = kKeyBlock;
+static_assert(kB == 64, "the score loop keeps one block row in 4 vectors of 16");
+
+// S rows of NR query rows for one key block: s[rr][j] = sum_d q[rr][d] * Kt[d][j], d in order.
+template <int NR>
+inline void block_scores(const float* const* q, const float* Kt, int64_t hd, float* const* s) {
+  V acc[NR][4];
+  for (int rr = 0; rr < NR; ++rr)
+    for (int c = 0; c < 4; ++c) acc[rr][c] = vzero();
+  for (int64_t d = 0; d < hd; ++d) {
+    const float* kt = Kt + d * kB;
+    const V k0 = vload(kt), k1 = vload(kt + 16), k2 = vload(kt + 32), k3 = vload(kt + 48);
+    for (int rr = 0; rr < NR; ++rr) {
+      const V qd = vset1(q[rr][d]);
+      acc[rr][0] = vfma(qd, k0, acc[rr][0]);
+      acc[rr][1] = vfma(qd, k1, acc[rr][1]);
+      acc[rr][2] = vfma(qd, k2, acc[rr][2]);
+      acc[rr][3] = vfma(qd, k3, acc[rr][3]);
+    }
+  }
+  for (int rr = 0; rr < NR; ++rr)
+    for (int c = 0; c < 4; ++c) vstore(s[rr] + 16 * c, acc[rr][c]);
+}
+
+// o[0..hd) = o + sum_{j < nv} p[j] * vrow[j][0..hd). Two interleaved chains over j (even and odd
+// keys) per 16 columns, summed at the end: a fixed order for a given row.
+inline void accumulate_pv(float* o, const float* p, const float* const* vrow, int64_t nv, int64_t hd) {
+  int64_t c = 0;
+  for (; c + 32 <= hd; c += 32) {
+    V a0 = vload(o + c), a1 = vload(o + c + 16), b0 = vzero(), b1 = vzero();
+    int64_t j = 0;
+    for (; j + 1 < nv; j += 2) {
+      const V pj = vset1(p[j]), pk = vset1(p[j + 1]);
+      a0 = vfma(pj, vload(vrow[j] + c), a0);
+      a1 = vfma(pj, vload(vrow[j] + c + 16), a1);
+      b0 = vfma(pk, vload(vrow[j + 1] + c), b0);
+      b1 = vfma(pk, vload(vrow[j + 1] + c + 16), b1);
+    }
+    if (j < nv) {
+      const V pj = vset1(p[j]);
+      a0 = vfma(pj, vload(vrow[j] + c), a0);
+      a1 = vfma(pj, vload(vrow[j] + c + 16), a1);
+    }
+    vstore(o + c, vadd(a0, b0));
+    vstore(o + c + 16, vadd(a1, b1));
+  }
+  for (; c + 16 <= hd; c += 16) {
+    V a0 = vload(o + c), b0 = vzero();
+    int64_t j = 0;
+    for (; j + 1 < nv; j += 2) {
+      a0 = vfma(vset1(p[j]), vload(vrow[j] + c), a0);
+      b0 = vfma(vset1(p[j + 1]), vload(vrow[j + 1] + c), b0);
+    }
+    if (j < nv) a0 = vfma(vset1(p[j]), vload(vrow[j] + c), a0);
+    vstore(o + c, vadd(a0, b0));
+  }
+  for (; c < hd; ++c) {  // head_dim not a multiple of 16
+    float acc = o[c];
+    for (int64_t j = 0; j < nv; ++j) acc = __builtin_fmaf(p[j], vrow[j][c], acc);
+    o[c] = acc;
+  }
+}
+
+inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch) {
+  const int64_t hd = a.head_dim;
+  const int64_t g = a.n_head / a.n_head_kv;
+  const int64_t R = (i1 - i0) * g;
+  float* Kt = scratch;         // [hd][kB]
+  float* S = Kt + hd * kB;     // [R][kB]
+  float* O = S + R * kB;       // [R][hd]
+  float* m = O + R * hd;       // [R]
+  float* l = m + R;            // [R]
+  const float* vrow[kB];       // V rows of the block's positions
+  const float neg_inf = -__builtin_inff();
+  for (int64_t r = 0; r < R; ++r) {
+    m[r] = neg_inf;
+    l[r] = 0.0f;
+    for (int64_t d = 0; d < hd; ++d) O[r * hd + d] = 0.0f;
+  }
+  auto q_row = [&](int64_t r) { return a.q + (i0 + r / g) * a.ldq + (kvh * g + r % g) * hd; };
+
+  const int64_t last_pos = a.n_past + i1 - 1;  // the tile's last row sees 0..last_pos
+  for (int64_t p0 = 0; p0 <= last_pos; p0 += kB) {
+    const int64_t nb = last_pos + 1 - p0 < kB ? last_pos + 1 - p0 : kB;
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t slot = a.slots[p0 + j];
+      const float* k = a.k_base + slot * a.kv_row + kvh * hd;
+      vrow[j] = a.v_base + slot * a.kv_row + kvh * hd;
+      for (int64_t d = 0; d < hd; ++d) Kt[d * kB + j] = k[d];
+    }
+    for (int64_t d = 0; d < hd; ++d)
+      for (int64_t j = nb; j < kB; ++j) Kt[d * kB + j] = 0.0f;
+
+    // Rows before the block (their position < p0) see none of it; rows are ordered by
+    // position, so the first active row is found once.
+    int64_t r_first = 0;
+    while (r_first < R && a.n_past + i0 + r_first / g < p0) ++r_first;
+    int64_t r = r_first;
+    for (; r + kRowsPerPass <= R; r += kRowsPerPass) {
+      const float* qs[kRowsPerPass];
+      float* ss[kRowsPerPass];
+      for (int rr = 0; rr < kRowsPerPass; ++rr) {
+        qs[rr] = q_row(r + rr);
+        ss[rr] = S + (r + rr) * kB;
+      }
+      block_scores<kRowsPerPass>(qs, Kt, hd, ss);
+    }
+    for (; r < R; ++r) {
+      const float* qs[1] = {q_row(r)};
+      float* ss[1] = {S + r * kB};
+      block_scores<1>(qs, Kt, hd, ss);
+    }
+
+    for (r = r_first; r < R; ++r) {
+      const int64_t pos = a.n_past + i0 + r / g;
+      const int32_t nv = int32_t(pos + 1 - p0 < nb ? pos + 1 - p0 : nb);  // keys this row sees
+      float* s = S + r * kB;
+      const V scale = vset1(a.scale);
+      V s0 = vkeep_below(vmul(vload(s), scale), 0, nv, neg_inf);
+      V s1 = vkeep_below(vmul(vload(s + 16), scale), 16, nv, neg_inf);
+      V s2 = vkeep_below(vmul(vload(s + 32), scale), 32, nv, neg_inf);
+      V s3 = vkeep_below(vmul(vload(s + 48), scale), 48, nv, neg_inf);
+      const float block_max = vhmax(vmax(vmax(s0, s1), vmax(s2, s3)));
+      const float mx = m[r] > block_max ? m[r] : block_max;
+      const V vm = vset1(mx);
+      s0 = vexp_nonpos(vsub(s0, vm));
+      s1 = vexp_nonpos(vsub(s1, vm));
+      s2 = vexp_nonpos(vsub(s2, vm));
+      s3 = vexp_nonpos(vsub(s3, vm));
+      const float sum = vhsum(vadd(vadd(s0, s1), vadd(s2, s3)));
+      vstore(s, s0);
+      vstore(s + 16, s1);
+      vstore(s + 32, s2);
+      vstore(s + 48, s3);
+      // m[r] == -inf only before the row's first block, where O and l are still 0.
+      const float c = m[r] == neg_inf ? 0.0f : exp_nonpos(m[r] - mx);
+      l[r] = l[r] * c + sum;
+      m[r] = mx;
+      float* o = O + r * hd;
+      for (int64_t d = 0; d < hd; ++d) o[d] *= c;
+      accumulate_pv(o, s, vrow, nv, hd);
+    }
+  }
+
+  for (int64_t r = 0; r < R; ++r) {
+    float* out = a.out + (i0 + r / g) * a.ldo + (kvh * g + r % g) * hd;
+    const float inv = 1.0f / l[r];
+    for (int64_t d = 0; d < hd; ++d) out[d] = O[r * hd + d] * inv;
+  }
+}
+
+}  // namespace
+}  // namespace tern::attn

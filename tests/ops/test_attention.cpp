@@ -1,0 +1,181 @@
+// Attention kernels: every tiled variant this CPU runs against the scalar reference (one query
+// row at a time, per-key online softmax) and against a plain softmax(QK^T)V computed in double,
+// over ragged shapes (head_dim not a multiple of the vector width, tiles cut mid-sequence, key
+// blocks cut mid-context), GQA groups, scattered KV slots (a paged cache) and several
+// sequences per call. And the property batching relies on: a sequence's output is bit-for-bit
+// the same alone, beside other sequences, prefilled in one pass, in chunks or token by token.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/matmul.h"
+#include "ops/ops.h"
+
+namespace tern {
+namespace {
+
+struct Shape {
+  int64_t n_head, n_head_kv, head_dim, n_past, n_tokens;
+};
+
+// One sequence with its own Q, output and a KV arena whose slots are a random permutation.
+struct Seq {
+  Shape sh;
+  int64_t ldq, ldo, kv_row, n_slots;
+  std::vector<float> q, out, k, v;
+  std::vector<int32_t> slots;
+
+  Seq(const Shape& s, uint32_t seed, int64_t pad = 3) : sh(s) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    const int64_t E = s.n_head * s.head_dim;
+    ldq = E + pad;
+    ldo = E + pad;
+    kv_row = s.n_head_kv * s.head_dim;
+    const int64_t n_ctx = s.n_past + s.n_tokens;
+    n_slots = n_ctx + 7;  // arena larger than the context: unused slots hold junk
+    q.resize(size_t(s.n_tokens * ldq));
+    for (auto& x : q) x = dist(rng);
+    k.resize(size_t(n_slots * kv_row));
+    v.resize(size_t(n_slots * kv_row));
+    for (auto& x : k) x = dist(rng);
+    for (auto& x : v) x = dist(rng);
+    std::vector<int32_t> perm(static_cast<size_t>(n_slots));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    slots.assign(perm.begin(), perm.begin() + n_ctx);
+    out.assign(size_t(s.n_tokens * ldo), NAN);
+  }
+  AttentionArgs args() {
+    return AttentionArgs{q.data(), ldq, out.data(), ldo, k.data(), v.data(), kv_row, slots.data(),
+                         sh.n_past, sh.n_tokens, sh.n_head, sh.n_head_kv, sh.head_dim,
+                         1.0f / std::sqrt(float(sh.head_dim))};
+  }
+  // Output of token i, head h, from softmax(q k^T * scale) v in double.
+  std::vector<double> oracle(int64_t i, int64_t h) const {
+    const int64_t hd = sh.head_dim, kvh = h / (sh.n_head / sh.n_head_kv);
+    const int64_t n_ctx = sh.n_past + i + 1;
+    std::vector<double> sc(static_cast<size_t>(n_ctx));
+    double mx = -1e300;
+    for (int64_t p = 0; p < n_ctx; ++p) {
+      double d = 0;
+      for (int64_t e = 0; e < hd; ++e)
+        d += double(q[size_t(i * ldq + h * hd + e)]) * k[size_t(slots[size_t(p)] * kv_row + kvh * hd + e)];
+      sc[size_t(p)] = d / std::sqrt(double(hd));
+      mx = std::max(mx, sc[size_t(p)]);
+    }
+    double sum = 0;
+    for (auto& x : sc) sum += (x = std::exp(x - mx));
+    std::vector<double> o(static_cast<size_t>(hd), 0.0);
+    for (int64_t p = 0; p < n_ctx; ++p)
+      for (int64_t e = 0; e < hd; ++e) o[size_t(e)] += sc[size_t(p)] / sum * v[size_t(slots[size_t(p)] * kv_row + kvh * hd + e)];
+    return o;
+  }
+};
+
+std::vector<Isa> variants() {
+  std::vector<Isa> v;
+  for (Isa isa : {Isa::Ref, Isa::Avx2, Isa::Avx512})
+    if (isa_supported(isa)) v.push_back(isa);
+  return v;
+}
+
+const Shape kShapes[] = {
+    {8, 4, 8, 0, 1},      {8, 4, 8, 0, 37},     {8, 4, 8, 200, 1},    {8, 4, 8, 63, 2},
+    {4, 4, 64, 0, 70},    {4, 4, 64, 64, 1},    {4, 4, 64, 65, 33},   {32, 4, 64, 130, 1},
+    {32, 4, 64, 0, 45},   {6, 2, 20, 11, 19},   {3, 1, 5, 1, 9},      {2, 2, 128, 127, 2},
+    {16, 16, 16, 300, 3}, {14, 2, 64, 0, 129},
+};
+
+TEST(Attention, EveryVariantMatchesTheReferenceAndTheDoubleOracle) {
+  for (int n_threads : {1, 2}) {
+    ThreadPool pool(n_threads);
+    for (Isa isa : variants()) {
+      uint32_t seed = 1;
+      for (const Shape& sh : kShapes) {
+        // Three sequences of this shape in one call, different contents.
+        std::vector<Seq> seqs;
+        for (int s = 0; s < 3; ++s) seqs.emplace_back(sh, seed++);
+        std::vector<AttentionArgs> args;
+        for (auto& s : seqs) args.push_back(s.args());
+        attention_isa(isa, args, pool);
+
+        std::vector<Seq> ref_seqs;
+        for (uint32_t s = 0; s < 3; ++s) ref_seqs.emplace_back(sh, seed - 3 + s);
+        std::vector<AttentionArgs> ref_args;
+        for (auto& s : ref_seqs) ref_args.push_back(s.args());
+        attention_isa(Isa::Ref, ref_args, pool);
+
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          const Seq& a = seqs[s];
+          for (int64_t i = 0; i < sh.n_tokens; ++i)
+            for (int64_t h = 0; h < sh.n_head; ++h) {
+              const auto o = a.oracle(i, h);
+              for (int64_t e = 0; e < sh.head_dim; ++e) {
+                const size_t at = size_t(i * a.ldo + h * sh.head_dim + e);
+                ASSERT_NEAR(a.out[at], o[size_t(e)], 2e-5)
+                    << isa_name(isa) << " threads " << n_threads << " shape hd=" << sh.head_dim
+                    << " past=" << sh.n_past << " n=" << sh.n_tokens << " token " << i << " head " << h;
+                ASSERT_NEAR(a.out[at], ref_seqs[s].out[at], 2e-5) << isa_name(isa);
+              }
+              // Padding between rows is never written.
+              if (a.ldo > sh.n_head * sh.head_dim) {
+                ASSERT_TRUE(std::isnan(a.out[size_t(i * a.ldo + a.ldo - 1)]));
+              }
+            }
+        }
+      }
+    }
+  }
+}
+
+// The same sequence alone, beside others, in one prefill pass, in chunks and token by token:
+// every tiled variant gives the same bits (batched serving is exact because of this).
+TEST(Attention, ARowsResultDoesNotDependOnItsBatch) {
+  ThreadPool pool(2);
+  for (Isa isa : variants()) {
+    if (isa == Isa::Ref) continue;
+    for (const Shape& sh : {Shape{8, 4, 8, 0, 150}, Shape{32, 4, 64, 0, 97}, Shape{6, 2, 20, 0, 70}}) {
+      Seq whole(sh, 42);
+      std::vector<AttentionArgs> one{whole.args()};
+      attention_isa(isa, one, pool);
+
+      for (int64_t chunk : {1, 5, 64, 33}) {
+        Seq part(sh, 42);  // same contents
+        Seq other(Shape{sh.n_head, sh.n_head_kv, sh.head_dim, 17, 9}, 7);
+        for (int64_t start = 0; start < sh.n_tokens; start += chunk) {
+          const int64_t n = std::min(chunk, sh.n_tokens - start);
+          AttentionArgs a = part.args();
+          a.q += start * part.ldq;
+          a.out += start * part.ldo;
+          a.n_past = start;
+          a.n_tokens = n;
+          std::vector<AttentionArgs> batch{other.args(), a};
+          attention_isa(isa, batch, pool);
+        }
+        for (int64_t i = 0; i < sh.n_tokens; ++i)
+          for (int64_t e = 0; e < sh.n_head * sh.head_dim; ++e)
+            ASSERT_EQ(part.out[size_t(i * part.ldo + e)], whole.out[size_t(i * whole.ldo + e)])
+                << isa_name(isa) << " chunk " << chunk << " token " << i;
+      }
+    }
+  }
+}
+
+TEST(Attention, UnsupportedVariantIsAnError) {
+  ThreadPool pool(1);
+  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+    if (isa_supported(isa)) continue;
+    Seq s(Shape{2, 2, 8, 0, 1}, 1);
+    std::vector<AttentionArgs> a{s.args()};
+    EXPECT_ANY_THROW(attention_isa(isa, a, pool));
+  }
+}
+
+}  // namespace
+}  // namespace tern
