@@ -110,6 +110,40 @@ void ThreadPool::worker_main(int thread) {
   }
 }
 
+void PhasedWork::reset(const std::vector<int32_t>& units_per_phase, int n_threads) {
+  TERN_ASSERT(n_threads >= 1);
+  const size_t n_phases = units_per_phase.size();
+  if (n_phases > done_capacity_) {
+    done_ = std::make_unique<Done[]>(n_phases);
+    done_capacity_ = n_phases;
+  }
+  if (n_phases * size_t(n_threads) > counters_capacity_) {
+    counters_ = std::make_unique<Counter[]>(n_phases * size_t(n_threads));
+    counters_capacity_ = n_phases * size_t(n_threads);
+  }
+  n_phases_ = int(n_phases);
+  n_threads_ = n_threads;
+  for (size_t p = 0; p < n_phases; ++p) {
+    TERN_ASSERT(units_per_phase[p] >= 0);
+    done_[p].count.store(0, std::memory_order_relaxed);
+    done_[p].n_units = units_per_phase[p];
+    for (int t = 0; t < n_threads; ++t) counter(int(p), t).next.store(0, std::memory_order_relaxed);
+  }
+  // The region's start (the pool's dispatch) publishes these stores to the workers.
+}
+
+void PhasedWork::wait_done(int phase) const {
+  const Done& d = done_[size_t(phase)];
+  int spins = 0;
+  while (d.count.load(std::memory_order_acquire) < d.n_units) {
+    if (++spins < kSpinIterations) {
+      TERN_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
 int default_thread_count() {
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;

@@ -16,6 +16,7 @@
 // Thread-safety: one caller at a time (run()/for_chunks() are not re-entrant or concurrent).
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -81,6 +82,67 @@ class ThreadPool {
   alignas(64) std::atomic<int> n_sleeping_{0};
   std::atomic<bool> stop_{false};
   uint64_t region_ = 0;
+};
+
+// The work of one pool region in consecutive phases, each split into units; a phase's units
+// start only when every unit of the previous phase is done. It replaces one region per
+// operation (a fork/join each) by one region per pass.
+//
+// Unit u of a phase belongs to thread u % n_threads, which claims it through a counter of its
+// own (a cache line no other thread touches unless it steals); a thread that has run out of
+// its own units steals the others' unclaimed ones. So the common case costs about what a
+// barrier does, and, as with for_chunks, nothing waits for a thread that is late or
+// descheduled: its units are taken by the others.
+//
+//   PhasedWork w; w.reset({4, 4, 8}, pool.size());          // caller, before the region
+//   pool.run([&](int ith, int nth) { w.run(ith, [&](int phase, int unit) { ... }); });
+class PhasedWork {
+ public:
+  // Units per phase (each >= 0) and the region's thread count. Not thread-safe: call before
+  // the region starts.
+  void reset(const std::vector<int32_t>& units_per_phase, int n_threads);
+
+  // Runs thread ith's units and any it can steal, phase by phase: fn(phase, unit).
+  template <class Fn>
+  void run(int ith, Fn&& fn) {
+    for (int p = 0; p < n_phases_; ++p) {
+      if (p > 0) wait_done(p - 1);
+      int32_t completed = 0;
+      for (int v = 0; v < n_threads_; ++v) {  // own units first (v == 0), then steal
+        const int owner = (ith + v) % n_threads_;
+        Counter& c = counter(p, owner);
+        const int32_t n_own = own_units(p, owner);
+        while (c.next.load(std::memory_order_relaxed) < n_own) {
+          const int32_t k = c.next.fetch_add(1, std::memory_order_acq_rel);
+          if (k >= n_own) break;
+          fn(p, int(owner + k * n_threads_));
+          ++completed;
+        }
+      }
+      if (completed > 0) done_[size_t(p)].count.fetch_add(completed, std::memory_order_release);
+    }
+  }
+
+ private:
+  struct alignas(64) Counter {
+    std::atomic<int32_t> next{0};
+  };
+  struct alignas(64) Done {
+    std::atomic<int32_t> count{0};
+    int32_t n_units = 0;
+  };
+  Counter& counter(int phase, int thread) { return counters_[size_t(phase) * size_t(n_threads_) + size_t(thread)]; }
+  int32_t own_units(int phase, int thread) const {
+    const int32_t n = done_[size_t(phase)].n_units;
+    return n > thread ? (n - thread + n_threads_ - 1) / n_threads_ : 0;
+  }
+  void wait_done(int phase) const;
+
+  std::unique_ptr<Counter[]> counters_;  // [phase][thread]
+  std::unique_ptr<Done[]> done_;         // [phase]
+  size_t counters_capacity_ = 0, done_capacity_ = 0;
+  int n_phases_ = 0;
+  int n_threads_ = 1;
 };
 
 // Threads to use when the user does not say: the number of cores online (>= 1).

@@ -139,6 +139,17 @@ void matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, 
   matmul_isa(selected_isa(), w, x, ldx, n_tokens, y, ldy, pool);
 }
 
+void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
+                 int64_t ldy, int64_t r0, int64_t r1) {
+  TERN_ASSERT(0 <= r0 && r0 <= r1 && r1 <= w.n_out);
+  if (r0 == r1) return;
+  // Rows are independent and stored one after another, so rows [r0, r1) are a matrix of
+  // their own; a one-thread pool runs everything on this thread.
+  thread_local ThreadPool serial(1);
+  const WeightView sub{w.type, w.n_in, r1 - r0, static_cast<const uint8_t*>(w.data) + r0 * w.row_bytes()};
+  matmul_isa(selected_isa(), sub, x, ldx, n_tokens, y + r0, ldy, serial);
+}
+
 void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens,
                 float* y, int64_t ldy, ThreadPool& pool) {
   if (!isa_supported(isa)) fail("kernel variant ", isa_name(isa), " is not supported by this CPU");

@@ -32,6 +32,12 @@ struct WeightView {
 void matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
             int64_t ldy, ThreadPool& pool);
 
+// Output rows [r0, r1) only (y's other columns untouched), on the calling thread alone: for
+// callers that split the rows across threads themselves. Equal to matmul's rows bit for bit
+// when r0 is a multiple of 4 (the kernels' row tile).
+void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
+                 int64_t ldy, int64_t r0, int64_t r1);
+
 // Reference implementation (dequantize a row, f32 dot products): the oracle for tests.
 void matmul_ref(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                 int64_t ldy, ThreadPool& pool);

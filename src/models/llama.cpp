@@ -24,6 +24,10 @@ struct LayerWeights {
   WeightView w_gate, w_up, w_down;   // [n_embd -> n_ff], [n_ff -> n_embd]
 };
 
+// The single-region forward path (forward_spmd) applies up to this size.
+constexpr int64_t kSpmdMaxTokens = 8;
+constexpr int64_t kSpmdMaxEmbd = 1024;
+
 class LlamaModel final : public Model {
  public:
   explicit LlamaModel(std::shared_ptr<const GgufFile> file) : file_(std::move(file)) {
@@ -78,6 +82,13 @@ class LlamaModel final : public Model {
                ThreadPool& pool) override;
 
  private:
+  void forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
+  void forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits, ThreadPool& pool);
+  int64_t gather_output_rows(std::span<const SeqBatch> seqs, float* out) const;
+
+ public:
+
+ private:
   WeightView weight(const std::string& name, int64_t n_in, int64_t n_out) const {
     const GgufTensorInfo* t = file_->find_tensor(name);
     if (!t) fail(file_->path(), ": missing tensor ", name);
@@ -119,11 +130,13 @@ class LlamaModel final : public Model {
   std::vector<int32_t> positions_;  // [T]
   std::vector<float> out_rows_;     // [rows needing logits, n_embd]
   std::vector<AttentionArgs> attn_args_;
+  PhasedWork spmd_work_;               // forward_spmd's phases
+  std::vector<int32_t> phase_units_;   // units per phase of the current pass
 };
 
 void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits,
                          ThreadPool& pool) {
-  const int64_t E = hp_.n_embd, Ekv = hp_.n_embd_kv(), F = hp_.n_ff, V = hp_.n_vocab;
+  const int64_t E = hp_.n_embd, V = hp_.n_vocab;
   int64_t T = 0;
   for (const auto& s : seqs) {
     TERN_ASSERT(int64_t(s.slots.size()) >= s.n_past + int64_t(s.tokens.size()));
@@ -144,6 +157,44 @@ void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
       }
   }
 
+  // Small models decoding a few tokens: each operation is a microsecond or less, so one pool
+  // region per operation (11 per layer) costs more than the work; one region for the whole
+  // pass with 4 barriers per layer makes 2 threads faster than 1. Bigger steps and models keep
+  // the pooled path, whose work-claiming chunks tolerate a descheduled thread. Both give the
+  // same bits.
+  if (pool.size() > 1 && !observer_ && T <= kSpmdMaxTokens && E <= kSpmdMaxEmbd) {
+    forward_spmd(seqs, kv, T, logits, pool);
+    return;
+  }
+  forward_layers_pooled(seqs, kv, T, pool);
+
+  // Final norm and output projection only for the rows that need logits.
+  const int64_t rows = gather_output_rows(seqs, out_rows_.data());
+  rms_norm(out_rows_.data(), output_norm_, out_rows_.data(), rows, E, hp_.rms_eps, pool);
+  if (observer_) observer_->on_linear_input(output_is_tied_ ? "token_embd.weight" : "output.weight", out_rows_.data(), rows, E);
+  matmul(output_, out_rows_.data(), E, rows, logits, V, pool);
+}
+
+int64_t LlamaModel::gather_output_rows(std::span<const SeqBatch> seqs, float* out) const {
+  const int64_t E = hp_.n_embd;
+  int64_t rows = 0, t = 0;
+  for (const auto& s : seqs) {
+    const int64_t n = int64_t(s.tokens.size());
+    if (s.all_logits) {
+      std::copy_n(x_.data() + t * E, n * E, out + rows * E);
+      rows += n;
+    } else {
+      std::copy_n(x_.data() + (t + n - 1) * E, E, out + rows * E);
+      rows += 1;
+    }
+    t += n;
+  }
+  return rows;
+}
+
+void LlamaModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T,
+                                       ThreadPool& pool) {
+  const int64_t E = hp_.n_embd, Ekv = hp_.n_embd_kv(), F = hp_.n_ff;
   const float scale = 1.0f / std::sqrt(float(hp_.head_dim));
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const LayerWeights& L = layers_[size_t(il)];
@@ -194,23 +245,119 @@ void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
     matmul(L.w_down, gate_.data(), F, T, xn_.data(), E, pool);
     add_inplace(x_.data(), xn_.data(), T * E);
   }
+}
 
-  // Final norm and output projection only for the rows that need logits.
-  int64_t rows = 0, t = 0;
-  for (const auto& s : seqs) {
-    const int64_t n = int64_t(s.tokens.size());
-    if (s.all_logits) {
-      std::copy_n(x_.data() + t * E, n * E, out_rows_.data() + rows * E);
-      rows += n;
-    } else {
-      std::copy_n(x_.data() + (t + n - 1) * E, E, out_rows_.data() + rows * E);
-      rows += 1;
-    }
-    t += n;
+// One pool region for the whole pass, in phases (PhasedWork: each thread runs its own units and
+// steals a late thread's; a phase starts when the previous one is complete). Per layer:
+//   A  one unit per KV head: its GQA group's q/k/v rows, RoPE, cache writes and attention
+//      (a group needs nothing from the other groups)
+//   B  n_embd rows of wo, added into the residual
+//   C  n_ff rows of gate and up, and their SwiGLU
+//   D  n_embd rows of down, added into the residual
+// then the vocab rows of the output. RMSNorm of the (small) residual is recomputed by each
+// thread into its own buffer when it first needs it in a phase, instead of one more phase.
+// Row units start at multiples of 4, the kernels' row tile, so every output equals the pooled
+// path's bit for bit.
+void LlamaModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits,
+                              ThreadPool& pool) {
+  const int64_t E = hp_.n_embd, Ekv = hp_.n_embd_kv(), F = hp_.n_ff, V = hp_.n_vocab;
+  const int64_t hd = hp_.head_dim, g = hp_.n_head / hp_.n_head_kv;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  int64_t n_out_rows = 0;
+  for (const auto& s : seqs) n_out_rows += s.all_logits ? int64_t(s.tokens.size()) : 1;
+
+  // Rows per unit: about two units per thread, a multiple of 4.
+  const int64_t nth = pool.size();
+  auto rows_per_unit = [&](int64_t n) { return ((n + 2 * nth - 1) / (2 * nth) + 3) / 4 * 4; };
+  const int64_t per_e = rows_per_unit(E), per_f = rows_per_unit(F), per_v = rows_per_unit(V);
+  auto units = [](int64_t n, int64_t per) { return int32_t((n + per - 1) / per); };
+  phase_units_.clear();
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    phase_units_.push_back(int32_t(hp_.n_head_kv));
+    phase_units_.push_back(units(E, per_e));
+    phase_units_.push_back(units(F, per_f));
+    phase_units_.push_back(units(E, per_e));
   }
-  rms_norm(out_rows_.data(), output_norm_, out_rows_.data(), rows, E, hp_.rms_eps, pool);
-  if (observer_) observer_->on_linear_input(output_is_tied_ ? "token_embd.weight" : "output.weight", out_rows_.data(), rows, E);
-  matmul(output_, out_rows_.data(), E, rows, logits, V, pool);
+  phase_units_.push_back(units(V, per_v));
+  spmd_work_.reset(phase_units_, pool.size());
+  ThreadPool serial(1);  // no threads: the row-wise ops below run on the calling thread
+
+  pool.run([&](int ith, int) {
+    thread_local std::vector<float> xn;        // [T, n_embd] this thread's normalised residual
+    thread_local std::vector<float> out_rows;  // [n_out_rows, n_embd]
+    xn.resize(size_t(T * E));
+    int normed_for = -1;  // the phase whose input xn holds
+    spmd_work_.run(ith, [&](int phase, int unit) {
+      const int64_t il = phase / 4;
+      if (il == hp_.n_layer) {  // output projection
+        if (normed_for != phase) {
+          out_rows.resize(size_t(n_out_rows * E));
+          gather_output_rows(seqs, out_rows.data());
+          rms_norm(out_rows.data(), output_norm_, out_rows.data(), n_out_rows, E, hp_.rms_eps, serial);
+          normed_for = phase;
+        }
+        const int64_t v0 = unit * per_v;
+        matmul_rows(output_, out_rows.data(), E, n_out_rows, logits, V, v0, std::min(V, v0 + per_v));
+        return;
+      }
+      const LayerWeights& L = layers_[size_t(il)];
+      switch (phase % 4) {
+        case 0: {
+          if (normed_for != phase) {
+            rms_norm(x_.data(), L.attn_norm, xn.data(), T, E, hp_.rms_eps, serial);
+            normed_for = phase;
+          }
+          const int64_t kvh = unit;
+          matmul_rows(L.wq, xn.data(), E, T, q_.data(), E, kvh * g * hd, (kvh + 1) * g * hd);
+          matmul_rows(L.wk, xn.data(), E, T, k_.data(), Ekv, kvh * hd, (kvh + 1) * hd);
+          matmul_rows(L.wv, xn.data(), E, T, v_.data(), Ekv, kvh * hd, (kvh + 1) * hd);
+          for (int64_t t = 0; t < T; ++t) {
+            rope_norm(q_.data() + t * E + kvh * g * hd, &positions_[size_t(t)], 1, g, hd, hp_.n_rot,
+                      hp_.rope_freq_base);
+            rope_norm(k_.data() + t * Ekv + kvh * hd, &positions_[size_t(t)], 1, 1, hd, hp_.n_rot,
+                      hp_.rope_freq_base);
+          }
+          float* kc = kv.k(il);
+          float* vc = kv.v(il);
+          int64_t t = 0;
+          for (const auto& s : seqs) {
+            const int64_t n = int64_t(s.tokens.size());
+            for (int64_t i = 0; i < n; ++i) {
+              const int64_t slot = s.slots[size_t(s.n_past + i)];
+              std::copy_n(k_.data() + (t + i) * Ekv + kvh * hd, hd, kc + slot * Ekv + kvh * hd);
+              std::copy_n(v_.data() + (t + i) * Ekv + kvh * hd, hd, vc + slot * Ekv + kvh * hd);
+            }
+            attention_kv_head(AttentionArgs{q_.data() + t * E, E, attn_.data() + t * E, E, kc, vc, Ekv,
+                                            s.slots.data(), s.n_past, n, hp_.n_head, hp_.n_head_kv, hd, scale},
+                              kvh);
+            t += n;
+          }
+          break;
+        }
+        case 1:
+        case 3: {
+          const int64_t e0 = unit * per_e, e1 = std::min(E, e0 + per_e);
+          if (phase % 4 == 1) matmul_rows(L.wo, attn_.data(), E, T, xn_.data(), E, e0, e1);
+          else matmul_rows(L.w_down, gate_.data(), F, T, xn_.data(), E, e0, e1);
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t e = e0; e < e1; ++e) x_[size_t(t * E + e)] += xn_[size_t(t * E + e)];
+          break;
+        }
+        case 2: {
+          if (normed_for != phase) {
+            rms_norm(x_.data(), L.ffn_norm, xn.data(), T, E, hp_.rms_eps, serial);
+            normed_for = phase;
+          }
+          const int64_t f0 = unit * per_f, f1 = std::min(F, f0 + per_f);
+          matmul_rows(L.w_gate, xn.data(), E, T, gate_.data(), F, f0, f1);
+          matmul_rows(L.w_up, xn.data(), E, T, up_.data(), F, f0, f1);
+          for (int64_t t = 0; t < T; ++t)
+            swiglu(gate_.data() + t * F + f0, up_.data() + t * F + f0, gate_.data() + t * F + f0, f1 - f0, serial);
+          break;
+        }
+      }
+    });
+  });
 }
 
 }  // namespace

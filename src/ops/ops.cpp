@@ -177,6 +177,25 @@ void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& poo
   pool.for_chunks(int64_t(items.size()), [&](int64_t c, int t) { run_item(c, t); });
 }
 
+void attention_kv_head(const AttentionArgs& a, int64_t kvh) {
+  if (a.n_tokens <= 0) return;
+  const Isa isa = selected_isa();
+  const int64_t g = a.n_head / a.n_head_kv;
+  if (isa == Isa::Ref) {
+    thread_local std::vector<float> acc;
+    acc.resize(size_t(a.head_dim));
+    for (int64_t i = 0; i < a.n_tokens; ++i)
+      for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) attend_row(a, i, h, acc.data());
+    return;
+  }
+  auto* tile = isa == Isa::Avx512 ? attn::attention_tile_avx512 : attn::attention_tile_avx2;
+  const int64_t tq = std::max<int64_t>(1, kTileRows / g);
+  thread_local std::vector<float> scratch;
+  const int64_t need = attn::tile_scratch_floats(a.head_dim, tq * g);
+  if (int64_t(scratch.size()) < need) scratch.resize(size_t(need));
+  for (int64_t i1 = a.n_tokens; i1 > 0; i1 -= tq) tile(a, kvh, std::max<int64_t>(0, i1 - tq), i1, scratch.data());
+}
+
 void attention(std::span<const AttentionArgs> seqs, ThreadPool& pool) {
   attention_isa(selected_isa(), seqs, pool);
 }

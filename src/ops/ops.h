@@ -33,6 +33,10 @@ void add_inplace(float* x, const float* y, int64_t n);
 // they load. A row's result does not depend on the other rows of the batch, so a sequence's
 // output is the same alone, in a prefill chunk or in a batch of decodes.
 void attention(std::span<const AttentionArgs> seqs, ThreadPool& pool);
+// The query heads of KV head `kvh` of one sequence, every new token, on the calling thread
+// alone (for callers that split heads across threads themselves); equal to attention()'s
+// result for those heads bit for bit.
+void attention_kv_head(const AttentionArgs& a, int64_t kvh);
 // The same with a chosen kernel variant (tests; TERN_FORCE_ISA selects for attention()):
 // Isa::Ref is the scalar reference, one query row at a time with a per-key online softmax.
 void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& pool);

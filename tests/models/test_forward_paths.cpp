@@ -1,0 +1,88 @@
+// The two execution paths of the Llama forward pass give the same bits: one pool region per
+// operation (1 thread, or big steps) and one region per pass in phases (small models, steps of
+// at most 8 tokens, 2+ threads: forward_spmd). Checked on stories260K (f32) and synthetic
+// stories260K-shape models in f16, q8_0 and q4_0, over ragged multi-sequence steps with
+// scattered KV slots, with 2, 3 and 4 threads (uneven shares, more threads than cores).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <unistd.h>
+
+#include "models/model.h"
+#include "models/synth.h"
+#include "test_util.h"
+
+namespace tern {
+namespace {
+
+using tern::testing::shared_path;
+
+std::string synth_path(DType type) {
+  const std::string path = ::testing::TempDir() + "tern_paths_" + dtype_name(type) + "_" + std::to_string(::getpid()) + ".gguf";
+  SynthOptions o;
+  o.shape = "stories260k";
+  o.type = type;
+  synth_model(o, path);
+  return path;
+}
+
+// Runs three steps of two sequences (prefill chunks, then decodes) and returns all logits.
+std::vector<float> run_steps(const std::shared_ptr<const GgufFile>& file, int n_threads) {
+  auto model = load_model(file);
+  model->reserve(16);
+  const int64_t V = model->hparams().n_vocab;
+  ThreadPool pool(n_threads);
+  KvStore kv(model->hparams(), 64);
+  const std::vector<int32_t> a = {1, 403, 407, 261, 378, 432, 20, 31};
+  const std::vector<int32_t> b = {1, 300, 77, 5, 99, 12, 40, 41, 42};
+  const std::vector<int32_t> slots_a = {40, 41, 42, 43, 8, 9, 10, 11, 12};
+  const std::vector<int32_t> slots_b = {0, 1, 2, 3, 20, 21, 22, 23, 24};
+  struct Step {
+    int64_t past_a, n_a, past_b, n_b;
+    bool all_b;
+  };
+  const Step steps[] = {{0, 5, 0, 3, true}, {5, 1, 3, 4, false}, {6, 1, 7, 1, true}, {7, 1, 8, 1, false}};
+  std::vector<float> out;
+  for (const Step& st : steps) {
+    SeqBatch s[2];
+    s[0] = {st.past_a, std::span<const int32_t>(a.data() + st.past_a, size_t(st.n_a)),
+            std::span<const int32_t>(slots_a.data(), size_t(st.past_a + st.n_a)), false};
+    s[1] = {st.past_b, std::span<const int32_t>(b.data() + st.past_b, size_t(st.n_b)),
+            std::span<const int32_t>(slots_b.data(), size_t(st.past_b + st.n_b)), st.all_b};
+    const int64_t rows = 1 + (st.all_b ? st.n_b : 1);
+    std::vector<float> logits(size_t(rows * V));
+    model->forward(s, kv, logits.data(), pool);
+    out.insert(out.end(), logits.begin(), logits.end());
+  }
+  return out;
+}
+
+void expect_same_bits(const std::shared_ptr<const GgufFile>& file, const char* what) {
+  const std::vector<float> pooled = run_steps(file, 1);
+  for (int n_threads : {2, 3, 4}) {
+    const std::vector<float> phased = run_steps(file, n_threads);
+    ASSERT_EQ(pooled.size(), phased.size());
+    size_t first_diff = pooled.size();
+    for (size_t i = 0; i < pooled.size() && first_diff == pooled.size(); ++i)
+      if (std::memcmp(&pooled[i], &phased[i], sizeof(float)) != 0) first_diff = i;
+    EXPECT_EQ(first_diff, pooled.size()) << what << ", " << n_threads << " threads: logit " << first_diff
+                                         << " differs: " << pooled[first_diff] << " vs " << phased[first_diff];
+  }
+}
+
+TEST(ForwardPaths, PhasedPassEqualsPooledPassStories260K) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  expect_same_bits(open_model_file(shared_path("models/stories260K.gguf")), "stories260K f32");
+}
+
+TEST(ForwardPaths, PhasedPassEqualsPooledPassSynthetic) {
+  for (DType type : {DType::F16, DType::Q8_0, DType::Q4_0}) {
+    const std::string path = synth_path(type);
+    expect_same_bits(open_model_file(path), dtype_name(type));
+    std::remove(path.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace tern
