@@ -171,7 +171,7 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
 const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16};
 const DType kQ32Types[] = {DType::Q8_0, DType::Q4_0};
 const DType kKTypes[] = {DType::Q4_K, DType::Q6_K};
-const int64_t kOuts[] = {1, 3, 17, 64};
+const int64_t kOuts[] = {1, 3, 13, 17, 64};
 // 9 and 28 leave a partial 16-token group big enough for the AVX-512 lanes (padded), 33 and
 // 70 one that goes to the classic tiles.
 const int64_t kTokens[] = {1, 2, 5, 9, 16, 28, 33};

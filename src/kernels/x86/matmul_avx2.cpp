@@ -1,5 +1,6 @@
 // AVX2 + FMA + F16C kernel table: the register tiles of x86_common.h with pmaddubsw / pmaddwd
-// integer dot products (4 rows x 2 tokens, 16 registers).
+// integer dot products (4 rows x 2 tokens, 16 registers); for Q4_0 / Q8_0 the 4-row tiles
+// below, which fold the rows' integer sums together before the float work.
 #include "kernels/x86/x86_common.h"
 
 namespace tern::kern {
@@ -16,6 +17,139 @@ struct OpsAvx2 {
   }
 };
 
+// --- Q4_0 decode tile: two rows per register -------------------------------------------------
+//
+// tile_q4_0 spends a 256-bit register on one row's 32 nibbles, and its float tail (convert,
+// scalar scale multiply and broadcast, FMA) on 8 lanes per row and block. Here a register
+// holds one block of two rows (16 nibble bytes each, one per 128-bit lane) against the block's
+// activations in both lanes, which halves the unpacking; phaddw then folds the two registers
+// of a 4-row tile into one, so that the float tail runs once for four rows, and their four f16
+// scales are converted together. No int16 step can saturate: pmaddubsw's pair sums are
+// <= 2 * 15 * 128, a lane's low- plus high-nibble sums <= 7680, phaddw's sums <= 15360.
+
+// 4 rows x T tokens.
+template <int T>
+void pair_q4_0(const Tile& c) {
+  __m256 acc[T];
+  for (auto& v : acc) v = _mm256_setzero_ps();
+  const ActPtrs<T> x(c);
+  const int64_t rb = c.row_bytes;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  // After the fold below, lanes hold rows 0 0 2 2 | 1 1 3 3.
+  const __m256i expand = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
+  const uint8_t* pf = c.w + kPrefetchTiles * 4 * rb;
+  for (int64_t b = 0; b < c.nb; ++b) {
+    const uint8_t* blk = c.w + b * int64_t(sizeof(BlockQ4_0));
+    prefetch_step<4 * int(sizeof(BlockQ4_0))>(pf + b * 4 * int64_t(sizeof(BlockQ4_0)));
+    __m256i lo[2], hi[2];
+    for (int g = 0; g < 2; ++g) {  // rows 2g (low 128 bits), 2g + 1 (high)
+      const uint8_t* q = blk + 2 * g * rb + 2;
+      const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
+                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + rb)), 1);
+      lo[g] = _mm256_and_si256(v, m4);
+      hi[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    // The four f16 scales packed in a general-purpose register, then converted at once.
+    const auto d = [&](int r) { return uint64_t(*reinterpret_cast<const uint16_t*>(blk + r * rb)); };
+    const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(d(0) | d(1) << 16 | d(2) << 32 | d(3) << 48)));
+    for (int t = 0; t < T; ++t) {
+      const int8_t* xq = x.q[t] + 32 * b;
+      const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
+      const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
+      __m256i p[2];
+      for (int g = 0; g < 2; ++g)
+        p[g] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], xlo), _mm256_maddubs_epi16(hi[g], xhi));
+      // int16 sums of 4 products (<= 15360) fold both pairs into one register, then widen
+      const __m256i s = _mm256_madd_epi16(_mm256_hadd_epi16(p[0], p[1]), ones);
+      // -8 * sum(x) over a row's 2 lanes
+      const __m256i ns = _mm256_set1_epi32(4 * reinterpret_cast<const int32_t*>(x.sum[t])[b]);
+      const __m256 sc = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(x.d[t][b])));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s, ns)), _mm256_permutevar8x32_ps(sc, expand), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, acc[t]);
+    float* y = c.y + t * c.ldy;
+    y[0] = tmp[0] + tmp[1];
+    y[2] = tmp[2] + tmp[3];
+    y[1] = tmp[4] + tmp[5];
+    y[3] = tmp[6] + tmp[7];
+  }
+}
+
+// --- Q8_0 decode tile: four rows' sums folded into one register ------------------------------
+//
+// tile_q8_0 converts, scales and accumulates 8 lanes per row and block, with a scalar f16
+// conversion, multiply and broadcast for each row's scale. Here the four rows' integer sums
+// are folded by two levels of phaddd into one register (row r in lanes r and r + 4) and meet
+// their scales, converted together, in one convert and one FMA.
+
+// 4 rows x T tokens.
+template <int T>
+void quad_q8_0(const Tile& c) {
+  __m256 acc[T];
+  for (auto& v : acc) v = _mm256_setzero_ps();
+  const ActPtrs<T> x(c);
+  const int64_t rb = c.row_bytes;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* pf = c.w + kPrefetchTiles * 4 * rb;
+  for (int64_t b = 0; b < c.nb; ++b) {
+    const uint8_t* blk = c.w + b * int64_t(sizeof(BlockQ8_0));
+    prefetch_step<4 * int(sizeof(BlockQ8_0))>(pf + b * 4 * int64_t(sizeof(BlockQ8_0)));
+    const auto d = [&](int r) { return uint64_t(*reinterpret_cast<const uint16_t*>(blk + r * rb)); };
+    const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(d(0) | d(1) << 16 | d(2) << 32 | d(3) << 48)));
+    for (int t = 0; t < T; ++t) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[t] + 32 * b));
+      // The sign trick of tile_q8_0, row by row so that few of the 16 registers stay live.
+      __m256i s[4];
+      for (int r = 0; r < 4; ++r) {
+        const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + r * rb + 2));
+        s[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(xv, wq)), ones);
+      }
+      const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+      const __m128 sc = _mm_mul_ps(dw, _mm_set1_ps(x.d[t][b]));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(sc, sc), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    const __m128 y = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1));
+    _mm_storeu_ps(c.y + t * c.ldy, y);
+  }
+}
+
+// gemm_int_classic for Q4_0 / Q8_0: the 4-row tiles above, then single rows with the tiles of
+// x86_common.h.
+void gemm_q32(const GemmArgs& a, int64_t r0, int64_t r1) {
+  constexpr int TM = OpsAvx2::kMaxTokens;
+  const RowsView v = rows_view(a);
+  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
+  tb = tb < TM ? TM : tb / TM * TM;
+  Tile c;
+  c.row_bytes = a.row_bytes;
+  c.act_stride = v.stride;
+  c.off_d = v.off_d;
+  c.off_sum = v.off_sum;
+  c.nb = a.n_in / 32;
+  c.ldy = a.ldy;
+  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += tb) {
+    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+      c.w = a.w + r * a.row_bytes;
+      for (int64_t t = t0; t < t1; t += TM) {
+        c.act = v.act + t * v.stride;
+        c.y = a.y + t * a.ldy + r;
+        const bool two = t1 - t >= 2;
+        if (a.type == DType::Q4_0) two ? pair_q4_0<2>(c) : pair_q4_0<1>(c);
+        else two ? quad_q8_0<2>(c) : quad_q8_0<1>(c);
+      }
+    }
+    for (; r < r1; ++r) int_rows<OpsAvx2, 1>(a, v, r, t0, t1);
+  }
+}
+
 // --- the table ---------------------------------------------------------------------------
 
 void avx2_quantize(const ActLayout& lay, DType, const float* x, int64_t ldx, int64_t n_in,
@@ -30,6 +164,8 @@ void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
     case DType::F32: gemm_float<LoadF32, OpsAvx2::kMaxTokens>(a, r0, r1); break;
     case DType::F16: gemm_float<LoadF16, OpsAvx2::kMaxTokens>(a, r0, r1); break;
     case DType::BF16: gemm_float<LoadBF16, OpsAvx2::kMaxTokens>(a, r0, r1); break;
+    case DType::Q4_0:
+    case DType::Q8_0: gemm_q32(a, r0, r1); break;
     default: gemm_int_classic<OpsAvx2>(a, rows_view(a), r0, r1); break;
   }
 }
