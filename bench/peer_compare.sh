@@ -43,7 +43,7 @@ for round in $(seq 1 "$rounds"); do
   for m in "${models[@]}"; do
     echo "round $round/$rounds: $m" >&2
     "$tern" bench -m "$m" -t "$threads" -p "$pp" -n "$tg" -r "$reps" --no-bandwidth --json 2>/dev/null \
-      | python3 -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'engine':'tern','model':sys.argv[1],'pp':j['pp_tok_s'],'tg':j['tg_tok_s']}))" "$m" >> "$results"
+      | python3 -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'engine':'tern','model':sys.argv[1],'pp':j['pp_tok_s'],'tg':j['tg_tok_s'],'bpt':j['bytes_per_token']}))" "$m" >> "$results"
     node "$peer_dir/llamacpp_bench.mjs" --model "$m" --threads "$threads" --pp "$pp" --tg "$tg" --reps "$reps" 2>/dev/null \
       | python3 -c "import json,sys; j=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(json.dumps({'engine':'llama.cpp','model':sys.argv[1],'pp':j['pp_tok_s'],'tg':j['tg_tok_s']}))" "$m" >> "$results" \
       || echo "{\"engine\":\"llama.cpp\",\"model\":\"$m\",\"pp\":null,\"tg\":null}" >> "$results"
@@ -58,12 +58,16 @@ def med(model, engine, key):
     xs = [r[key] for r in rows if r["model"] == model and r["engine"] == engine and r[key] is not None]
     return statistics.median(xs) if xs else None
 print(f"threads {threads}, pp{pp}, tg{tg}, medians of {rounds} alternating rounds; memory read bandwidth {bw} GB/s\n")
-print(f"| model | tern pp{pp} | llama.cpp pp{pp} | ratio | tern tg{tg} | llama.cpp tg{tg} | ratio |")
-print("|---|---|---|---|---|---|---|")
+print(f"| model | tern pp{pp} | llama.cpp pp{pp} | ratio | tern tg{tg} | llama.cpp tg{tg} | ratio | tern tg % of roofline |")
+print("|---|---|---|---|---|---|---|---|")
 for model in dict.fromkeys(r["model"] for r in rows):
     tp, lp, tt, lt = med(model, "tern", "pp"), med(model, "llama.cpp", "pp"), med(model, "tern", "tg"), med(model, "llama.cpp", "tg")
     f = lambda x: "n/a" if x is None else f"{x:.1f}"
     ratio = lambda a, b: "n/a" if not a or not b else f"{a / b:.2f}"
-    print(f"| {os.path.basename(model)} | {f(tp)} | {f(lp)} | {ratio(tp, lp)} | {f(tt)} | {f(lt)} | {ratio(tt, lt)} |")
+    # Decode roofline: bandwidth / bytes a token reads (weights, tern's own count).
+    bpt = next((r["bpt"] for r in rows if r["model"] == model and r["engine"] == "tern"), None)
+    roof = float(bw) * 1e9 / bpt if bpt and float(bw) > 0 else None
+    pct = "n/a" if not roof or tt is None else f"{100 * tt / roof:.0f}%"
+    print(f"| {os.path.basename(model)} | {f(tp)} | {f(lp)} | {ratio(tp, lp)} | {f(tt)} | {f(lt)} | {ratio(tt, lt)} | {pct} |")
 PY
 rm -f "$results"
