@@ -1,6 +1,7 @@
 // Variant selection and the parts of a matmul shared by every ISA: activation quantization into
 // the caller's scratch, and the split of output rows across the pool. The kernels themselves
 // are the tables in ref/ and x86/ (see kernel_iface.h).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -150,6 +151,77 @@ void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tok
   matmul_isa(selected_isa(), sub, x, ldx, n_tokens, y + r0, ldy, serial);
 }
 
+namespace {
+
+bool layouts_equal(const ActLayout& a, const ActLayout& b) {
+  return a.kind == b.kind && a.stride == b.stride && a.off_d == b.off_d && a.off_sum == b.off_sum &&
+         a.bytes == b.bytes && a.token_granule == b.token_granule && a.lane_tokens == b.lane_tokens &&
+         a.tail_offset == b.tail_offset && a.tail_stride == b.tail_stride;
+}
+
+// The table-kernel path for weights that share one input x and one activation layout: x is
+// quantized once, and the rows of all the weights are chunks of one pool region.
+void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, const ActLayout& lay,
+                       const float* x, int64_t ldx, int64_t n_tokens, ThreadPool& pool) {
+  Scratch& s = caller_scratch();
+  const int64_t n_in = ts[0].w.n_in;
+  const DType act_type = ts[0].w.type;  // any member: they share the layout
+  uint8_t* act = nullptr;
+  if (lay.kind != ActKind::None) {
+    act = s.act.get(lay.bytes);
+    // Quantizing is O(n_tokens * n_in) against the matmul's O(n_tokens * n_in * n_out): only
+    // worth spreading over the pool for a batch of tokens.
+    const int64_t g = lay.token_granule;
+    const int64_t n_units = (n_tokens + g - 1) / g;
+    if (n_tokens < 8 || pool.size() == 1 || n_units == 1) {
+      kt.quantize(lay, act_type, x, ldx, n_in, n_tokens, 0, n_tokens, act);
+    } else {
+      const int64_t per = (n_units + pool.size() - 1) / pool.size();
+      const int64_t n_chunks = (n_units + per - 1) / per;
+      pool.for_chunks(n_chunks, [&](int64_t c, int) {
+        const int64_t t0 = c * per * g;
+        const int64_t t1 = (c + 1) * per * g < n_tokens ? (c + 1) * per * g : n_tokens;
+        kt.quantize(lay, act_type, x, ldx, n_in, n_tokens, t0, t1, act);
+      });
+    }
+  }
+
+  struct Chunk {
+    int32_t target;
+    int64_t r0, r1;
+  };
+  thread_local std::vector<GemmArgs> args;
+  thread_local std::vector<Chunk> chunks;
+  args.clear();
+  chunks.clear();
+  int64_t scratch_bytes = 0;
+  for (size_t k = 0; k < ts.size(); ++k) {
+    const MatmulTarget& t = ts[k];
+    args.push_back(GemmArgs{t.w.type, static_cast<const uint8_t*>(t.w.data), t.w.row_bytes(), t.w.n_in,
+                            t.w.n_out, x, ldx, act, lay, n_tokens, t.y, t.ldy});
+    scratch_bytes = std::max(scratch_bytes, kt.scratch_bytes(t.w.type, t.w.n_in));
+    const int64_t per = rows_per_chunk(t.w.n_out, pool.size());
+    for (int64_t r0 = 0; r0 < t.w.n_out; r0 += per) chunks.push_back(Chunk{int32_t(k), r0, std::min(t.w.n_out, r0 + per)});
+  }
+  const size_t nth = size_t(pool.size());
+  if (s.per_thread.size() < nth) {
+    s.per_thread.resize(nth);
+    s.per_thread_ptr.resize(nth);
+  }
+  for (size_t i = 0; i < nth; ++i)
+    s.per_thread_ptr[i] = scratch_bytes > 0 ? s.per_thread[i].get(scratch_bytes) : nullptr;
+  uint8_t* const* scratch = s.per_thread_ptr.data();
+  // The workers reach the caller's thread_local lists through these references.
+  const std::vector<GemmArgs>& args_ref = args;
+  const std::vector<Chunk>& chunks_ref = chunks;
+  pool.for_chunks(int64_t(chunks_ref.size()), [&](int64_t c, int thread) {
+    const Chunk& ch = chunks_ref[size_t(c)];
+    kt.gemm(args_ref[size_t(ch.target)], ch.r0, ch.r1, scratch[thread]);
+  });
+}
+
+}  // namespace
+
 void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens,
                 float* y, int64_t ldy, ThreadPool& pool) {
   if (!isa_supported(isa)) fail("kernel variant ", isa_name(isa), " is not supported by this CPU");
@@ -168,47 +240,33 @@ void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64
     matmul_ref(w, x, ldx, n_tokens, y, ldy, pool);
     return;
   }
-  Scratch& s = caller_scratch();
-  const ActLayout lay = kt.act_layout(w.type, w.n_in, n_tokens);
-  uint8_t* act = nullptr;
-  if (lay.kind != ActKind::None) {
-    act = s.act.get(lay.bytes);
-    // Quantizing is O(n_tokens * n_in) against the matmul's O(n_tokens * n_in * n_out): only
-    // worth spreading over the pool for a batch of tokens.
-    const int64_t g = lay.token_granule;
-    const int64_t n_units = (n_tokens + g - 1) / g;
-    if (n_tokens < 8 || pool.size() == 1 || n_units == 1) {
-      kt.quantize(lay, w.type, x, ldx, w.n_in, n_tokens, 0, n_tokens, act);
-    } else {
-      const int64_t per = (n_units + pool.size() - 1) / pool.size();
-      const int64_t n_chunks = (n_units + per - 1) / per;
-      pool.for_chunks(n_chunks, [&](int64_t c, int) {
-        const int64_t t0 = c * per * g;
-        const int64_t t1 = (c + 1) * per * g < n_tokens ? (c + 1) * per * g : n_tokens;
-        kt.quantize(lay, w.type, x, ldx, w.n_in, n_tokens, t0, t1, act);
-      });
-    }
-  }
+  const MatmulTarget one{w, y, ldy};
+  gemm_shared_input(kt, std::span<const MatmulTarget>(&one, 1), kt.act_layout(w.type, w.n_in, n_tokens), x,
+                    ldx, n_tokens, pool);
+}
 
-  const GemmArgs args{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes(), w.n_in,
-                      w.n_out, x, ldx, act, lay, n_tokens, y, ldy};
-  const int64_t scratch_bytes = kt.scratch_bytes(w.type, w.n_in);
-  const size_t nth = size_t(pool.size());
-  if (s.per_thread.size() < nth) {
-    s.per_thread.resize(nth);
-    s.per_thread_ptr.resize(nth);
+void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, const float* x, int64_t ldx,
+                             int64_t n_tokens, ThreadPool& pool) {
+  if (!isa_supported(isa)) fail("kernel variant ", isa_name(isa), " is not supported by this CPU");
+  if (targets.empty() || n_tokens <= 0) return;
+  const KernelTable& kt = table_of(isa);
+  const ActLayout lay = kt.act_layout(targets[0].w.type, targets[0].w.n_in, n_tokens);
+  bool shared = true;
+  for (const MatmulTarget& t : targets) {
+    TERN_ASSERT_MSG(t.w.n_in == targets[0].w.n_in, "matmul_shared_input: weights of different row lengths");
+    shared = shared && t.w.n_out > 0 && !is_tern_int_type(t.w.type) && t.w.row_bytes() >= 0 &&
+             kt.has_kernel(t.w.type) && layouts_equal(kt.act_layout(t.w.type, t.w.n_in, n_tokens), lay);
   }
-  for (size_t i = 0; i < nth; ++i)
-    s.per_thread_ptr[i] = scratch_bytes > 0 ? s.per_thread[i].get(scratch_bytes) : nullptr;
-  uint8_t* const* scratch = s.per_thread_ptr.data();
+  if (!shared) {
+    for (const MatmulTarget& t : targets) matmul_isa(isa, t.w, x, ldx, n_tokens, t.y, t.ldy, pool);
+    return;
+  }
+  gemm_shared_input(kt, targets, lay, x, ldx, n_tokens, pool);
+}
 
-  const int64_t per = rows_per_chunk(w.n_out, pool.size());
-  const int64_t n_chunks = (w.n_out + per - 1) / per;
-  pool.for_chunks(n_chunks, [&](int64_t c, int thread) {
-    const int64_t r0 = c * per;
-    const int64_t r1 = r0 + per < w.n_out ? r0 + per : w.n_out;
-    kt.gemm(args, r0, r1, scratch[thread]);
-  });
+void matmul_shared_input(std::span<const MatmulTarget> targets, const float* x, int64_t ldx, int64_t n_tokens,
+                         ThreadPool& pool) {
+  matmul_shared_input_isa(selected_isa(), targets, x, ldx, n_tokens, pool);
 }
 
 }  // namespace tern

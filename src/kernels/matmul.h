@@ -15,6 +15,7 @@
 // matmul_ref by that rounding (~0.5% of the magnitude of the result). Float weights (F32,
 // F16, BF16) use f32 arithmetic throughout.
 #include <cstdint>
+#include <span>
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -37,6 +38,18 @@ void matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, 
 // when r0 is a multiple of 4 (the kernels' row tile).
 void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                  int64_t ldy, int64_t r0, int64_t r1);
+
+// Several weights applied to the same input (q/k/v of attention, gate/up of the FFN):
+// y_k = x W_k^T for each target. When the weights share a kernel and an activation format, x is
+// quantized once and all their rows are one pool region (instead of one quantization and one
+// fork/join per weight); otherwise each runs as matmul(). Results equal matmul()'s bit for bit.
+struct MatmulTarget {
+  WeightView w;  // all with the same n_in
+  float* y;      // [n_tokens][ldy]
+  int64_t ldy;
+};
+void matmul_shared_input(std::span<const MatmulTarget> targets, const float* x, int64_t ldx,
+                         int64_t n_tokens, ThreadPool& pool);
 
 // Reference implementation (dequantize a row, f32 dot products): the oracle for tests.
 void matmul_ref(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
@@ -63,6 +76,8 @@ Isa selected_isa();
 // Runs one specific variant; throws tern::Error when the CPU cannot run it.
 void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens,
                 float* y, int64_t ldy, ThreadPool& pool);
+void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, const float* x, int64_t ldx,
+                             int64_t n_tokens, ThreadPool& pool);
 // Whether `isa` has a kernel for weights of `type` (otherwise matmul_isa falls back to
 // matmul_ref, e.g. for Q8_K weights).
 bool isa_has_kernel(Isa isa, DType type);

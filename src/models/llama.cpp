@@ -205,9 +205,8 @@ void LlamaModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& 
       observer_->on_linear_input(N.wk, xn_.data(), T, E);
       observer_->on_linear_input(N.wv, xn_.data(), T, E);
     }
-    matmul(L.wq, xn_.data(), E, T, q_.data(), E, pool);
-    matmul(L.wk, xn_.data(), E, T, k_.data(), Ekv, pool);
-    matmul(L.wv, xn_.data(), E, T, v_.data(), Ekv, pool);
+    const MatmulTarget qkv[] = {{L.wq, q_.data(), E}, {L.wk, k_.data(), Ekv}, {L.wv, v_.data(), Ekv}};
+    matmul_shared_input(qkv, xn_.data(), E, T, pool);
     rope_norm(q_.data(), positions_.data(), T, hp_.n_head, hp_.head_dim, hp_.n_rot, hp_.rope_freq_base);
     rope_norm(k_.data(), positions_.data(), T, hp_.n_head_kv, hp_.head_dim, hp_.n_rot, hp_.rope_freq_base);
 
@@ -238,8 +237,8 @@ void LlamaModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& 
       observer_->on_linear_input(N.w_gate, xn_.data(), T, E);
       observer_->on_linear_input(N.w_up, xn_.data(), T, E);
     }
-    matmul(L.w_gate, xn_.data(), E, T, gate_.data(), F, pool);
-    matmul(L.w_up, xn_.data(), E, T, up_.data(), F, pool);
+    const MatmulTarget gate_up[] = {{L.w_gate, gate_.data(), F}, {L.w_up, up_.data(), F}};
+    matmul_shared_input(gate_up, xn_.data(), E, T, pool);
     swiglu(gate_.data(), up_.data(), gate_.data(), T * F, pool);
     if (observer_) observer_->on_linear_input(N.w_down, gate_.data(), T, F);
     matmul(L.w_down, gate_.data(), F, T, xn_.data(), E, pool);
