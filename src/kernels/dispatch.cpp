@@ -153,6 +153,8 @@ void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tok
 
 namespace {
 
+// Equal layouts mean one quantized copy of x serves both weights: the tables' quantize()
+// depends on the layout only, not on the weight type.
 bool layouts_equal(const ActLayout& a, const ActLayout& b) {
   return a.kind == b.kind && a.stride == b.stride && a.off_d == b.off_d && a.off_sum == b.off_sum &&
          a.bytes == b.bytes && a.token_granule == b.token_granule && a.lane_tokens == b.lane_tokens &&
