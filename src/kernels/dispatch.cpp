@@ -164,7 +164,7 @@ bool layouts_equal(const ActLayout& a, const ActLayout& b) {
 // The table-kernel path for weights that share one input x and one activation layout: x is
 // quantized once, and the rows of all the weights are chunks of one pool region.
 void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, const ActLayout& lay,
-                       const float* x, int64_t ldx, int64_t n_tokens, ThreadPool& pool) {
+                       const float* x, int64_t ldx, int64_t n_tokens, ThreadPool& pool, const RowsDone& done) {
   Scratch& s = caller_scratch();
   const int64_t n_in = ts[0].w.n_in;
   const DType act_type = ts[0].w.type;  // any member: they share the layout
@@ -202,8 +202,10 @@ void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, 
     args.push_back(GemmArgs{t.w.type, static_cast<const uint8_t*>(t.w.data), t.w.row_bytes(), t.w.n_in,
                             t.w.n_out, x, ldx, act, lay, n_tokens, t.y, t.ldy});
     scratch_bytes = std::max(scratch_bytes, kt.scratch_bytes(t.w.type, t.w.n_in));
+    if (done.joint_rows && k > 0) continue;  // joint chunks: one list over the common rows
     const int64_t per = rows_per_chunk(t.w.n_out, pool.size());
-    for (int64_t r0 = 0; r0 < t.w.n_out; r0 += per) chunks.push_back(Chunk{int32_t(k), r0, std::min(t.w.n_out, r0 + per)});
+    for (int64_t r0 = 0; r0 < t.w.n_out; r0 += per)
+      chunks.push_back(Chunk{done.joint_rows ? -1 : int32_t(k), r0, std::min(t.w.n_out, r0 + per)});
   }
   const size_t nth = size_t(pool.size());
   if (s.per_thread.size() < nth) {
@@ -218,7 +220,12 @@ void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, 
   const std::vector<Chunk>& chunks_ref = chunks;
   pool.for_chunks(int64_t(chunks_ref.size()), [&](int64_t c, int thread) {
     const Chunk& ch = chunks_ref[size_t(c)];
-    kt.gemm(args_ref[size_t(ch.target)], ch.r0, ch.r1, scratch[thread]);
+    if (ch.target < 0) {
+      for (const GemmArgs& a : args_ref) kt.gemm(a, ch.r0, ch.r1, scratch[thread]);
+    } else {
+      kt.gemm(args_ref[size_t(ch.target)], ch.r0, ch.r1, scratch[thread]);
+    }
+    if (done.fn) done.fn(done.ctx, ch.target, n_tokens, ch.r0, ch.r1);
   });
 }
 
@@ -244,11 +251,11 @@ void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64
   }
   const MatmulTarget one{w, y, ldy};
   gemm_shared_input(kt, std::span<const MatmulTarget>(&one, 1), kt.act_layout(w.type, w.n_in, n_tokens), x,
-                    ldx, n_tokens, pool);
+                    ldx, n_tokens, pool, RowsDone{});
 }
 
 void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, const float* x, int64_t ldx,
-                             int64_t n_tokens, ThreadPool& pool) {
+                             int64_t n_tokens, ThreadPool& pool, const RowsDone& done) {
   if (!isa_supported(isa)) fail("kernel variant ", isa_name(isa), " is not supported by this CPU");
   if (targets.empty() || n_tokens <= 0) return;
   const KernelTable& kt = table_of(isa);
@@ -256,19 +263,26 @@ void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, con
   bool shared = true;
   for (const MatmulTarget& t : targets) {
     TERN_ASSERT_MSG(t.w.n_in == targets[0].w.n_in, "matmul_shared_input: weights of different row lengths");
+    TERN_ASSERT_MSG(!done.joint_rows || t.w.n_out == targets[0].w.n_out, "matmul_shared_input: joint rows of different counts");
     shared = shared && t.w.n_out > 0 && !is_tern_int_type(t.w.type) && t.w.row_bytes() >= 0 &&
              kt.has_kernel(t.w.type) && layouts_equal(kt.act_layout(t.w.type, t.w.n_in, n_tokens), lay);
   }
   if (!shared) {
-    for (const MatmulTarget& t : targets) matmul_isa(isa, t.w, x, ldx, n_tokens, t.y, t.ldy, pool);
+    // One matmul per weight; the epilogue then runs over whole outputs, on this thread.
+    for (size_t k = 0; k < targets.size(); ++k) {
+      const MatmulTarget& t = targets[k];
+      matmul_isa(isa, t.w, x, ldx, n_tokens, t.y, t.ldy, pool);
+      if (done.fn && !done.joint_rows) done.fn(done.ctx, int(k), n_tokens, 0, t.w.n_out);
+    }
+    if (done.fn && done.joint_rows) done.fn(done.ctx, -1, n_tokens, 0, targets[0].w.n_out);
     return;
   }
-  gemm_shared_input(kt, targets, lay, x, ldx, n_tokens, pool);
+  gemm_shared_input(kt, targets, lay, x, ldx, n_tokens, pool, done);
 }
 
 void matmul_shared_input(std::span<const MatmulTarget> targets, const float* x, int64_t ldx, int64_t n_tokens,
-                         ThreadPool& pool) {
-  matmul_shared_input_isa(selected_isa(), targets, x, ldx, n_tokens, pool);
+                         ThreadPool& pool, const RowsDone& done) {
+  matmul_shared_input_isa(selected_isa(), targets, x, ldx, n_tokens, pool, done);
 }
 
 }  // namespace tern

@@ -48,8 +48,18 @@ struct MatmulTarget {
   float* y;      // [n_tokens][ldy]
   int64_t ldy;
 };
+// Elementwise work fused into the matmul (RoPE on q/k, SwiGLU of gate/up): fn(ctx, target,
+// n_tokens, r0, r1) runs as soon as output rows [r0, r1) of `target` are final, for every token,
+// on the thread that computed them (the rows are still in its cache). With joint_rows, every
+// target must have the same n_out and a chunk computes rows [r0, r1) of all of them before one
+// call with target = -1 (SwiGLU needs gate and up of the same rows). r0 is a multiple of 4.
+struct RowsDone {
+  void (*fn)(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1) = nullptr;
+  const void* ctx = nullptr;
+  bool joint_rows = false;
+};
 void matmul_shared_input(std::span<const MatmulTarget> targets, const float* x, int64_t ldx,
-                         int64_t n_tokens, ThreadPool& pool);
+                         int64_t n_tokens, ThreadPool& pool, const RowsDone& done = {});
 
 // Reference implementation (dequantize a row, f32 dot products): the oracle for tests.
 void matmul_ref(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
@@ -77,7 +87,7 @@ Isa selected_isa();
 void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens,
                 float* y, int64_t ldy, ThreadPool& pool);
 void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, const float* x, int64_t ldx,
-                             int64_t n_tokens, ThreadPool& pool);
+                             int64_t n_tokens, ThreadPool& pool, const RowsDone& done = {});
 // Whether `isa` has a kernel for weights of `type` (otherwise matmul_isa falls back to
 // matmul_ref, e.g. for Q8_K weights).
 bool isa_has_kernel(Isa isa, DType type);

@@ -85,6 +85,10 @@ class LlamaModel final : public Model {
   void forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
   void forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits, ThreadPool& pool);
   int64_t gather_output_rows(std::span<const SeqBatch> seqs, float* out) const;
+  // matmul_shared_input epilogues (ctx = this): RoPE on finished q (target 0) / k (target 1)
+  // rows, SwiGLU on finished gate/up rows.
+  static void rope_rows_done(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1);
+  static void swiglu_rows_done(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1);
 
  public:
 
@@ -175,6 +179,21 @@ void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
   matmul(output_, out_rows_.data(), E, rows, logits, V, pool);
 }
 
+void LlamaModel::rope_rows_done(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1) {
+  auto* m = static_cast<LlamaModel*>(const_cast<void*>(ctx));
+  const HParams& hp = m->hp_;
+  if (target == 0)
+    rope_norm_cols(m->q_.data(), hp.n_embd, m->positions_.data(), n_tokens, hp.head_dim, hp.n_rot, hp.rope_freq_base, r0, r1);
+  else if (target == 1)
+    rope_norm_cols(m->k_.data(), hp.n_embd_kv(), m->positions_.data(), n_tokens, hp.head_dim, hp.n_rot,
+                   hp.rope_freq_base, r0, r1);
+}
+
+void LlamaModel::swiglu_rows_done(const void* ctx, int, int64_t n_tokens, int64_t r0, int64_t r1) {
+  auto* m = static_cast<LlamaModel*>(const_cast<void*>(ctx));
+  swiglu_cols(m->gate_.data(), m->up_.data(), m->gate_.data(), m->hp_.n_ff, n_tokens, r0, r1);
+}
+
 int64_t LlamaModel::gather_output_rows(std::span<const SeqBatch> seqs, float* out) const {
   const int64_t E = hp_.n_embd;
   int64_t rows = 0, t = 0;
@@ -205,10 +224,10 @@ void LlamaModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& 
       observer_->on_linear_input(N.wk, xn_.data(), T, E);
       observer_->on_linear_input(N.wv, xn_.data(), T, E);
     }
+    // q, k and v from one quantized copy of xn in one pool region, RoPE applied to each chunk
+    // of q/k rows as it is produced.
     const MatmulTarget qkv[] = {{L.wq, q_.data(), E}, {L.wk, k_.data(), Ekv}, {L.wv, v_.data(), Ekv}};
-    matmul_shared_input(qkv, xn_.data(), E, T, pool);
-    rope_norm(q_.data(), positions_.data(), T, hp_.n_head, hp_.head_dim, hp_.n_rot, hp_.rope_freq_base);
-    rope_norm(k_.data(), positions_.data(), T, hp_.n_head_kv, hp_.head_dim, hp_.n_rot, hp_.rope_freq_base);
+    matmul_shared_input(qkv, xn_.data(), E, T, pool, RowsDone{rope_rows_done, this, false});
 
     // Store the new K/V at their slots, then attend per sequence.
     float* kc = kv.k(il);
@@ -237,9 +256,9 @@ void LlamaModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& 
       observer_->on_linear_input(N.w_gate, xn_.data(), T, E);
       observer_->on_linear_input(N.w_up, xn_.data(), T, E);
     }
+    // gate and up rows chunk by chunk, each chunk's SwiGLU right after (into gate_).
     const MatmulTarget gate_up[] = {{L.w_gate, gate_.data(), F}, {L.w_up, up_.data(), F}};
-    matmul_shared_input(gate_up, xn_.data(), E, T, pool);
-    swiglu(gate_.data(), up_.data(), gate_.data(), T * F, pool);
+    matmul_shared_input(gate_up, xn_.data(), E, T, pool, RowsDone{swiglu_rows_done, this, true});
     if (observer_) observer_->on_linear_input(N.w_down, gate_.data(), T, F);
     matmul(L.w_down, gate_.data(), F, T, xn_.data(), E, pool);
     add_inplace(x_.data(), xn_.data(), T * E);

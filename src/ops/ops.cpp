@@ -30,35 +30,53 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t n_tokens,
 
 void rope_norm(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
                int64_t head_dim, int64_t n_rot, float freq_base) {
+  rope_norm_cols(x, n_heads * head_dim, positions, n_tokens, head_dim, n_rot, freq_base, 0, n_heads * head_dim);
+}
+
+void rope_norm_cols(float* x, int64_t ldx, const int32_t* positions, int64_t n_tokens, int64_t head_dim,
+                    int64_t n_rot, float freq_base, int64_t c0, int64_t c1) {
+  TERN_ASSERT(c0 % 2 == 0 && head_dim % 2 == 0);
   const float theta_scale = std::pow(freq_base, -2.0f / float(n_rot));
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float pos = float(positions[t]);
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* xh = x + t * n_heads * head_dim + h * head_dim;
+    float* xt = x + t * ldx;
+    for (int64_t h0 = c0 - c0 % head_dim; h0 < c1; h0 += head_dim) {  // heads touching [c0, c1)
+      // theta of pair i is pos * theta_scale^i, accumulated by repeated multiplication as
+      // ggml does; a range starting mid-head replays the products before it.
       float theta = pos;
-      for (int64_t i = 0; i < n_rot; i += 2) {
-        const float c = std::cos(theta), s = std::sin(theta);
-        const float x0 = xh[i], x1 = xh[i + 1];
-        xh[i] = x0 * c - x1 * s;
-        xh[i + 1] = x0 * s + x1 * c;
+      const int64_t i_end = std::min(n_rot, c1 - h0);
+      for (int64_t i = 0; i < i_end; i += 2) {
+        if (h0 + i >= c0) {
+          const float c = std::cos(theta), s = std::sin(theta);
+          const float x0 = xt[h0 + i], x1 = xt[h0 + i + 1];
+          xt[h0 + i] = x0 * c - x1 * s;
+          xt[h0 + i + 1] = x0 * s + x1 * c;
+        }
         theta *= theta_scale;
       }
     }
   }
 }
 
+namespace {
+inline float silu_times(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
+}  // namespace
+
 void swiglu(const float* gate, const float* up, float* out, int64_t n, ThreadPool& pool) {
   auto body = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float g = gate[i];
-      out[i] = g / (1.0f + std::exp(-g)) * up[i];
-    }
+    for (int64_t i = b; i < e; ++i) out[i] = silu_times(gate[i], up[i]);
   };
   if (n < 32768) {
     body(0, n);
     return;
   }
   pool.parallel_for(n, [&](int64_t b, int64_t e, int) { body(b, e); });
+}
+
+void swiglu_cols(const float* gate, const float* up, float* out, int64_t ld, int64_t n_tokens, int64_t c0,
+                 int64_t c1) {
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t c = c0; c < c1; ++c) out[t * ld + c] = silu_times(gate[t * ld + c], up[t * ld + c]);
 }
 
 void add_inplace(float* x, const float* y, int64_t n) {

@@ -20,9 +20,18 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t n_tokens,
 //   x: [n_tokens, n_heads * head_dim], positions: [n_tokens]
 void rope_norm(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
                int64_t head_dim, int64_t n_rot, float freq_base);
+// The same on columns [c0, c1) of each token's row only (rows ldx floats apart; c0 even, c1 even
+// or the row's end): for applying RoPE to a matmul's output rows as they are produced. Equal to
+// rope_norm on those columns bit for bit.
+void rope_norm_cols(float* x, int64_t ldx, const int32_t* positions, int64_t n_tokens, int64_t head_dim,
+                    int64_t n_rot, float freq_base, int64_t c0, int64_t c1);
 
 // out = silu(gate) * up, elementwise over [n_tokens, n_ff] (SwiGLU).
 void swiglu(const float* gate, const float* up, float* out, int64_t n, ThreadPool& pool);
+// out = silu(gate) * up on columns [c0, c1) of n_tokens rows (ld floats apart), on the calling
+// thread; the same arithmetic as swiglu().
+void swiglu_cols(const float* gate, const float* up, float* out, int64_t ld, int64_t n_tokens, int64_t c0,
+                 int64_t c1);
 
 // x += y elementwise.
 void add_inplace(float* x, const float* y, int64_t n);

@@ -3,6 +3,7 @@
 // fallback), decode and prefill token counts, and uneven thread counts.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -67,6 +68,72 @@ TEST(MatmulSharedInput, EqualsSeparateMatmulsBitForBit) {
             ASSERT_EQ(0, std::memcmp(y_sep[k].data(), y_shared[k].data(), y_sep[k].size() * sizeof(float)))
                 << isa_name(isa) << " threads " << n_threads << " tokens " << n_tokens << " weight " << k << " ("
                 << dtype_name(ws[k].type) << ")";
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tern
+
+namespace tern {
+namespace {
+
+// The epilogue sees each target's rows exactly once, already final, in chunks starting at
+// multiples of 4; in joint mode every target's rows of the chunk are final at the call.
+struct Seen {
+  std::vector<const std::vector<float>*> expect;  // separate matmul results per target
+  std::vector<MatmulTarget> targets;
+  std::vector<std::vector<std::atomic<int>>> hits;
+  std::atomic<int> bad{0};
+};
+
+void record(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1) {
+  auto* s = static_cast<Seen*>(const_cast<void*>(ctx));
+  if (r0 % 4 != 0) s->bad.fetch_add(1);
+  for (size_t k = 0; k < s->targets.size(); ++k) {
+    if (target >= 0 && size_t(target) != k) continue;
+    const MatmulTarget& t = s->targets[k];
+    for (int64_t r = r0; r < r1; ++r) {
+      s->hits[k][size_t(r)].fetch_add(1);
+      for (int64_t tok = 0; tok < n_tokens; ++tok)
+        if (t.y[tok * t.ldy + r] != (*s->expect[k])[size_t(tok * t.ldy + r)]) s->bad.fetch_add(1);
+    }
+  }
+}
+
+TEST(MatmulSharedInput, EpilogueSeesEveryFinishedRowOnce) {
+  const int64_t n_in = 256;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int n_threads : {1, 2, 3}) {
+    ThreadPool pool(n_threads);
+    for (bool joint : {false, true}) {
+      // Shared path (same activation format) and the fallback (different formats).
+      for (const auto& types : {std::vector<DType>{DType::Q4_0, DType::Q8_0}, std::vector<DType>{DType::Q4_0, DType::F16}}) {
+        std::vector<Stored> ws;
+        for (size_t k = 0; k < types.size(); ++k) ws.push_back(make(types[k], n_in, joint ? 172 : int64_t(60 + 52 * k), uint32_t(3 + k)));
+        for (int64_t n_tokens : {1, 16}) {
+          std::vector<float> x(size_t(n_tokens * n_in));
+          for (auto& v : x) v = dist(rng);
+          std::vector<std::vector<float>> y_sep, y_shared;
+          Seen seen;
+          for (const auto& w : ws) {
+            y_sep.emplace_back(size_t(n_tokens * w.n_out), 0.0f);
+            y_shared.emplace_back(size_t(n_tokens * w.n_out), 0.0f);
+          }
+          for (size_t k = 0; k < ws.size(); ++k) {
+            matmul(ws[k].view(), x.data(), n_in, n_tokens, y_sep[k].data(), ws[k].n_out, pool);
+            seen.targets.push_back(MatmulTarget{ws[k].view(), y_shared[k].data(), ws[k].n_out});
+            seen.expect.push_back(&y_sep[k]);
+            seen.hits.emplace_back(size_t(ws[k].n_out));
+          }
+          matmul_shared_input(seen.targets, x.data(), n_in, n_tokens, pool, RowsDone{record, &seen, joint});
+          EXPECT_EQ(seen.bad.load(), 0) << "rows not final at the call, or a chunk not 4-aligned";
+          for (size_t k = 0; k < ws.size(); ++k)
+            for (int64_t r = 0; r < ws[k].n_out; ++r)
+              ASSERT_EQ(seen.hits[k][size_t(r)].load(), 1) << "target " << k << " row " << r << " joint " << joint;
         }
       }
     }

@@ -179,3 +179,30 @@ TEST(Attention, UnsupportedVariantIsAnError) {
 
 }  // namespace
 }  // namespace tern
+
+namespace tern {
+namespace {
+
+// RoPE on column ranges (as applied to matmul output chunks) equals RoPE on whole rows, bit
+// for bit, also for ranges starting mid-head and partial rotary dimensions.
+TEST(Rope, ColumnRangesEqualWholeRows) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int64_t n_rot : {64, 32}) {
+    const int64_t hd = 64, n_heads = 6, T = 5, ld = n_heads * hd;
+    std::vector<float> x(size_t(T * ld));
+    for (auto& v : x) v = dist(rng);
+    const std::vector<int32_t> pos = {0, 1, 17, 300, 4095};
+    std::vector<float> whole = x;
+    rope_norm(whole.data(), pos.data(), T, n_heads, hd, n_rot, 10000.0f);
+    for (int64_t step : {4, 12, 36, 100}) {
+      std::vector<float> parts = x;
+      for (int64_t c0 = 0; c0 < ld; c0 += step)
+        rope_norm_cols(parts.data(), ld, pos.data(), T, hd, n_rot, 10000.0f, c0, std::min(ld, c0 + step));
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(parts[i], whole[i]) << "n_rot " << n_rot << " step " << step << " at " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tern
