@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -173,8 +174,10 @@ const DType kQ32Types[] = {DType::Q8_0, DType::Q4_0};
 const DType kKTypes[] = {DType::Q4_K, DType::Q6_K};
 const int64_t kOuts[] = {1, 3, 13, 17, 64};
 // 9 and 28 leave a partial 16-token group big enough for the AVX-512 lanes (padded), 33 and
-// 70 one that goes to the classic tiles.
-const int64_t kTokens[] = {1, 2, 5, 9, 16, 28, 33};
+// 70 one that goes to the classic tiles. 6, 7, 8, 22 and 24 end in a group of at most 8 (Q8_0
+// from 6, Q4_0 from 8 take it in 256-bit lanes); 15, 17 and 31 sit next to the group
+// boundaries (decode batches).
+const int64_t kTokens[] = {1, 2, 5, 6, 7, 8, 9, 15, 16, 17, 22, 24, 28, 31, 32, 33};
 
 class KernelsVsReference : public ::testing::TestWithParam<int> {};
 
@@ -215,6 +218,27 @@ TEST_P(KernelsVsReference, LargerShapes) {
 
 INSTANTIATE_TEST_SUITE_P(Threads, KernelsVsReference, ::testing::Values(1, 2),
                          [](const auto& info) { return std::to_string(info.param) + "thread"; });
+
+// The engine computes row ranges that start at multiples of 4 separately (matmul_rows) and
+// relies on each row's result not depending on which rows share its tile.
+TEST(KernelsDispatch, RowRangesMatchWholeMatrixBitForBit) {
+  ThreadPool& pool = shared_pool(1);
+  uint32_t seed = 500;
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K})
+    for (int64_t n_tok : {1, 6, 8, 16, 24, 33}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n_tokens " << n_tok);
+      const int64_t n_in = 512, n_out = 29;
+      const Weights w = make_weights(t, n_in, n_out, seed++);
+      const auto x = make_acts(n_in, n_tok, n_in, seed++);
+      std::vector<float> whole(size_t(n_out * n_tok)), parts(size_t(n_out * n_tok), NAN);
+      matmul(w.view(), x.data(), n_in, n_tok, whole.data(), n_out, pool);
+      for (const auto& [r0, r1] : {std::pair<int64_t, int64_t>{0, 4}, {4, 12}, {12, 16}, {16, 28},
+                                   {28, 29}})
+        matmul_rows(w.view(), x.data(), n_in, n_tok, parts.data(), n_out, r0, r1);
+      for (size_t i = 0; i < whole.size(); ++i)
+        ASSERT_EQ(whole[i], parts[i]) << "token " << i / size_t(n_out) << " row " << i % size_t(n_out);
+    }
+}
 
 // The scalar integer paths are exact arithmetic on the dequantized values: dot_ref equals the
 // f64 dot of the dequantized weight row and the dequantized activation row.

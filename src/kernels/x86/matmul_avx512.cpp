@@ -2,8 +2,10 @@
 //  - quantized weights, decode and small batches: Q4_0 / Q8_0 in the wide tiles below (several
 //    rows per zmm, 8 rows x up to 4 tokens); the K-quants in the classic tiles of x86_common.h
 //    with VNNI (vpdpbusd / vpdpwssd on 256-bit vectors, 32 registers: 4 rows x 4 tokens);
-//  - quantized weights, prefill: the token-lane GEMM below, 16 tokens per zmm; the tokens of
-//    a last partial group too small to pay for its padding go to the classic tiles;
+//  - quantized weights, batches from lanes_min_tokens (6 to 12 tokens by type) up to prefill:
+//    the token-lane GEMM below, 16 tokens per zmm (Q4_0 / Q8_0: 8 per ymm for a group of at
+//    most 8); the tokens of a last partial group too small to pay for its padding go to the
+//    wide / classic tiles;
 //  - float weights: the FMA tiles of x86_common.h, 4 rows x 4 tokens. BF16 weights convert
 //    to f32 (a shift) rather than using AVX512-BF16's vdpbf16ps: that needs activations rounded
 //    to bf16 and, on Zen 4, measured no faster than FMA (44 vs 47 GMAC/s per core at 128
@@ -19,35 +21,42 @@ struct OpsAvx512 {
   static __m256i dot_s16(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
 };
 
-// --- token-lane GEMM for quantized weights (prefill) ----------------------------------------
+// --- token-lane GEMM for quantized weights (batches and prefill) ----------------------------
 //
 // With 16 tokens in the 16 int32 lanes of a zmm register, one vpdpbusd multiplies 4 weight
-// bytes (broadcast from memory) by 4 activation bytes of each of 16 tokens. A block's 32
+// bytes (broadcast) by 4 activation bytes of each of 16 tokens. A block's 32
 // products per token then need 8 vpdpbusd, and its scale is applied once per block for all 16
 // tokens (one cvt + one FMA), where the classic tiles spend a cvt, a multiply and an FMA per
 // (row, token, block). Activations are quantized exactly as in the Rows layouts, then stored
 // interleaved by token group:
 //
 //   Q8_0Lanes, per group of 16 tokens, per 32-element block b (kLaneBlockQ8_0 bytes):
-//     xq [8 k][16 t][4]  u8: x + 128 of elements 4k..4k+3 of token t (vpdpbusd's unsigned side)
-//     d  [16 t]          f32
+//     xq   [8 k][16 t][4]  int8: x of elements 4k..4k+3 of token t (vpdpbusd's signed side)
+//     d    [16 t]          f32
+//     nsum [16 t]          int32: -sum(x) of the block (the weights' offset term, see fused_q32)
 //   Q8_KLanes, per group, per 256-element super-block (kLaneBlockQ8_K bytes):
 //     xq  [64 k][16 t][4] u8 (x + 128)
 //     d   [16 t]          f32
 //     s32 [4 p][16 t][2]  int16: sums of x over 32-element sub-blocks 2p, 2p+1 (Q4_K mins)
 //     s16 [8 p][16 t][2]  int16: sums of x over 16-element sub-blocks 2p, 2p+1 (Q6_K offset)
 //
-// The +128 makes x unsigned; it is undone per (row, block) with the weights' sum:
+// K-quants: the +128 makes x unsigned; it is undone per (row, block) with the weights' sum:
 //   sum (x + 128) w = sum x w + 128 sum w, so each block's accumulator starts at -128 sum w.
-// Weights are the signed (broadcast) operand, unpacked once per 4-row tile into the thread's
-// scratch ("prep") and reused by every token group.
+// Their weights are the signed (broadcast) operand, unpacked once per 4-row tile into the
+// thread's scratch ("prep") and reused by every token group. Q4_0 / Q8_0 need no prep: see the
+// fused tiles further down.
 
 constexpr int kLanes = 16;
-// A 16-token group pays for all 16 lanes: below this many tokens in a group the classic 4x4
-// tiles are faster (measured single-core with L2-resident weights: at 8 tokens lanes win for
-// Q8_0/Q4_0, lose for the K-quants, which win from 12).
-int64_t lanes_min_tokens(DType type) { return type == DType::Q8_0 || type == DType::Q4_0 ? 8 : 12; }
-constexpr int64_t kLaneBlockQ8_0 = 8 * 64 + 64;
+// A 16-token group pays for all 16 lanes (8 in a ymm for Q4_0 / Q8_0): below this many tokens
+// in a group the classic / wide tiles are faster. Measured on 2 threads with in-cache weights:
+// the K-quants win from 12 tokens (single core); Q8_0 from 6 (288 vs 242 GFLOP/s at 6, a tie
+// at 5); Q4_0, whose wide tiles are faster, from 8 (at 7: 275-312 vs 300-312).
+int64_t lanes_min_tokens(DType type) {
+  if (type == DType::Q8_0) return 6;
+  return type == DType::Q4_0 ? 8 : 12;
+}
+constexpr int64_t kLaneBlockQ8_0 = 8 * 64 + 64 + 64;
+constexpr int64_t kLaneOffNsum = 8 * 64 + 64;
 constexpr int64_t kLaneOffS32 = 64 * 64 + 64;
 constexpr int64_t kLaneOffS16 = kLaneOffS32 + 4 * 64;
 constexpr int64_t kLaneBlockQ8_K = kLaneOffS16 + 8 * 64;
@@ -55,11 +64,11 @@ constexpr int kTileRows = 4;
 
 int64_t round_up64(int64_t v) { return (v + 63) / 64 * 64; }
 
-// Stores the 8 dwords of v (4 bytes of elements 4k..4k+3) at dst + 64 k, flipping the sign bit
-// of each byte (x + 128).
-inline void store_lane_dwords(uint8_t* dst, __m256i v) {
+// Stores the 8 dwords of v (4 bytes of elements 4k..4k+3) at dst + 64 k, each byte xor-ed with
+// flip (0x80: x + 128, for the K-quants; 0: x as is, for Q8_0Lanes).
+inline void store_lane_dwords(uint8_t* dst, __m256i v, char flip) {
   alignas(32) uint32_t u[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(u), _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80))));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(u), _mm256_xor_si256(v, _mm256_set1_epi8(flip)));
   for (int k = 0; k < 8; ++k) std::memcpy(dst + 64 * k, &u[k], 4);
 }
 
@@ -90,15 +99,16 @@ void quantize_lanes(const ActLayout& lay, const float* x, int64_t ldx, int64_t n
         __m256i q;
         int32_t nsum;
         d = q8_0_block(xt + 32 * b, &q, &nsum);
-        store_lane_dwords(blk + 4 * lane, q);
+        store_lane_dwords(blk + 4 * lane, q, 0);
         std::memcpy(blk + 8 * 64 + 4 * lane, &d, 4);
+        std::memcpy(blk + kLaneOffNsum + 4 * lane, &nsum, 4);
         continue;
       }
       alignas(32) int8_t qs[kQK_K];
       int16_t bsums[16];
       d = q8_k_block(xt + kQK_K * b, qs, bsums);
       for (int c = 0; c < 8; ++c)
-        store_lane_dwords(blk + 512 * c + 4 * lane, _mm256_load_si256(reinterpret_cast<const __m256i*>(qs + 32 * c)));
+        store_lane_dwords(blk + 512 * c + 4 * lane, _mm256_load_si256(reinterpret_cast<const __m256i*>(qs + 32 * c)), char(0x80));
       std::memcpy(blk + 64 * 64 + 4 * lane, &d, 4);
       for (int p = 0; p < 4; ++p) {
         const int16_t pair[2] = {int16_t(bsums[4 * p] + bsums[4 * p + 1]), int16_t(bsums[4 * p + 2] + bsums[4 * p + 3])};
@@ -107,7 +117,7 @@ void quantize_lanes(const ActLayout& lay, const float* x, int64_t ldx, int64_t n
       for (int p = 0; p < 8; ++p) std::memcpy(blk + kLaneOffS16 + 64 * p + 4 * lane, &bsums[2 * p], 4);
     }
   }
-  // Padding lanes of the last group: x = 0 (stored as 128), d = 0, sums 0.
+  // Padding lanes of the last group: x = 0 (stored as 128 for the K-quants), d = 0, sums 0.
   const int64_t padded = (n_tokens + kLanes - 1) / kLanes * kLanes;
   if (t0 < n_tokens && t1 == n_tokens && padded > n_tokens) {
     uint8_t* grp = act + (n_tokens / kLanes) * lay.stride;
@@ -115,8 +125,9 @@ void quantize_lanes(const ActLayout& lay, const float* x, int64_t ldx, int64_t n
       uint8_t* blk = grp + b * blk_bytes;
       const int n_k = k_quant ? 64 : 8;
       for (int64_t lane = n_tokens % kLanes; lane < kLanes; ++lane) {
-        for (int k = 0; k < n_k; ++k) std::memset(blk + 64 * k + 4 * lane, 0x80, 4);
+        for (int k = 0; k < n_k; ++k) std::memset(blk + 64 * k + 4 * lane, k_quant ? 0x80 : 0, 4);
         std::memset(blk + 64 * n_k + 4 * lane, 0, 4);
+        if (!k_quant) std::memset(blk + kLaneOffNsum + 4 * lane, 0, 4);
         if (k_quant)
           for (int p = 0; p < 12; ++p) std::memset(blk + kLaneOffS32 + 64 * p + 4 * lane, 0, 4);
       }
@@ -128,61 +139,6 @@ inline int32_t hsum_epu8(__m256i v) {  // sum of 32 unsigned bytes
   const __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());
   return int32_t(_mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 1) +
                  _mm256_extract_epi64(s, 2) + _mm256_extract_epi64(s, 3));
-}
-
-// Prep of Q8_0 / Q4_0 rows: per row [nb][32] int8 w | [nb] f32 d | [nb] int32 -128 * sum(w).
-int64_t prep_row_bytes_q32(int64_t nb) { return round_up64(nb * 40); }
-
-void prep_q32(DType type, const uint8_t* wrow, int64_t nb, uint8_t* prep) {
-  auto* dw = reinterpret_cast<float*>(prep + 32 * nb);
-  auto* corr = reinterpret_cast<int32_t*>(prep + 36 * nb);
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i w;
-    int32_t sum;
-    if (type == DType::Q8_0) {
-      const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(wrow) + b;
-      w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
-      sum = hsum_epu8(_mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)))) - 32 * 128;
-      dw[b] = f16_to_f32(blk->d);
-    } else {
-      const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(wrow) + b;
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs));
-      const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-      sum = hsum_epu8(q) - 32 * 8;
-      w = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-      dw[b] = f16_to_f32(blk->d);
-    }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(prep + 32 * b), w);
-    corr[b] = -128 * sum;
-  }
-}
-
-// One tile: R prepped rows x one 16-token group; out[r] = 16 token lanes.
-template <int R>
-void lanes_q32(const uint8_t* const* prep, int64_t nb, const uint8_t* grp, __m512* out) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* xb = grp + b * kLaneBlockQ8_0;
-    __m512i xk[8];
-    for (int k = 0; k < 8; ++k) xk[k] = _mm512_load_si512(xb + 64 * k);
-    const __m512 dx = _mm512_load_ps(xb + 512);
-    for (int r = 0; r < R; ++r) {
-      const auto* w = reinterpret_cast<const int32_t*>(prep[r] + 32 * b);
-      const float dw = reinterpret_cast<const float*>(prep[r] + 32 * nb)[b];
-      const int32_t corr = reinterpret_cast<const int32_t*>(prep[r] + 36 * nb)[b];
-      // Two chains so that vpdpbusd's latency overlaps.
-      __m512i a0 = _mm512_set1_epi32(corr), a1 = _mm512_setzero_si512();
-      for (int k = 0; k < 8; k += 2) {
-        a0 = _mm512_dpbusd_epi32(a0, xk[k], _mm512_set1_epi32(w[k]));
-        a1 = _mm512_dpbusd_epi32(a1, xk[k + 1], _mm512_set1_epi32(w[k + 1]));
-      }
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)),
-                               _mm512_mul_ps(dx, _mm512_set1_ps(dw)), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
 // Prep of Q4_K / Q6_K rows, per super-block (kPrepK bytes):
@@ -337,8 +293,8 @@ void lanes_q6_k(const uint8_t* const* prep, int64_t nsb, const uint8_t* grp, __m
   for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
-int64_t lanes_prep_row_bytes(DType type, int64_t n_in) {
-  if (type == DType::Q8_0 || type == DType::Q4_0) return prep_row_bytes_q32(n_in / 32);
+// Q4_K / Q6_K only (Q4_0 / Q8_0 take the fused tiles).
+int64_t lanes_prep_row_bytes(int64_t n_in) {
   return (n_in / kQK_K) * kPrepK;
 }
 
@@ -347,8 +303,6 @@ void lanes_tile(const GemmArgs& a, const uint8_t* const* prep, const uint8_t* gr
                 int64_t r) {
   __m512 out[R];
   switch (a.type) {
-    case DType::Q8_0:
-    case DType::Q4_0: lanes_q32<R>(prep, a.n_in / 32, grp, out); break;
     case DType::Q4_K: lanes_q4_k<R>(prep, a.n_in / kQK_K, grp, out); break;
     case DType::Q6_K: lanes_q6_k<R>(prep, a.n_in / kQK_K, grp, out); break;
     default: return;
@@ -363,7 +317,7 @@ void lanes_tile(const GemmArgs& a, const uint8_t* const* prep, const uint8_t* gr
 }
 
 void gemm_lanes(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
-  const int64_t prep_bytes = lanes_prep_row_bytes(a.type, a.n_in);
+  const int64_t prep_bytes = lanes_prep_row_bytes(a.n_in);
   const int64_t n_groups = (a.act_layout.lane_tokens + kLanes - 1) / kLanes;
   // Groups per block: ~512 KB of activations stay in L2 while the chunk's rows pass over them.
   int64_t gpb = (512 << 10) / a.act_layout.stride;
@@ -378,8 +332,6 @@ void gemm_lanes(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
         const uint8_t* wrow = a.w + (r + i) * a.row_bytes;
         uint8_t* p = scratch + i * prep_bytes;
         switch (a.type) {
-          case DType::Q8_0:
-          case DType::Q4_0: prep_q32(a.type, wrow, a.n_in / 32, p); break;
           case DType::Q4_K: prep_q4_k(wrow, a.n_in / kQK_K, p); break;
           case DType::Q6_K: prep_q6_k(wrow, a.n_in / kQK_K, p); break;
           default: break;
@@ -572,6 +524,194 @@ void gemm_wide(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
   }
 }
 
+// --- token-lane tiles for Q4_0 / Q8_0, without prep ----------------------------------------
+//
+// A prep as for the K-quants (a store and reload of every weight, a horizontal sum per block
+// for the -128 * sum(w) offset) is amortised over too few tokens in decode batches: at 16
+// tokens it cost about as much as the dot products. These tiles read the weight blocks as
+// stored. Each 4-byte group of weights is broadcast from memory and made the unsigned side of
+// vpdpbusd by one AND / XOR (Q4_0: low nibbles 0..15, high nibbles as 16 * (0..15), undone by a
+// shift of their exact sum; Q8_0: w + 128). The activations are the signed side, and the
+// offsets depend on the token only, -8 * sum(x) or -128 * sum(x), both from the layout's nsum:
+// no per-row weight sums. Measured on 2 threads (2048 x 5632, in cache) against the prep
+// version: 8 tokens 200 -> 380-395 GFLOP/s, 16 tokens 390 -> 575, 32 tokens 475 -> 585, and
+// no slower at 128 or 512.
+//
+// V is the vector: 16 lanes in a zmm, or the first 8 lanes in a ymm for a group of at most 8
+// tokens (Zen 4 runs a zmm operation as two 256-bit halves, so half-empty zmm lanes would
+// cost full price).
+struct Vec512 {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kN = 16;
+  static I load(const uint8_t* p) { return _mm512_load_si512(p); }
+  static F loadf(const uint8_t* p) { return _mm512_load_ps(p); }
+  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static I bcast(const uint8_t* p) {  // a broadcast load (or an operand's embedded broadcast)
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  }
+  static I zero() { return _mm512_setzero_si512(); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static I xor_(I a, I b) { return _mm512_xor_si512(a, b); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sra4(I a) { return _mm512_srai_epi32(a, 4); }
+  static I sll3(I a) { return _mm512_slli_epi32(a, 3); }
+  static I sll7(I a) { return _mm512_slli_epi32(a, 7); }
+  static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static F zerof() { return _mm512_setzero_ps(); }
+  static F set1f(float v) { return _mm512_set1_ps(v); }
+  static F fma(I s, F sc, F acc) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static void storef(float* p, F v) { _mm512_store_ps(p, v); }
+};
+
+struct Vec256 {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int kN = 8;
+  static I load(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+  static F loadf(const uint8_t* p) { return _mm256_load_ps(reinterpret_cast<const float*>(p)); }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static I bcast(const uint8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+  }
+  static I zero() { return _mm256_setzero_si256(); }
+  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static I xor_(I a, I b) { return _mm256_xor_si256(a, b); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sra4(I a) { return _mm256_srai_epi32(a, 4); }
+  static I sll3(I a) { return _mm256_slli_epi32(a, 3); }
+  static I sll7(I a) { return _mm256_slli_epi32(a, 7); }
+  static I dot(I acc, I u, I s) { return _mm256_dpbusd_epi32(acc, u, s); }
+  static F zerof() { return _mm256_setzero_ps(); }
+  static F set1f(float v) { return _mm256_set1_ps(v); }
+  static F fma(I s, F sc, F acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static void storef(float* p, F v) { _mm256_store_ps(p, v); }
+};
+
+// Rows per fused tile: 8, then 4, then single rows at a chunk's end. 8 rows share each block's
+// activation loads twice as widely as 4 (measured 5-12% faster at 8 and 16 tokens). A row's
+// result does not depend on its tile: every row runs the same operations.
+constexpr int kFusedRows = 8;
+template <int R>
+constexpr int64_t fused_dw_stride() { return R > 4 ? 8 : 4; }
+
+// The f16 scales of rows [r, r+R) as f32, dw[S b + i] for row r+i and block b (S =
+// fused_dw_stride): converted once per tile, not per token group, and read back as the
+// broadcast operand of a vmulps. Converted per block inside the tile, the scales had to be
+// spread to the rows by shuffles, which competed with the dot products.
+template <int R, bool kQ4>
+void fused_scales(const GemmArgs& a, int64_t r, float* dw) {
+  constexpr int64_t S = fused_dw_stride<R>();
+  constexpr int64_t kBlk = kQ4 ? int64_t(sizeof(BlockQ4_0)) : int64_t(sizeof(BlockQ8_0));
+  const int64_t nb = a.n_in / 32, rb = a.row_bytes;
+  const uint8_t* w = a.w + r * rb;
+  for (int64_t b = 0; b < nb; ++b) {
+    if constexpr (R == 8) {
+      _mm256_store_ps(dw + S * b, wide_scales<8>(w + b * kBlk, rb));
+    } else if constexpr (R == 4) {
+      _mm_store_ps(dw + S * b, _mm256_castps256_ps128(wide_scales<4>(w + b * kBlk, rb)));
+    } else {
+      for (int i = 0; i < R; ++i) dw[S * b + i] = f16_to_f32(*reinterpret_cast<const uint16_t*>(w + i * rb + b * kBlk));
+    }
+  }
+}
+
+// R rows (1..8) from row r x one token group, written to y for the group's n_valid tokens;
+// dw from fused_scales.
+template <class V, int R, bool kQ4>
+void fused_q32(const GemmArgs& a, const uint8_t* grp, int64_t g, int64_t n_valid, int64_t r, const float* dw) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int64_t kBlk = kQ4 ? int64_t(sizeof(BlockQ4_0)) : int64_t(sizeof(BlockQ8_0));
+  const int64_t nb = a.n_in / 32, rb = a.row_bytes;
+  const uint8_t* w = a.w + r * rb;
+  const I flip = V::set1(int32_t(0x80808080u));
+  const I m_lo = V::set1(0x0F0F0F0F), m_hi = V::set1(int32_t(0xF0F0F0F0u));
+  F acc[R];
+  for (int rr = 0; rr < R; ++rr) acc[rr] = V::zerof();
+  const uint8_t* pf = w + kPrefetchTiles * R * rb;  // as the classic tiles (x86_common.h)
+  for (int64_t b = 0; b < nb; ++b) {
+    prefetch_step<R * int(kBlk)>(pf + b * R * kBlk);
+    const uint8_t* xb = grp + b * kLaneBlockQ8_0;
+    I xs[8];
+    for (int k = 0; k < 8; ++k) xs[k] = V::load(xb + 64 * k);
+    const F dx = V::loadf(xb + 8 * 64);
+    const I nsum = V::load(xb + kLaneOffNsum);
+    const I off = kQ4 ? V::sll3(nsum) : V::sll7(nsum);
+    const uint8_t* blk = w + b * kBlk;
+    // Unrolled so that acc[] stays in registers (GCC otherwise keeps it on the stack for R = 8).
+#pragma GCC unroll 8
+    for (int rr = 0; rr < R; ++rr) {
+      const uint8_t* q = blk + rr * rb + 2;
+      I s;
+      if constexpr (kQ4) {
+        // raw dword j: low nibbles are elements 4j..4j+3 (xs[j]), high ones 16+4j.. (xs[j+4])
+        I lo = off, hi = V::zero();
+        for (int j = 0; j < 4; ++j) {
+          const I v = V::bcast(q + 4 * j);
+          lo = V::dot(lo, V::and_(v, m_lo), xs[j]);
+          hi = V::dot(hi, V::and_(v, m_hi), xs[j + 4]);
+        }
+        s = V::add(lo, V::sra4(hi));  // hi is 16 * the high nibbles' dot, exactly
+      } else {
+        I a0 = off, a1 = V::zero();  // two chains so that vpdpbusd's latency overlaps
+        for (int j = 0; j < 8; j += 2) {
+          a0 = V::dot(a0, V::xor_(V::bcast(q + 4 * j), flip), xs[j]);
+          a1 = V::dot(a1, V::xor_(V::bcast(q + 4 * j + 4), flip), xs[j + 1]);
+        }
+        s = V::add(a0, a1);
+      }
+      acc[rr] = V::fma(s, V::mul(dx, V::set1f(dw[fused_dw_stride<R>() * b + rr])), acc[rr]);
+    }
+  }
+  alignas(64) float tmp[V::kN];
+  for (int rr = 0; rr < R; ++rr) {
+    V::storef(tmp, acc[rr]);
+    for (int64_t l = 0; l < n_valid; ++l) a.y[(g * kLanes + l) * a.ldy + r + rr] = tmp[l];
+  }
+}
+
+// Token groups [g0, g1) for rows [r, r+R); dw: scratch for fused_scales.
+template <int R, bool kQ4>
+void fused_rows(const GemmArgs& a, int64_t r, int64_t g0, int64_t g1, float* dw) {
+  fused_scales<R, kQ4>(a, r, dw);
+  const int64_t n_lane = a.act_layout.lane_tokens;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* grp = a.act + g * a.act_layout.stride;
+    const int64_t n_valid = n_lane - g * kLanes < kLanes ? n_lane - g * kLanes : kLanes;
+    if (n_valid <= 8) fused_q32<Vec256, R, kQ4>(a, grp, g, n_valid, r, dw);
+    else fused_q32<Vec512, R, kQ4>(a, grp, g, n_valid, r, dw);
+  }
+}
+
+template <bool kQ4>
+void gemm_fused_t(const GemmArgs& a, int64_t r0, int64_t r1, float* dw) {
+  const int64_t n_groups = (a.act_layout.lane_tokens + kLanes - 1) / kLanes;
+  // Groups per block: ~512 KB of activations stay in L2 while the chunk's rows pass over them.
+  int64_t gpb = (512 << 10) / a.act_layout.stride;
+  gpb = gpb < 1 ? 1 : gpb;
+  for (int64_t g0 = 0; g0 < n_groups; g0 += gpb) {
+    const int64_t g1 = g0 + gpb < n_groups ? g0 + gpb : n_groups;
+    int64_t r = r0;
+    for (; r + kFusedRows <= r1; r += kFusedRows) fused_rows<kFusedRows, kQ4>(a, r, g0, g1, dw);
+    for (; r + 4 <= r1; r += 4) fused_rows<4, kQ4>(a, r, g0, g1, dw);
+    for (; r < r1; ++r) fused_rows<1, kQ4>(a, r, g0, g1, dw);
+  }
+}
+
+// scratch holds the kFusedRows * n_in / 32 floats of fused_scales.
+void gemm_fused(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
+  float* dw = reinterpret_cast<float*>(scratch);
+  if (a.type == DType::Q4_0) gemm_fused_t<true>(a, r0, r1, dw);
+  else gemm_fused_t<false>(a, r0, r1, dw);
+}
+
 // --- the table ---------------------------------------------------------------------------
 
 // Full groups go to lanes; a last partial group too when it has enough tokens, else its tokens
@@ -603,8 +743,10 @@ void avx512_quantize(const ActLayout& lay, DType, const float* x, int64_t ldx, i
 
 int64_t avx512_scratch_bytes(DType type, int64_t n_in) {
   switch (type) {
-    case DType::Q8_0: case DType::Q4_0: case DType::Q4_K: case DType::Q6_K:
-      return kTileRows * lanes_prep_row_bytes(type, n_in);
+    case DType::Q8_0: case DType::Q4_0:
+      return round_up64(int64_t(sizeof(float)) * kFusedRows * (n_in / 32));  // fused_scales
+    case DType::Q4_K: case DType::Q6_K:
+      return kTileRows * lanes_prep_row_bytes(n_in);
     default:
       return 0;
   }
@@ -612,7 +754,10 @@ int64_t avx512_scratch_bytes(DType type, int64_t n_in) {
 
 void avx512_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
   if (a.act_layout.kind == ActKind::Q8_0Lanes || a.act_layout.kind == ActKind::Q8_KLanes) {
-    gemm_lanes(a, r0, r1, scratch);
+    if (a.act_layout.kind == ActKind::Q8_0Lanes)
+      gemm_fused(a, r0, r1, scratch);
+    else
+      gemm_lanes(a, r0, r1, scratch);
     if (a.act_layout.lane_tokens < a.n_tokens) {
       if (a.type == DType::Q4_0 || a.type == DType::Q8_0) gemm_wide(a, rows_view(a), r0, r1);
       else gemm_int_classic<OpsAvx512>(a, rows_view(a), r0, r1);
