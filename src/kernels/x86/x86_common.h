@@ -460,16 +460,19 @@ void gemm_int_classic(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t 
 // row) measured 20-50% slower in bench_matmul.
 
 struct LoadF32 {
+  static constexpr int kBytes = 4;
   static __m256 load8(const uint8_t* row, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i); }
   static float load1(const uint8_t* row, int64_t i) { return reinterpret_cast<const float*>(row)[i]; }
 };
 struct LoadF16 {
+  static constexpr int kBytes = 2;
   static __m256 load8(const uint8_t* row, int64_t i) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + i)));
   }
   static float load1(const uint8_t* row, int64_t i) { return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]); }
 };
 struct LoadBF16 {
+  static constexpr int kBytes = 2;
   static __m256 load8(const uint8_t* row, int64_t i) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + i));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -489,8 +492,14 @@ void tile_float(const GemmArgs& a, int64_t r, int64_t t) {
     for (auto& v : ar) v = _mm256_setzero_ps();
   const uint8_t* w = a.w + r * a.row_bytes;
   const float* x = a.x + t * a.ldx;
+  // Decode (few tokens) streams the weights once: prefetch them as the integer tiles do (the
+  // rows kPrefetchTiles tiles on, in address order, R * 8 elements per step). With more tokens
+  // the tile is compute-bound and its rows are reused from cache.
+  constexpr int64_t kStepBytes = R * 8 * Load::kBytes;
+  const uint8_t* pf = w + kPrefetchTiles * R * a.row_bytes;
   int64_t i = 0;
   for (; i + 8 <= a.n_in; i += 8) {
+    if constexpr (T <= 2) prefetch_step<int(kStepBytes)>(pf + (i / 8) * kStepBytes);
     __m256 wv[R];
     for (int rr = 0; rr < R; ++rr) wv[rr] = Load::load8(w + rr * a.row_bytes, i);
     for (int tt = 0; tt < T; ++tt) {
