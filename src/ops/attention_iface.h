@@ -48,5 +48,10 @@ constexpr int64_t tile_scratch_floats(int64_t head_dim, int64_t n_rows) {
 void attention_tile_avx2(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch);
 void attention_tile_avx512(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch);
 
+// out[i] = silu(gate[i]) * up[i] for i < n (SwiGLU), vectorised with the attention kernels'
+// exp; out may alias gate or up.
+void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n);
+void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n);
+
 }  // namespace attn
 }  // namespace tern

@@ -41,6 +41,11 @@ inline V vmul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V vadd(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline V vsub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline V vmax(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V vdiv(V a, V b) { return {_mm512_div_ps(a.v, b.v)}; }
+// a where x >= 0, else b.
+inline V vselect_nonneg(V x, V a, V b) {
+  return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(x.v, _mm512_setzero_ps(), _CMP_GE_OQ), b.v, a.v)};
+}
 inline float vhmax(V a) { return _mm512_reduce_max_ps(a.v); }
 inline float vhsum(V a) { return _mm512_reduce_add_ps(a.v); }
 // Lanes whose index base + lane is >= limit become `fill`.
@@ -78,6 +83,12 @@ inline V vmul(V a, V b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi,
 inline V vadd(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 inline V vsub(V a, V b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
 inline V vmax(V a, V b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline V vdiv(V a, V b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline V vselect_nonneg(V x, V a, V b) {
+  const __m256 z = _mm256_setzero_ps();
+  return {_mm256_blendv_ps(b.lo, a.lo, _mm256_cmp_ps(x.lo, z, _CMP_GE_OQ)),
+          _mm256_blendv_ps(b.hi, a.hi, _mm256_cmp_ps(x.hi, z, _CMP_GE_OQ))};
+}
 inline float hreduce8(__m256 x, bool is_max) {
   __m128 h = is_max ? _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1))
                     : _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
@@ -130,10 +141,55 @@ inline V vexp_nonpos(V x) {
   const V e = vadd(vfma(vmul(p, r), r, r), vset1(1.0f));
   return vzero_below(vmul(e, vexp2i(n)), x, -87.0f);
 }
+// out = silu(g) * u = g * sigmoid(g) * u, with sigmoid from e = exp(-|g|) (never overflows):
+// 1 / (1 + e) for g >= 0, e / (1 + e) below. The tail goes through the same vector code on a
+// padded copy, so an element's result does not depend on where a range starts or ends.
+inline V silu_mul_v(V g, V u) {
+  const V e = vexp_nonpos(vsub(vzero(), vmax(g, vsub(vzero(), g))));
+  const V one = vset1(1.0f);
+  return vmul(vmul(g, vdiv(vselect_nonneg(g, one, e), vadd(one, e))), u);
+}
+inline void silu_mul_impl(const float* g, const float* u, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) vstore(out + i, silu_mul_v(vload(g + i), vload(u + i)));
+  if (i < n) {
+    float gb[16], ub[16], ob[16];
+    for (int k = 0; k < 16; ++k) {
+      gb[k] = i + k < n ? g[i + k] : 0.0f;
+      ub[k] = i + k < n ? u[i + k] : 0.0f;
+    }
+    vstore(ob, silu_mul_v(vload(gb), vload(ub)));
+    for (int64_t k = 0; i + k < n; ++k) out[i + k] = ob[k];
+  }
+}
+
 inline float exp_nonpos(float x) {
   float lanes[16];
   vstore(lanes, vexp_nonpos(vset1(x)));
   return lanes[0];
+}
+
+// dst[i * ld + r] = rows[r][d0 + i] for r, i in 0..7: eight 8-float row pieces transposed in
+// registers (unpack, shuffle, 128-bit permute), AVX on both ISAs.
+inline void transpose8x8(const float* const* rows, int64_t d0, float* dst, int64_t ld) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i] + d0);
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(dst + 0 * ld, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(dst + 1 * ld, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ld, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ld, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ld, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ld, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ld, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ld, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
 constexpr int64_t kB = kKeyBlock;
@@ -220,12 +276,21 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   const int64_t last_pos = a.n_past + i1 - 1;  // the tile's last row sees 0..last_pos
   for (int64_t p0 = 0; p0 <= last_pos; p0 += kB) {
     const int64_t nb = last_pos + 1 - p0 < kB ? last_pos + 1 - p0 : kB;
+    const float* krow[kB];
     for (int64_t j = 0; j < nb; ++j) {
       const int64_t slot = a.slots[p0 + j];
-      const float* k = a.k_base + slot * a.kv_row + kvh * hd;
+      krow[j] = a.k_base + slot * a.kv_row + kvh * hd;
       vrow[j] = a.v_base + slot * a.kv_row + kvh * hd;
-      for (int64_t d = 0; d < hd; ++d) Kt[d * kB + j] = k[d];
     }
+    // Kt = K_block^T: 8 x 8 register transposes where keys and head_dim allow (a decode tile has
+    // only the GQA group's rows to share this cost with), scalar elsewhere. Pure data movement:
+    // the result is the same either way.
+    int64_t j8 = 0;
+    if (hd % 8 == 0)
+      for (; j8 + 8 <= nb; j8 += 8)
+        for (int64_t d = 0; d < hd; d += 8) transpose8x8(krow + j8, d, Kt + d * kB + j8, kB);
+    for (int64_t j = j8; j < nb; ++j)
+      for (int64_t d = 0; d < hd; ++d) Kt[d * kB + j] = krow[j][d];
     for (int64_t d = 0; d < hd; ++d)
       for (int64_t j = nb; j < kB; ++j) Kt[d * kB + j] = 0.0f;
 

@@ -60,23 +60,30 @@ void rope_norm_cols(float* x, int64_t ldx, const int32_t* positions, int64_t n_t
 
 namespace {
 inline float silu_times(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
+
+// One SwiGLU row piece with the selected variant (an element's result depends only on its
+// inputs, not on where the piece starts).
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  switch (selected_isa()) {
+    case Isa::Avx512: attn::silu_mul_avx512(gate, up, out, n); break;
+    case Isa::Avx2: attn::silu_mul_avx2(gate, up, out, n); break;
+    default:
+      for (int64_t i = 0; i < n; ++i) out[i] = silu_times(gate[i], up[i]);
+  }
+}
 }  // namespace
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n, ThreadPool& pool) {
-  auto body = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) out[i] = silu_times(gate[i], up[i]);
-  };
   if (n < 32768) {
-    body(0, n);
+    silu_mul(gate, up, out, n);
     return;
   }
-  pool.parallel_for(n, [&](int64_t b, int64_t e, int) { body(b, e); });
+  pool.parallel_for(n, [&](int64_t b, int64_t e, int) { silu_mul(gate + b, up + b, out + b, e - b); });
 }
 
 void swiglu_cols(const float* gate, const float* up, float* out, int64_t ld, int64_t n_tokens, int64_t c0,
                  int64_t c1) {
-  for (int64_t t = 0; t < n_tokens; ++t)
-    for (int64_t c = c0; c < c1; ++c) out[t * ld + c] = silu_times(gate[t * ld + c], up[t * ld + c]);
+  for (int64_t t = 0; t < n_tokens; ++t) silu_mul(gate + t * ld + c0, up + t * ld + c0, out + t * ld + c0, c1 - c0);
 }
 
 void add_inplace(float* x, const float* y, int64_t n) {
