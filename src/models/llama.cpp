@@ -1,10 +1,13 @@
 // Llama-family decoder (Llama 2/3, TinyLlama, Mistral-style GQA): RMSNorm, RoPE ("normal"
 // pair layout), grouped-query attention, SwiGLU FFN, tied or untied output.
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <vector>
 
 #include "core/error.h"
+#include "core/path_chooser.h"
 #include "models/model.h"
 #include "models/registry.h"
 #include "ops/ops.h"
@@ -23,6 +26,15 @@ struct LayerWeights {
   WeightView wq, wk, wv, wo;         // [n_embd -> n_embd | n_embd_kv]
   WeightView w_gate, w_up, w_down;   // [n_embd -> n_ff], [n_ff -> n_embd]
 };
+
+// TERN_SMALL_MODEL_PATH=phased|serial forces the small-model path (tests, benchmarks); unset
+// or anything else: chosen by timing.
+int small_path_from_env() {
+  const char* v = std::getenv("TERN_SMALL_MODEL_PATH");
+  if (!v) return -1;
+  const std::string s = v;
+  return s == "phased" ? 1 : s == "serial" ? 0 : -1;
+}
 
 // The single-region forward path (forward_spmd) applies up to this size.
 constexpr int64_t kSpmdMaxTokens = 8;
@@ -84,6 +96,7 @@ class LlamaModel final : public Model {
  private:
   void forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
   void forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits, ThreadPool& pool);
+  void forward_small_serial(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits);
   int64_t gather_output_rows(std::span<const SeqBatch> seqs, float* out) const;
   // matmul_shared_input epilogues (ctx = this): RoPE on finished q (target 0) / k (target 1)
   // rows, SwiGLU on finished gate/up rows.
@@ -135,6 +148,9 @@ class LlamaModel final : public Model {
   std::vector<float> out_rows_;     // [rows needing logits, n_embd]
   std::vector<AttentionArgs> attn_args_;
   PhasedWork spmd_work_;               // forward_spmd's phases
+  PathChooser spmd_chooser_;           // forward_spmd (1) or this thread alone (0), by timing
+  int small_path_forced_ = small_path_from_env();  // -1: choose by timing
+  ThreadPool serial_{1};               // no threads: runs on the caller
   std::vector<int32_t> phase_units_;   // units per phase of the current pass
 };
 
@@ -162,12 +178,22 @@ void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
   }
 
   // Small models decoding a few tokens: each operation is a microsecond or less, so one pool
-  // region per operation (11 per layer) costs more than the work; one region for the whole
-  // pass with 4 barriers per layer makes 2 threads faster than 1. Bigger steps and models keep
-  // the pooled path, whose work-claiming chunks tolerate a descheduled thread. Both give the
-  // same bits.
+  // region per operation (11 per layer) costs more than the work. They run either as one region
+  // for the whole pass in phases (forward_spmd) or on this thread alone; which is faster depends
+  // on how fast the cores hand work to each other (on a VM: where the host puts the vCPUs), so
+  // both are timed and the faster is used (PathChooser; TERN_SMALL_MODEL_PATH=phased|serial
+  // forces one). Bigger steps and models keep the pooled path, whose work-claiming chunks
+  // tolerate a descheduled thread. All three give the same bits.
   if (pool.size() > 1 && !observer_ && T <= kSpmdMaxTokens && E <= kSpmdMaxEmbd) {
-    forward_spmd(seqs, kv, T, logits, pool);
+    const int path = small_path_forced_ >= 0 ? small_path_forced_ : spmd_chooser_.pick();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (path == 1) {
+      forward_spmd(seqs, kv, T, logits, pool);
+      spmd_chooser_.record(1, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(T));
+      return;
+    }
+    forward_small_serial(seqs, kv, T, logits);
+    spmd_chooser_.record(0, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(T));
     return;
   }
   forward_layers_pooled(seqs, kv, T, pool);
@@ -192,6 +218,14 @@ void LlamaModel::rope_rows_done(const void* ctx, int target, int64_t n_tokens, i
 void LlamaModel::swiglu_rows_done(const void* ctx, int, int64_t n_tokens, int64_t r0, int64_t r1) {
   auto* m = static_cast<LlamaModel*>(const_cast<void*>(ctx));
   swiglu_cols(m->gate_.data(), m->up_.data(), m->gate_.data(), m->hp_.n_ff, n_tokens, r0, r1);
+}
+
+void LlamaModel::forward_small_serial(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits) {
+  const int64_t E = hp_.n_embd;
+  forward_layers_pooled(seqs, kv, T, serial_);
+  const int64_t rows = gather_output_rows(seqs, out_rows_.data());
+  rms_norm(out_rows_.data(), output_norm_, out_rows_.data(), rows, E, hp_.rms_eps, serial_);
+  matmul(output_, out_rows_.data(), E, rows, logits, hp_.n_vocab, serial_);
 }
 
 int64_t LlamaModel::gather_output_rows(std::span<const SeqBatch> seqs, float* out) const {
