@@ -332,7 +332,7 @@ void LlamaModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64
   }
   phase_units_.push_back(units(V, per_v));
   spmd_work_.reset(phase_units_, pool.size());
-  ThreadPool serial(1);  // no threads: the row-wise ops below run on the calling thread
+  ThreadPool& serial = serial_;  // no threads: the row-wise ops below run on the calling thread
 
   pool.run([&](int ith, int) {
     thread_local std::vector<float> xn;        // [T, n_embd] this thread's normalised residual

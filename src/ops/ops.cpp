@@ -156,6 +156,19 @@ struct TileItem {
 // enough that S and O stay in L1/L2.
 constexpr int64_t kTileRows = 32;
 
+// Query tokens per tile for a GQA group of g query heads.
+int64_t tokens_per_tile(int64_t g) { return std::max<int64_t>(1, kTileRows / g); }
+
+using TileKernel = void (*)(const AttentionArgs&, int64_t, int64_t, int64_t, float*);
+TileKernel tile_kernel(Isa isa) { return isa == Isa::Avx512 ? attn::attention_tile_avx512 : attn::attention_tile_avx2; }
+
+// The calling thread's tile scratch, at least `floats` long.
+float* tile_scratch(int64_t floats) {
+  thread_local std::vector<float> scratch;
+  if (int64_t(scratch.size()) < floats) scratch.resize(size_t(floats));
+  return scratch.data();
+}
+
 }  // namespace
 
 void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& pool) {
@@ -167,7 +180,7 @@ void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& poo
     attention_ref(seqs, pool);
     return;
   }
-  auto* tile = isa == Isa::Avx512 ? attn::attention_tile_avx512 : attn::attention_tile_avx2;
+  const TileKernel tile = tile_kernel(isa);
 
   // Tiles, the latest query tokens first: under causal masking they see the most keys, and
   // the pool's threads claim items in order, so the long ones start early.
@@ -181,7 +194,7 @@ void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& poo
     const AttentionArgs& a = seqs[si];
     if (a.n_tokens <= 0) continue;
     const int64_t g = a.n_head / a.n_head_kv;
-    const int64_t tq = std::max<int64_t>(1, kTileRows / g);  // tokens per tile
+    const int64_t tq = tokens_per_tile(g);
     max_scratch = std::max(max_scratch, attn::tile_scratch_floats(a.head_dim, tq * g));
     work += a.n_tokens * a.n_head * (a.n_past + a.n_tokens) * a.head_dim;
     for (int64_t i1 = a.n_tokens; i1 > 0; i1 -= tq)
@@ -189,10 +202,8 @@ void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& poo
         items.push_back(TileItem{int32_t(si), int32_t(kvh), std::max<int64_t>(0, i1 - tq), i1});
   }
   auto run_item = [&](int64_t c, int) {
-    thread_local std::vector<float> scratch;
-    if (int64_t(scratch.size()) < max_scratch) scratch.resize(size_t(max_scratch));
     const TileItem& it = items[size_t(c)];
-    tile(seqs[size_t(it.seq)], it.kvh, it.i0, it.i1, scratch.data());
+    tile(seqs[size_t(it.seq)], it.kvh, it.i0, it.i1, tile_scratch(max_scratch));
   };
   // A decode step of a small model: fork/join would cost more than the work.
   if (work < (int64_t(1) << 16) || pool.size() == 1) {
@@ -213,12 +224,10 @@ void attention_kv_head(const AttentionArgs& a, int64_t kvh) {
       for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) attend_row(a, i, h, acc.data());
     return;
   }
-  auto* tile = isa == Isa::Avx512 ? attn::attention_tile_avx512 : attn::attention_tile_avx2;
-  const int64_t tq = std::max<int64_t>(1, kTileRows / g);
-  thread_local std::vector<float> scratch;
-  const int64_t need = attn::tile_scratch_floats(a.head_dim, tq * g);
-  if (int64_t(scratch.size()) < need) scratch.resize(size_t(need));
-  for (int64_t i1 = a.n_tokens; i1 > 0; i1 -= tq) tile(a, kvh, std::max<int64_t>(0, i1 - tq), i1, scratch.data());
+  const TileKernel tile = tile_kernel(isa);
+  const int64_t tq = tokens_per_tile(g);
+  float* scratch = tile_scratch(attn::tile_scratch_floats(a.head_dim, tq * g));
+  for (int64_t i1 = a.n_tokens; i1 > 0; i1 -= tq) tile(a, kvh, std::max<int64_t>(0, i1 - tq), i1, scratch);
 }
 
 void attention(std::span<const AttentionArgs> seqs, ThreadPool& pool) {

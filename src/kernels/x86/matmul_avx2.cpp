@@ -126,13 +126,7 @@ void gemm_q32(const GemmArgs& a, int64_t r0, int64_t r1) {
   const RowsView v = rows_view(a);
   int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
   tb = tb < TM ? TM : tb / TM * TM;
-  Tile c;
-  c.row_bytes = a.row_bytes;
-  c.act_stride = v.stride;
-  c.off_d = v.off_d;
-  c.off_sum = v.off_sum;
-  c.nb = a.n_in / 32;
-  c.ldy = a.ldy;
+  Tile c = rows_tile(a, v);  // Q8_0 activation rows: 32-element blocks
   for (int64_t t0 = 0; t0 < a.n_tokens; t0 += tb) {
     const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
     int64_t r = r0;

@@ -491,13 +491,7 @@ void wide_tile(DType type, const Tile& c) {
 template <int R>
 void wide_rows(const GemmArgs& a, const RowsView& v, int64_t r, int64_t t0, int64_t t1) {
   constexpr int TM = OpsAvx512::kMaxTokens;
-  Tile c;
-  c.row_bytes = a.row_bytes;
-  c.act_stride = v.stride;
-  c.off_d = v.off_d;
-  c.off_sum = v.off_sum;
-  c.nb = a.n_in / 32;
-  c.ldy = a.ldy;
+  Tile c = rows_tile(a, v);  // Q8_0 activation rows: 32-element blocks
   c.w = a.w + r * a.row_bytes;
   for (int64_t t = t0; t < t1; t += TM) {
     c.act = v.act + (t - v.t_begin) * v.stride;

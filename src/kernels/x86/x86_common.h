@@ -413,10 +413,8 @@ inline RowsView rows_view(const GemmArgs& a) {
   return {a.act + l.tail_offset, l.tail_stride, l.off_d, l.off_sum, l.lane_tokens, q8_0 ? 32 : kQK_K};
 }
 
-// Rows [r, r+R) x tokens [t0, t1) of a quantized weight, Rows activations.
-template <class Ops, int R>
-void int_rows(const GemmArgs& a, const RowsView& v, int64_t r, int64_t t0, int64_t t1) {
-  constexpr int TM = Ops::kMaxTokens;
+// A tile over a's weights and the Rows activations v; w, act and y are set per use.
+inline Tile rows_tile(const GemmArgs& a, const RowsView& v) {
   Tile c;
   c.row_bytes = a.row_bytes;
   c.act_stride = v.stride;
@@ -424,6 +422,14 @@ void int_rows(const GemmArgs& a, const RowsView& v, int64_t r, int64_t t0, int64
   c.off_sum = v.off_sum;
   c.nb = a.n_in / v.block;
   c.ldy = a.ldy;
+  return c;
+}
+
+// Rows [r, r+R) x tokens [t0, t1) of a quantized weight, Rows activations.
+template <class Ops, int R>
+void int_rows(const GemmArgs& a, const RowsView& v, int64_t r, int64_t t0, int64_t t1) {
+  constexpr int TM = Ops::kMaxTokens;
+  Tile c = rows_tile(a, v);
   c.w = a.w + r * a.row_bytes;
   for (int64_t t = t0; t < t1; t += TM) {
     c.act = v.act + (t - v.t_begin) * v.stride;
