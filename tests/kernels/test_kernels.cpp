@@ -240,6 +240,39 @@ TEST(KernelsDispatch, RowRangesMatchWholeMatrixBitForBit) {
     }
 }
 
+// From two tokens on, a token's Q4_0 / Q8_0 results do not depend on the batch around it: the
+// AVX-512 table runs the full 16-token groups of large batches in its token-lane tiles and any
+// other tokens in its row-lane tiles, whose float steps are the same (exact integer sums, then
+// fma(cvt(s), dx * dw, acc) block by block); the other tables run every (row, token) alike. So
+// a sequence decoding in a batch of 5 gets the bits it would get in a batch of 16 or 72. (A
+// single token takes the wide GEMV tiles, whose lanes split each row's sum.)
+TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
+  ThreadPool& pool = shared_pool(2);
+  uint32_t seed = 900;
+  for (Isa isa : {Isa::Ref, Isa::Avx2, Isa::Avx512}) {
+    if (!isa_supported(isa)) continue;
+    for (DType t : {DType::Q8_0, DType::Q4_0}) {
+      SCOPED_TRACE(::testing::Message() << isa_name(isa) << " " << dtype_name(t));
+      // AVX-512 at 72 tokens: 4 token-lane groups + 8 row-lane tokens; smaller batches cross
+      // both tables' thresholds (all row-lane below 64 tokens for Q4_0, below 32 for Q8_0).
+      const int64_t n_in = 512, n_out = 37, n_all = 72;
+      const Weights w = make_weights(t, n_in, n_out, seed++);
+      const auto x = make_acts(n_in, n_all, n_in, seed++);
+      std::vector<float> all(size_t(n_out * n_all));
+      matmul_isa(isa, w.view(), x.data(), n_in, n_all, all.data(), n_out, pool);
+      for (int64_t n_tok : {2, 3, 7, 15, 16, 17, 31, 33, 64, 65}) {
+        for (int64_t t0 : {int64_t(0), n_all - n_tok}) {
+          std::vector<float> part(size_t(n_out * n_tok), NAN);
+          matmul_isa(isa, w.view(), x.data() + t0 * n_in, n_in, n_tok, part.data(), n_out, pool);
+          for (int64_t i = 0; i < n_tok * n_out; ++i)
+            ASSERT_EQ(part[size_t(i)], all[size_t(t0 * n_out + i)])
+                << "batch " << n_tok << " from " << t0 << ": token " << t0 + i / n_out << " row " << i % n_out;
+        }
+      }
+    }
+  }
+}
+
 // The scalar integer paths are exact arithmetic on the dequantized values: dot_ref equals the
 // f64 dot of the dequantized weight row and the dequantized activation row.
 TEST(KernelsRef, IntegerDotIsDotOfDequantizedValues) {

@@ -1,11 +1,12 @@
 // AVX-512 (F/BW/VL/DQ/VNNI) kernel table.
-//  - quantized weights, decode and small batches: Q4_0 / Q8_0 in the wide tiles below (several
-//    rows per zmm, 8 rows x up to 4 tokens); the K-quants in the classic tiles of x86_common.h
-//    with VNNI (vpdpbusd / vpdpwssd on 256-bit vectors, 32 registers: 4 rows x 4 tokens);
-//  - quantized weights, batches from lanes_min_tokens (6 to 12 tokens by type) up to prefill:
-//    the token-lane GEMM below, 16 tokens per zmm (Q4_0 / Q8_0: 8 per ymm for a group of at
-//    most 8); the tokens of a last partial group too small to pay for its padding go to the
-//    wide / classic tiles;
+//  - quantized weights, decode: Q4_0 / Q8_0 in the wide tiles below (several rows per zmm, 8
+//    rows); the K-quants in the classic tiles of x86_common.h with VNNI (vpdpbusd / vpdpwssd
+//    on 256-bit vectors, 32 registers: 4 rows x 4 tokens);
+//  - Q4_0 / Q8_0, 2 to 15 tokens (small decode batches, and the tokens after a batch's last
+//    full 16-token group): the row-lane tiles, 16 weight rows per zmm;
+//  - quantized weights, full 16-token groups (K-quants: from 12 tokens) up to prefill: the
+//    token-lane GEMM below, 16 tokens per zmm; the K-quants' tokens of a last partial group
+//    too small to pay for its padding go to the classic tiles;
 //  - float weights: the FMA tiles of x86_common.h, 4 rows x 4 tokens. BF16 weights convert
 //    to f32 (a shift) rather than using AVX512-BF16's vdpbf16ps: that needs activations rounded
 //    to bf16 and, on Zen 4, measured no faster than FMA (44 vs 47 GMAC/s per core at 128
@@ -47,13 +48,13 @@ struct OpsAvx512 {
 // fused tiles further down.
 
 constexpr int kLanes = 16;
-// A 16-token group pays for all 16 lanes (8 in a ymm for Q4_0 / Q8_0): below this many tokens
-// in a group the classic / wide tiles are faster. Measured on 2 threads with in-cache weights:
-// the K-quants win from 12 tokens (single core); Q8_0 from 6 (288 vs 242 GFLOP/s at 6, a tie
-// at 5); Q4_0, whose wide tiles are faster, from 8 (at 7: 275-312 vs 300-312).
+// A 16-token group pays for all 16 lanes: below this many tokens in a group the Rows tiles
+// are faster. Measured on 2 threads with in-cache weights: the K-quants win from 12 tokens
+// (single core) over the classic tiles; Q4_0 / Q8_0 lay out full groups only, the row-lane
+// tiles being level with or faster than a padded group at any smaller count.
 int64_t lanes_min_tokens(DType type) {
-  if (type == DType::Q8_0) return 6;
-  return type == DType::Q4_0 ? 8 : 12;
+  // Q4_0 / Q8_0: full groups only; the row-lane tiles (below) take any smaller remainder.
+  return type == DType::Q4_0 || type == DType::Q8_0 ? kLanes : 12;
 }
 constexpr int64_t kLaneBlockQ8_0 = 8 * 64 + 64 + 64;
 constexpr int64_t kLaneOffNsum = 8 * 64 + 64;
@@ -531,9 +532,7 @@ void gemm_wide(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
 // version: 8 tokens 200 -> 380-395 GFLOP/s, 16 tokens 390 -> 575, 32 tokens 475 -> 585, and
 // no slower at 128 or 512.
 //
-// V is the vector: 16 lanes in a zmm, or the first 8 lanes in a ymm for a group of at most 8
-// tokens (Zen 4 runs a zmm operation as two 256-bit halves, so half-empty zmm lanes would
-// cost full price).
+// V is the vector: 16 token lanes in a zmm (Q4_0 / Q8_0 lay out full 16-token groups only).
 struct Vec512 {
   using I = __m512i;
   using F = __m512;
@@ -559,33 +558,6 @@ struct Vec512 {
   static F fma(I s, F sc, F acc) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static void storef(float* p, F v) { _mm512_store_ps(p, v); }
-};
-
-struct Vec256 {
-  using I = __m256i;
-  using F = __m256;
-  static constexpr int kN = 8;
-  static I load(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
-  static F loadf(const uint8_t* p) { return _mm256_load_ps(reinterpret_cast<const float*>(p)); }
-  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
-  static I bcast(const uint8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-  }
-  static I zero() { return _mm256_setzero_si256(); }
-  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
-  static I xor_(I a, I b) { return _mm256_xor_si256(a, b); }
-  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
-  static I sra4(I a) { return _mm256_srai_epi32(a, 4); }
-  static I sll3(I a) { return _mm256_slli_epi32(a, 3); }
-  static I sll7(I a) { return _mm256_slli_epi32(a, 7); }
-  static I dot(I acc, I u, I s) { return _mm256_dpbusd_epi32(acc, u, s); }
-  static F zerof() { return _mm256_setzero_ps(); }
-  static F set1f(float v) { return _mm256_set1_ps(v); }
-  static F fma(I s, F sc, F acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc); }
-  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static void storef(float* p, F v) { _mm256_store_ps(p, v); }
 };
 
 // Rows per fused tile: 8, then 4, then single rows at a chunk's end. 8 rows share each block's
@@ -679,8 +651,7 @@ void fused_rows(const GemmArgs& a, int64_t r, int64_t g0, int64_t g1, float* dw)
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* grp = a.act + g * a.act_layout.stride;
     const int64_t n_valid = n_lane - g * kLanes < kLanes ? n_lane - g * kLanes : kLanes;
-    if (n_valid <= 8) fused_q32<Vec256, R, kQ4>(a, grp, g, n_valid, r, dw);
-    else fused_q32<Vec512, R, kQ4>(a, grp, g, n_valid, r, dw);
+    fused_q32<Vec512, R, kQ4>(a, grp, g, n_valid, r, dw);
   }
 }
 
@@ -706,6 +677,164 @@ void gemm_fused(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
   else gemm_fused_t<false>(a, r0, r1, dw);
 }
 
+// --- row-lane tiles for Q4_0 / Q8_0: 16 weight rows per zmm --------------------------------
+//
+// The token-lane tiles above broadcast each 4-byte weight group to 16 token lanes and must
+// make it unsigned there (an AND or XOR per vpdpbusd), then pay a cvt, a multiply and an FMA
+// per (row, block): about 25 vector operations per 8 vpdpbusd. Here a lane is a weight row
+// instead: the tile transposes block b of 16 rows into 8 vectors, w[k] lane i = the unsigned
+// bytes of row i's 4-byte group k (Q4_0: nibbles 0..15, k < 4 the low ones = elements
+// 4k..4k+3, k >= 4 the high ones = elements 16+4(k-4)..; Q8_0: w + 128), once per block for
+// up to 16 tokens. Each token then needs 8 vpdpbusd whose signed side is its own 4 activation
+// bytes, broadcast straight from the Rows layout (an embedded {1to16} memory operand: no ALU
+// operation), plus one cvt, one multiply and one FMA for all 16 rows; the weights' offset
+// (-8 or +128) folds into the integer accumulator's start value through the token's nsum
+// (8 * nsum or 128 * nsum), as in the tiles above. A token's 16 results are then one vector
+// store into y, with no horizontal sums. Every (row, token) runs the same operations in the
+// same order whatever the tile, the token count or the row chunk, so a row's result does not
+// depend on the batch it is in; the integer sums equal the other tiles' exactly, and the
+// float steps are those of the token-lane tiles (fma(cvt(s), dx * dw, acc), blocks in order).
+constexpr int kRowLanes = 16;
+
+// Below this many tokens a Q4_0 / Q8_0 batch runs whole in the row-lane tiles; from it on, its
+// full 16-token groups take the token-lane tiles. Measured side by side on 2 threads (2048 x
+// 5632, in cache), row-lane vs token-lane: 16 tokens 555 vs 508 GFLOP/s (Q4_0), 530 vs 495
+// (Q8_0); 32 tokens 560-580 vs 526 (Q4_0), level for Q8_0 (530 / 535: its row-lane unpack is
+// twice as long); 128 tokens level for Q4_0, token-lane ahead for Q8_0 (555-580 vs 525-530).
+int64_t rowlane_below_tokens(DType type) {
+  if (type == DType::Q4_0) return 64;
+  return type == DType::Q8_0 ? 32 : 0;
+}
+
+// Block b of the 16 rows at rows[i] + b * kBlk, transposed and made unsigned (see above).
+template <bool kQ4>
+inline void rowlane_unpack(const uint8_t* const* rows, int64_t off, __m512i (&w)[8]) {
+  const auto ld = [&](int i, int part) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + off + 2 + 16 * part));
+  };
+  // 4x4 dword transposes within 128-bit lanes: lane L of A_j holds row 4L + j, so that after
+  // them lane 4L + j of every output vector is row 4L + j.
+  const auto transpose = [&](int part, __m512i* d) {
+    __m512i A[4];
+    for (int j = 0; j < 4; ++j) {
+      __m512i v = _mm512_castsi128_si512(ld(j, part));
+      v = _mm512_inserti32x4(v, ld(j + 4, part), 1);
+      v = _mm512_inserti32x4(v, ld(j + 8, part), 2);
+      A[j] = _mm512_inserti32x4(v, ld(j + 12, part), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(A[0], A[1]), t1 = _mm512_unpackhi_epi32(A[0], A[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(A[2], A[3]), t3 = _mm512_unpackhi_epi32(A[2], A[3]);
+    d[0] = _mm512_unpacklo_epi64(t0, t2);
+    d[1] = _mm512_unpackhi_epi64(t0, t2);
+    d[2] = _mm512_unpacklo_epi64(t1, t3);
+    d[3] = _mm512_unpackhi_epi64(t1, t3);
+  };
+  if constexpr (kQ4) {
+    __m512i d[4];
+    transpose(0, d);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      w[k] = _mm512_and_si512(d[k], m4);
+      w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(d[k], 4), m4);
+    }
+  } else {
+    transpose(0, w);
+    transpose(1, w + 4);
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    for (int k = 0; k < 8; ++k) w[k] = _mm512_xor_si512(w[k], flip);
+  }
+}
+
+// The f16 scales of block b of the 16 rows, as f32 (packed in general-purpose registers, as
+// wide_scales does).
+inline __m512 rowlane_scales(const uint8_t* const* rows, int64_t off) {
+  const auto d = [&](int i) { return uint64_t(*reinterpret_cast<const uint16_t*>(rows[i] + off)); };
+  const auto q = [&](int i) { return int64_t(d(i) | d(i + 1) << 16 | d(i + 2) << 32 | d(i + 3) << 48); };
+  const __m128i lo = _mm_insert_epi64(_mm_cvtsi64_si128(q(0)), q(4), 1);
+  const __m128i hi = _mm_insert_epi64(_mm_cvtsi64_si128(q(8)), q(12), 1);
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
+// The 16 rows at rows[] (n_rows valid) x TC tokens of the Rows view from token t, into y.
+template <bool kQ4, int TC>
+void rowlane_tile(const GemmArgs& a, const RowsView& v, const uint8_t* const* rows, int n_rows,
+                  const uint8_t* pf, int64_t t, float* y) {
+  constexpr int64_t kBlk = kQ4 ? int64_t(sizeof(BlockQ4_0)) : int64_t(sizeof(BlockQ8_0));
+  const int64_t nb = a.n_in / 32;
+  const uint8_t* xrow[TC];
+  for (int i = 0; i < TC; ++i) xrow[i] = v.act + (t + i - v.t_begin) * v.stride;
+  __m512 acc[TC];
+  for (int i = 0; i < TC; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    if (pf) prefetch_step<kRowLanes * int(kBlk)>(pf + b * kRowLanes * kBlk);
+    __m512i w[8];
+    rowlane_unpack<kQ4>(rows, b * kBlk, w);
+    const __m512 dw = rowlane_scales(rows, b * kBlk);
+#pragma GCC unroll 16
+    for (int i = 0; i < TC; ++i) {
+      const uint8_t* xq = xrow[i] + 32 * b;
+      // 8 * nsum or 128 * nsum: a broadcast load and a shift (a broadcast from a general-
+      // purpose register costs two vector operations on Zen 4)
+      const __m512i ns = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(xrow[i] + v.off_sum)[b]);
+      __m512i s = kQ4 ? _mm512_slli_epi32(ns, 3) : _mm512_slli_epi32(ns, 7);
+      for (int k = 0; k < 8; ++k) {
+        int32_t xk;
+        std::memcpy(&xk, xq + 4 * k, 4);
+        s = _mm512_dpbusd_epi32(s, w[k], _mm512_set1_epi32(xk));
+      }
+      const float dx = reinterpret_cast<const float*>(xrow[i] + v.off_d)[b];
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx), dw), acc[i]);
+    }
+  }
+  const __mmask16 keep = __mmask16((1u << n_rows) - 1u);
+  for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * a.ldy, keep, acc[i]);
+}
+
+template <bool kQ4, int TC = kRowLanes>
+void rowlane_tokens(const GemmArgs& a, const RowsView& v, const uint8_t* const* rows, int n_rows,
+                    const uint8_t* pf, int64_t t, int64_t n, float* y) {
+  if constexpr (TC > 1) {
+    if (n < TC) return rowlane_tokens<kQ4, TC - 1>(a, v, rows, n_rows, pf, t, n, y);
+  }
+  rowlane_tile<kQ4, TC>(a, v, rows, n_rows, pf, t, y);
+}
+
+// Rows [r0, r1) x all tokens of a Rows layout.
+template <bool kQ4>
+void gemm_rowlanes_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  // Token blocks whose activations (~256 KB) stay in L2 while the chunk's rows pass over them.
+  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
+  tb = tb < kRowLanes ? kRowLanes : tb / kRowLanes * kRowLanes;
+  const int64_t rb = a.row_bytes;
+  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
+    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
+    for (int64_t r = r0; r < r1; r += kRowLanes) {
+      const int n_rows = r1 - r < kRowLanes ? int(r1 - r) : kRowLanes;
+      const uint8_t* rows[kRowLanes];
+      for (int i = 0; i < kRowLanes; ++i) rows[i] = a.w + (r + (i < n_rows ? i : n_rows - 1)) * rb;
+      // Prefetch the tile kPrefetchTiles on while the first token chunk streams this one.
+      const uint8_t* pf = a.w + (r + kPrefetchTiles * kRowLanes) * rb;
+      for (int64_t t = t0; t < t1; t += kRowLanes) {
+        const int64_t n = t1 - t < kRowLanes ? t1 - t : kRowLanes;
+        rowlane_tokens<kQ4>(a, v, rows, n_rows, t == t0 ? pf : nullptr, t, n, a.y + t * a.ldy + r);
+      }
+    }
+  }
+}
+
+// Q4_0 / Q8_0 tokens in a Rows layout (a whole batch below rowlane_below_tokens, else the
+// tokens after its last full 16-token group): a batch of one token (decode) in the wide tiles,
+// which stream a GEMV's weights ~4% faster; any other in the row-lane tiles, so that from two
+// tokens on a token's results never depend on its batch (the token-lane tiles give the same
+// bits). Measured on 2 threads (2048 x 5632, in cache), row-lane against the wide tiles: 2
+// tokens 268 -> 318 GFLOP/s (Q4_0) and 213 -> 258 (Q8_0), 3 tokens 296 -> 384 and 239 -> 323,
+// 8 tokens 425 -> 534 and 380 -> 480.
+void gemm_q32_rows(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  if (a.n_tokens == 1) return gemm_wide(a, v, r0, r1);
+  if (a.type == DType::Q4_0) gemm_rowlanes_t<true>(a, v, r0, r1);
+  else gemm_rowlanes_t<false>(a, v, r0, r1);
+}
+
 // --- the table ---------------------------------------------------------------------------
 
 // Full groups go to lanes; a last partial group too when it has enough tokens, else its tokens
@@ -713,6 +842,7 @@ void gemm_fused(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
 ActLayout avx512_act_layout(DType type, int64_t n_in, int64_t n_tokens) {
   ActLayout l = act_rows_layout(type, n_in, n_tokens);
   if (l.kind == ActKind::None) return l;
+  if (n_tokens < rowlane_below_tokens(type)) return l;
   const int64_t rem = n_tokens % kLanes;
   const int64_t lane_tokens = rem >= lanes_min_tokens(type) ? n_tokens : n_tokens - rem;
   if (lane_tokens == 0) return l;
@@ -753,14 +883,16 @@ void avx512_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
     else
       gemm_lanes(a, r0, r1, scratch);
     if (a.act_layout.lane_tokens < a.n_tokens) {
-      if (a.type == DType::Q4_0 || a.type == DType::Q8_0) gemm_wide(a, rows_view(a), r0, r1);
+      if (a.type == DType::Q4_0 || a.type == DType::Q8_0) gemm_q32_rows(a, rows_view(a), r0, r1);
       else gemm_int_classic<OpsAvx512>(a, rows_view(a), r0, r1);
     }
     return;
   }
   switch (a.type) {
     case DType::Q4_0:
-    case DType::Q8_0: gemm_wide(a, rows_view(a), r0, r1); break;
+    case DType::Q8_0:
+      gemm_q32_rows(a, rows_view(a), r0, r1);
+      break;
     case DType::F32: gemm_float<LoadF32, OpsAvx512::kMaxTokens>(a, r0, r1); break;
     case DType::F16: gemm_float<LoadF16, OpsAvx512::kMaxTokens>(a, r0, r1); break;
     case DType::BF16: gemm_float<LoadBF16, OpsAvx512::kMaxTokens>(a, r0, r1); break;
