@@ -1,5 +1,6 @@
 // Microbenchmark of the attention kernels on a TinyLlama shape (32 query heads, 4 KV heads,
-// head_dim 64) for the scalar reference and each tiled ISA variant this CPU runs:
+// head_dim 64) for the scalar reference and each tiled ISA variant this CPU runs, with K/V
+// stored as f32 and as f16 (IEEE half, widened as loaded):
 //   prefill: n new tokens over an empty cache (causal), GFLOP/s counting 4 * head_dim flops
 //            per (query row, visible key) pair (QK^T and PV);
 //   decode:  1 token over a cache of n positions, microseconds per call.
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
 #include "ops/ops.h"
@@ -71,24 +73,35 @@ int main(int argc, char** argv) {
   std::vector<float> q(size_t(n * E)), out(size_t(n * E)), k(size_t(n * Ekv)), v(size_t(n * Ekv));
   for (auto* b : {&q, &k, &v})
     for (auto& x : *b) x = dist(rng);
+  std::vector<uint16_t> k16(k.size()), v16(v.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k16[i] = f32_to_fp16(k[i]);
+    v16[i] = f32_to_fp16(v[i]);
+  }
   std::vector<int32_t> slots(static_cast<size_t>(n));
   for (int64_t p = 0; p < n; ++p) slots[size_t(p)] = int32_t(p);
   const float scale = 1.0f / std::sqrt(float(hd));
 
   std::printf("attention, %lld heads / %lld KV heads, head_dim %lld, %d threads\n", (long long)n_head,
               (long long)n_head_kv, (long long)hd, threads);
-  std::printf("| variant | prefill %lld ms | prefill GFLOP/s | decode @%lld us |\n", (long long)n, (long long)n);
-  std::printf("|---|--:|--:|--:|\n");
+  std::printf("| variant | K/V | prefill %lld ms | prefill GFLOP/s | decode @%lld us |\n", (long long)n, (long long)n);
+  std::printf("|---|---|--:|--:|--:|\n");
   const double flops = 4.0 * double(hd) * double(n_head) * double(n) * double(n + 1) / 2.0;
   for (Isa isa : {Isa::Ref, Isa::Avx2, Isa::Avx512}) {
     if (!isa_supported(isa)) continue;
-    std::vector<AttentionArgs> pre{AttentionArgs{q.data(), E, out.data(), E, k.data(), v.data(), Ekv,
-                                                 slots.data(), 0, n, n_head, n_head_kv, hd, scale}};
-    const double tp = median_seconds([&] { attention_isa(isa, pre, pool); }, seconds);
-    std::vector<AttentionArgs> dec{AttentionArgs{q.data(), E, out.data(), E, k.data(), v.data(), Ekv,
-                                                 slots.data(), n - 1, 1, n_head, n_head_kv, hd, scale}};
-    const double td = median_seconds([&] { attention_isa(isa, dec, pool); }, seconds);
-    std::printf("| %s | %.2f | %.1f | %.1f |\n", isa_name(isa), tp * 1e3, flops / tp * 1e-9, td * 1e6);
+    for (KvType kt : {KvType::F32, KvType::F16}) {
+      const bool h = kt == KvType::F16;
+      const void* kb = h ? static_cast<const void*>(k16.data()) : k.data();
+      const void* vb = h ? static_cast<const void*>(v16.data()) : v.data();
+      std::vector<AttentionArgs> pre{AttentionArgs{q.data(), E, out.data(), E, kb, vb, Ekv, slots.data(), 0, n,
+                                                   n_head, n_head_kv, hd, scale, kt}};
+      const double tp = median_seconds([&] { attention_isa(isa, pre, pool); }, seconds);
+      std::vector<AttentionArgs> dec{AttentionArgs{q.data(), E, out.data(), E, kb, vb, Ekv, slots.data(), n - 1, 1,
+                                                   n_head, n_head_kv, hd, scale, kt}};
+      const double td = median_seconds([&] { attention_isa(isa, dec, pool); }, seconds);
+      std::printf("| %s | %s | %.2f | %.1f | %.1f |\n", isa_name(isa), h ? "f16" : "f32", tp * 1e3,
+                  flops / tp * 1e-9, td * 1e6);
+    }
   }
   return 0;
 }

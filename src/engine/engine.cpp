@@ -30,10 +30,8 @@ const char* finish_reason_name(FinishReason r) {
   }
 }
 
-int64_t kv_bytes_per_token(const GgufFile& file) {
-  const HParams hp = read_hparams(file);
-  // K and V, f32, every layer.
-  return 2 * hp.n_layer * hp.n_embd_kv() * int64_t(sizeof(float));
+int64_t kv_bytes_per_token(const GgufFile& file, KvType type) {
+  return KvStore::bytes_per_token(read_hparams(file), type);
 }
 
 namespace {
@@ -165,7 +163,8 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
 
   // The arena: --kv-memory bytes, or room for n_parallel full contexts.
   const int64_t bs = cfg.kv_block_size;
-  const int64_t per_token = 2 * hp.n_layer * hp.n_embd_kv() * int64_t(sizeof(float));
+  if (cfg.kv_type != KvType::F32 && cfg.kv_type != KvType::F16) fail("unknown KV cache type");
+  const int64_t per_token = KvStore::bytes_per_token(hp, cfg.kv_type);
   int64_t n_blocks;
   if (cfg.kv_memory_bytes > 0) {
     n_blocks = cfg.kv_memory_bytes / (per_token * bs);
@@ -184,7 +183,7 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
   cfg.max_running = std::min(cfg.max_running, cfg.max_batch_tokens);
   cfg.n_ctx = n_ctx;
 
-  kv_store = std::make_unique<KvStore>(hp, n_blocks * bs);
+  kv_store = std::make_unique<KvStore>(hp, n_blocks * bs, cfg.kv_type);
   kv = std::make_unique<KvCacheManager>(n_blocks, bs, cfg.prefix_caching);
   SchedulerConfig sc;
   sc.max_batch_tokens = cfg.max_batch_tokens;
@@ -276,17 +275,8 @@ bool Engine::Impl::run_step() {
   const int64_t t_start = now_ns();
   const int64_t bs = kv->block_size();
   // Copy-on-write of shared partial blocks (forked completions), before anything is written.
-  if (!kv->pending_copies().empty()) {
-    const int64_t row = kv_store->row();
-    const int64_t n_layer = model->hparams().n_layer;
-    for (const BlockCopy& cp : kv->pending_copies())
-      for (int64_t il = 0; il < n_layer; ++il) {
-        std::copy_n(kv_store->k(il) + int64_t(cp.src) * bs * row, cp.n_tokens * row,
-                    kv_store->k(il) + int64_t(cp.dst) * bs * row);
-        std::copy_n(kv_store->v(il) + int64_t(cp.src) * bs * row, cp.n_tokens * row,
-                    kv_store->v(il) + int64_t(cp.dst) * bs * row);
-      }
-  }
+  for (const BlockCopy& cp : kv->pending_copies())
+    kv_store->copy_slots(int64_t(cp.src) * bs, int64_t(cp.dst) * bs, cp.n_tokens);
   // The plan -> SeqBatch entries (token spans point into the scheduler's token lists, which
   // do not change until commit()).
   batch.clear();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "models/model.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -33,14 +34,15 @@ struct EngineConfig {
   int64_t max_running = 256;       // most requests decoding at once
   int64_t max_waiting = 1024;      // queue length past which add_request refuses (429)
   bool prefix_caching = true;
+  KvType kv_type = KvType::F32;    // element type of the K/V arena (--kv-type; serve's default is f16)
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
 
-// Bytes of K/V cache one token takes in this model (f32 K and V, every layer): what
+// Bytes of K/V cache one token takes in this model (K and V of `type`, every layer): what
 // --kv-memory buys in tokens. Throws tern::Error on a file without llama-style hyper-parameters.
-int64_t kv_bytes_per_token(const GgufFile& model_file);
+int64_t kv_bytes_per_token(const GgufFile& model_file, KvType type);
 
 struct RequestParams {
   std::vector<int32_t> prompt_ids;   // already tokenized (BOS included if wanted); not empty

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "kernels/kernel_iface.h"
 #include "kernels/matmul.h"
+#include "kernels/norm.h"
 #include "kernels/tern_int.h"
 
 namespace tern {
@@ -162,28 +163,45 @@ bool layouts_equal(const ActLayout& a, const ActLayout& b) {
 }
 
 // The table-kernel path for weights that share one input x and one activation layout: x is
-// quantized once, and the rows of all the weights are chunks of one pool region.
+// quantized once, and the rows of all the weights are chunks of one pool region. With the
+// RMSNorm prologue, the phase that quantizes also normalises (into norm.out_rows), each row
+// right before it is quantized; float weights then read the normalised rows.
 void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, const ActLayout& lay,
-                       const float* x, int64_t ldx, int64_t n_tokens, ThreadPool& pool, const RowsDone& done) {
+                       const float* x, int64_t ldx, int64_t n_tokens, ThreadPool& pool, const RowsDone& done,
+                       const InputRmsNorm& norm) {
   Scratch& s = caller_scratch();
   const int64_t n_in = ts[0].w.n_in;
   const DType act_type = ts[0].w.type;  // any member: they share the layout
-  uint8_t* act = nullptr;
-  if (lay.kind != ActKind::None) {
-    act = s.act.get(lay.bytes);
+  const bool quantized = lay.kind != ActKind::None;
+  uint8_t* act = quantized ? s.act.get(lay.bytes) : nullptr;
+  const float* x_in = norm.weight ? norm.out_rows : x;  // [n_tokens][ldx] what the kernels read
+  if (quantized || norm.weight) {
+    const int64_t g = quantized ? lay.token_granule : 1;
+    // Tokens [t0, t1) (t0 a multiple of g) made ready for the gemm. The prologue goes one
+    // quantizer granule at a time (a single row for the Rows layouts, 16 for the Lanes ones),
+    // so the quantizer reads rows that are still in this thread's L1 (L2 for 16 rows).
+    auto prepare = [&](int64_t t0, int64_t t1) {
+      if (!norm.weight) {
+        kt.quantize(lay, act_type, x, ldx, n_in, n_tokens, t0, t1, act);
+        return;
+      }
+      for (int64_t a = t0; a < t1; a += g) {
+        const int64_t b = std::min(t1, a + g);
+        for (int64_t t = a; t < b; ++t) rms_norm_row(x + t * ldx, norm.weight, norm.out_rows + t * ldx, n_in, norm.eps);
+        if (quantized) kt.quantize(lay, act_type, norm.out_rows, ldx, n_in, n_tokens, a, b, act);
+      }
+    };
     // Quantizing is O(n_tokens * n_in) against the matmul's O(n_tokens * n_in * n_out): only
     // worth spreading over the pool for a batch of tokens.
-    const int64_t g = lay.token_granule;
     const int64_t n_units = (n_tokens + g - 1) / g;
     if (n_tokens < 8 || pool.size() == 1 || n_units == 1) {
-      kt.quantize(lay, act_type, x, ldx, n_in, n_tokens, 0, n_tokens, act);
+      prepare(0, n_tokens);
     } else {
       const int64_t per = (n_units + pool.size() - 1) / pool.size();
       const int64_t n_chunks = (n_units + per - 1) / per;
       pool.for_chunks(n_chunks, [&](int64_t c, int) {
         const int64_t t0 = c * per * g;
-        const int64_t t1 = (c + 1) * per * g < n_tokens ? (c + 1) * per * g : n_tokens;
-        kt.quantize(lay, act_type, x, ldx, n_in, n_tokens, t0, t1, act);
+        prepare(t0, std::min(n_tokens, (c + 1) * per * g));
       });
     }
   }
@@ -200,7 +218,7 @@ void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, 
   for (size_t k = 0; k < ts.size(); ++k) {
     const MatmulTarget& t = ts[k];
     args.push_back(GemmArgs{t.w.type, static_cast<const uint8_t*>(t.w.data), t.w.row_bytes(), t.w.n_in,
-                            t.w.n_out, x, ldx, act, lay, n_tokens, t.y, t.ldy});
+                            t.w.n_out, x_in, ldx, act, lay, n_tokens, t.y, t.ldy});
     scratch_bytes = std::max(scratch_bytes, kt.scratch_bytes(t.w.type, t.w.n_in));
     if (done.joint_rows && k > 0) continue;  // joint chunks: one list over the common rows
     const int64_t per = rows_per_chunk(t.w.n_out, pool.size());
@@ -251,13 +269,14 @@ void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64
   }
   const MatmulTarget one{w, y, ldy};
   gemm_shared_input(kt, std::span<const MatmulTarget>(&one, 1), kt.act_layout(w.type, w.n_in, n_tokens), x,
-                    ldx, n_tokens, pool, RowsDone{});
+                    ldx, n_tokens, pool, RowsDone{}, InputRmsNorm{});
 }
 
 void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, const float* x, int64_t ldx,
-                             int64_t n_tokens, ThreadPool& pool, const RowsDone& done) {
+                             int64_t n_tokens, ThreadPool& pool, const RowsDone& done, const InputRmsNorm& norm) {
   if (!isa_supported(isa)) fail("kernel variant ", isa_name(isa), " is not supported by this CPU");
   if (targets.empty() || n_tokens <= 0) return;
+  TERN_ASSERT_MSG(!norm.weight || norm.out_rows, "matmul_shared_input: RMSNorm prologue without out_rows");
   const KernelTable& kt = table_of(isa);
   const ActLayout lay = kt.act_layout(targets[0].w.type, targets[0].w.n_in, n_tokens);
   bool shared = true;
@@ -268,7 +287,17 @@ void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, con
              kt.has_kernel(t.w.type) && layouts_equal(kt.act_layout(t.w.type, t.w.n_in, n_tokens), lay);
   }
   if (!shared) {
-    // One matmul per weight; the epilogue then runs over whole outputs, on this thread.
+    // The prologue as a pass of its own, then one matmul per weight; the epilogue runs over
+    // whole outputs, on this thread.
+    const int64_t n_in = targets[0].w.n_in;
+    if (norm.weight) {
+      auto rows = [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) rms_norm_row(x + t * ldx, norm.weight, norm.out_rows + t * ldx, n_in, norm.eps);
+      };
+      if (n_tokens < 8 || pool.size() == 1) rows(0, n_tokens);
+      else pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int) { rows(t0, t1); });
+      x = norm.out_rows;
+    }
     for (size_t k = 0; k < targets.size(); ++k) {
       const MatmulTarget& t = targets[k];
       matmul_isa(isa, t.w, x, ldx, n_tokens, t.y, t.ldy, pool);
@@ -277,12 +306,12 @@ void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, con
     if (done.fn && done.joint_rows) done.fn(done.ctx, -1, n_tokens, 0, targets[0].w.n_out);
     return;
   }
-  gemm_shared_input(kt, targets, lay, x, ldx, n_tokens, pool, done);
+  gemm_shared_input(kt, targets, lay, x, ldx, n_tokens, pool, done, norm);
 }
 
 void matmul_shared_input(std::span<const MatmulTarget> targets, const float* x, int64_t ldx, int64_t n_tokens,
-                         ThreadPool& pool, const RowsDone& done) {
-  matmul_shared_input_isa(selected_isa(), targets, x, ldx, n_tokens, pool, done);
+                         ThreadPool& pool, const RowsDone& done, const InputRmsNorm& norm) {
+  matmul_shared_input_isa(selected_isa(), targets, x, ldx, n_tokens, pool, done, norm);
 }
 
 }  // namespace tern

@@ -58,8 +58,21 @@ struct RowsDone {
   const void* ctx = nullptr;
   bool joint_rows = false;
 };
+// RMSNorm fused in front of the matmul (attn_norm before q/k/v, ffn_norm before gate/up): x is
+// the un-normalised input, and each token row is normalised into out_rows (rms_norm_row of
+// kernels/norm.h, the function ops' rms_norm runs: the same bits) by the thread that quantizes
+// it, right before it does, while the row is in its cache. Float weights read the normalised
+// rows. Equals rms_norm followed by matmul_shared_input on its output bit for bit, with one
+// pool region and one pass over x fewer.
+struct InputRmsNorm {
+  const float* weight = nullptr;  // [n_in]; nullptr: no prologue, x is used as it is
+  float eps = 0.0f;
+  float* out_rows = nullptr;      // [n_tokens][ldx] receives the normalised rows (required with
+                                  // weight; may be x itself); valid for the caller after the call
+};
 void matmul_shared_input(std::span<const MatmulTarget> targets, const float* x, int64_t ldx,
-                         int64_t n_tokens, ThreadPool& pool, const RowsDone& done = {});
+                         int64_t n_tokens, ThreadPool& pool, const RowsDone& done = {},
+                         const InputRmsNorm& norm = {});
 
 // Reference implementation (dequantize a row, f32 dot products): the oracle for tests.
 void matmul_ref(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
@@ -87,7 +100,8 @@ Isa selected_isa();
 void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens,
                 float* y, int64_t ldy, ThreadPool& pool);
 void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, const float* x, int64_t ldx,
-                             int64_t n_tokens, ThreadPool& pool, const RowsDone& done = {});
+                             int64_t n_tokens, ThreadPool& pool, const RowsDone& done = {},
+                             const InputRmsNorm& norm = {});
 // Whether `isa` has a kernel for weights of `type` (otherwise matmul_isa falls back to
 // matmul_ref, e.g. for Q8_K weights).
 bool isa_has_kernel(Isa isa, DType type);

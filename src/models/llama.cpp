@@ -252,32 +252,32 @@ void LlamaModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& 
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     const LayerWeights& L = layers_[size_t(il)];
     const LayerNames& N = names_[size_t(il)];
-    rms_norm(x_.data(), L.attn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+    // q, k and v from one quantized copy of xn = rms_norm(x) in one pool region: each row is
+    // normalised (into xn_) right before it is quantized, and RoPE is applied to each chunk of
+    // q/k rows as it is produced. The observer reads xn_ once it is written.
+    const MatmulTarget qkv[] = {{L.wq, q_.data(), E}, {L.wk, k_.data(), Ekv}, {L.wv, v_.data(), Ekv}};
+    matmul_shared_input(qkv, x_.data(), E, T, pool, RowsDone{rope_rows_done, this, false},
+                        InputRmsNorm{L.attn_norm, hp_.rms_eps, xn_.data()});
     if (observer_) {
       observer_->on_linear_input(N.wq, xn_.data(), T, E);
       observer_->on_linear_input(N.wk, xn_.data(), T, E);
       observer_->on_linear_input(N.wv, xn_.data(), T, E);
     }
-    // q, k and v from one quantized copy of xn in one pool region, RoPE applied to each chunk
-    // of q/k rows as it is produced.
-    const MatmulTarget qkv[] = {{L.wq, q_.data(), E}, {L.wk, k_.data(), Ekv}, {L.wv, v_.data(), Ekv}};
-    matmul_shared_input(qkv, xn_.data(), E, T, pool, RowsDone{rope_rows_done, this, false});
 
-    // Store the new K/V at their slots, then attend per sequence.
-    float* kc = kv.k(il);
-    float* vc = kv.v(il);
+    // Store the new K/V at their slots (converted to the store's type), then attend per sequence.
+    const void* kc = kv.k(il);
+    const void* vc = kv.v(il);
     attn_args_.clear();
     int64_t t = 0;
     for (const auto& s : seqs) {
       const int64_t n = int64_t(s.tokens.size());
       for (int64_t i = 0; i < n; ++i) {
         const int64_t slot = s.slots[size_t(s.n_past + i)];
-        std::copy_n(k_.data() + (t + i) * Ekv, Ekv, kc + slot * Ekv);
-        std::copy_n(v_.data() + (t + i) * Ekv, Ekv, vc + slot * Ekv);
+        kv.store(il, slot, 0, k_.data() + (t + i) * Ekv, v_.data() + (t + i) * Ekv, Ekv);
       }
       attn_args_.push_back(AttentionArgs{q_.data() + t * E, E, attn_.data() + t * E, E, kc, vc, Ekv,
                                          s.slots.data(), s.n_past, n, hp_.n_head, hp_.n_head_kv,
-                                         hp_.head_dim, scale});
+                                         hp_.head_dim, scale, kv.type()});
       t += n;
     }
     attention(attn_args_, pool);
@@ -285,14 +285,15 @@ void LlamaModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& 
     matmul(L.wo, attn_.data(), E, T, xn_.data(), E, pool);
     add_inplace(x_.data(), xn_.data(), T * E);
 
-    rms_norm(x_.data(), L.ffn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+    // gate and up of xn = rms_norm(x) (normalised as it is quantized, as above), chunk by
+    // chunk, each chunk's SwiGLU right after (into gate_).
+    const MatmulTarget gate_up[] = {{L.w_gate, gate_.data(), F}, {L.w_up, up_.data(), F}};
+    matmul_shared_input(gate_up, x_.data(), E, T, pool, RowsDone{swiglu_rows_done, this, true},
+                        InputRmsNorm{L.ffn_norm, hp_.rms_eps, xn_.data()});
     if (observer_) {
       observer_->on_linear_input(N.w_gate, xn_.data(), T, E);
       observer_->on_linear_input(N.w_up, xn_.data(), T, E);
     }
-    // gate and up rows chunk by chunk, each chunk's SwiGLU right after (into gate_).
-    const MatmulTarget gate_up[] = {{L.w_gate, gate_.data(), F}, {L.w_up, up_.data(), F}};
-    matmul_shared_input(gate_up, xn_.data(), E, T, pool, RowsDone{swiglu_rows_done, this, true});
     if (observer_) observer_->on_linear_input(N.w_down, gate_.data(), T, F);
     matmul(L.w_down, gate_.data(), F, T, xn_.data(), E, pool);
     add_inplace(x_.data(), xn_.data(), T * E);
@@ -369,18 +370,19 @@ void LlamaModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64
             rope_norm(k_.data() + t * Ekv + kvh * hd, &positions_[size_t(t)], 1, 1, hd, hp_.n_rot,
                       hp_.rope_freq_base);
           }
-          float* kc = kv.k(il);
-          float* vc = kv.v(il);
+          const void* kc = kv.k(il);
+          const void* vc = kv.v(il);
           int64_t t = 0;
           for (const auto& s : seqs) {
             const int64_t n = int64_t(s.tokens.size());
             for (int64_t i = 0; i < n; ++i) {
               const int64_t slot = s.slots[size_t(s.n_past + i)];
-              std::copy_n(k_.data() + (t + i) * Ekv + kvh * hd, hd, kc + slot * Ekv + kvh * hd);
-              std::copy_n(v_.data() + (t + i) * Ekv + kvh * hd, hd, vc + slot * Ekv + kvh * hd);
+              kv.store(il, slot, kvh * hd, k_.data() + (t + i) * Ekv + kvh * hd, v_.data() + (t + i) * Ekv + kvh * hd,
+                       hd);
             }
             attention_kv_head(AttentionArgs{q_.data() + t * E, E, attn_.data() + t * E, E, kc, vc, Ekv,
-                                            s.slots.data(), s.n_past, n, hp_.n_head, hp_.n_head_kv, hd, scale},
+                                            s.slots.data(), s.n_past, n, hp_.n_head, hp_.n_head_kv, hd, scale,
+                                            kv.type()},
                               kvh);
             t += n;
           }

@@ -1,13 +1,50 @@
 #include "models/model.h"
 
+#include <cstring>
+
 #include "core/error.h"
+#include "ops/ops.h"
 
 namespace tern {
 
-KvStore::KvStore(const HParams& hp, int64_t n_slots)
-    : n_slots_(n_slots), row_(hp.n_embd_kv()), layer_stride_(n_slots * hp.n_embd_kv()) {
-  k_.assign(size_t(hp.n_layer * layer_stride_), 0.0f);
-  v_.assign(size_t(hp.n_layer * layer_stride_), 0.0f);
+KvStore::KvStore(const HParams& hp, int64_t n_slots, KvType type)
+    : type_(type), n_slots_(n_slots), row_(hp.n_embd_kv()),
+      elem_bytes_(type == KvType::F16 ? 2 : 4), layer_bytes_(n_slots * hp.n_embd_kv() * elem_bytes_) {
+  TERN_ASSERT(type == KvType::F32 || type == KvType::F16);
+  data_.assign(size_t(2 * hp.n_layer * layer_bytes_), 0);
+}
+
+void KvStore::store(int64_t il, int64_t slot, int64_t c0, const float* k, const float* v, int64_t n) {
+  const int64_t at = (slot * row_ + c0) * elem_bytes_;
+  uint8_t* kd = data_.data() + (2 * il) * layer_bytes_ + at;
+  uint8_t* vd = kd + layer_bytes_;
+  if (type_ == KvType::F16) {
+    convert_f32_to_f16(k, reinterpret_cast<uint16_t*>(kd), n);
+    convert_f32_to_f16(v, reinterpret_cast<uint16_t*>(vd), n);
+  } else {
+    std::memcpy(kd, k, size_t(n) * sizeof(float));
+    std::memcpy(vd, v, size_t(n) * sizeof(float));
+  }
+}
+
+void KvStore::copy_slots(int64_t src, int64_t dst, int64_t n) {
+  const int64_t rb = row_ * elem_bytes_;
+  for (int64_t kv = 0; kv < int64_t(data_.size()) / layer_bytes_; ++kv) {
+    uint8_t* base = data_.data() + kv * layer_bytes_;
+    std::memmove(base + dst * rb, base + src * rb, size_t(n * rb));
+  }
+}
+
+int64_t KvStore::bytes_per_token(const HParams& hp, KvType type) {
+  return 2 * hp.n_layer * hp.n_embd_kv() * (type == KvType::F16 ? 2 : 4);
+}
+
+const char* kv_type_name(KvType type) { return type == KvType::F16 ? "f16" : "f32"; }
+
+KvType kv_type_from_name(const std::string& name) {
+  if (name == "f32") return KvType::F32;
+  if (name == "f16") return KvType::F16;
+  fail("unknown KV cache type '", name, "' (use f32 or f16)");
 }
 
 int64_t n_logit_rows(std::span<const SeqBatch> seqs) {

@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
 #include "kernels/matmul.h"
+#include "ops/attention_iface.h"
 
 namespace tern {
 
@@ -34,22 +35,37 @@ struct HParams {
   int64_t n_embd_kv() const { return n_head_kv * head_dim; }
 };
 
-// K/V storage for every layer: [n_slots, n_head_kv * head_dim] f32 for K and for V.
-// Sized once; slots are handed out by whoever owns the cache (runtime or kv/ block tables).
+// K/V storage for every layer: [n_slots, n_head_kv * head_dim] elements of `type` (f32, or
+// IEEE half: llama.cpp's default, half the bytes) for K and for V. Sized once; slots are handed
+// out by whoever owns the cache (runtime or kv/ block tables). New rows are written through
+// store(), which converts to the store's type (round to nearest even, the same bits on every
+// ISA); the attention kernels read the layer arenas k(il) / v(il) with kv_type = type().
 class KvStore {
  public:
-  KvStore(const HParams& hp, int64_t n_slots);
-  float* k(int64_t il) { return k_.data() + il * layer_stride_; }
-  float* v(int64_t il) { return v_.data() + il * layer_stride_; }
+  KvStore(const HParams& hp, int64_t n_slots, KvType type = KvType::F32);
+  KvType type() const { return type_; }
+  // Layer il's arenas: n_slots rows of row() elements of type().
+  const void* k(int64_t il) const { return data_.data() + (2 * il) * layer_bytes_; }
+  const void* v(int64_t il) const { return data_.data() + (2 * il + 1) * layer_bytes_; }
+  // K and V of one slot, columns [c0, c0 + n) of its row, in layer il, from f32.
+  void store(int64_t il, int64_t slot, int64_t c0, const float* k, const float* v, int64_t n);
+  // Copies n slots starting at src to dst, every layer (copy-on-write of a shared block).
+  void copy_slots(int64_t src, int64_t dst, int64_t n);
   int64_t n_slots() const { return n_slots_; }
   int64_t row() const { return row_; }
-  int64_t bytes() const { return int64_t(k_.size() + v_.size()) * int64_t(sizeof(float)); }
+  int64_t bytes() const { return int64_t(data_.size()); }
+  // Bytes one token takes: K and V, every layer.
+  static int64_t bytes_per_token(const HParams& hp, KvType type);
 
  private:
-  int64_t n_slots_, row_, layer_stride_;
-  std::vector<float> k_;  // [n_layer][n_slots][n_embd_kv]
-  std::vector<float> v_;  // [n_layer][n_slots][n_embd_kv]
+  KvType type_;
+  int64_t n_slots_, row_, elem_bytes_, layer_bytes_;
+  std::vector<uint8_t> data_;  // [n_layer][K, V][n_slots][row] elements of type_
 };
+
+// "f32" / "f16"; kv_type_from_name throws tern::Error naming the accepted values otherwise.
+const char* kv_type_name(KvType type);
+KvType kv_type_from_name(const std::string& name);
 
 // Sees the input of every linear layer during forward (calibration for GPTQ, AWQ,
 // SmoothQuant, LLM.int8() outlier detection). `weight` names the GGUF tensor about to be

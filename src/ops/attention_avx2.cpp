@@ -3,9 +3,10 @@
 
 namespace tern::attn {
 void attention_tile_avx2(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch) {
-  tile_impl(a, kvh, i0, i1, scratch);
+  tile_any(a, kvh, i0, i1, scratch);
 }
 void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n) {
   silu_mul_impl(gate, up, out, n);
 }
+void f32_to_f16_avx2(const float* src, uint16_t* dst, int64_t n) { f32_to_f16_impl(src, dst, n); }
 }  // namespace tern::attn

@@ -7,11 +7,16 @@
 
 namespace tern {
 
+// Element type of a K/V arena: f32, or IEEE half (converted to f32 as the kernels load it;
+// values are rounded to nearest even when stored, see convert_f32_to_f16 in ops.h).
+enum class KvType : int32_t { F32 = 0, F16 = 1 };
+
 // Causal attention of one sequence's new tokens over its KV cache (see ops.h).
 //
 //   q:   [n_tokens, n_head * head_dim]     (rows ldq floats apart)
 //   out: [n_tokens, n_head * head_dim]     (rows ldo floats apart)
 //   K/V of position p live at k_base + slots[p] * kv_row (same for v), kv_row = n_head_kv*head_dim
+//   elements of kv_type (float or uint16_t half)
 //   new token i sits at position n_past + i and sees positions 0 .. n_past + i.
 //   GQA: query head h reads KV head h / (n_head / n_head_kv); K/V are never copied per head.
 struct AttentionArgs {
@@ -19,9 +24,9 @@ struct AttentionArgs {
   int64_t ldq;
   float* out;
   int64_t ldo;
-  const float* k_base;
-  const float* v_base;
-  int64_t kv_row;
+  const void* k_base;    // elements of kv_type
+  const void* v_base;
+  int64_t kv_row;        // elements
   const int32_t* slots;  // [n_past + n_tokens]
   int64_t n_past;
   int64_t n_tokens;
@@ -29,6 +34,7 @@ struct AttentionArgs {
   int64_t n_head_kv;
   int64_t head_dim;
   float scale;  // 1/sqrt(head_dim)
+  KvType kv_type = KvType::F32;
 };
 
 namespace attn {
@@ -52,6 +58,11 @@ void attention_tile_avx512(const AttentionArgs& a, int64_t kvh, int64_t i0, int6
 // exp; out may alias gate or up.
 void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n);
 void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n);
+
+// dst[i] = IEEE half of src[i], rounded to nearest even (vcvtps2ph with _MM_FROUND_TO_NEAREST_INT:
+// the same bits as core/fp16.h's f32_to_fp16 for every non-NaN input).
+void f32_to_f16_avx2(const float* src, uint16_t* dst, int64_t n);
+void f32_to_f16_avx512(const float* src, uint16_t* dst, int64_t n);
 
 }  // namespace attn
 }  // namespace tern

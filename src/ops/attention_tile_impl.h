@@ -12,6 +12,9 @@
 // and finally out = O / l. No n x n matrix exists. Each row's arithmetic depends only on that
 // row (its query, its position, the keys it sees), never on the rows beside it in the tile, so
 // a sequence's output is the same whatever it is batched with.
+// K/V may be stored as IEEE half (KvType::F16): the K-block transpose and the P*V loads widen
+// them with vcvtph2ps, which is exact, so the arithmetic is the f32 kernel's over the stored
+// values (the same bits as an f32 arena holding them).
 // GCC 12's AVX-512 headers build _mm512_undefined_*() as a self-initialised variable, which
 // -Wmaybe-uninitialized reports inside intrinsics; silenced for the header's lines only.
 #pragma GCC diagnostic push
@@ -33,6 +36,7 @@ struct V {
 };
 constexpr int kRowsPerPass = 2;  // query rows sharing each Kt load: 2 x 4 accumulators
 inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline V vload(const uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
 inline void vstore(float* p, V a) { _mm512_storeu_ps(p, a.v); }
 inline V vset1(float x) { return {_mm512_set1_ps(x)}; }
 inline V vzero() { return {_mm512_setzero_ps()}; }
@@ -72,6 +76,10 @@ struct V {
 };
 constexpr int kRowsPerPass = 1;  // 4 accumulators of two ymm each already fill the registers
 inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline V vload(const uint16_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
 inline void vstore(float* p, V a) {
   _mm256_storeu_ps(p, a.lo);
   _mm256_storeu_ps(p + 8, a.hi);
@@ -163,17 +171,37 @@ inline void silu_mul_impl(const float* g, const float* u, float* out, int64_t n)
   }
 }
 
+// K/V elements as f32: a float as it is, a half widened (exact; vcvtph2ps, F16C on both ISAs).
+inline float kv_f32(float x) { return x; }
+inline float kv_f32(uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(int(h)))); }
+inline __m256 kv_load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 kv_load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// dst[i] = half(src[i]), rounded to nearest even (vcvtps2ph).
+inline void f32_to_f16_impl(const float* src, uint16_t* dst, int64_t n) {
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRound));
+#endif
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRound));
+  for (; i < n; ++i) dst[i] = uint16_t(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[i]), kRound), 0));
+}
+
 inline float exp_nonpos(float x) {
   float lanes[16];
   vstore(lanes, vexp_nonpos(vset1(x)));
   return lanes[0];
 }
 
-// dst[i * ld + r] = rows[r][d0 + i] for r, i in 0..7: eight 8-float row pieces transposed in
-// registers (unpack, shuffle, 128-bit permute), AVX on both ISAs.
-inline void transpose8x8(const float* const* rows, int64_t d0, float* dst, int64_t ld) {
+// dst[i * ld + r] = rows[r][d0 + i] for r, i in 0..7: eight 8-element row pieces (f32, or f16
+// widened as loaded) transposed in registers (unpack, shuffle, 128-bit permute), AVX on both ISAs.
+template <class T>
+inline void transpose8x8(const T* const* rows, int64_t d0, float* dst, int64_t ld) {
   __m256 r[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i] + d0);
+  for (int i = 0; i < 8; ++i) r[i] = kv_load8(rows[i] + d0);
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
   const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
   const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -217,8 +245,10 @@ inline void block_scores(const float* const* q, const float* Kt, int64_t hd, flo
 }
 
 // o[0..hd) = o + sum_{j < nv} p[j] * vrow[j][0..hd). Two interleaved chains over j (even and odd
-// keys) per 16 columns, summed at the end: a fixed order for a given row.
-inline void accumulate_pv(float* o, const float* p, const float* const* vrow, int64_t nv, int64_t hd) {
+// keys) per 16 columns, summed at the end: a fixed order for a given row. V rows of T (float, or
+// half widened as loaded).
+template <class T>
+inline void accumulate_pv(float* o, const float* p, const T* const* vrow, int64_t nv, int64_t hd) {
   int64_t c = 0;
   for (; c + 32 <= hd; c += 32) {
     V a0 = vload(o + c), a1 = vload(o + c + 16), b0 = vzero(), b1 = vzero();
@@ -250,11 +280,12 @@ inline void accumulate_pv(float* o, const float* p, const float* const* vrow, in
   }
   for (; c < hd; ++c) {  // head_dim not a multiple of 16
     float acc = o[c];
-    for (int64_t j = 0; j < nv; ++j) acc = __builtin_fmaf(p[j], vrow[j][c], acc);
+    for (int64_t j = 0; j < nv; ++j) acc = __builtin_fmaf(p[j], kv_f32(vrow[j][c]), acc);
     o[c] = acc;
   }
 }
 
+template <class T>  // K/V element: float or uint16_t (IEEE half)
 inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch) {
   const int64_t hd = a.head_dim;
   const int64_t g = a.n_head / a.n_head_kv;
@@ -264,7 +295,9 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   float* O = S + R * kB;       // [R][hd]
   float* m = O + R * hd;       // [R]
   float* l = m + R;            // [R]
-  const float* vrow[kB];       // V rows of the block's positions
+  const T* const k_base = static_cast<const T*>(a.k_base);
+  const T* const v_base = static_cast<const T*>(a.v_base);
+  const T* vrow[kB];           // V rows of the block's positions
   const float neg_inf = -__builtin_inff();
   for (int64_t r = 0; r < R; ++r) {
     m[r] = neg_inf;
@@ -276,11 +309,11 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   const int64_t last_pos = a.n_past + i1 - 1;  // the tile's last row sees 0..last_pos
   for (int64_t p0 = 0; p0 <= last_pos; p0 += kB) {
     const int64_t nb = last_pos + 1 - p0 < kB ? last_pos + 1 - p0 : kB;
-    const float* krow[kB];
+    const T* krow[kB];
     for (int64_t j = 0; j < nb; ++j) {
       const int64_t slot = a.slots[p0 + j];
-      krow[j] = a.k_base + slot * a.kv_row + kvh * hd;
-      vrow[j] = a.v_base + slot * a.kv_row + kvh * hd;
+      krow[j] = k_base + slot * a.kv_row + kvh * hd;
+      vrow[j] = v_base + slot * a.kv_row + kvh * hd;
     }
     // Kt = K_block^T: 8 x 8 register transposes where keys and head_dim allow (a decode tile has
     // only the GQA group's rows to share this cost with), scalar elsewhere. Pure data movement:
@@ -290,7 +323,7 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
       for (; j8 + 8 <= nb; j8 += 8)
         for (int64_t d = 0; d < hd; d += 8) transpose8x8(krow + j8, d, Kt + d * kB + j8, kB);
     for (int64_t j = j8; j < nb; ++j)
-      for (int64_t d = 0; d < hd; ++d) Kt[d * kB + j] = krow[j][d];
+      for (int64_t d = 0; d < hd; ++d) Kt[d * kB + j] = kv_f32(krow[j][d]);
     for (int64_t d = 0; d < hd; ++d)
       for (int64_t j = nb; j < kB; ++j) Kt[d * kB + j] = 0.0f;
 
@@ -350,6 +383,11 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
     const float inv = 1.0f / l[r];
     for (int64_t d = 0; d < hd; ++d) out[d] = O[r * hd + d] * inv;
   }
+}
+
+inline void tile_any(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch) {
+  if (a.kv_type == KvType::F16) tile_impl<uint16_t>(a, kvh, i0, i1, scratch);
+  else tile_impl<float>(a, kvh, i0, i1, scratch);
 }
 
 }  // namespace

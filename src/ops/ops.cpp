@@ -5,20 +5,16 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fp16.h"
+#include "kernels/norm.h"
 
 namespace tern {
 
 void rms_norm(const float* x, const float* weight, float* out, int64_t n_tokens, int64_t n,
               float eps, ThreadPool& pool) {
+  // The row function is shared with matmul_shared_input's RMSNorm prologue (same bits).
   auto body = [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* xt = x + t * n;
-      float* ot = out + t * n;
-      float ss = 0.0f;
-      for (int64_t i = 0; i < n; ++i) ss += xt[i] * xt[i];
-      const float scale = 1.0f / std::sqrt(ss / float(n) + eps);
-      for (int64_t i = 0; i < n; ++i) ot[i] = xt[i] * scale * weight[i];
-    }
+    for (int64_t t = t0; t < t1; ++t) rms_norm_row(x + t * n, weight, out + t * n, n, eps);
   };
   // Small row counts: the pool's fork/join costs more than the work.
   if (n_tokens * n < 16384) {
@@ -92,8 +88,15 @@ void add_inplace(float* x, const float* y, int64_t n) {
 
 namespace {
 
-// One query row of one head: online softmax over positions 0..n_ctx-1.
-void attend_row(const AttentionArgs& a, int64_t i, int64_t h, float* acc) {
+inline float kv_f32(float x) { return x; }
+inline float kv_f32(uint16_t h) { return fp16_to_f32(h); }
+
+// One query row of one head: online softmax over positions 0..n_ctx-1. K/V of T: float, or
+// uint16_t IEEE half converted to f32 as read.
+template <class T>
+void attend_row_t(const AttentionArgs& a, int64_t i, int64_t h, float* acc) {
+  const T* const k_base = static_cast<const T*>(a.k_base);
+  const T* const v_base = static_cast<const T*>(a.v_base);
   const int64_t hd = a.head_dim;
   const int64_t kvh = h / (a.n_head / a.n_head_kv);
   const float* q = a.q + i * a.ldq + h * hd;
@@ -103,28 +106,60 @@ void attend_row(const AttentionArgs& a, int64_t i, int64_t h, float* acc) {
   std::fill(acc, acc + hd, 0.0f);
   for (int64_t p = 0; p < n_ctx; ++p) {
     const int64_t slot = a.slots[p];
-    const float* k = a.k_base + slot * a.kv_row + kvh * hd;
+    const T* k = k_base + slot * a.kv_row + kvh * hd;
     float s = 0.0f;
-    for (int64_t d = 0; d < hd; ++d) s += q[d] * k[d];
+    for (int64_t d = 0; d < hd; ++d) s += q[d] * kv_f32(k[d]);
     s *= a.scale;
-    const float* v = a.v_base + slot * a.kv_row + kvh * hd;
+    const T* v = v_base + slot * a.kv_row + kvh * hd;
     if (s > m) {
       // New maximum: rescale what was accumulated so far.
       const float r = std::exp(m - s);
       l = l * r + 1.0f;
-      for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * r + v[d];
+      for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * r + kv_f32(v[d]);
       m = s;
     } else {
       const float w = std::exp(s - m);
       l += w;
-      for (int64_t d = 0; d < hd; ++d) acc[d] += w * v[d];
+      for (int64_t d = 0; d < hd; ++d) acc[d] += w * kv_f32(v[d]);
     }
   }
   const float inv = 1.0f / l;
   for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv;
 }
 
+void attend_row(const AttentionArgs& a, int64_t i, int64_t h, float* acc) {
+  if (a.kv_type == KvType::F16) attend_row_t<uint16_t>(a, i, h, acc);
+  else attend_row_t<float>(a, i, h, acc);
+}
+
+// The scalar half conversion: core/fp16.h's (round to nearest even) for numbers; a NaN keeps
+// its sign and top payload bits and becomes quiet, as vcvtps2ph does.
+void f32_to_f16_ref(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t w = f32_to_bits(src[i]);
+    dst[i] = (w & 0x7fffffffu) > 0x7f800000u ? uint16_t(((w >> 16) & 0x8000u) | 0x7e00u | ((w >> 13) & 0x3ffu))
+                                             : f32_to_fp16(src[i]);
+  }
+}
+
 }  // namespace
+
+namespace {
+void f32_to_f16_with(Isa isa, const float* src, uint16_t* dst, int64_t n) {
+  switch (isa) {
+    case Isa::Avx512: attn::f32_to_f16_avx512(src, dst, n); break;
+    case Isa::Avx2: attn::f32_to_f16_avx2(src, dst, n); break;
+    default: f32_to_f16_ref(src, dst, n);
+  }
+}
+}  // namespace
+
+void convert_f32_to_f16_isa(Isa isa, const float* src, uint16_t* dst, int64_t n) {
+  if (!isa_supported(isa)) fail("f16 conversion variant ", isa_name(isa), " is not supported by this CPU");
+  f32_to_f16_with(isa, src, dst, n);
+}
+
+void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n) { f32_to_f16_with(selected_isa(), src, dst, n); }
 
 namespace {
 

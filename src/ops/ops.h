@@ -36,9 +36,16 @@ void swiglu_cols(const float* gate, const float* up, float* out, int64_t ld, int
 // x += y elementwise.
 void add_inplace(float* x, const float* y, int64_t n);
 
+// dst[i] = IEEE half of src[i], rounded to nearest even: what a KvType::F16 arena stores. Every
+// variant gives the same bits (vcvtps2ph with _MM_FROUND_TO_NEAREST_INT, or core/fp16.h's
+// converter; a NaN stays a NaN with its sign and top payload bits, quieted).
+void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n);
+void convert_f32_to_f16_isa(Isa isa, const float* src, uint16_t* dst, int64_t n);  // tests
+
 // Causal attention of a batch of sequences over their KV caches (AttentionArgs in
 // ops/attention_iface.h): flash-style, tiled over query rows and key blocks with an online
-// softmax; no n x n score matrix exists. The query heads of one GQA group share each K/V row
+// softmax; no n x n score matrix exists. K/V are f32 or IEEE half (AttentionArgs::kv_type), a
+// half widened to f32 as it is loaded (exact). The query heads of one GQA group share each K/V row
 // they load. A row's result does not depend on the other rows of the batch, so a sequence's
 // output is the same alone, in a prefill chunk or in a batch of decodes.
 void attention(std::span<const AttentionArgs> seqs, ThreadPool& pool);

@@ -14,7 +14,8 @@ Session::Session(std::shared_ptr<const GgufFile> file, const SessionConfig& cfg)
       n_batch_(std::max<int64_t>(1, std::min(cfg.n_batch, n_ctx_))),
       pool_(cfg.n_threads > 0 ? cfg.n_threads : default_thread_count()) {
   if (n_ctx_ <= 0 || n_ctx_ > (1 << 24)) fail("context size ", n_ctx_, " is out of range");
-  kv_ = std::make_unique<KvStore>(model_->hparams(), n_ctx_);
+  if (cfg.kv_type != KvType::F32 && cfg.kv_type != KvType::F16) fail("unknown KV cache type");
+  kv_ = std::make_unique<KvStore>(model_->hparams(), n_ctx_, cfg.kv_type);
   slots_.resize(size_t(n_ctx_));
   std::iota(slots_.begin(), slots_.end(), 0);
   model_->reserve(n_batch_);

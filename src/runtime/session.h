@@ -17,6 +17,7 @@ struct SessionConfig {
   int64_t n_ctx = 0;       // 0: the model's training context
   int n_threads = 0;       // 0: all cores
   int64_t n_batch = 512;   // most new tokens per forward pass (longer prompts are chunked)
+  KvType kv_type = KvType::F32;  // element type of the KV cache (--kv-type)
 };
 
 class Session {
@@ -36,6 +37,7 @@ class Session {
   const GgufFile& file() const { return *file_; }
   ThreadPool& pool() { return pool_; }
   int64_t kv_bytes() const { return kv_->bytes(); }
+  KvType kv_type() const { return kv_->type(); }
 
  private:
   std::shared_ptr<const GgufFile> file_;

@@ -87,7 +87,7 @@ struct Record {
 int cmd_bench_serve(int argc, char** argv) {
   CLI::App app{"Serving benchmark (vLLM's benchmark_serving, in-process): replay prompts through the "
                "continuous-batching engine and report throughput, latency and KV figures."};
-  std::string model_path, tokenizer_bin, prompts_file, kv_memory = "0";
+  std::string model_path, tokenizer_bin, prompts_file, kv_memory = "0", kv_type;
   EngineConfig ecfg;
   int64_t num_prompts = 64, concurrency = 0, max_tokens = 128, input_len = 128, max_prompt_tokens = 0;
   double request_rate = 0;
@@ -118,6 +118,7 @@ int cmd_bench_serve(int argc, char** argv) {
   app.add_option("--parallel", ecfg.n_parallel, "contexts the default KV arena holds (ctx x parallel tokens)")
       ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 16));
   app.add_option("--kv-memory", kv_memory, "KV arena size in bytes (512M, 2G); overrides --ctx x --parallel");
+  add_kv_type_option(app, kv_type, KvType::F16);
   app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   app.add_option("--batch-tokens", ecfg.max_batch_tokens, "token budget of one step")->capture_default_str()
@@ -133,6 +134,7 @@ int cmd_bench_serve(int argc, char** argv) {
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   (void)active_isa();  // a bad TERN_FORCE_ISA is a usage error, before loading anything
   ecfg.kv_memory_bytes = parse_bytes(kv_memory);
+  ecfg.kv_type = kv_type_from_name(kv_type);
   ecfg.prefix_caching = !no_prefix_cache;
   ecfg.max_waiting = std::max<int64_t>(ecfg.max_waiting, num_prompts + warmup + 1);
 
@@ -274,7 +276,7 @@ int cmd_bench_serve(int argc, char** argv) {
     n_cached += r.n_cached;
     if (r.reason == FinishReason::Error || r.reason == FinishReason::Abort) ++n_failed;
   }
-  const int64_t block_bytes = kv_bytes_per_token(*file) * engine.config().kv_block_size;
+  const int64_t block_bytes = kv_bytes_per_token(*file, ecfg.kv_type) * engine.config().kv_block_size;
   const double req_s = duration_s > 0 ? double(num_prompts) / duration_s : 0;
   const double out_tok_s = duration_s > 0 ? double(n_out) / duration_s : 0;
   const double total_tok_s = duration_s > 0 ? double(n_in + n_out) / duration_s : 0;
@@ -312,6 +314,7 @@ int cmd_bench_serve(int argc, char** argv) {
     j["e2e_ms_p50"] = percentile(e2e, 50);
     j["e2e_ms_p99"] = percentile(e2e, 99);
     j["queue_ms_mean"] = mean(queue);
+    j["kv_type"] = kv_type_name(ecfg.kv_type);
     j["kv_bytes"] = m.kv_bytes;
     j["kv_blocks_total"] = m.kv_blocks_total;
     j["kv_block_size"] = engine.config().kv_block_size;
@@ -328,7 +331,7 @@ int cmd_bench_serve(int argc, char** argv) {
   if (request_rate > 0) std::snprintf(load_desc, sizeof load_desc, "Poisson %g req/s", request_rate);
   else std::snprintf(load_desc, sizeof load_desc, "concurrency %lld", static_cast<long long>(in_flight_cap));
   std::printf(
-      "--- tern bench-serve: %lld requests (%s), %s, max %lld tokens, %d threads, isa %s\n"
+      "--- tern bench-serve: %lld requests (%s), %s, max %lld tokens, %d threads, isa %s, KV %s\n"
       "duration                %10.2f s\n"
       "requests                %10.2f req/s   (%lld completed, %lld failed)\n"
       "output tokens           %10.2f tok/s   (%lld tokens)\n"
@@ -346,7 +349,7 @@ int cmd_bench_serve(int argc, char** argv) {
       static_cast<long long>(num_prompts), prompts_file.empty() ? "synthetic" : "ShareGPT",
       load_desc,
       static_cast<long long>(max_tokens), ecfg.n_threads > 0 ? ecfg.n_threads : default_thread_count(),
-      active_isa(), duration_s, req_s, static_cast<long long>(num_prompts - n_failed),
+      active_isa(), kv_type_name(ecfg.kv_type), duration_s, req_s, static_cast<long long>(num_prompts - n_failed),
       static_cast<long long>(n_failed), out_tok_s, static_cast<long long>(n_out), total_tok_s,
       static_cast<long long>(n_in), n_truncated ? (", " + std::to_string(n_truncated) + " truncated").c_str() : "",
       mean(ttft), percentile(ttft, 50), percentile(ttft, 99), mean(tbt), percentile(tbt, 50), percentile(tbt, 99),

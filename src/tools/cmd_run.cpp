@@ -87,6 +87,7 @@ int cmd_run(int argc, char** argv) {
                     {"latency_ms", m.latency_ms},     {"prefill_ms", m.prefill_ms},
                     {"prefill_tok_s", m.prefill_tok_s}, {"decode_tok_s", m.decode_tok_s},
                     {"weight_bytes", weight_bytes},   {"kv_bytes", kv_bytes},
+                    {"kv_type", kv_type_name(ls.session->kv_type())},
                     {"peak_rss_bytes", rss},          {"threads", ls.session->pool().size()},
                     {"isa", active_isa()}};
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -102,14 +103,14 @@ int cmd_run(int argc, char** argv) {
                "prefill             %10.2f tok/s\n"
                "decode              %10.2f tok/s\n"
                "weights             %10s\n"
-               "KV cache            %10s (%lld tokens)\n"
+               "KV cache            %10s (%lld tokens, %s)\n"
                "peak RSS            %10s\n",
                static_cast<long long>(m.n_prompt), static_cast<long long>(m.n_generated),
                r.finish_reason.c_str(), static_cast<unsigned long long>(opts.sampling.seed),
                ls.session->pool().size(), active_isa(), m.ttft_ms, tbt_mean, tbt_p50, tbt_p99,
                m.latency_ms, m.prefill_tok_s, m.decode_tok_s, format_bytes(weight_bytes).c_str(),
                format_bytes(kv_bytes).c_str(), static_cast<long long>(ls.session->n_ctx()),
-               format_bytes(rss).c_str());
+               kv_type_name(ls.session->kv_type()), format_bytes(rss).c_str());
   return 0;
 }
 

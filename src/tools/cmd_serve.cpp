@@ -22,7 +22,7 @@ namespace tern {
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"Serve a model over the OpenAI API (completions, chat, streaming), with /metrics and a chat page at /."};
   ModelArgs margs;
-  margs.add_to(app);
+  margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
   server::ServerConfig scfg;
   EngineConfig ecfg;
   std::string alias, chat_template;
@@ -83,6 +83,7 @@ int cmd_serve(int argc, char** argv) {
   ecfg.n_threads = margs.threads;
   ecfg.n_ctx = margs.ctx;
   ecfg.max_batch_tokens = margs.batch;
+  ecfg.kv_type = kv_type_from_name(margs.kv_type);
   ecfg.prefix_caching = !no_prefix_cache;
   if (kv_memory_mib > 0) ecfg.kv_memory_bytes = int64_t(kv_memory_mib * 1024 * 1024);
   if (ecfg.max_running < ecfg.n_parallel) ecfg.max_running = ecfg.n_parallel;
@@ -104,9 +105,9 @@ int cmd_serve(int argc, char** argv) {
   const int port = srv.bind();
   engine.start();
   const EngineMetrics em = engine.metrics();
-  std::fprintf(stderr, "tern serve: model %s (id \"%s\"), context %lld tokens, KV %s in %lld blocks of %lld tokens\n",
+  std::fprintf(stderr, "tern serve: model %s (id \"%s\"), context %lld tokens, KV %s (%s) in %lld blocks of %lld tokens\n",
                margs.model.c_str(), scfg.model_id.c_str(), static_cast<long long>(engine.n_ctx()),
-               format_bytes(em.kv_bytes).c_str(), static_cast<long long>(em.kv_blocks_total),
+               format_bytes(em.kv_bytes).c_str(), kv_type_name(ecfg.kv_type), static_cast<long long>(em.kv_blocks_total),
                static_cast<long long>(ecfg.kv_block_size));
   std::fprintf(stderr, "tern serve: %s\n", note.c_str());
   if (!scfg.api_key.empty()) std::fprintf(stderr, "tern serve: API key required\n");

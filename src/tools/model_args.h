@@ -1,5 +1,6 @@
 #pragma once
-// Options shared by every command that loads a model (-m, --tokenizer, --threads, --ctx).
+// Options shared by every command that loads a model (-m, --tokenizer, --threads, --ctx,
+// --batch, --kv-type).
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
@@ -15,9 +16,14 @@ struct ModelArgs {
   int threads = 0;
   int64_t ctx = 0;
   int64_t batch = 512;
+  std::string kv_type = "f32";  // KV cache element type: f32 or f16
 
-  void add_to(CLI::App& app, bool with_ctx = true);
+  // default_kv_type: --kv-type's default for this command (f16 for serve, f32 elsewhere).
+  void add_to(CLI::App& app, bool with_ctx = true, KvType default_kv_type = KvType::F32);
 };
+
+// Adds `--kv-type f32|f16` to `app`, writing the name to `name` (a bad value is a usage error).
+void add_kv_type_option(CLI::App& app, std::string& name, KvType default_type);
 
 struct LoadedSession {
   std::shared_ptr<const GgufFile> file;

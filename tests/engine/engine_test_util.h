@@ -86,13 +86,14 @@ inline SamplingParams greedy() {
   return s;
 }
 
-// The single-sequence reference: one Session, the prompt alone.
+// The single-sequence reference: one Session, the prompt alone, K/V of kv_type.
 inline GenerateResult run_alone(std::shared_ptr<const GgufFile> file, const Tokenizer& tok,
                                 const std::vector<int32_t>& prompt, int64_t max_tokens,
                                 const SamplingParams& sp, const std::vector<std::string>& stop = {},
-                                bool ignore_eos = false) {
+                                bool ignore_eos = false, KvType kv_type = KvType::F32) {
   SessionConfig cfg;
   cfg.n_threads = 2;
+  cfg.kv_type = kv_type;
   Session s(file, cfg);
   GenerateOptions opts;
   opts.n_predict = max_tokens;

@@ -45,16 +45,25 @@ TEST(BenchServeCli, SyntheticPromptsAtAFixedConcurrency) {
 TEST(BenchServeCli, ShareGptPromptsWithPoissonArrivalsAndATightArena) {
   TERN_REQUIRE_SHARED("models/stories260K.gguf");
   TERN_REQUIRE_SHARED("data/prompts/ShareGPT_V3_filtered_500.json");
-  // 300 KiB of KV holds 15 blocks of 16 tokens (1280 bytes a token): about two of these
-  // requests at a time, so they queue and preempt, and still none fails.
-  const auto j = bench("-m " + shared_path("models/stories260K.gguf") + " --prompts " +
-                       shared_path("data/prompts/ShareGPT_V3_filtered_500.json") +
-                       " -t 2 --num-prompts 10 --request-rate 200 --max-tokens 6 --max-prompt-tokens 100"
-                       " --kv-memory 300K --json");
+  // 150 KiB of f16 KV (bench-serve's default type) holds 15 blocks of 16 tokens (640 bytes a
+  // token): about two of these requests at a time, so they queue and preempt, and still none
+  // fails. The same arena in f32 (1280 bytes a token) holds 7 blocks.
+  const std::string args = "-m " + shared_path("models/stories260K.gguf") + " --prompts " +
+                           shared_path("data/prompts/ShareGPT_V3_filtered_500.json") +
+                           " -t 2 --num-prompts 10 --request-rate 200 --max-tokens 6 --max-prompt-tokens 100"
+                           " --kv-memory 150K --json";
+  const auto j = bench(args);
   EXPECT_EQ(j.value("completed", 0), 10);
   EXPECT_EQ(j.value("failed", -1), 0);
   EXPECT_EQ(j.value("output_tokens", 0), 60);
-  EXPECT_EQ(j.value("kv_bytes", 0), 300 * 1024 / (16 * 1280) * 16 * 1280);
+  EXPECT_EQ(j.value("kv_type", ""), "f16");
+  EXPECT_EQ(j.value("kv_bytes", 0), 150 * 1024 / (16 * 640) * 16 * 640);
+  EXPECT_EQ(j.value("kv_blocks_total", 0), 15);
+  const auto f32 = bench(args + " --kv-type f32");
+  EXPECT_EQ(f32.value("completed", 0), 10);
+  EXPECT_EQ(f32.value("kv_type", ""), "f32");
+  EXPECT_EQ(f32.value("kv_bytes", 0), 150 * 1024 / (16 * 1280) * 16 * 1280);
+  EXPECT_EQ(f32.value("kv_blocks_total", 0), 7);
 }
 
 TEST(BenchServeCli, BadArgumentsAreUsageErrors) {
@@ -62,6 +71,8 @@ TEST(BenchServeCli, BadArgumentsAreUsageErrors) {
   std::string out, err;
   const std::string m = " -m " + shared_path("models/stories260K.gguf");
   EXPECT_EQ(run_command(std::string(TERN_BINARY) + " bench-serve" + m + " --concurrency 2 --request-rate 3", &out, &err), 2);
+  EXPECT_EQ(run_command(std::string(TERN_BINARY) + " bench-serve" + m + " --kv-type bf16", &out, &err), 2);
+  EXPECT_NE(err.find("--kv-type"), std::string::npos) << err;
   EXPECT_EQ(run_command(std::string(TERN_BINARY) + " bench-serve" + m + " --kv-memory 12Q", &out, &err), 1);
   EXPECT_NE(err.find("unknown size unit"), std::string::npos) << err;
   EXPECT_EQ(run_command(std::string(TERN_BINARY) + " bench-serve" + m + " --prompts /nonexistent.json", &out, &err), 1);

@@ -1,6 +1,8 @@
 // Batched generation is exact: 16 different prompts run concurrently through the engine
 // (continuous batching, chunked prefill, paged KV, preemption, prefix-cache hits, forks) give,
-// with greedy sampling, token-identical outputs to each prompt run alone through Session.
+// with greedy sampling, token-identical outputs to each prompt run alone through Session, with
+// f32 K/V and with f16 K/V (both sides storing the same type). And f16 K/V against f32 K/V on
+// stories260K: the same greedy text for as long as observed to hold.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -10,6 +12,8 @@
 #include <sstream>
 
 #include "engine_test_util.h"
+
+#include <utility>
 
 namespace tern {
 namespace {
@@ -47,6 +51,7 @@ struct ExactCase {
   bool shared_prefix;      // prompts share a long common beginning
   bool expect_preemption;
   bool expect_prefix_hits;
+  KvType kv_type = KvType::F32;  // of the engine and of the single-run oracle
 };
 
 class EngineExact : public ::testing::TestWithParam<ExactCase> {};
@@ -80,7 +85,8 @@ TEST_P(EngineExact, SixteenConcurrentPromptsEqualEachRunAlone) {
   cfg.n_threads = 2;
   cfg.kv_block_size = tc.block_size;
   cfg.max_batch_tokens = tc.batch_tokens;
-  if (tc.kv_tokens > 0) cfg.kv_memory_bytes = tc.kv_tokens * kv_bytes_per_token(*file);
+  cfg.kv_type = tc.kv_type;
+  if (tc.kv_tokens > 0) cfg.kv_memory_bytes = tc.kv_tokens * kv_bytes_per_token(*file, tc.kv_type);
   Engine engine(file, tok, cfg);
   Sink sink;
   std::vector<uint64_t> ids;
@@ -108,6 +114,7 @@ TEST_P(EngineExact, SixteenConcurrentPromptsEqualEachRunAlone) {
   EXPECT_EQ(m.kv_blocks_used, 0);
   EXPECT_EQ(m.requests_finished, 16);
   EXPECT_EQ(m.n_running + m.n_waiting, 0);
+  EXPECT_EQ(m.kv_bytes, m.kv_blocks_total * tc.block_size * kv_bytes_per_token(*file, tc.kv_type));
   if (tc.expect_preemption) {
     EXPECT_GT(m.n_preempted_total, 0) << "the arena should force preemption";
   }
@@ -122,7 +129,7 @@ TEST_P(EngineExact, SixteenConcurrentPromptsEqualEachRunAlone) {
   const bool invariant = tern::testing::matmul_is_batch_invariant(wtype);
   int n_parted = 0;
   for (size_t i = 0; i < 16; ++i) {
-    const GenerateResult alone = run_alone(file, *tok, prompts[i], max_tokens, greedy());
+    const GenerateResult alone = run_alone(file, *tok, prompts[i], max_tokens, greedy(), {}, false, tc.kv_type);
     const Collected c = sink.get(ids[i]);
     EXPECT_EQ(c.n_final, 1);
     if (!invariant && c.ids != alone.ids) {
@@ -158,12 +165,21 @@ INSTANTIATE_TEST_SUITE_P(
         ExactCase{"synthetic_f16_default", true, DType::F16, 16, 0, 512, false, false, false},
         ExactCase{"synthetic_f16_preemption_prefix", true, DType::F16, 4, 300, 64, true, true, true},
         ExactCase{"synthetic_q4_0_default", true, DType::Q4_0, 16, 0, 512, false, false, false},
-        ExactCase{"synthetic_q4_0_preemption_prefix", true, DType::Q4_0, 4, 300, 64, true, true, true}),
+        ExactCase{"synthetic_q4_0_preemption_prefix", true, DType::Q4_0, 4, 300, 64, true, true, true},
+        ExactCase{"stories_default_kv_f16", false, DType::F32, 16, 0, 512, false, false, false, KvType::F16},
+        ExactCase{"stories_chunked_small_blocks_kv_f16", false, DType::F32, 4, 0, 24, false, false, false,
+                  KvType::F16},
+        ExactCase{"stories_prefix_cache_and_preemption_kv_f16", false, DType::F32, 4, 300, 64, true, true, true,
+                  KvType::F16},
+        ExactCase{"synthetic_f16_preemption_prefix_kv_f16", true, DType::F16, 4, 300, 64, true, true, true,
+                  KvType::F16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // n completions of one prompt share its blocks copy-on-write; with a seed, completion i
-// samples exactly what a single run with seed + i samples.
-TEST(EngineFork, NCompletionsEqualSingleRunsWithTheirSeeds) {
+// samples exactly what a single run with seed + i samples (f32 and f16 K/V).
+class EngineFork : public ::testing::TestWithParam<KvType> {};
+
+TEST_P(EngineFork, NCompletionsEqualSingleRunsWithTheirSeeds) {
   TERN_REQUIRE_SHARED("models/stories260K.gguf");
   auto file = open_model_file(shared_path("models/stories260K.gguf"));
   std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
@@ -172,6 +188,7 @@ TEST(EngineFork, NCompletionsEqualSingleRunsWithTheirSeeds) {
   EngineConfig cfg;
   cfg.n_threads = 2;
   cfg.kv_block_size = 8;
+  cfg.kv_type = GetParam();
   Engine engine(file, tok, cfg);
   Sink sink;
   RequestParams p;
@@ -187,7 +204,7 @@ TEST(EngineFork, NCompletionsEqualSingleRunsWithTheirSeeds) {
   for (int i = 0; i < 4; ++i) {
     SamplingParams sp = p.sampling;
     sp.seed += uint64_t(i);
-    const GenerateResult alone = run_alone(file, *tok, prompt, 40, sp);
+    const GenerateResult alone = run_alone(file, *tok, prompt, 40, sp, {}, false, GetParam());
     const Collected c = sink.get(id, i);
     EXPECT_EQ(c.n_final, 1) << "completion " << i;
     EXPECT_EQ(c.ids, alone.ids) << "completion " << i;
@@ -195,6 +212,80 @@ TEST(EngineFork, NCompletionsEqualSingleRunsWithTheirSeeds) {
     distinct.insert(c.ids);
   }
   EXPECT_GT(distinct.size(), 1u) << "different seeds should give different completions";
+}
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, EngineFork, ::testing::Values(KvType::F32, KvType::F16),
+                         [](const auto& info) { return std::string(kv_type_name(info.param)); });
+
+// Greedy decoding of stories260K with f16 K/V against f32 K/V (Session, prompt alone, EOS
+// ignored): each step's argmax and the gap between the best two logits.
+struct GreedyTrace {
+  std::vector<int32_t> ids;
+  std::vector<float> gap;  // top-1 minus top-2 logit before each token was chosen
+};
+GreedyTrace greedy_trace(const std::shared_ptr<const GgufFile>& file, const std::vector<int32_t>& prompt, int64_t n,
+                         KvType kv_type) {
+  SessionConfig cfg;
+  cfg.n_threads = 2;
+  cfg.n_ctx = int64_t(prompt.size()) + n;
+  cfg.kv_type = kv_type;
+  Session s(file, cfg);
+  const int64_t V = s.hparams().n_vocab;
+  GreedyTrace t;
+  const float* logits = s.eval(prompt);
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t best = 0, second = 1;
+    if (logits[1] > logits[0]) std::swap(best, second);
+    for (int32_t v = 2; v < V; ++v) {
+      if (logits[v] > logits[best]) {
+        second = best;
+        best = v;
+      } else if (logits[v] > logits[second]) {
+        second = v;
+      }
+    }
+    t.ids.push_back(best);
+    t.gap.push_back(logits[best] - logits[second]);
+    if (i + 1 < n) logits = s.eval(std::span<const int32_t>(&best, 1));
+  }
+  return t;
+}
+
+// f16 K/V changes stories260K's greedy text only where the f32 run itself was at a near tie.
+// Observed on these 33 prompts (BOS alone and the 32 TinyStories beginnings of story_prompts,
+// 256 tokens each; the same on AVX-512, AVX2 and the scalar reference): 30 identical for all
+// 256 tokens, BOS alone among them (which is also the llama.cpp reference text); the other three
+// part at tokens 59, 161 and 235, where the two best f32 logits were within 0.002 of each other.
+// (The same prompts with surrounding blanks trimmed, through `tern run`: 31 of 33 identical,
+// partings at 21 and 161.) Checked with margin: BOS alone identical for 256 tokens, every prompt
+// identical for its first 16, at least 28 of 33 identical throughout, and wherever one parts,
+// the best two logits of both runs within 0.05 there.
+TEST(EngineKvF16, Stories260KGreedyOutputMatchesF32) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  TERN_REQUIRE_SHARED("data/tinystories/tinystories_val.txt");
+  auto file = open_model_file(shared_path("models/stories260K.gguf"));
+  std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
+  std::vector<std::vector<int32_t>> prompts = {{tok->bos_id()}};
+  for (const auto& t : story_prompts(32)) prompts.push_back(tok->encode(t, true));
+  const int64_t n = 256;
+  int n_identical = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const GreedyTrace a = greedy_trace(file, prompts[i], n, KvType::F32);
+    const GreedyTrace b = greedy_trace(file, prompts[i], n, KvType::F16);
+    size_t d = 0;
+    while (d < a.ids.size() && a.ids[d] == b.ids[d]) ++d;
+    if (d == a.ids.size()) {
+      ++n_identical;
+      continue;
+    }
+    std::printf("note: prompt %zu (%zu tokens): f16 K/V parts from f32 at token %zu, f32 top-2 gap %.4f\n", i,
+                prompts[i].size(), d, double(a.gap[d]));
+    EXPECT_NE(i, 0u) << "BOS alone parts at token " << d;
+    EXPECT_GE(d, 16u) << "prompt " << i;
+    EXPECT_LT(a.gap[d], 0.05f) << "prompt " << i << " parts at " << d << " without a near tie";
+    EXPECT_LT(b.gap[d], 0.05f) << "prompt " << i << " parts at " << d << " without a near tie (f16 run)";
+  }
+  EXPECT_GE(n_identical, 28) << "of " << prompts.size();
 }
 
 // Stop strings, EOS and the streamed text match the single-sequence path.

@@ -95,7 +95,7 @@ TEST_F(EngineLifecycle, BadEngineConfigThrows) {
 TEST_F(EngineLifecycle, SmallArenaClipsTheContextSoOneRequestAlwaysFits) {
   EngineConfig c = config();
   c.kv_block_size = 16;
-  c.kv_memory_bytes = 10 * 16 * kv_bytes_per_token(*file_);
+  c.kv_memory_bytes = 10 * 16 * kv_bytes_per_token(*file_, KvType::F32);
   Engine engine(file_, tok_, c);
   EXPECT_EQ(engine.n_ctx(), 160);
   EXPECT_EQ(engine.metrics().kv_blocks_total, 10);
@@ -186,7 +186,7 @@ TEST_F(EngineLifecycle, ARequestWhoseCallbackThrowsFailsAloneWithError) {
 TEST_F(EngineLifecycle, RandomAbortsOverThousandsOfRequestsLeakNothing) {
   EngineConfig c = config();
   c.kv_block_size = 8;
-  c.kv_memory_bytes = 600 * kv_bytes_per_token(*file_);
+  c.kv_memory_bytes = 600 * kv_bytes_per_token(*file_, KvType::F32);
   c.max_batch_tokens = 96;
   Engine engine(file_, tok_, c);
   const int64_t n_requests = 3000;

@@ -2,7 +2,8 @@
 // operation (1 thread, or big steps) and one region per pass in phases (small models, steps of
 // at most 8 tokens, 2+ threads: forward_spmd). Checked on stories260K (f32) and synthetic
 // stories260K-shape models in f16, q8_0 and q4_0, over ragged multi-sequence steps with
-// scattered KV slots, with 2, 3 and 4 threads (uneven shares, more threads than cores).
+// scattered KV slots, with 2, 3 and 4 threads (uneven shares, more threads than cores); with
+// f32 K/V, and with f16 K/V on stories260K (the paths store K/V per head or per row).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -29,12 +30,12 @@ std::string synth_path(DType type) {
 }
 
 // Runs three steps of two sequences (prefill chunks, then decodes) and returns all logits.
-std::vector<float> run_steps(const std::shared_ptr<const GgufFile>& file, int n_threads) {
+std::vector<float> run_steps(const std::shared_ptr<const GgufFile>& file, int n_threads, KvType kv_type) {
   auto model = load_model(file);
   model->reserve(16);
   const int64_t V = model->hparams().n_vocab;
   ThreadPool pool(n_threads);
-  KvStore kv(model->hparams(), 64);
+  KvStore kv(model->hparams(), 64, kv_type);
   const std::vector<int32_t> a = {1, 403, 407, 261, 378, 432, 20, 31};
   const std::vector<int32_t> b = {1, 300, 77, 5, 99, 12, 40, 41, 42};
   const std::vector<int32_t> slots_a = {40, 41, 42, 43, 8, 9, 10, 11, 12};
@@ -59,14 +60,15 @@ std::vector<float> run_steps(const std::shared_ptr<const GgufFile>& file, int n_
   return out;
 }
 
-void expect_same_bits(const std::shared_ptr<const GgufFile>& file, const char* what) {
-  const std::vector<float> pooled = run_steps(file, 1);
+void expect_same_bits(const std::shared_ptr<const GgufFile>& file, const char* what,
+                      KvType kv_type = KvType::F32) {
+  const std::vector<float> pooled = run_steps(file, 1, kv_type);
   // Every step through forward_spmd (the model reads the variable when it is loaded), then the
   // default, which alternates the phased and the serial path while it times them.
   for (const char* path : {"phased", "auto"})
   for (int n_threads : {2, 3, 4}) {
     ::setenv("TERN_SMALL_MODEL_PATH", path, 1);
-    const std::vector<float> phased = run_steps(file, n_threads);
+    const std::vector<float> phased = run_steps(file, n_threads, kv_type);
     ::unsetenv("TERN_SMALL_MODEL_PATH");
     ASSERT_EQ(pooled.size(), phased.size());
     size_t first_diff = pooled.size();
@@ -80,6 +82,11 @@ void expect_same_bits(const std::shared_ptr<const GgufFile>& file, const char* w
 TEST(ForwardPaths, PhasedPassEqualsPooledPassStories260K) {
   TERN_REQUIRE_SHARED("models/stories260K.gguf");
   expect_same_bits(open_model_file(shared_path("models/stories260K.gguf")), "stories260K f32");
+}
+
+TEST(ForwardPaths, PhasedPassEqualsPooledPassStories260KWithF16Kv) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  expect_same_bits(open_model_file(shared_path("models/stories260K.gguf")), "stories260K f32, f16 K/V", KvType::F16);
 }
 
 TEST(ForwardPaths, PhasedPassEqualsPooledPassSynthetic) {

@@ -4,6 +4,9 @@
 // blocks cut mid-context), GQA groups, scattered KV slots (a paged cache) and several
 // sequences per call. And the property batching relies on: a sequence's output is bit-for-bit
 // the same alone, beside other sequences, prefilled in one pass, in chunks or token by token.
+// All of it with f32 K/V and with IEEE-half K/V (KvType::F16), whose kernels must compute
+// exactly what the f32 kernels compute over the widened values; and the f32 -> f16 store
+// conversion gives the same bits on every variant.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
 #include "ops/ops.h"
@@ -24,13 +28,17 @@ struct Shape {
 };
 
 // One sequence with its own Q, output and a KV arena whose slots are a random permutation.
+// With KvType::F16 the arena holds halves (k16, v16) and k, v their values widened to f32 (what
+// the oracle and an f32 arena of the same values use).
 struct Seq {
   Shape sh;
+  KvType kv_type;
   int64_t ldq, ldo, kv_row, n_slots;
   std::vector<float> q, out, k, v;
+  std::vector<uint16_t> k16, v16;
   std::vector<int32_t> slots;
 
-  Seq(const Shape& s, uint32_t seed, int64_t pad = 3) : sh(s) {
+  Seq(const Shape& s, uint32_t seed, int64_t pad = 3, KvType kt = KvType::F32) : sh(s), kv_type(kt) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     const int64_t E = s.n_head * s.head_dim;
@@ -45,6 +53,16 @@ struct Seq {
     v.resize(size_t(n_slots * kv_row));
     for (auto& x : k) x = dist(rng);
     for (auto& x : v) x = dist(rng);
+    if (kt == KvType::F16) {
+      for (auto* b : {&k, &v}) {
+        std::vector<uint16_t>& h = b == &k ? k16 : v16;
+        h.resize(b->size());
+        for (size_t i = 0; i < b->size(); ++i) {
+          h[i] = f32_to_fp16((*b)[i]);
+          (*b)[i] = fp16_to_f32(h[i]);
+        }
+      }
+    }
     std::vector<int32_t> perm(static_cast<size_t>(n_slots));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
@@ -52,9 +70,20 @@ struct Seq {
     out.assign(size_t(s.n_tokens * ldo), NAN);
   }
   AttentionArgs args() {
-    return AttentionArgs{q.data(), ldq, out.data(), ldo, k.data(), v.data(), kv_row, slots.data(),
+    const bool h = kv_type == KvType::F16;
+    return AttentionArgs{q.data(), ldq, out.data(), ldo,
+                         h ? static_cast<const void*>(k16.data()) : k.data(),
+                         h ? static_cast<const void*>(v16.data()) : v.data(), kv_row, slots.data(),
                          sh.n_past, sh.n_tokens, sh.n_head, sh.n_head_kv, sh.head_dim,
-                         1.0f / std::sqrt(float(sh.head_dim))};
+                         1.0f / std::sqrt(float(sh.head_dim)), kv_type};
+  }
+  // The same sequence over an f32 arena (the widened values when this one is f16).
+  AttentionArgs args_f32() {
+    AttentionArgs a = args();
+    a.k_base = k.data();
+    a.v_base = v.data();
+    a.kv_type = KvType::F32;
+    return a;
   }
   // Output of token i, head h, from softmax(q k^T * scale) v in double.
   std::vector<double> oracle(int64_t i, int64_t h) const {
@@ -92,7 +121,10 @@ const Shape kShapes[] = {
     {16, 16, 16, 300, 3}, {14, 2, 64, 0, 129},
 };
 
+const KvType kKvTypes[] = {KvType::F32, KvType::F16};
+
 TEST(Attention, EveryVariantMatchesTheReferenceAndTheDoubleOracle) {
+  for (KvType kt : kKvTypes)
   for (int n_threads : {1, 2}) {
     ThreadPool pool(n_threads);
     for (Isa isa : variants()) {
@@ -100,13 +132,13 @@ TEST(Attention, EveryVariantMatchesTheReferenceAndTheDoubleOracle) {
       for (const Shape& sh : kShapes) {
         // Three sequences of this shape in one call, different contents.
         std::vector<Seq> seqs;
-        for (int s = 0; s < 3; ++s) seqs.emplace_back(sh, seed++);
+        for (int s = 0; s < 3; ++s) seqs.emplace_back(sh, seed++, 3, kt);
         std::vector<AttentionArgs> args;
         for (auto& s : seqs) args.push_back(s.args());
         attention_isa(isa, args, pool);
 
         std::vector<Seq> ref_seqs;
-        for (uint32_t s = 0; s < 3; ++s) ref_seqs.emplace_back(sh, seed - 3 + s);
+        for (uint32_t s = 0; s < 3; ++s) ref_seqs.emplace_back(sh, seed - 3 + s, 3, kt);
         std::vector<AttentionArgs> ref_args;
         for (auto& s : ref_seqs) ref_args.push_back(s.args());
         attention_isa(Isa::Ref, ref_args, pool);
@@ -119,7 +151,7 @@ TEST(Attention, EveryVariantMatchesTheReferenceAndTheDoubleOracle) {
               for (int64_t e = 0; e < sh.head_dim; ++e) {
                 const size_t at = size_t(i * a.ldo + h * sh.head_dim + e);
                 ASSERT_NEAR(a.out[at], o[size_t(e)], 2e-5)
-                    << isa_name(isa) << " threads " << n_threads << " shape hd=" << sh.head_dim
+                    << isa_name(isa) << " kv " << int(kt) << " threads " << n_threads << " shape hd=" << sh.head_dim
                     << " past=" << sh.n_past << " n=" << sh.n_tokens << " token " << i << " head " << h;
                 ASSERT_NEAR(a.out[at], ref_seqs[s].out[at], 2e-5) << isa_name(isa);
               }
@@ -138,16 +170,17 @@ TEST(Attention, EveryVariantMatchesTheReferenceAndTheDoubleOracle) {
 // every tiled variant gives the same bits (batched serving is exact because of this).
 TEST(Attention, ARowsResultDoesNotDependOnItsBatch) {
   ThreadPool pool(2);
+  for (KvType kt : kKvTypes)
   for (Isa isa : variants()) {
     if (isa == Isa::Ref) continue;
     for (const Shape& sh : {Shape{8, 4, 8, 0, 150}, Shape{32, 4, 64, 0, 97}, Shape{6, 2, 20, 0, 70}}) {
-      Seq whole(sh, 42);
+      Seq whole(sh, 42, 3, kt);
       std::vector<AttentionArgs> one{whole.args()};
       attention_isa(isa, one, pool);
 
       for (int64_t chunk : {1, 5, 64, 33}) {
-        Seq part(sh, 42);  // same contents
-        Seq other(Shape{sh.n_head, sh.n_head_kv, sh.head_dim, 17, 9}, 7);
+        Seq part(sh, 42, 3, kt);  // same contents
+        Seq other(Shape{sh.n_head, sh.n_head_kv, sh.head_dim, 17, 9}, 7, 3, kt);
         for (int64_t start = 0; start < sh.n_tokens; start += chunk) {
           const int64_t n = std::min(chunk, sh.n_tokens - start);
           AttentionArgs a = part.args();
@@ -161,8 +194,77 @@ TEST(Attention, ARowsResultDoesNotDependOnItsBatch) {
         for (int64_t i = 0; i < sh.n_tokens; ++i)
           for (int64_t e = 0; e < sh.n_head * sh.head_dim; ++e)
             ASSERT_EQ(part.out[size_t(i * part.ldo + e)], whole.out[size_t(i * whole.ldo + e)])
-                << isa_name(isa) << " chunk " << chunk << " token " << i;
+                << isa_name(isa) << " kv " << int(kt) << " chunk " << chunk << " token " << i;
       }
+    }
+  }
+}
+
+// An f16 arena gives exactly (bit for bit) what an f32 arena holding the same values gives, on
+// every variant: widening a half is exact, so the f16 kernels are the f32 ones after the load.
+// attention_kv_head (the small-model path) agrees with attention() for f16 too.
+TEST(Attention, F16KvEqualsF32KvOfTheSameValues) {
+  ThreadPool pool(2);
+  for (Isa isa : variants()) {
+    uint32_t seed = 500;
+    for (const Shape& sh : kShapes) {
+      Seq h(sh, seed, 3, KvType::F16), f(sh, seed, 3, KvType::F16);
+      ++seed;
+      std::vector<AttentionArgs> ah{h.args()}, af{f.args_f32()};
+      attention_isa(isa, ah, pool);
+      attention_isa(isa, af, pool);
+      for (size_t i = 0; i < h.out.size(); ++i) {
+        if (std::isnan(f.out[i])) {
+          ASSERT_TRUE(std::isnan(h.out[i]));
+          continue;
+        }
+        ASSERT_EQ(h.out[i], f.out[i]) << isa_name(isa) << " hd=" << sh.head_dim << " past=" << sh.n_past
+                                       << " n=" << sh.n_tokens << " at " << i;
+      }
+      if (isa == selected_isa()) {
+        Seq per_head(sh, seed - 1, 3, KvType::F16);
+        const AttentionArgs a = per_head.args();
+        for (int64_t kvh = 0; kvh < sh.n_head_kv; ++kvh) attention_kv_head(a, kvh);
+        for (size_t i = 0; i < h.out.size(); ++i) {
+          if (!std::isnan(h.out[i])) {
+            ASSERT_EQ(per_head.out[i], h.out[i]) << "attention_kv_head at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// What an f16 KV store writes: the same bits from every variant, equal to core/fp16.h's
+// round-to-nearest-even converter for every number (normals, subnormals, overflow to inf,
+// ties), and NaN kept NaN with its sign and top payload bits.
+TEST(Attention, F16StoreConversionIsTheSameOnEveryVariant) {
+  std::vector<float> x;
+  const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, -65520.0f, 1e9f,
+                            6.1035156e-05f, 6.0975552e-05f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f,
+                            1e-10f, 1.00048828125f, 1.00146484375f, INFINITY, -INFINITY, NAN, -NAN};
+  x.assign(std::begin(specials), std::end(specials));
+  uint32_t s = 7;
+  for (int i = 0; i < 200000; ++i) {  // random bit patterns: every exponent, NaN payloads
+    s = s * 1664525u + 1013904223u;
+    x.push_back(bits_to_f32(s));
+  }
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 4.0f);
+  for (int i = 0; i < 100003; ++i) x.push_back(dist(rng));  // K/V-like values; odd length: tails
+  std::vector<uint16_t> want(x.size()), got(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    want[i] = f32_to_fp16(x[i]);
+    const uint32_t w = f32_to_bits(x[i]);
+    if ((w & 0x7fffffffu) > 0x7f800000u) want[i] = uint16_t(((w >> 16) & 0x8000u) | 0x7e00u | ((w >> 13) & 0x3ffu));
+  }
+  for (Isa isa : variants()) {
+    for (int64_t start : {0, 1, 5}) {
+      std::fill(got.begin(), got.end(), uint16_t(0xdead));
+      convert_f32_to_f16_isa(isa, x.data() + start, got.data() + start, int64_t(x.size()) - start);
+      for (size_t i = size_t(start); i < x.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << isa_name(isa) << " x=" << x[i] << " bits " << std::hex << f32_to_bits(x[i]);
+      for (size_t i = 0; i < size_t(start); ++i) ASSERT_EQ(got[i], 0xdead);
     }
   }
 }

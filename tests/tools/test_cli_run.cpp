@@ -70,6 +70,23 @@ TEST_F(CliStories, JsonReportHasEveryMetric) {
   }
 }
 
+// --kv-type: f32 by default for run (its outputs are compared with f32 references), f16 halves
+// the cache's bytes; anything else is a usage error.
+TEST_F(CliStories, KvTypeOptionSetsTheCacheType) {
+  const std::string args = "-m " + stories() + " -p \"Once upon a time\" -n 8 --temp 0 -t 2 --ctx 64";
+  const auto f32 = run_json(args);
+  const auto f16 = run_json(args + " --kv-type f16");
+  EXPECT_EQ(f32["metrics"]["kv_type"], "f32");
+  EXPECT_EQ(f16["metrics"]["kv_type"], "f16");
+  EXPECT_EQ(f32["metrics"]["kv_bytes"].get<int64_t>(), 2 * f16["metrics"]["kv_bytes"].get<int64_t>());
+  EXPECT_EQ(run_json(args + " --kv-type f32")["ids"], f32["ids"]);
+  std::string out, err;
+  for (const char* cmd : {" run ", " ppl ", " bench ", " logits ", " serve ", " bench-serve "}) {
+    EXPECT_EQ(run_command(kTern + cmd + "-m " + stories() + " --kv-type q8_0", &out, &err), 2) << cmd;
+    EXPECT_NE(err.find("--kv-type"), std::string::npos) << cmd << err;
+  }
+}
+
 TEST_F(CliStories, EmptyPromptStartsFromBosAndMatchesReference) {
   TERN_REQUIRE_SHARED("reference/stories260K/greedy_noprompt_n256.tokens");
   const auto j = run_json("-m " + stories() + " -p \"\" -n 256 --temp 0 --ignore-eos");
