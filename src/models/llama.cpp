@@ -86,6 +86,7 @@ class LlamaModel final : public Model {
     gate_.assign(T * size_t(hp_.n_ff), 0.0f);
     up_.assign(T * size_t(hp_.n_ff), 0.0f);
     positions_.assign(T, 0);
+    rope_cs_.assign(T * size_t(hp_.n_rot), 0.0f);
     out_rows_.assign(T * size_t(hp_.n_embd), 0.0f);
   }
   int64_t max_step_tokens() const override { return max_tokens_; }
@@ -145,6 +146,7 @@ class LlamaModel final : public Model {
   std::vector<float> gate_;   // [T, n_ff]
   std::vector<float> up_;     // [T, n_ff]
   std::vector<int32_t> positions_;  // [T]
+  std::vector<float> rope_cs_;      // [T][n_rot / 2][2] RoPE cos/sin per token (rope_table)
   std::vector<float> out_rows_;     // [rows needing logits, n_embd]
   std::vector<AttentionArgs> attn_args_;
   PhasedWork spmd_work_;               // forward_spmd's phases
@@ -175,6 +177,8 @@ void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
         dequantize_row(tok_embd_, id, x_.data() + t * E);
         positions_[size_t(t)] = int32_t(s.n_past + int64_t(i));
       }
+    // The rotations depend on the position only: tabulated once, not per head and layer.
+    rope_table(positions_.data(), T, hp_.n_rot, hp_.rope_freq_base, rope_cs_.data());
   }
 
   // Small models decoding a few tokens: each operation is a microsecond or less, so one pool
@@ -209,10 +213,9 @@ void LlamaModel::rope_rows_done(const void* ctx, int target, int64_t n_tokens, i
   auto* m = static_cast<LlamaModel*>(const_cast<void*>(ctx));
   const HParams& hp = m->hp_;
   if (target == 0)
-    rope_norm_cols(m->q_.data(), hp.n_embd, m->positions_.data(), n_tokens, hp.head_dim, hp.n_rot, hp.rope_freq_base, r0, r1);
+    rope_cols_table(m->q_.data(), hp.n_embd, m->rope_cs_.data(), n_tokens, hp.head_dim, hp.n_rot, r0, r1);
   else if (target == 1)
-    rope_norm_cols(m->k_.data(), hp.n_embd_kv(), m->positions_.data(), n_tokens, hp.head_dim, hp.n_rot,
-                   hp.rope_freq_base, r0, r1);
+    rope_cols_table(m->k_.data(), hp.n_embd_kv(), m->rope_cs_.data(), n_tokens, hp.head_dim, hp.n_rot, r0, r1);
 }
 
 void LlamaModel::swiglu_rows_done(const void* ctx, int, int64_t n_tokens, int64_t r0, int64_t r1) {
@@ -364,12 +367,8 @@ void LlamaModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64
           matmul_rows(L.wq, xn.data(), E, T, q_.data(), E, kvh * g * hd, (kvh + 1) * g * hd);
           matmul_rows(L.wk, xn.data(), E, T, k_.data(), Ekv, kvh * hd, (kvh + 1) * hd);
           matmul_rows(L.wv, xn.data(), E, T, v_.data(), Ekv, kvh * hd, (kvh + 1) * hd);
-          for (int64_t t = 0; t < T; ++t) {
-            rope_norm(q_.data() + t * E + kvh * g * hd, &positions_[size_t(t)], 1, g, hd, hp_.n_rot,
-                      hp_.rope_freq_base);
-            rope_norm(k_.data() + t * Ekv + kvh * hd, &positions_[size_t(t)], 1, 1, hd, hp_.n_rot,
-                      hp_.rope_freq_base);
-          }
+          rope_cols_table(q_.data(), E, rope_cs_.data(), T, hd, hp_.n_rot, kvh * g * hd, (kvh + 1) * g * hd);
+          rope_cols_table(k_.data(), Ekv, rope_cs_.data(), T, hd, hp_.n_rot, kvh * hd, (kvh + 1) * hd);
           const void* kc = kv.k(il);
           const void* vc = kv.v(il);
           int64_t t = 0;

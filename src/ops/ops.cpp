@@ -29,28 +29,45 @@ void rope_norm(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_h
   rope_norm_cols(x, n_heads * head_dim, positions, n_tokens, head_dim, n_rot, freq_base, 0, n_heads * head_dim);
 }
 
-void rope_norm_cols(float* x, int64_t ldx, const int32_t* positions, int64_t n_tokens, int64_t head_dim,
-                    int64_t n_rot, float freq_base, int64_t c0, int64_t c1) {
-  TERN_ASSERT(c0 % 2 == 0 && head_dim % 2 == 0);
+void rope_table(const int32_t* positions, int64_t n_tokens, int64_t n_rot, float freq_base, float* cs) {
   const float theta_scale = std::pow(freq_base, -2.0f / float(n_rot));
   for (int64_t t = 0; t < n_tokens; ++t) {
-    const float pos = float(positions[t]);
+    // theta of pair i is pos * theta_scale^i, accumulated by repeated multiplication as ggml
+    // does.
+    float theta = float(positions[t]);
+    float* ct = cs + t * n_rot;
+    for (int64_t i = 0; i < n_rot / 2; ++i) {
+      ct[2 * i] = std::cos(theta);
+      ct[2 * i + 1] = std::sin(theta);
+      theta *= theta_scale;
+    }
+  }
+}
+
+void rope_cols_table(float* x, int64_t ldx, const float* cs, int64_t n_tokens, int64_t head_dim, int64_t n_rot,
+                     int64_t c0, int64_t c1) {
+  TERN_ASSERT(c0 % 2 == 0 && head_dim % 2 == 0);
+  for (int64_t t = 0; t < n_tokens; ++t) {
     float* xt = x + t * ldx;
+    const float* ct = cs + t * n_rot;
     for (int64_t h0 = c0 - c0 % head_dim; h0 < c1; h0 += head_dim) {  // heads touching [c0, c1)
-      // theta of pair i is pos * theta_scale^i, accumulated by repeated multiplication as
-      // ggml does; a range starting mid-head replays the products before it.
-      float theta = pos;
-      const int64_t i_end = std::min(n_rot, c1 - h0);
-      for (int64_t i = 0; i < i_end; i += 2) {
-        if (h0 + i >= c0) {
-          const float c = std::cos(theta), s = std::sin(theta);
-          const float x0 = xt[h0 + i], x1 = xt[h0 + i + 1];
-          xt[h0 + i] = x0 * c - x1 * s;
-          xt[h0 + i + 1] = x0 * s + x1 * c;
-        }
-        theta *= theta_scale;
+      const int64_t i_begin = std::max<int64_t>(0, c0 - h0), i_end = std::min(n_rot, c1 - h0);
+      for (int64_t i = i_begin; i < i_end; i += 2) {
+        const float c = ct[i], s = ct[i + 1];
+        const float x0 = xt[h0 + i], x1 = xt[h0 + i + 1];
+        xt[h0 + i] = x0 * c - x1 * s;
+        xt[h0 + i + 1] = x0 * s + x1 * c;
       }
     }
+  }
+}
+
+void rope_norm_cols(float* x, int64_t ldx, const int32_t* positions, int64_t n_tokens, int64_t head_dim,
+                    int64_t n_rot, float freq_base, int64_t c0, int64_t c1) {
+  std::vector<float> cs(static_cast<size_t>(n_rot));  // one token's rotations
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    rope_table(positions + t, 1, n_rot, freq_base, cs.data());
+    rope_cols_table(x + t * ldx, ldx, cs.data(), 1, head_dim, n_rot, c0, c1);
   }
 }
 

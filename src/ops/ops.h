@@ -25,6 +25,13 @@ void rope_norm(float* x, const int32_t* positions, int64_t n_tokens, int64_t n_h
 // rope_norm on those columns bit for bit.
 void rope_norm_cols(float* x, int64_t ldx, const int32_t* positions, int64_t n_tokens, int64_t head_dim,
                     int64_t n_rot, float freq_base, int64_t c0, int64_t c1);
+// The rotations rope_norm applies, for tabulating once per forward pass (they depend on the
+// position only, not on the head or the layer): cs[t][i] = {cos, sin} of pair i of token t,
+// i < n_rot / 2, computed exactly as rope_norm does.   cs: [n_tokens][n_rot / 2][2]
+void rope_table(const int32_t* positions, int64_t n_tokens, int64_t n_rot, float freq_base, float* cs);
+// rope_norm_cols with the rotations from rope_table: the same bits.
+void rope_cols_table(float* x, int64_t ldx, const float* cs, int64_t n_tokens, int64_t head_dim,
+                     int64_t n_rot, int64_t c0, int64_t c1);
 
 // out = silu(gate) * up, elementwise over [n_tokens, n_ff] (SwiGLU).
 void swiglu(const float* gate, const float* up, float* out, int64_t n, ThreadPool& pool);

@@ -285,8 +285,26 @@ TEST(Attention, UnsupportedVariantIsAnError) {
 namespace tern {
 namespace {
 
+// RoPE written out directly (llama.cpp's "normal" layout; theta_i = pos * base^(-2i/n_rot)
+// accumulated by repeated multiplication, as ggml does): the oracle of the tests below.
+void rope_oracle(float* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t hd, int64_t n_rot, float base) {
+  const float theta_scale = std::pow(base, -2.0f / float(n_rot));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float theta = float(pos[t]);
+      float* xh = x + (t * n_heads + h) * hd;
+      for (int64_t i = 0; i < n_rot; i += 2) {
+        const float c = std::cos(theta), s = std::sin(theta), x0 = xh[i], x1 = xh[i + 1];
+        xh[i] = x0 * c - x1 * s;
+        xh[i + 1] = x0 * s + x1 * c;
+        theta *= theta_scale;
+      }
+    }
+}
+
 // RoPE on column ranges (as applied to matmul output chunks) equals RoPE on whole rows, bit
-// for bit, also for ranges starting mid-head and partial rotary dimensions.
+// for bit, also for ranges starting mid-head and partial rotary dimensions; so does RoPE from
+// the per-pass table of rotations (rope_table + rope_cols_table), and both equal the oracle.
 TEST(Rope, ColumnRangesEqualWholeRows) {
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -295,13 +313,22 @@ TEST(Rope, ColumnRangesEqualWholeRows) {
     std::vector<float> x(size_t(T * ld));
     for (auto& v : x) v = dist(rng);
     const std::vector<int32_t> pos = {0, 1, 17, 300, 4095};
-    std::vector<float> whole = x;
+    std::vector<float> whole = x, expect = x;
     rope_norm(whole.data(), pos.data(), T, n_heads, hd, n_rot, 10000.0f);
+    rope_oracle(expect.data(), pos.data(), T, n_heads, hd, n_rot, 10000.0f);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(whole[i], expect[i]) << "n_rot " << n_rot << " at " << i;
+    std::vector<float> cs(size_t(T * n_rot));
+    rope_table(pos.data(), T, n_rot, 10000.0f, cs.data());
     for (int64_t step : {4, 12, 36, 100}) {
-      std::vector<float> parts = x;
-      for (int64_t c0 = 0; c0 < ld; c0 += step)
+      std::vector<float> parts = x, from_table = x;
+      for (int64_t c0 = 0; c0 < ld; c0 += step) {
         rope_norm_cols(parts.data(), ld, pos.data(), T, hd, n_rot, 10000.0f, c0, std::min(ld, c0 + step));
-      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(parts[i], whole[i]) << "n_rot " << n_rot << " step " << step << " at " << i;
+        rope_cols_table(from_table.data(), ld, cs.data(), T, hd, n_rot, c0, std::min(ld, c0 + step));
+      }
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_EQ(parts[i], whole[i]) << "n_rot " << n_rot << " step " << step << " at " << i;
+        ASSERT_EQ(from_table[i], whole[i]) << "table, n_rot " << n_rot << " step " << step << " at " << i;
+      }
     }
   }
 }
