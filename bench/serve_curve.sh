@@ -9,8 +9,8 @@
 # ["1 2 4 8 16 32"], PROMPTS_PER_C [2] (requests = C x this), INPUT_LEN [64] (synthetic
 # prompts) or PROMPTS (a ShareGPT JSON file), MAX_TOKENS [64], CTX (tokens of KV per request in
 # flight, for both engines [INPUT_LEN + MAX_TOKENS + 16, or 1024 with PROMPTS]), EXTRA (more
-# bench-serve flags). Both engines get KV room for CTX x C tokens (tern stores K/V in f32,
-# llama.cpp in f16, so tern's arena is twice the bytes for the same tokens).
+# bench-serve flags). Both engines get KV room for CTX x C tokens, both in f16 (bench-serve's
+# default --kv-type; llama.cpp's default cache type), so the same bytes.
 # Prints a Markdown table (with the 1-minute load average after each run: on a shared machine,
 # figures taken under load are not comparable); the JSON of every run is kept in $OUT
 # [/tmp/tern_serve_curve].
