@@ -301,7 +301,9 @@ GgufFile GgufFile::open(const std::string& path) {
   auto mapping = std::make_shared<MappedFile>(path);
   const uint8_t* data = mapping->data();
   const size_t size = mapping->size();
-  return parse(std::move(mapping), data, size, path);
+  GgufFile f = parse(std::move(mapping), data, size, path);
+  f.file_mapped_ = true;
+  return f;
 }
 
 GgufFile GgufFile::parse(std::shared_ptr<const void> owner, const uint8_t* data, size_t size,

@@ -85,6 +85,9 @@ class GgufFile {
                         const std::string& name);
 
   const std::string& path() const { return path_; }
+  // True when the tensor bytes are a read-only mapping of the file (open()), whose pages the
+  // kernel can drop and read back at will; false for an in-memory image (parse()).
+  bool file_mapped() const { return file_mapped_; }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
@@ -108,6 +111,7 @@ class GgufFile {
  private:
   std::string path_;
   std::shared_ptr<const void> owner_;  // MappedFile or caller buffer
+  bool file_mapped_ = false;
   uint64_t size_ = 0;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

@@ -88,6 +88,7 @@ struct Scratch {
     }
   };
   Buf act;
+  Buf rows_scratch;  // matmul_rows' gemm scratch
   std::vector<Buf> per_thread;
   std::vector<uint8_t*> per_thread_ptr;
 };
@@ -95,6 +96,17 @@ struct Scratch {
 Scratch& caller_scratch() {
   thread_local Scratch s;
   return s;
+}
+
+// The activation layout a weight's kernel reads: interleaved Q4_0 takes Rows at any size.
+ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n_tokens) {
+  return w.interleaved16 ? kern::act_rows_layout(w.type, w.n_in, n_tokens) : kt.act_layout(w.type, w.n_in, n_tokens);
+}
+
+void require_interleave_kernels(Isa isa, const WeightView& w) {
+  if (w.interleaved16 && isa != Isa::Avx512)
+    fail("matmul: Q4_0 weights interleaved for the avx512 kernels cannot run on the ", isa_name(isa),
+         " variant (set TERN_REPACK=0 to keep rows as stored)");
 }
 
 // Output rows per chunk: a multiple of the 4-row tiles, about 4 chunks per thread so that a
@@ -148,8 +160,47 @@ void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tok
   // Rows are independent and stored one after another, so rows [r0, r1) are a matrix of
   // their own; a one-thread pool runs everything on this thread.
   thread_local ThreadPool serial(1);
+  if (w.interleaved16) {  // rows are not stored one after another: the kernel takes the range
+    const Isa isa = selected_isa();
+    require_interleave_kernels(isa, w);
+    const KernelTable& kt = table_of(isa);
+    const ActLayout lay = effective_layout(kt, w, n_tokens);
+    Scratch& s = caller_scratch();
+    uint8_t* act = s.act.get(lay.bytes);
+    kt.quantize(lay, w.type, x, ldx, w.n_in, n_tokens, 0, n_tokens, act);
+    const GemmArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes(), w.n_in, w.n_out, x, ldx, act, lay,
+                     n_tokens, y, ldy, true};
+    const int64_t scratch_bytes = kt.scratch_bytes(w.type, w.n_in);
+    kt.gemm(a, r0, r1, scratch_bytes > 0 ? s.rows_scratch.get(scratch_bytes) : nullptr);
+    return;
+  }
   const WeightView sub{w.type, w.n_in, r1 - r0, static_cast<const uint8_t*>(w.data) + r0 * w.row_bytes()};
   matmul_isa(selected_isa(), sub, x, ldx, n_tokens, y + r0, ldy, serial);
+}
+
+bool want_interleave_q4_0(const WeightView& w) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("TERN_REPACK");
+    return !(e && std::string(e) == "0");
+  }();
+  return enabled && w.type == DType::Q4_0 && !w.interleaved16 && w.n_out > 0 && w.n_out % 16 == 0 &&
+         w.n_in % 32 == 0 && selected_isa() == Isa::Avx512;
+}
+
+void interleave_q4_0(const WeightView& w, uint8_t* dst) {
+  TERN_ASSERT(w.type == DType::Q4_0 && w.n_out % 16 == 0 && w.n_in % 32 == 0);
+  const int64_t nb = w.n_in / 32, rb = w.row_bytes();
+  constexpr int64_t kBlk = 18, kGroupBlk = 16 * kBlk;  // bytes of one block of 16 rows
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t g = 0; g < w.n_out / 16; ++g)
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* p = dst + (g * nb + b) * kGroupBlk;
+      for (int64_t i = 0; i < 16; ++i) {
+        const uint8_t* blk = src + (g * 16 + i) * rb + b * kBlk;
+        std::memcpy(p + 2 * i, blk, 2);  // f16 scale
+        for (int64_t k = 0; k < 4; ++k) std::memcpy(p + 32 + 64 * k + 4 * i, blk + 2 + 4 * k, 4);
+      }
+    }
 }
 
 namespace {
@@ -218,7 +269,7 @@ void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, 
   for (size_t k = 0; k < ts.size(); ++k) {
     const MatmulTarget& t = ts[k];
     args.push_back(GemmArgs{t.w.type, static_cast<const uint8_t*>(t.w.data), t.w.row_bytes(), t.w.n_in,
-                            t.w.n_out, x_in, ldx, act, lay, n_tokens, t.y, t.ldy});
+                            t.w.n_out, x_in, ldx, act, lay, n_tokens, t.y, t.ldy, t.w.interleaved16});
     scratch_bytes = std::max(scratch_bytes, kt.scratch_bytes(t.w.type, t.w.n_in));
     if (done.joint_rows && k > 0) continue;  // joint chunks: one list over the common rows
     const int64_t per = rows_per_chunk(t.w.n_out, pool.size());
@@ -262,14 +313,15 @@ void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64
   if (w.row_bytes() < 0)
     fail("matmul: row length ", w.n_in, " is not a multiple of the ", dtype_name(w.type),
          " block size");
+  require_interleave_kernels(isa, w);
   const KernelTable& kt = table_of(isa);
   if (!kt.has_kernel(w.type)) {
     matmul_ref(w, x, ldx, n_tokens, y, ldy, pool);
     return;
   }
   const MatmulTarget one{w, y, ldy};
-  gemm_shared_input(kt, std::span<const MatmulTarget>(&one, 1), kt.act_layout(w.type, w.n_in, n_tokens), x,
-                    ldx, n_tokens, pool, RowsDone{}, InputRmsNorm{});
+  gemm_shared_input(kt, std::span<const MatmulTarget>(&one, 1), effective_layout(kt, w, n_tokens), x, ldx,
+                    n_tokens, pool, RowsDone{}, InputRmsNorm{});
 }
 
 void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, const float* x, int64_t ldx,
@@ -277,14 +329,15 @@ void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, con
   if (!isa_supported(isa)) fail("kernel variant ", isa_name(isa), " is not supported by this CPU");
   if (targets.empty() || n_tokens <= 0) return;
   TERN_ASSERT_MSG(!norm.weight || norm.out_rows, "matmul_shared_input: RMSNorm prologue without out_rows");
+  for (const MatmulTarget& t : targets) require_interleave_kernels(isa, t.w);
   const KernelTable& kt = table_of(isa);
-  const ActLayout lay = kt.act_layout(targets[0].w.type, targets[0].w.n_in, n_tokens);
+  const ActLayout lay = effective_layout(kt, targets[0].w, n_tokens);
   bool shared = true;
   for (const MatmulTarget& t : targets) {
     TERN_ASSERT_MSG(t.w.n_in == targets[0].w.n_in, "matmul_shared_input: weights of different row lengths");
     TERN_ASSERT_MSG(!done.joint_rows || t.w.n_out == targets[0].w.n_out, "matmul_shared_input: joint rows of different counts");
     shared = shared && t.w.n_out > 0 && !is_tern_int_type(t.w.type) && t.w.row_bytes() >= 0 &&
-             kt.has_kernel(t.w.type) && layouts_equal(kt.act_layout(t.w.type, t.w.n_in, n_tokens), lay);
+             kt.has_kernel(t.w.type) && layouts_equal(effective_layout(kt, t.w, n_tokens), lay);
   }
   if (!shared) {
     // The prologue as a pass of its own, then one matmul per weight; the epilogue runs over

@@ -273,6 +273,62 @@ TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
   }
 }
 
+// Q4_0 rows interleaved by 16 (kernels/matmul.h) give the bits of the rows as stored: at two
+// tokens and more those of the row-lane / token-lane tiles, for one token those of the same
+// token in a batch of two; by row ranges that start or end inside a 16-row group as well; and
+// dequantize_row reads the same values back. Other variants refuse them with a clear error.
+TEST(KernelsDispatch, InterleavedQ4_0EqualsRowsAsStored) {
+  if (!isa_supported(Isa::Avx512)) GTEST_SKIP() << "no AVX-512";
+  ThreadPool& pool = shared_pool(2);
+  uint32_t seed = 1300;
+  for (int64_t n_in : {64, 512, 4096 + 32})
+    for (int64_t n_out : {16, 48, 208}) {
+      const Weights w = make_weights(DType::Q4_0, n_in, n_out, seed++);
+      std::vector<uint8_t> packed(w.data.size());
+      interleave_q4_0(w.view(), packed.data());
+      WeightView wi = w.view();
+      wi.data = packed.data();
+      wi.interleaved16 = true;
+      for (int64_t r : {int64_t(0), n_out / 2 + 1, n_out - 1}) {
+        std::vector<float> a(static_cast<size_t>(n_in)), b(static_cast<size_t>(n_in));
+        dequantize_row(w.view(), r, a.data());
+        dequantize_row(wi, r, b.data());
+        ASSERT_EQ(a, b) << "dequantized row " << r;
+      }
+      for (int64_t n_tok : {1, 2, 3, 7, 16, 17, 33, 64, 72}) {
+        SCOPED_TRACE(::testing::Message() << "n_in " << n_in << " n_out " << n_out << " tokens " << n_tok);
+        // one token: compared with the first of a batch of two equal tokens
+        const int64_t n_ref = n_tok == 1 ? 2 : n_tok;
+        auto x = make_acts(n_in, n_ref, n_in, seed++);
+        if (n_tok == 1) std::copy_n(x.begin(), n_in, x.begin() + n_in);
+        std::vector<float> rows(size_t(n_out * n_ref)), inter(size_t(n_out * n_tok), NAN);
+        matmul_isa(Isa::Avx512, w.view(), x.data(), n_in, n_ref, rows.data(), n_out, pool);
+        matmul_isa(Isa::Avx512, wi, x.data(), n_in, n_tok, inter.data(), n_out, pool);
+        for (int64_t i = 0; i < n_tok * n_out; ++i)
+          ASSERT_EQ(inter[size_t(i)], rows[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
+        if (selected_isa() == Isa::Avx512) {
+          for (int64_t r0 = 0; r0 < n_out; r0 += 12) {  // ranges across group boundaries
+            const int64_t r1 = std::min(n_out, r0 + 12);
+            std::vector<float> part(inter.size(), NAN);
+            matmul_rows(wi, x.data(), n_in, n_tok, part.data(), n_out, r0, r1);
+            for (int64_t i = 0; i < n_tok * n_out; ++i) {
+              const int64_t r = i % n_out;
+              if (r >= r0 && r < r1) ASSERT_EQ(part[size_t(i)], inter[size_t(i)]) << "rows " << r0 << ".." << r1 << " at " << i;
+              else ASSERT_TRUE(std::isnan(part[size_t(i)])) << "rows " << r0 << ".." << r1 << " wrote row " << r;
+            }
+          }
+        }
+      }
+      const std::vector<float> x1 = make_acts(n_in, 1, n_in, seed++);
+      std::vector<float> y1(static_cast<size_t>(n_out));
+      for (Isa isa : {Isa::Ref, Isa::Avx2}) {
+        if (isa_supported(isa)) {
+          EXPECT_THROW(matmul_isa(isa, wi, x1.data(), n_in, 1, y1.data(), n_out, pool), Error);
+        }
+      }
+    }
+}
+
 // The scalar integer paths are exact arithmetic on the dequantized values: dot_ref equals the
 // f64 dot of the dequantized weight row and the dequantized activation row.
 TEST(KernelsRef, IntegerDotIsDotOfDequantizedValues) {

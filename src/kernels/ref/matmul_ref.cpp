@@ -1,5 +1,7 @@
+#include <cstring>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/matmul.h"
 #include "quant/quant_traits.h"
 
@@ -7,12 +9,25 @@ namespace tern {
 
 void dequantize_row(const WeightView& w, int64_t row, float* dst) {
   const QuantTraits& q = require_quant_traits(w.type, "weight");
+  if (w.interleaved16) {  // gather the row's blocks back into the stored Q4_0 order
+    thread_local std::vector<uint8_t> blocks;
+    const int64_t nb = w.n_in / 32, i = row % 16;
+    blocks.resize(size_t(nb * 18));
+    const auto* grp = static_cast<const uint8_t*>(w.data) + (row / 16) * nb * 288;
+    for (int64_t b = 0; b < nb; ++b) {
+      std::memcpy(blocks.data() + b * 18, grp + b * 288 + 2 * i, 2);
+      for (int64_t k = 0; k < 4; ++k) std::memcpy(blocks.data() + b * 18 + 2 + 4 * k, grp + b * 288 + 32 + 64 * k + 4 * i, 4);
+    }
+    q.to_float(blocks.data(), dst, w.n_in);
+    return;
+  }
   q.to_float(static_cast<const uint8_t*>(w.data) + row * w.row_bytes(), dst, w.n_in);
 }
 
 void matmul_ref(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                 int64_t ldy, ThreadPool& pool) {
   const QuantTraits& q = require_quant_traits(w.type, "weight");
+  TERN_ASSERT_MSG(!w.interleaved16, "matmul_ref: interleaved weights");
   const int64_t rb = w.row_bytes();
   pool.run([&](int ith, int nth) {
     thread_local std::vector<float> row;
