@@ -805,8 +805,8 @@ void rowlane_tile(const GemmArgs& a, const RowsView& v, const uint8_t* const* ro
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx), dw), acc[i]);
     }
   }
-  // n_rows < 0: an interleaved group of which only lanes [-n_rows / 16 ... ) are wanted, see
-  // gemm_interleaved; y points at the group's first row.
+  // n_rows <= 0: -n_rows is the mask of the lanes to store (an interleaved group only partly
+  // inside the row range, see gemm_interleaved; y points at the group's first row).
   __mmask16 keep = __mmask16((1u << (n_rows > 0 ? n_rows : 16)) - 1u);
   if (n_rows <= 0) keep = __mmask16(uint32_t(-n_rows));
   for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * a.ldy, keep, acc[i]);
