@@ -187,20 +187,39 @@ bool want_interleave_q4_0(const WeightView& w) {
          w.n_in % 32 == 0 && selected_isa() == Isa::Avx512;
 }
 
+namespace {
+// The interleaved Q4_0 layout (matmul.h), in one place: bytes of a block, of a block of 16 rows,
+// and where row i's (0..15) scale and its k-th 4 nibble bytes sit in the latter.
+constexpr int64_t kQ4Blk = 18, kQ4GroupBlk = 16 * kQ4Blk;
+constexpr int64_t scale_at(int64_t i) { return 2 * i; }
+constexpr int64_t quad_at(int64_t k, int64_t i) { return 32 + 64 * k + 4 * i; }
+}  // namespace
+
 void interleave_q4_0(const WeightView& w, uint8_t* dst) {
   TERN_ASSERT(w.type == DType::Q4_0 && w.n_out % 16 == 0 && w.n_in % 32 == 0);
   const int64_t nb = w.n_in / 32, rb = w.row_bytes();
-  constexpr int64_t kBlk = 18, kGroupBlk = 16 * kBlk;  // bytes of one block of 16 rows
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t g = 0; g < w.n_out / 16; ++g)
     for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* p = dst + (g * nb + b) * kGroupBlk;
+      uint8_t* p = dst + (g * nb + b) * kQ4GroupBlk;
       for (int64_t i = 0; i < 16; ++i) {
-        const uint8_t* blk = src + (g * 16 + i) * rb + b * kBlk;
-        std::memcpy(p + 2 * i, blk, 2);  // f16 scale
-        for (int64_t k = 0; k < 4; ++k) std::memcpy(p + 32 + 64 * k + 4 * i, blk + 2 + 4 * k, 4);
+        const uint8_t* blk = src + (g * 16 + i) * rb + b * kQ4Blk;
+        std::memcpy(p + scale_at(i), blk, 2);
+        for (int64_t k = 0; k < 4; ++k) std::memcpy(p + quad_at(k, i), blk + 2 + 4 * k, 4);
       }
     }
+}
+
+void deinterleave_q4_0_row(const WeightView& w, int64_t row, uint8_t* dst) {
+  TERN_ASSERT(w.interleaved16 && w.type == DType::Q4_0);
+  const int64_t nb = w.n_in / 32, i = row % 16;
+  const auto* group = static_cast<const uint8_t*>(w.data) + (row / 16) * nb * kQ4GroupBlk;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = group + b * kQ4GroupBlk;
+    uint8_t* blk = dst + b * kQ4Blk;
+    std::memcpy(blk, p + scale_at(i), 2);
+    for (int64_t k = 0; k < 4; ++k) std::memcpy(blk + 2 + 4 * k, p + quad_at(k, i), 4);
+  }
 }
 
 namespace {

@@ -42,6 +42,8 @@ struct WeightView {
 bool want_interleave_q4_0(const WeightView& w);
 // Writes w (rows, one after another) interleaved into dst (w.n_out * row_bytes bytes).
 void interleave_q4_0(const WeightView& w, uint8_t* dst);
+// The inverse for one row: row `row` of interleaved w as stored Q4_0 blocks (row_bytes bytes).
+void deinterleave_q4_0_row(const WeightView& w, int64_t row, uint8_t* dst);
 
 void matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
             int64_t ldy, ThreadPool& pool);

@@ -1,4 +1,3 @@
-#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -9,15 +8,10 @@ namespace tern {
 
 void dequantize_row(const WeightView& w, int64_t row, float* dst) {
   const QuantTraits& q = require_quant_traits(w.type, "weight");
-  if (w.interleaved16) {  // gather the row's blocks back into the stored Q4_0 order
+  if (w.interleaved16) {  // the row's blocks back in their stored order
     thread_local std::vector<uint8_t> blocks;
-    const int64_t nb = w.n_in / 32, i = row % 16;
-    blocks.resize(size_t(nb * 18));
-    const auto* grp = static_cast<const uint8_t*>(w.data) + (row / 16) * nb * 288;
-    for (int64_t b = 0; b < nb; ++b) {
-      std::memcpy(blocks.data() + b * 18, grp + b * 288 + 2 * i, 2);
-      for (int64_t k = 0; k < 4; ++k) std::memcpy(blocks.data() + b * 18 + 2 + 4 * k, grp + b * 288 + 32 + 64 * k + 4 * i, 4);
-    }
+    blocks.resize(size_t(w.row_bytes()));
+    deinterleave_q4_0_row(w, row, blocks.data());
     q.to_float(blocks.data(), dst, w.n_in);
     return;
   }

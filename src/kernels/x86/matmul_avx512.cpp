@@ -768,10 +768,11 @@ inline __m512 interleaved_unpack(const uint8_t* blk, __m512i (&w)[8]) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
 }
 
-// The 16 rows at rows[] (n_rows valid) x TC tokens of the Rows view from token t, into y. With
-// `group` (Q4_0 interleaved by 16), the 16 rows are that group, read in place of rows[].
+// The 16 rows at rows[] x TC tokens of the Rows view from token t, into y for the rows (lanes)
+// set in `keep`. With `group` (Q4_0 interleaved by 16), the 16 rows are that group, read in
+// place of rows[].
 template <bool kQ4, int TC>
-void rowlane_tile(const GemmArgs& a, const RowsView& v, const uint8_t* const* rows, int n_rows,
+void rowlane_tile(const GemmArgs& a, const RowsView& v, const uint8_t* const* rows, __mmask16 keep,
                   const uint8_t* pf, int64_t t, float* y, const uint8_t* group = nullptr) {
   constexpr int64_t kBlk = kQ4 ? int64_t(sizeof(BlockQ4_0)) : int64_t(sizeof(BlockQ8_0));
   const int64_t nb = a.n_in / 32;
@@ -805,20 +806,16 @@ void rowlane_tile(const GemmArgs& a, const RowsView& v, const uint8_t* const* ro
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx), dw), acc[i]);
     }
   }
-  // n_rows <= 0: -n_rows is the mask of the lanes to store (an interleaved group only partly
-  // inside the row range, see gemm_interleaved; y points at the group's first row).
-  __mmask16 keep = __mmask16((1u << (n_rows > 0 ? n_rows : 16)) - 1u);
-  if (n_rows <= 0) keep = __mmask16(uint32_t(-n_rows));
   for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * a.ldy, keep, acc[i]);
 }
 
 template <bool kQ4, int TC = kRowLanes>
-void rowlane_tokens(const GemmArgs& a, const RowsView& v, const uint8_t* const* rows, int n_rows,
+void rowlane_tokens(const GemmArgs& a, const RowsView& v, const uint8_t* const* rows, __mmask16 keep,
                     const uint8_t* pf, int64_t t, int64_t n, float* y, const uint8_t* group = nullptr) {
   if constexpr (TC > 1) {
-    if (n < TC) return rowlane_tokens<kQ4, TC - 1>(a, v, rows, n_rows, pf, t, n, y, group);
+    if (n < TC) return rowlane_tokens<kQ4, TC - 1>(a, v, rows, keep, pf, t, n, y, group);
   }
-  rowlane_tile<kQ4, TC>(a, v, rows, n_rows, pf, t, y, group);
+  rowlane_tile<kQ4, TC>(a, v, rows, keep, pf, t, y, group);
 }
 
 // Rows [r0, r1) x all tokens of a Rows layout.
@@ -838,7 +835,8 @@ void gemm_rowlanes_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r
       const uint8_t* pf = a.w + (r + kPrefetchTiles * kRowLanes) * rb;
       for (int64_t t = t0; t < t1; t += kRowLanes) {
         const int64_t n = t1 - t < kRowLanes ? t1 - t : kRowLanes;
-        rowlane_tokens<kQ4>(a, v, rows, n_rows, t == t0 ? pf : nullptr, t, n, a.y + t * a.ldy + r);
+        rowlane_tokens<kQ4>(a, v, rows, __mmask16((1u << n_rows) - 1u), t == t0 ? pf : nullptr, t, n,
+                            a.y + t * a.ldy + r);
       }
     }
   }
@@ -858,13 +856,13 @@ void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t 
     for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
       const uint8_t* group = a.w + g * nb * kInterleavedBlk;
       const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
-      const int mask_rows = -int(((1u << hi) - 1u) & ~((1u << lo) - 1u));  // lanes [lo, hi)
+      const __mmask16 keep = __mmask16(((1u << hi) - 1u) & ~((1u << lo) - 1u));  // lanes [lo, hi)
       // The groups are stored one after another: prefetch two groups on while the first token
       // chunk streams this one.
       const uint8_t* pf = group + 2 * nb * kInterleavedBlk;
       for (int64_t t = t0; t < t1; t += kRowLanes) {
         const int64_t n = t1 - t < kRowLanes ? t1 - t : kRowLanes;
-        rowlane_tokens<true>(a, v, nullptr, mask_rows, t == t0 ? pf : nullptr, t, n, a.y + t * a.ldy + g * 16,
+        rowlane_tokens<true>(a, v, nullptr, keep, t == t0 ? pf : nullptr, t, n, a.y + t * a.ldy + g * 16,
                              group);
       }
     }
