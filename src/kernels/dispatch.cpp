@@ -98,14 +98,14 @@ Scratch& caller_scratch() {
   return s;
 }
 
-// The activation layout a weight's kernel reads: interleaved Q4_0 takes Rows at any size.
+// The activation layout a weight's kernel reads: interleaved weights take Rows at any size.
 ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n_tokens) {
   return w.interleaved16 ? kern::act_rows_layout(w.type, w.n_in, n_tokens) : kt.act_layout(w.type, w.n_in, n_tokens);
 }
 
 void require_interleave_kernels(Isa isa, const WeightView& w) {
   if (w.interleaved16 && isa != Isa::Avx512)
-    fail("matmul: Q4_0 weights interleaved for the avx512 kernels cannot run on the ", isa_name(isa),
+    fail("matmul: ", dtype_name(w.type), " weights interleaved for the avx512 kernels cannot run on the ", isa_name(isa),
          " variant (set TERN_REPACK=0 to keep rows as stored)");
 }
 
@@ -156,69 +156,82 @@ void matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, 
 void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                  int64_t ldy, int64_t r0, int64_t r1) {
   TERN_ASSERT(0 <= r0 && r0 <= r1 && r1 <= w.n_out);
-  if (r0 == r1) return;
-  // Rows are independent and stored one after another, so rows [r0, r1) are a matrix of
-  // their own; a one-thread pool runs everything on this thread.
-  thread_local ThreadPool serial(1);
-  if (w.interleaved16) {  // rows are not stored one after another: the kernel takes the range
-    const Isa isa = selected_isa();
-    require_interleave_kernels(isa, w);
-    const KernelTable& kt = table_of(isa);
-    const ActLayout lay = effective_layout(kt, w, n_tokens);
-    Scratch& s = caller_scratch();
-    uint8_t* act = s.act.get(lay.bytes);
-    kt.quantize(lay, w.type, x, ldx, w.n_in, n_tokens, 0, n_tokens, act);
-    const GemmArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes(), w.n_in, w.n_out, x, ldx, act, lay,
-                     n_tokens, y, ldy, true};
-    const int64_t scratch_bytes = kt.scratch_bytes(w.type, w.n_in);
-    kt.gemm(a, r0, r1, scratch_bytes > 0 ? s.rows_scratch.get(scratch_bytes) : nullptr);
+  if (r0 == r1 || n_tokens <= 0) return;
+  const Isa isa = selected_isa();
+  const KernelTable& kt = table_of(isa);
+  if (is_tern_int_type(w.type) || !kt.has_kernel(w.type) || w.row_bytes() < 0) {
+    // Rows are independent and stored one after another, so rows [r0, r1) are a matrix of
+    // their own; a one-thread pool runs everything on this thread (matmul_isa also reports
+    // a row length that does not fit the type).
+    thread_local ThreadPool serial(1);
+    const WeightView sub{w.type, w.n_in, r1 - r0, static_cast<const uint8_t*>(w.data) + r0 * w.row_bytes()};
+    matmul_isa(isa, sub, x, ldx, n_tokens, y + r0, ldy, serial);
     return;
   }
-  const WeightView sub{w.type, w.n_in, r1 - r0, static_cast<const uint8_t*>(w.data) + r0 * w.row_bytes()};
-  matmul_isa(selected_isa(), sub, x, ldx, n_tokens, y + r0, ldy, serial);
+  // The table's kernel straight on rows [r0, r1) of the whole weight (interleaved rows are not
+  // one after another, so this is the only way for them): the tiles start at r0 as they would
+  // at row 0 of a sub-matrix, so the same bits. Small models' phased forward pass makes
+  // hundreds of these calls per token, so none of matmul_isa's pool machinery.
+  require_interleave_kernels(isa, w);
+  const ActLayout lay = effective_layout(kt, w, n_tokens);
+  Scratch& s = caller_scratch();
+  uint8_t* act = nullptr;
+  if (lay.kind != ActKind::None) {
+    act = s.act.get(lay.bytes);
+    kt.quantize(lay, w.type, x, ldx, w.n_in, n_tokens, 0, n_tokens, act);
+  }
+  const GemmArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes(), w.n_in, w.n_out, x, ldx, act, lay,
+                   n_tokens, y, ldy, w.interleaved16};
+  const int64_t scratch_bytes = kt.scratch_bytes(w.type, w.n_in);
+  kt.gemm(a, r0, r1, scratch_bytes > 0 ? s.rows_scratch.get(scratch_bytes) : nullptr);
 }
 
-bool want_interleave_q4_0(const WeightView& w) {
+bool want_interleave16(const WeightView& w) {
   static const bool enabled = [] {
     const char* e = std::getenv("TERN_REPACK");
     return !(e && std::string(e) == "0");
   }();
-  return enabled && w.type == DType::Q4_0 && !w.interleaved16 && w.n_out > 0 && w.n_out % 16 == 0 &&
-         w.n_in % 32 == 0 && selected_isa() == Isa::Avx512;
+  return enabled && (w.type == DType::Q4_0 || w.type == DType::Q8_0) && !w.interleaved16 && w.n_out > 0 &&
+         w.n_out % 16 == 0 && w.n_in % 32 == 0 && selected_isa() == Isa::Avx512;
 }
 
 namespace {
-// The interleaved Q4_0 layout (matmul.h), in one place: bytes of a block, of a block of 16 rows,
-// and where row i's (0..15) scale and its k-th 4 nibble bytes sit in the latter.
-constexpr int64_t kQ4Blk = 18, kQ4GroupBlk = 16 * kQ4Blk;
+// The interleaved layout (matmul.h), in one place: where row i's (0..15) scale and its k-th 4
+// quant bytes sit in a block of 16 rows, and how many such 4-byte pieces a block has.
 constexpr int64_t scale_at(int64_t i) { return 2 * i; }
 constexpr int64_t quad_at(int64_t k, int64_t i) { return 32 + 64 * k + 4 * i; }
+int64_t quads_per_block(DType type) {
+  TERN_ASSERT(type == DType::Q4_0 || type == DType::Q8_0);
+  return type == DType::Q4_0 ? 4 : 8;
+}
 }  // namespace
 
-void interleave_q4_0(const WeightView& w, uint8_t* dst) {
-  TERN_ASSERT(w.type == DType::Q4_0 && w.n_out % 16 == 0 && w.n_in % 32 == 0);
+void interleave16(const WeightView& w, uint8_t* dst) {
+  TERN_ASSERT(w.n_out % 16 == 0 && w.n_in % 32 == 0);
+  const int64_t nq = quads_per_block(w.type), blk = 2 + 4 * nq, group_blk = 16 * blk;
   const int64_t nb = w.n_in / 32, rb = w.row_bytes();
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t g = 0; g < w.n_out / 16; ++g)
     for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* p = dst + (g * nb + b) * kQ4GroupBlk;
+      uint8_t* p = dst + (g * nb + b) * group_blk;
       for (int64_t i = 0; i < 16; ++i) {
-        const uint8_t* blk = src + (g * 16 + i) * rb + b * kQ4Blk;
-        std::memcpy(p + scale_at(i), blk, 2);
-        for (int64_t k = 0; k < 4; ++k) std::memcpy(p + quad_at(k, i), blk + 2 + 4 * k, 4);
+        const uint8_t* row_blk = src + (g * 16 + i) * rb + b * blk;
+        std::memcpy(p + scale_at(i), row_blk, 2);
+        for (int64_t k = 0; k < nq; ++k) std::memcpy(p + quad_at(k, i), row_blk + 2 + 4 * k, 4);
       }
     }
 }
 
-void deinterleave_q4_0_row(const WeightView& w, int64_t row, uint8_t* dst) {
-  TERN_ASSERT(w.interleaved16 && w.type == DType::Q4_0);
+void deinterleave16_row(const WeightView& w, int64_t row, uint8_t* dst) {
+  TERN_ASSERT(w.interleaved16);
+  const int64_t nq = quads_per_block(w.type), blk = 2 + 4 * nq, group_blk = 16 * blk;
   const int64_t nb = w.n_in / 32, i = row % 16;
-  const auto* group = static_cast<const uint8_t*>(w.data) + (row / 16) * nb * kQ4GroupBlk;
+  const auto* group = static_cast<const uint8_t*>(w.data) + (row / 16) * nb * group_blk;
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = group + b * kQ4GroupBlk;
-    uint8_t* blk = dst + b * kQ4Blk;
-    std::memcpy(blk, p + scale_at(i), 2);
-    for (int64_t k = 0; k < 4; ++k) std::memcpy(blk + 2 + 4 * k, p + quad_at(k, i), 4);
+    const uint8_t* p = group + b * group_blk;
+    uint8_t* row_blk = dst + b * blk;
+    std::memcpy(row_blk, p + scale_at(i), 2);
+    for (int64_t k = 0; k < nq; ++k) std::memcpy(row_blk + 2 + 4 * k, p + quad_at(k, i), 4);
   }
 }
 

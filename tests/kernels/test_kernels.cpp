@@ -273,19 +273,21 @@ TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
   }
 }
 
-// Q4_0 rows interleaved by 16 (kernels/matmul.h) give the bits of the rows as stored: at two
+// Q4_0 / Q8_0 rows interleaved by 16 (kernels/matmul.h) give the bits of the rows as stored: at two
 // tokens and more those of the row-lane / token-lane tiles, for one token those of the same
 // token in a batch of two; by row ranges that start or end inside a 16-row group as well; and
 // dequantize_row reads the same values back. Other variants refuse them with a clear error.
-TEST(KernelsDispatch, InterleavedQ4_0EqualsRowsAsStored) {
+TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
   if (!isa_supported(Isa::Avx512)) GTEST_SKIP() << "no AVX-512";
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 1300;
+  for (DType type : {DType::Q4_0, DType::Q8_0})
   for (int64_t n_in : {64, 512, 4096 + 32})
     for (int64_t n_out : {16, 48, 208}) {
-      const Weights w = make_weights(DType::Q4_0, n_in, n_out, seed++);
+      SCOPED_TRACE(dtype_name(type));
+      const Weights w = make_weights(type, n_in, n_out, seed++);
       std::vector<uint8_t> packed(w.data.size());
-      interleave_q4_0(w.view(), packed.data());
+      interleave16(w.view(), packed.data());
       WeightView wi = w.view();
       wi.data = packed.data();
       wi.interleaved16 = true;

@@ -11,7 +11,7 @@ void dequantize_row(const WeightView& w, int64_t row, float* dst) {
   if (w.interleaved16) {  // the row's blocks back in their stored order
     thread_local std::vector<uint8_t> blocks;
     blocks.resize(size_t(w.row_bytes()));
-    deinterleave_q4_0_row(w, row, blocks.data());
+    deinterleave16_row(w, row, blocks.data());
     q.to_float(blocks.data(), dst, w.n_in);
     return;
   }

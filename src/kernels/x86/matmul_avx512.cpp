@@ -755,21 +755,28 @@ inline __m512 rowlane_scales(const uint8_t* const* rows, int64_t off) {
   return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
-// Block b of Q4_0 rows interleaved by 16 (kernels/matmul.h): the same 8 vectors and scales
-// as rowlane_unpack / rowlane_scales give for the rows as stored, read in place.
-constexpr int64_t kInterleavedBlk = 16 * int64_t(sizeof(BlockQ4_0));  // 288 bytes
+// Block b of Q4_0 / Q8_0 rows interleaved by 16 (kernels/matmul.h): the same 8 vectors and
+// scales as rowlane_unpack / rowlane_scales give for the rows as stored, read in place.
+template <bool kQ4>
+constexpr int64_t kInterleavedBlk = 16 * (kQ4 ? int64_t(sizeof(BlockQ4_0)) : int64_t(sizeof(BlockQ8_0)));
+template <bool kQ4>
 inline __m512 interleaved_unpack(const uint8_t* blk, __m512i (&w)[8]) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  for (int k = 0; k < 4; ++k) {
-    const __m512i d = _mm512_loadu_si512(blk + 32 + 64 * k);
-    w[k] = _mm512_and_si512(d, m4);
-    w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(d, 4), m4);
+  if constexpr (kQ4) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i d = _mm512_loadu_si512(blk + 32 + 64 * k);
+      w[k] = _mm512_and_si512(d, m4);
+      w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(d, 4), m4);
+    }
+  } else {
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    for (int k = 0; k < 8; ++k) w[k] = _mm512_xor_si512(_mm512_loadu_si512(blk + 32 + 64 * k), flip);
   }
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
 }
 
 // The 16 rows at rows[] x TC tokens of the Rows view from token t, into y for the rows (lanes)
-// set in `keep`. With `group` (Q4_0 interleaved by 16), the 16 rows are that group, read in
+// set in `keep`. With `group` (rows interleaved by 16), the 16 rows are that group, read in
 // place of rows[].
 template <bool kQ4, int TC>
 void rowlane_tile(const GemmArgs& a, const RowsView& v, const uint8_t* const* rows, __mmask16 keep,
@@ -785,7 +792,7 @@ void rowlane_tile(const GemmArgs& a, const RowsView& v, const uint8_t* const* ro
     __m512i w[8];
     __m512 dw;
     if (group) {
-      dw = interleaved_unpack(group + b * kInterleavedBlk, w);
+      dw = interleaved_unpack<kQ4>(group + b * kInterleavedBlk<kQ4>, w);
     } else {
       rowlane_unpack<kQ4>(rows, b * kBlk, w);
       dw = rowlane_scales(rows, b * kBlk);
@@ -842,31 +849,37 @@ void gemm_rowlanes_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r
   }
 }
 
-// Q4_0 interleaved by 16 rows, every batch size: the row-lane tiles reading each block of 16
-// rows in place (4 vector loads and one of scales instead of 16 row loads, 12 inserts and 8
-// unpacks). The same operations on the same values, so the same bits as the row-lane tiles
-// on the rows as stored; a lone token too (the stored rows' wide GEMV tiles differ there).
-// Rows [r0, r1) may start and end inside a group: its other rows are computed, not stored.
-void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
-  const int64_t nb = a.n_in / 32;
+// Q4_0 / Q8_0 interleaved by 16 rows, every batch size: the row-lane tiles reading each block
+// of 16 rows in place (4 or 8 vector loads and one of scales instead of 16 or 32 row loads, 12
+// or 24 inserts and 8 or 16 unpacks). The same operations on the same values, so the same bits
+// as the row-lane tiles on the rows as stored; a lone token too (the stored rows' wide GEMV
+// tiles differ there). Rows [r0, r1) may start and end inside a group: its other rows are
+// computed, not stored.
+template <bool kQ4>
+void gemm_interleaved_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  const int64_t nb = a.n_in / 32, group_bytes = nb * kInterleavedBlk<kQ4>;
   int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
   tb = tb < kRowLanes ? kRowLanes : tb / kRowLanes * kRowLanes;
   for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
     const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
     for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
-      const uint8_t* group = a.w + g * nb * kInterleavedBlk;
+      const uint8_t* group = a.w + g * group_bytes;
       const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
       const __mmask16 keep = __mmask16(((1u << hi) - 1u) & ~((1u << lo) - 1u));  // lanes [lo, hi)
       // The groups are stored one after another: prefetch two groups on while the first token
       // chunk streams this one.
-      const uint8_t* pf = group + 2 * nb * kInterleavedBlk;
+      const uint8_t* pf = group + 2 * group_bytes;
       for (int64_t t = t0; t < t1; t += kRowLanes) {
         const int64_t n = t1 - t < kRowLanes ? t1 - t : kRowLanes;
-        rowlane_tokens<true>(a, v, nullptr, keep, t == t0 ? pf : nullptr, t, n, a.y + t * a.ldy + g * 16,
-                             group);
+        rowlane_tokens<kQ4>(a, v, nullptr, keep, t == t0 ? pf : nullptr, t, n, a.y + t * a.ldy + g * 16, group);
       }
     }
   }
+}
+
+void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  if (a.type == DType::Q4_0) gemm_interleaved_t<true>(a, v, r0, r1);
+  else gemm_interleaved_t<false>(a, v, r0, r1);
 }
 
 // Q4_0 / Q8_0 tokens in a Rows layout (a whole batch below rowlane_below_tokens, else the
