@@ -88,7 +88,8 @@ class ThreadPool {
 // start only when every unit of the previous phase is done. It replaces one region per
 // operation (a fork/join each) by one region per pass.
 //
-// Unit u of a phase belongs to thread u % n_threads, which claims it through a counter of its
+// Unit u of a phase belongs to thread u * n_threads / n_units (a contiguous range of units per
+// thread), which claims it through a counter of its
 // own (a cache line no other thread touches unless it steals); a thread that has run out of
 // its own units steals the others' unclaimed ones. So the common case costs about what a
 // barrier does, and, as with for_chunks, nothing waits for a thread that is late or
@@ -115,7 +116,7 @@ class PhasedWork {
         while (c.next.load(std::memory_order_relaxed) < n_own) {
           const int32_t k = c.next.fetch_add(1, std::memory_order_acq_rel);
           if (k >= n_own) break;
-          fn(p, int(owner + k * n_threads_));
+          fn(p, int(first_unit(p, owner) + k));
           ++completed;
         }
       }
@@ -132,10 +133,12 @@ class PhasedWork {
     int32_t n_units = 0;
   };
   Counter& counter(int phase, int thread) { return counters_[size_t(phase) * size_t(n_threads_) + size_t(thread)]; }
-  int32_t own_units(int phase, int thread) const {
-    const int32_t n = done_[size_t(phase)].n_units;
-    return n > thread ? (n - thread + n_threads_ - 1) / n_threads_ : 0;
+  // Thread t owns the units [first_unit(t), first_unit(t + 1)): neighbouring units (which
+  // write neighbouring data: a cache line is shared by two units less often) stay together.
+  int32_t first_unit(int phase, int thread) const {
+    return int32_t(int64_t(done_[size_t(phase)].n_units) * thread / n_threads_);
   }
+  int32_t own_units(int phase, int thread) const { return first_unit(phase, thread + 1) - first_unit(phase, thread); }
   void wait_done(int phase) const;
 
   std::unique_ptr<Counter[]> counters_;  // [phase][thread]

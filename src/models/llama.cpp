@@ -122,17 +122,17 @@ class LlamaModel final : public Model {
            t->shape_string());
     return WeightView{t->type, n_in, n_out, t->data};
   }
-  // A matmul weight as the kernels read it fastest: Q4_0 interleaved by 16 rows for the
-  // AVX-512 kernels (kernels/matmul.h; TERN_REPACK=0 keeps the rows as stored). The copy
+  // A matmul weight as the kernels read it fastest: Q4_0 / Q8_0 interleaved by 16 rows for
+  // the AVX-512 kernels (kernels/matmul.h; TERN_REPACK=0 keeps the rows as stored). The copy
   // replaces the file's bytes, whose pages are handed back to the kernel (they are a read-only
   // mapping: nothing is lost, a later reader gets them from the file again), so resident
   // memory stays one copy of the weights.
   WeightView matmul_weight(const std::string& name, int64_t n_in, int64_t n_out) {
     WeightView w = weight(name, n_in, n_out);
-    if (!want_interleave_q4_0(w)) return w;
+    if (!want_interleave16(w)) return w;
     const size_t bytes = size_t(w.n_out * w.row_bytes());
     interleaved_.emplace_back(new uint8_t[bytes]);
-    interleave_q4_0(w, interleaved_.back().get());
+    interleave16(w, interleaved_.back().get());
     if (file_->file_mapped()) {
       const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
       const uintptr_t b = (reinterpret_cast<uintptr_t>(w.data) + page - 1) / page * page;
@@ -217,8 +217,12 @@ void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
   // both are timed and the faster is used (PathChooser; TERN_SMALL_MODEL_PATH=phased|serial
   // forces one). Bigger steps and models keep the pooled path, whose work-claiming chunks
   // tolerate a descheduled thread. All three give the same bits.
+  // The step's size for the choosers: the positions it attends to (a long context's attention
+  // pays for the threads' hand-offs where a short one's does not).
+  int64_t attended = 0;
+  for (const auto& s : seqs) attended += s.n_past + int64_t(s.tokens.size());
   if (pool.size() > 1 && !observer_ && T <= kSpmdMaxTokens && E <= kSpmdMaxEmbd) {
-    const int path = small_path_forced_ >= 0 ? small_path_forced_ : spmd_chooser_.pick();
+    const int path = small_path_forced_ >= 0 ? small_path_forced_ : spmd_chooser_.pick(attended);
     const auto t0 = std::chrono::steady_clock::now();
     if (path == 1) {
       forward_spmd(seqs, kv, T, logits, pool);
@@ -233,7 +237,7 @@ void LlamaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
   // 32-token stories260K prefill measured 12-80k tok/s pooled on 2 threads against ~75k alone,
   // depending on the host's vCPU placement); timed the same way (1 = pooled, 0 = alone).
   if (pool.size() > 1 && !observer_ && E <= kSpmdMaxEmbd) {
-    const int path = small_path_forced_ >= 0 ? small_path_forced_ : batch_chooser_.pick();
+    const int path = small_path_forced_ >= 0 ? small_path_forced_ : batch_chooser_.pick(attended);
     const auto t0 = std::chrono::steady_clock::now();
     if (path == 0) {
       forward_small_serial(seqs, kv, T, logits);
@@ -369,14 +373,17 @@ void LlamaModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64
   int64_t n_out_rows = 0;
   for (const auto& s : seqs) n_out_rows += s.all_logits ? int64_t(s.tokens.size()) : 1;
 
-  // Rows per unit: about two units per thread, a multiple of 4.
+  // One unit per thread and phase (rows a multiple of 4; KV heads): each unit costs a few
+  // calls' set-up, which at this size is as much as its arithmetic (two units per thread
+  // measured ~25% slower per token). A late thread's unit is still taken by the other.
   const int64_t nth = pool.size();
-  auto rows_per_unit = [&](int64_t n) { return ((n + 2 * nth - 1) / (2 * nth) + 3) / 4 * 4; };
+  auto rows_per_unit = [&](int64_t n) { return ((n + nth - 1) / nth + 3) / 4 * 4; };
   const int64_t per_e = rows_per_unit(E), per_f = rows_per_unit(F), per_v = rows_per_unit(V);
+  const int64_t per_kvh = (hp_.n_head_kv + nth - 1) / nth;
   auto units = [](int64_t n, int64_t per) { return int32_t((n + per - 1) / per); };
   phase_units_.clear();
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
-    phase_units_.push_back(int32_t(hp_.n_head_kv));
+    phase_units_.push_back(units(hp_.n_head_kv, per_kvh));
     phase_units_.push_back(units(E, per_e));
     phase_units_.push_back(units(F, per_f));
     phase_units_.push_back(units(E, per_e));
@@ -410,12 +417,13 @@ void LlamaModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64
             rms_norm(x_.data(), L.attn_norm, xn.data(), T, E, hp_.rms_eps, serial);
             normed_for = phase;
           }
-          const int64_t kvh = unit;
-          matmul_rows(L.wq, xn.data(), E, T, q_.data(), E, kvh * g * hd, (kvh + 1) * g * hd);
-          matmul_rows(L.wk, xn.data(), E, T, k_.data(), Ekv, kvh * hd, (kvh + 1) * hd);
-          matmul_rows(L.wv, xn.data(), E, T, v_.data(), Ekv, kvh * hd, (kvh + 1) * hd);
-          rope_cols_table(q_.data(), E, rope_cs_.data(), T, hd, hp_.n_rot, kvh * g * hd, (kvh + 1) * g * hd);
-          rope_cols_table(k_.data(), Ekv, rope_cs_.data(), T, hd, hp_.n_rot, kvh * hd, (kvh + 1) * hd);
+          // KV heads [h0, h1): their GQA groups' q rows, their k / v rows
+          const int64_t h0 = unit * per_kvh, h1 = std::min(hp_.n_head_kv, h0 + per_kvh);
+          matmul_rows(L.wq, xn.data(), E, T, q_.data(), E, h0 * g * hd, h1 * g * hd);
+          matmul_rows(L.wk, xn.data(), E, T, k_.data(), Ekv, h0 * hd, h1 * hd);
+          matmul_rows(L.wv, xn.data(), E, T, v_.data(), Ekv, h0 * hd, h1 * hd);
+          rope_cols_table(q_.data(), E, rope_cs_.data(), T, hd, hp_.n_rot, h0 * g * hd, h1 * g * hd);
+          rope_cols_table(k_.data(), Ekv, rope_cs_.data(), T, hd, hp_.n_rot, h0 * hd, h1 * hd);
           const void* kc = kv.k(il);
           const void* vc = kv.v(il);
           int64_t t = 0;
@@ -423,13 +431,12 @@ void LlamaModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64
             const int64_t n = int64_t(s.tokens.size());
             for (int64_t i = 0; i < n; ++i) {
               const int64_t slot = s.slots[size_t(s.n_past + i)];
-              kv.store(il, slot, kvh * hd, k_.data() + (t + i) * Ekv + kvh * hd, v_.data() + (t + i) * Ekv + kvh * hd,
-                       hd);
+              kv.store(il, slot, h0 * hd, k_.data() + (t + i) * Ekv + h0 * hd, v_.data() + (t + i) * Ekv + h0 * hd,
+                       (h1 - h0) * hd);
             }
-            attention_kv_head(AttentionArgs{q_.data() + t * E, E, attn_.data() + t * E, E, kc, vc, Ekv,
-                                            s.slots.data(), s.n_past, n, hp_.n_head, hp_.n_head_kv, hd, scale,
-                                            kv.type()},
-                              kvh);
+            const AttentionArgs args{q_.data() + t * E, E, attn_.data() + t * E, E, kc, vc, Ekv, s.slots.data(),
+                                     s.n_past, n, hp_.n_head, hp_.n_head_kv, hd, scale, kv.type()};
+            for (int64_t kvh = h0; kvh < h1; ++kvh) attention_kv_head(args, kvh);
             t += n;
           }
           break;

@@ -278,7 +278,22 @@ inline void accumulate_pv(float* o, const float* p, const T* const* vrow, int64_
     if (j < nv) a0 = vfma(vset1(p[j]), vload(vrow[j] + c), a0);
     vstore(o + c, vadd(a0, b0));
   }
-  for (; c < hd; ++c) {  // head_dim not a multiple of 16
+  // 8 columns at a time (head_dim 8 or 24, a tail of 8): four chains over j (j mod 4), summed
+  // at the end. One scalar chain per column here cost a dependent FMA per key and column:
+  // with head_dim 8 (stories260K) that made the P V product most of a decode step.
+  for (; c + 8 <= hd; c += 8) {
+    __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_setzero_ps(), a2 = a1, a3 = a1;
+    int64_t j = 0;
+    for (; j + 3 < nv; j += 4) {
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), kv_load8(vrow[j] + c), a0);
+      a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 1]), kv_load8(vrow[j + 1] + c), a1);
+      a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 2]), kv_load8(vrow[j + 2] + c), a2);
+      a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 3]), kv_load8(vrow[j + 3] + c), a3);
+    }
+    for (; j < nv; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), kv_load8(vrow[j] + c), a0);
+    _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  }
+  for (; c < hd; ++c) {  // head_dim not a multiple of 8
     float acc = o[c];
     for (int64_t j = 0; j < nv; ++j) acc = __builtin_fmaf(p[j], kv_f32(vrow[j][c]), acc);
     o[c] = acc;
