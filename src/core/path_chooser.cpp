@@ -7,7 +7,7 @@
 namespace tern {
 
 int PathChooser::class_of(int64_t size) {
-  const int c = size > 0 ? int(std::bit_width(uint64_t(size))) : 0;
+  const int c = size > 0 ? int(std::bit_width(uint64_t(size) / kFirstClassSize)) : 0;
   return c < kClasses ? c : kClasses - 1;
 }
 

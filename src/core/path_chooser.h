@@ -8,7 +8,7 @@
 // Per size class: which path wins depends on the step's size (for a decode step, the context
 // it attends to: the threaded path's fixed hand-off cost is paid back by a long context's
 // attention, not by a short one's), so costs are kept per power-of-two class of the size the
-// caller gives, and each class chooses on its own.
+// caller gives (from 64 on), and each class chooses on its own.
 //
 // Bursts, and the first step after a switch not counted: a step's cost depends on what ran
 // before it. The first multi-threaded step after single-threaded ones wakes sleeping workers
@@ -27,7 +27,11 @@ class PathChooser {
  public:
   static constexpr int kSamples = 5;            // per path; the median of these decides
   static constexpr int kBurst = kSamples + 1;   // steps per burst: a cold one, then the samples
-  static constexpr int kClasses = 24;           // size classes: bit_width(size), the last open-ended
+  // Size classes: [0, 64), [64, 128), [128, 256), ..., the last open-ended. Not finer at the
+  // bottom: each class pays for its own exploration, which a short run (a 32-token
+  // generation) could spend most of its steps on.
+  static constexpr int64_t kFirstClassSize = 64;
+  static constexpr int kClasses = 20;
 
   explicit PathChooser(int64_t reexplore_every = 1024) : reexplore_every_(reexplore_every) {}
 

@@ -158,8 +158,9 @@ void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tok
   TERN_ASSERT(0 <= r0 && r0 <= r1 && r1 <= w.n_out);
   if (r0 == r1 || n_tokens <= 0) return;
   const Isa isa = selected_isa();
+  require_interleave_kernels(isa, w);
   const KernelTable& kt = table_of(isa);
-  if (is_tern_int_type(w.type) || !kt.has_kernel(w.type) || w.row_bytes() < 0) {
+  if (!w.interleaved16 && (is_tern_int_type(w.type) || !kt.has_kernel(w.type) || w.row_bytes() < 0)) {
     // Rows are independent and stored one after another, so rows [r0, r1) are a matrix of
     // their own; a one-thread pool runs everything on this thread (matmul_isa also reports
     // a row length that does not fit the type).
@@ -172,7 +173,6 @@ void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tok
   // one after another, so this is the only way for them): the tiles start at r0 as they would
   // at row 0 of a sub-matrix, so the same bits. Small models' phased forward pass makes
   // hundreds of these calls per token, so none of matmul_isa's pool machinery.
-  require_interleave_kernels(isa, w);
   const ActLayout lay = effective_layout(kt, w, n_tokens);
   Scratch& s = caller_scratch();
   uint8_t* act = nullptr;

@@ -67,7 +67,7 @@ TEST(PathChooser, EachSizeClassChoosesOnItsOwn) {
   EXPECT_EQ(c.best(300), 1);
   EXPECT_EQ(counts[0][1], 0);
   EXPECT_EQ(counts[1][0], 0);
-  EXPECT_EQ(c.best(6), 0);    // the same class as 5
+  EXPECT_EQ(c.best(63), 0);   // the same class as 5
   EXPECT_EQ(c.best(257), 1);  // the same class as 300
 }
 
