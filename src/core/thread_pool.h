@@ -88,10 +88,10 @@ class ThreadPool {
 // start only when every unit of the previous phase is done. It replaces one region per
 // operation (a fork/join each) by one region per pass.
 //
-// Unit u of a phase belongs to thread u * n_threads / n_units (a contiguous range of units per
-// thread), which claims it through a counter of its
-// own (a cache line no other thread touches unless it steals); a thread that has run out of
-// its own units steals the others' unclaimed ones. So the common case costs about what a
+// A phase's n units are split into contiguous ranges, one per thread (thread t owns units
+// [n t / n_threads, n (t + 1) / n_threads)), which it claims through a counter of its own (a
+// cache line no other thread touches unless it steals); a thread that has run out of its own
+// units steals the others' unclaimed ones. So the common case costs about what a
 // barrier does, and, as with for_chunks, nothing waits for a thread that is late or
 // descheduled: its units are taken by the others.
 //
