@@ -866,15 +866,18 @@ void gemm_interleaved_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_
       const uint8_t* group = a.w + g * group_bytes;
       const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
       const __mmask16 keep = __mmask16(((1u << hi) - 1u) & ~((1u << lo) - 1u));  // lanes [lo, hi)
-      // No software prefetch: a thread's groups are one contiguous stream, which the hardware
-      // prefetchers follow, and prefetching two groups ahead (as the stored rows' tiles must)
-      // cost bandwidth. Side by side on 2 threads in minutes when the probe read 45-50 GB/s:
-      // GEMV 45 vs 38.5 GB/s (Q8_0) and 41.6 vs 37.6 (Q4_0), medians of 5; TinyLlama tg32
-      // 59-77 vs 53-58 tok/s (Q4_0) and 32-44 vs 28-32 (Q8_0); equal when bandwidth is scarce,
-      // and equal for batches (compute-bound).
+      // A lone token (decode) streams the groups without software prefetch: a thread's groups
+      // are one contiguous stream, which the hardware prefetchers follow, and prefetching two
+      // groups ahead cost bandwidth. Side by side on 2 threads in minutes when the probe read
+      // 45-50 GB/s: GEMV 45 vs 38.5 GB/s (Q8_0) and 41.6 vs 37.6 (Q4_0), medians of 5;
+      // TinyLlama tg32 59-77 vs 53-58 tok/s (Q4_0) and 32-44 vs 28-32 (Q8_0); equal when
+      // bandwidth is scarce. A batch does more work per byte and keeps the prefetch two groups
+      // on while its first token chunk streams this one: without it, 16 sequences decoding
+      // together (bench-serve C=16) ran 12% slower.
+      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;
       for (int64_t t = t0; t < t1; t += kRowLanes) {
         const int64_t n = t1 - t < kRowLanes ? t1 - t : kRowLanes;
-        rowlane_tokens<kQ4>(a, v, nullptr, keep, nullptr, t, n, a.y + t * a.ldy + g * 16, group);
+        rowlane_tokens<kQ4>(a, v, nullptr, keep, t == t0 ? pf : nullptr, t, n, a.y + t * a.ldy + g * 16, group);
       }
     }
   }
