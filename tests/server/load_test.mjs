@@ -240,9 +240,13 @@ async function main() {
   const checks = {
     no_5xx: fivexx.length === 0,
     every_kept_request_completed: failures.length === 0,
-    // A client that hangs up just as its answer ends may be counted 200 rather than 499.
-    metrics_request_count_matches: d200 + d499 === results.length && d200 >= completed.length &&
-      d499 <= abandoned.length && dOther === 0,
+    // A client that hangs up just as its answer ends may be counted 200 rather than 499; one
+    // that aborts within a few ms (non-streamed plans abandon after 0-39 ms) may close the
+    // connection before the server has read its request, which the server then never counts
+    // (seen once in CI: 2502 counted of 2503, with 30 aborted before any response header).
+    metrics_request_count_matches: d200 + d499 <= results.length &&
+      d200 + d499 >= results.length - abandoned.filter((r) => r.status === 0).length &&
+      d200 >= completed.length && d499 <= abandoned.length && dOther === 0,
     metrics_tokens_cover_what_clients_saw: dGen >= seenCompletion && dPrompt >= seenPrompt,
     idle_after: val(after, "tern_num_requests_running") === 0 && val(after, "tern_num_requests_waiting") === 0 &&
       val(after, "tern_http_requests_in_flight") === 0,
