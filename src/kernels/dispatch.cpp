@@ -196,42 +196,40 @@ bool want_interleave16(const WeightView& w) {
 }
 
 namespace {
-// The interleaved layout (matmul.h), in one place: where row i's (0..15) scale and its k-th 4
-// quant bytes sit in a block of 16 rows, and how many such 4-byte pieces a block has.
-constexpr int64_t scale_at(int64_t i) { return 2 * i; }
-constexpr int64_t quad_at(int64_t k, int64_t i) { return 32 + 64 * k + 4 * i; }
-int64_t quads_per_block(DType type) {
+// The interleaved layout (matmul.h), in one place: fn(at, row_off, n) for each piece of row
+// i's (0..15) block, which sits at byte row_off of the stored block and at byte `at` of the
+// group's block: its f16 scale, then its quant bytes 4 at a time (4 pieces for Q4_0, 8 Q8_0).
+template <class Fn>
+void for_each_piece(DType type, int64_t i, Fn&& fn) {
   TERN_ASSERT(type == DType::Q4_0 || type == DType::Q8_0);
-  return type == DType::Q4_0 ? 4 : 8;
+  fn(2 * i, 0, 2);
+  for (int64_t k = 0; k < (type == DType::Q4_0 ? 4 : 8); ++k) fn(32 + 64 * k + 4 * i, 2 + 4 * k, 4);
 }
 }  // namespace
 
 void interleave16(const WeightView& w, uint8_t* dst) {
   TERN_ASSERT(w.n_out % 16 == 0 && w.n_in % 32 == 0);
-  const int64_t nq = quads_per_block(w.type), blk = 2 + 4 * nq, group_blk = 16 * blk;
+  const int64_t blk = dtype_row_bytes(w.type, 32), group_blk = 16 * blk;
   const int64_t nb = w.n_in / 32, rb = w.row_bytes();
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t g = 0; g < w.n_out / 16; ++g)
-    for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* p = dst + (g * nb + b) * group_blk;
+    for (int64_t b = 0; b < nb; ++b)
       for (int64_t i = 0; i < 16; ++i) {
+        uint8_t* p = dst + (g * nb + b) * group_blk;
         const uint8_t* row_blk = src + (g * 16 + i) * rb + b * blk;
-        std::memcpy(p + scale_at(i), row_blk, 2);
-        for (int64_t k = 0; k < nq; ++k) std::memcpy(p + quad_at(k, i), row_blk + 2 + 4 * k, 4);
+        for_each_piece(w.type, i, [&](int64_t at, int64_t row_off, size_t n) { std::memcpy(p + at, row_blk + row_off, n); });
       }
-    }
 }
 
 void deinterleave16_row(const WeightView& w, int64_t row, uint8_t* dst) {
   TERN_ASSERT(w.interleaved16);
-  const int64_t nq = quads_per_block(w.type), blk = 2 + 4 * nq, group_blk = 16 * blk;
-  const int64_t nb = w.n_in / 32, i = row % 16;
+  const int64_t blk = dtype_row_bytes(w.type, 32), group_blk = 16 * blk;
+  const int64_t nb = w.n_in / 32;
   const auto* group = static_cast<const uint8_t*>(w.data) + (row / 16) * nb * group_blk;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = group + b * group_blk;
     uint8_t* row_blk = dst + b * blk;
-    std::memcpy(row_blk, p + scale_at(i), 2);
-    for (int64_t k = 0; k < nq; ++k) std::memcpy(row_blk + 2 + 4 * k, p + quad_at(k, i), 4);
+    for_each_piece(w.type, row % 16, [&](int64_t at, int64_t row_off, size_t n) { std::memcpy(row_blk + row_off, p + at, n); });
   }
 }
 
