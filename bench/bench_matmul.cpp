@@ -5,10 +5,10 @@
 //     model's layers do, instead of sitting in L3.
 //   GEMM (prefill, 128 tokens): GFLOP/s (2 * n_in * n_out * n_tokens / time) and the time per
 //     token relative to the GEMV.
-// Usage: bench_matmul [--threads N] [--types q4_0,q8_0,...] [--isa ref,avx2,avx512,avx512i]
+// Usage: bench_matmul [--threads N] [--types q4_0,q8_0,...] [--isa ref,avx2,avx2i,avx512,avx512i]
 //                     [--tokens 128] [--seconds 0.5]
-// avx512i: the AVX-512 kernels on Q4_0 / Q8_0 weights interleaved by 16 rows, as models load
-// them (kernels/matmul.h; other types as avx512).
+// avx2i / avx512i: the AVX2 / AVX-512 kernels on Q4_0 / Q8_0 weights interleaved by 16 rows, as
+// models load them (kernels/matmul.h; other types are skipped).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   int64_t n_tok = 128;
   double min_seconds = 0.5;
   std::vector<std::string> types = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"};
-  std::vector<std::string> isas = {"ref", "avx2", "avx512", "avx512i"};
+  std::vector<std::string> isas = {"ref", "avx2", "avx2i", "avx512", "avx512i"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--threads") n_threads = std::atoi(argv[i + 1]);
@@ -119,12 +119,13 @@ int main(int argc, char** argv) {
     for (const auto& in : isas) {
       Isa isa;
       if (in == "ref") isa = Isa::Ref;
-      else if (in == "avx2") isa = Isa::Avx2;
+      else if (in == "avx2" || in == "avx2i") isa = Isa::Avx2;
       else if (in == "avx512" || in == "avx512i") isa = Isa::Avx512;
       else continue;
       if (!isa_supported(isa)) continue;
-      const bool interleaved = in == "avx512i" && (*type == DType::Q4_0 || *type == DType::Q8_0);
-      if (in == "avx512i" && !interleaved) continue;
+      const bool want_i = in == "avx2i" || in == "avx512i";
+      const bool interleaved = want_i && (*type == DType::Q4_0 || *type == DType::Q8_0);
+      if (want_i && !interleaved) continue;
       std::vector<std::vector<uint8_t>> packed;  // the copies interleaved by 16 rows
       if (interleaved) {
         for (int c = 0; c < n_copies; ++c) {

@@ -3,13 +3,17 @@
 # GGUF files, the same thread count, alternating engines round by round so that machine noise
 # hits both alike. Prints a Markdown table with medians and the tern/llama.cpp ratio.
 #
-#   bench/peer_compare.sh [--threads 2] [--pp 128] [--tg 32] [--reps 3] [--rounds 3] [MODEL.gguf ...]
+#   bench/peer_compare.sh [--threads 2] [--pp 128] [--tg 32] [--reps 3] [--rounds 3] [--isa avx2]
+#                         [MODEL.gguf ...]
 #
 # Without models it synthesizes the tinyllama-1.1b shape in q4_0, q8_0 and f16 (tern synth)
 # into build/bench-models/, and adds ../shared/models/stories260K.gguf when present.
+# --isa avx2 compares the engines as a CPU without AVX-512 runs them: tern with
+# TERN_FORCE_ISA=avx2, llama.cpp with its AVX2 build (the package's "haswell" CPU library, in a
+# copy of the peer that holds no other: ggml loads the best library it finds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=2 pp=128 tg=32 reps=3 rounds=3
+threads=2 pp=128 tg=32 reps=3 rounds=3 isa=
 models=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -18,7 +22,8 @@ while [ $# -gt 0 ]; do
     --tg) tg=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    -h|--help) sed -n 2,9p "$0"; exit 0 ;;
+    --isa) isa=$2; shift 2 ;;
+    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
     *) models+=("$1"); shift ;;
   esac
 done
@@ -29,6 +34,25 @@ if [ ! -f "$peer_dir/llamacpp_bench.mjs" ]; then
   [ -f ../shared/peer/setup.sh ] || { echo "peer_compare: ../shared/peer is absent" >&2; exit 1; }
   bash ../shared/peer/setup.sh >&2
 fi
+case "$isa" in
+  "") ;;
+  avx2)
+    export TERN_FORCE_ISA=avx2
+    haswell_dir=${PEER_HASWELL_DIR:-$HOME/.cache/llamacpp-peer-haswell}
+    bins=node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
+    if [ ! -f "$haswell_dir/$bins/libggml-cpu-haswell.so" ]; then
+      [ -f "$peer_dir/$bins/libggml-cpu-haswell.so" ] || { echo "peer_compare: no AVX2 (haswell) llama.cpp library in $peer_dir" >&2; exit 1; }
+      rm -rf "$haswell_dir" && mkdir -p "$haswell_dir/node_modules/@node-llama-cpp"
+      cp "$peer_dir"/*.mjs "$peer_dir"/package*.json "$haswell_dir/"
+      for d in "$peer_dir"/node_modules/*; do
+        [ "$(basename "$d")" = @node-llama-cpp ] || cp -r "$d" "$haswell_dir/node_modules/"
+      done
+      cp -r "$peer_dir/node_modules/@node-llama-cpp/linux-x64" "$haswell_dir/node_modules/@node-llama-cpp/"
+      find "$haswell_dir/$bins" -name 'libggml-cpu-*.so' ! -name libggml-cpu-haswell.so -delete
+    fi
+    peer_dir=$haswell_dir ;;
+  *) echo "peer_compare: --isa $isa: only avx2 is supported (the default compares the best variants)" >&2; exit 2 ;;
+esac
 if [ ${#models[@]} -eq 0 ]; then
   mkdir -p build/bench-models
   for t in q4_0 q8_0 f16; do
@@ -50,14 +74,15 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 bw=$("$tern" bench -m "${models[0]}" -t "$threads" -p 0 -n 1 -r 1 --json 2>/dev/null | python3 -c "import json,sys; print(round(json.load(sys.stdin)['bandwidth_gb_s'],1))")
-python3 - "$results" "$threads" "$pp" "$tg" "$rounds" "$bw" <<'PY'
+python3 - "$results" "$threads" "$pp" "$tg" "$rounds" "$bw" "${isa:-best}" <<'PY'
 import json, statistics, sys, os
-path, threads, pp, tg, rounds, bw = sys.argv[1:]
+path, threads, pp, tg, rounds, bw, isa = sys.argv[1:]
 rows = [json.loads(l) for l in open(path)]
 def med(model, engine, key):
     xs = [r[key] for r in rows if r["model"] == model and r["engine"] == engine and r[key] is not None]
     return statistics.median(xs) if xs else None
-print(f"threads {threads}, pp{pp}, tg{tg}, medians of {rounds} alternating rounds; memory read bandwidth {bw} GB/s\n")
+kernels = "the best each engine has for this CPU" if isa == "best" else f"{isa} in both engines"
+print(f"threads {threads}, pp{pp}, tg{tg}, medians of {rounds} alternating rounds; kernels: {kernels}; memory read bandwidth {bw} GB/s\n")
 print(f"| model | tern pp{pp} | llama.cpp pp{pp} | ratio | tern tg{tg} | llama.cpp tg{tg} | ratio | tern tg % of roofline |")
 print("|---|---|---|---|---|---|---|---|")
 for model in dict.fromkeys(r["model"] for r in rows):

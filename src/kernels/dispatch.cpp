@@ -104,8 +104,8 @@ ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n
 }
 
 void require_interleave_kernels(Isa isa, const WeightView& w) {
-  if (w.interleaved16 && isa != Isa::Avx512)
-    fail("matmul: ", dtype_name(w.type), " weights interleaved for the avx512 kernels cannot run on the ", isa_name(isa),
+  if (w.interleaved16 && isa != Isa::Avx512 && isa != Isa::Avx2)
+    fail("matmul: ", dtype_name(w.type), " weights interleaved by 16 rows cannot run on the ", isa_name(isa),
          " variant (set TERN_REPACK=0 to keep rows as stored)");
 }
 
@@ -192,7 +192,7 @@ bool want_interleave16(const WeightView& w) {
     return !(e && std::string(e) == "0");
   }();
   return enabled && (w.type == DType::Q4_0 || w.type == DType::Q8_0) && !w.interleaved16 && w.n_out > 0 &&
-         w.n_out % 16 == 0 && w.n_in % 32 == 0 && selected_isa() == Isa::Avx512;
+         w.n_out % 16 == 0 && w.n_in % 32 == 0 && (selected_isa() == Isa::Avx512 || selected_isa() == Isa::Avx2);
 }
 
 namespace {

@@ -140,13 +140,8 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
   const auto rb = reorder_bounds(w, x, ldx, c.n_tokens);
 
   std::vector<float> y_ref_isa;
-  for (Isa isa : isas_to_test()) {
-    SCOPED_TRACE(::testing::Message() << dtype_name(c.type) << " isa " << isa_name(isa) << " n_in "
-                                      << c.n_in << " n_out " << c.n_out << " n_tokens "
-                                      << c.n_tokens << " threads " << pool.size());
-    std::vector<float> y(size_t(ldy * c.n_tokens), NAN);
-    matmul_isa(isa, w.view(), x.data(), ldx, c.n_tokens, y.data(), ldy, pool);
-
+  // Compares a variant's y with the oracle and (but for the reference kernels' own) with theirs.
+  const auto check = [&](const std::vector<float>& y, bool is_ref) {
     int n_bad = 0;
     for (int64_t t = 0; t < c.n_tokens; ++t) {
       for (int64_t o = 0; o < ldy; ++o) {
@@ -159,13 +154,39 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
         if (!(std::fabs(double(y[k]) - y_oracle[k]) <= ob[kb]) && n_bad++ < 3)
           ADD_FAILURE() << "vs oracle at t " << t << " o " << o << ": " << y[k] << " vs "
                         << y_oracle[k] << " (bound " << ob[kb] << ")";
-        if (isa != Isa::Ref && !(std::fabs(double(y[k]) - y_ref_isa[k]) <= rb[kb]) && n_bad++ < 3)
+        if (!is_ref && !(std::fabs(double(y[k]) - y_ref_isa[k]) <= rb[kb]) && n_bad++ < 3)
           ADD_FAILURE() << "vs ref kernels at t " << t << " o " << o << ": " << y[k] << " vs "
                         << y_ref_isa[k] << " (bound " << rb[kb] << ")";
       }
     }
+    return n_bad == 0;
+  };
+  for (Isa isa : isas_to_test()) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(c.type) << " isa " << isa_name(isa) << " n_in "
+                                      << c.n_in << " n_out " << c.n_out << " n_tokens "
+                                      << c.n_tokens << " threads " << pool.size());
+    std::vector<float> y(size_t(ldy * c.n_tokens), NAN);
+    matmul_isa(isa, w.view(), x.data(), ldx, c.n_tokens, y.data(), ldy, pool);
+    const bool ok = check(y, isa == Isa::Ref);
     if (isa == Isa::Ref) y_ref_isa = y;
-    if (n_bad) return;
+    if (!ok) return;
+  }
+  // Q4_0 / Q8_0 as models load them for the SIMD variants: interleaved by 16 rows.
+  if ((c.type == DType::Q4_0 || c.type == DType::Q8_0) && c.n_out % 16 == 0 && c.n_in % 32 == 0) {
+    std::vector<uint8_t> packed(w.data.size());
+    interleave16(w.view(), packed.data());
+    WeightView wi = w.view();
+    wi.data = packed.data();
+    wi.interleaved16 = true;
+    for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+      if (!isa_supported(isa)) continue;
+      SCOPED_TRACE(::testing::Message() << dtype_name(c.type) << " isa " << isa_name(isa) << " interleaved, n_in "
+                                        << c.n_in << " n_out " << c.n_out << " n_tokens " << c.n_tokens
+                                        << " threads " << pool.size());
+      std::vector<float> y(size_t(ldy * c.n_tokens), NAN);
+      matmul_isa(isa, wi, x.data(), ldx, c.n_tokens, y.data(), ldy, pool);
+      if (!check(y, false)) return;
+    }
   }
 }
 
@@ -214,6 +235,7 @@ TEST_P(KernelsVsReference, LargerShapes) {
   uint32_t seed = 400;
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     check_case({t, 1024, 200, 70}, pool, seed++);
+  for (DType t : {DType::Q8_0, DType::Q4_0}) check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, KernelsVsReference, ::testing::Values(1, 2),
@@ -273,12 +295,17 @@ TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
   }
 }
 
-// Q4_0 / Q8_0 rows interleaved by 16 (kernels/matmul.h) give the bits of the rows as stored: at two
-// tokens and more those of the row-lane / token-lane tiles, for one token those of the same
-// token in a batch of two; by row ranges that start or end inside a 16-row group as well; and
-// dequantize_row reads the same values back. Other variants refuse them with a clear error.
+// Q4_0 / Q8_0 rows interleaved by 16 (kernels/matmul.h) give the bits of the rows as stored on
+// AVX-512: at two tokens and more those of the row-lane / token-lane tiles, for one token those of
+// the same token in a batch of two. The AVX2 row-lane tiles on the interleaved rows compute the
+// same exact integer block sums and the same float operations, so the same bits as well; and
+// their results do not depend on the batch (one token alone equals the same token in a batch).
+// By row ranges that start or end inside a 16-row group as well (for the selected variant: run
+// with TERN_FORCE_ISA=avx2 for AVX2's, see tests/CMakeLists.txt); dequantize_row reads the same
+// values back; the reference kernels refuse interleaved rows with a clear error.
 TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
-  if (!isa_supported(Isa::Avx512)) GTEST_SKIP() << "no AVX-512";
+  if (!isa_supported(Isa::Avx2)) GTEST_SKIP() << "no AVX2";
+  const bool avx512 = isa_supported(Isa::Avx512);
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 1300;
   for (DType type : {DType::Q4_0, DType::Q8_0})
@@ -303,12 +330,24 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
         const int64_t n_ref = n_tok == 1 ? 2 : n_tok;
         auto x = make_acts(n_in, n_ref, n_in, seed++);
         if (n_tok == 1) std::copy_n(x.begin(), n_in, x.begin() + n_in);
-        std::vector<float> rows(size_t(n_out * n_ref)), inter(size_t(n_out * n_tok), NAN);
-        matmul_isa(Isa::Avx512, w.view(), x.data(), n_in, n_ref, rows.data(), n_out, pool);
-        matmul_isa(Isa::Avx512, wi, x.data(), n_in, n_tok, inter.data(), n_out, pool);
-        for (int64_t i = 0; i < n_tok * n_out; ++i)
-          ASSERT_EQ(inter[size_t(i)], rows[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
-        if (selected_isa() == Isa::Avx512) {
+        std::vector<float> rows(size_t(n_out * n_ref));
+        if (avx512) matmul_isa(Isa::Avx512, w.view(), x.data(), n_in, n_ref, rows.data(), n_out, pool);
+        for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+          if (!isa_supported(isa)) continue;
+          SCOPED_TRACE(isa_name(isa));
+          std::vector<float> inter(size_t(n_out * n_tok), NAN);
+          matmul_isa(isa, wi, x.data(), n_in, n_tok, inter.data(), n_out, pool);
+          if (avx512) {
+            for (int64_t i = 0; i < n_tok * n_out; ++i)
+              ASSERT_EQ(inter[size_t(i)], rows[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
+          }
+          for (int64_t t : {int64_t(0), n_tok - 1}) {  // a token alone, as in its batch
+            std::vector<float> one(size_t(n_out), NAN);
+            matmul_isa(isa, wi, x.data() + t * n_in, n_in, 1, one.data(), n_out, pool);
+            for (int64_t r = 0; r < n_out; ++r)
+              ASSERT_EQ(one[size_t(r)], inter[size_t(t * n_out + r)]) << "token " << t << " alone, row " << r;
+          }
+          if (selected_isa() != isa) continue;
           for (int64_t r0 = 0; r0 < n_out; r0 += 12) {  // ranges across group boundaries
             const int64_t r1 = std::min(n_out, r0 + 12);
             std::vector<float> part(inter.size(), NAN);
@@ -323,11 +362,7 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
       }
       const std::vector<float> x1 = make_acts(n_in, 1, n_in, seed++);
       std::vector<float> y1(static_cast<size_t>(n_out));
-      for (Isa isa : {Isa::Ref, Isa::Avx2}) {
-        if (isa_supported(isa)) {
-          EXPECT_THROW(matmul_isa(isa, wi, x1.data(), n_in, 1, y1.data(), n_out, pool), Error);
-        }
-      }
+      EXPECT_THROW(matmul_isa(Isa::Ref, wi, x1.data(), n_in, 1, y1.data(), n_out, pool), Error);
     }
 }
 
