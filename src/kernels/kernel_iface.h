@@ -65,7 +65,7 @@ struct GemmArgs {
   int64_t n_tokens;
   float* y;              // [n_tokens][ldy]
   int64_t ldy;
-  bool interleaved16;    // Q4_0 / Q8_0 rows interleaved by 16 (matmul.h), AVX-512 table only
+  bool interleaved16;    // Q4_0 / Q8_0 rows interleaved by 16 (matmul.h), AVX2 / AVX-512 tables
 };
 
 struct KernelTable {

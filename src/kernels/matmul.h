@@ -28,7 +28,7 @@ struct WeightView {
   int64_t n_out = 0;   // ne[1]
   const void* data = nullptr;
   // Q4_0 / Q8_0 only: the rows interleaved by 16 at load time (interleave16 below) for the
-  // AVX-512 kernels, instead of one row after another.
+  // AVX2 / AVX-512 kernels, instead of one row after another.
   bool interleaved16 = false;
   int64_t row_bytes() const { return dtype_row_bytes(type, n_in); }
 };
@@ -37,9 +37,10 @@ struct WeightView {
 // per 32-element block b, 16 blocks' bytes (288 for Q4_0, 544 for Q8_0): the 16 rows' f16
 // scales, then K x 64 bytes (K = 4 for Q4_0's 16 nibble bytes, 8 for Q8_0's 32 quants) where
 // bytes 4i..4i+3 of the k-th 64 are bytes 4k..4k+3 of row i's quant bytes. The same bytes as
-// the rows, in the order the AVX-512 row-lane tiles consume them (no per-block transpose).
-// Whether this process would use them: Q4_0 or Q8_0, n_out % 16 == 0, the AVX-512 kernels
-// selected, and TERN_REPACK not "0".
+// the rows, in the order the row-lane tiles consume them (no per-block transpose): a 64-byte
+// piece is one AVX-512 vector, or two AVX2 vectors of 8 rows each.
+// Whether this process would use them: Q4_0 or Q8_0, n_out % 16 == 0, the AVX2 or AVX-512
+// kernels selected, and TERN_REPACK not "0".
 bool want_interleave16(const WeightView& w);
 // Writes w (rows, one after another) interleaved into dst (w.n_out * row_bytes bytes).
 void interleave16(const WeightView& w, uint8_t* dst);

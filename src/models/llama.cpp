@@ -124,7 +124,7 @@ class LlamaModel final : public Model {
     return WeightView{t->type, n_in, n_out, t->data};
   }
   // A matmul weight as the kernels read it fastest: Q4_0 / Q8_0 interleaved by 16 rows for
-  // the AVX-512 kernels (kernels/matmul.h; TERN_REPACK=0 keeps the rows as stored). The copy
+  // the AVX2 / AVX-512 kernels (kernels/matmul.h; TERN_REPACK=0 keeps the rows as stored). The copy
   // replaces the file's bytes, whose pages are handed back to the kernel (they are a read-only
   // mapping: nothing is lost, a later reader gets them from the file again), so resident
   // memory stays one copy of the weights.
