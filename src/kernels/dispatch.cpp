@@ -13,6 +13,7 @@
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/tern_int.h"
+#include "quant/quant_traits.h"
 
 namespace tern {
 namespace {
@@ -103,8 +104,15 @@ ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n
   return w.interleaved16 ? kern::act_rows_layout(w.type, w.n_in, n_tokens) : kt.act_layout(w.type, w.n_in, n_tokens);
 }
 
+// Which variants read weights interleaved by 16 rows: Q4_0 / Q8_0 both SIMD tables, Q4_K the
+// AVX2 one (the AVX-512 table keeps Q4_K's stored rows: its 4-row tiles are already fast there).
+bool reads_interleaved(Isa isa, DType type) {
+  if (type == DType::Q4_K) return isa == Isa::Avx2;
+  return (type == DType::Q4_0 || type == DType::Q8_0) && (isa == Isa::Avx2 || isa == Isa::Avx512);
+}
+
 void require_interleave_kernels(Isa isa, const WeightView& w) {
-  if (w.interleaved16 && isa != Isa::Avx512 && isa != Isa::Avx2)
+  if (w.interleaved16 && !reads_interleaved(isa, w.type))
     fail("matmul: ", dtype_name(w.type), " weights interleaved by 16 rows cannot run on the ", isa_name(isa),
          " variant (set TERN_REPACK=0 to keep rows as stored)");
 }
@@ -191,8 +199,9 @@ bool want_interleave16(const WeightView& w) {
     const char* e = std::getenv("TERN_REPACK");
     return !(e && std::string(e) == "0");
   }();
-  return enabled && (w.type == DType::Q4_0 || w.type == DType::Q8_0) && !w.interleaved16 && w.n_out > 0 &&
-         w.n_out % 16 == 0 && w.n_in % 32 == 0 && (selected_isa() == Isa::Avx512 || selected_isa() == Isa::Avx2);
+  const int64_t block = w.type == DType::Q4_K ? kQK_K : 32;
+  return enabled && reads_interleaved(selected_isa(), w.type) && !w.interleaved16 && w.n_out > 0 &&
+         w.n_out % 16 == 0 && w.n_in % block == 0;
 }
 
 namespace {
@@ -205,30 +214,81 @@ void for_each_piece(DType type, int64_t i, Fn&& fn) {
   fn(2 * i, 0, 2);
   for (int64_t k = 0; k < (type == DType::Q4_0 ? 4 : 8); ++k) fn(32 + 64 * k + 4 * i, 2 + 4 * k, 4);
 }
+
+// Q4_K's group block (matmul.h): d, dmin, the scale bytes, the mins' high bits, then qs pieces.
+constexpr int64_t kQ4KScaleBytes = 64, kQ4KMinHigh = 192, kQ4KQuants = 256;
+
+// Row i's (0..15) super-block `blk` into the group's block p.
+void interleave_q4_k(const BlockQ4_K& blk, int64_t i, uint8_t* p) {
+  std::memcpy(p + 2 * i, &blk.d, 2);
+  std::memcpy(p + 32 + 2 * i, &blk.dmin, 2);
+  uint32_t m_high = 0;
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    q4_k_scale_min(j, blk.scales, &sc, &m);
+    p[kQ4KScaleBytes + 16 * j + i] = uint8_t(sc | (m & 3) << 6);
+    m_high |= uint32_t(m >> 2) << (4 * j);
+  }
+  std::memcpy(p + kQ4KMinHigh + 4 * i, &m_high, 4);
+  for (int64_t c = 0; c < 4; ++c)
+    for (int64_t k = 0; k < 8; ++k) std::memcpy(p + kQ4KQuants + 64 * (8 * c + k) + 4 * i, blk.qs + 32 * c + 4 * k, 4);
+}
+
+// The inverse: row i's super-block as stored (its twelve scale bytes packed as the quantizer
+// packs them, which is the only packing: every bit holds one of the 16 six-bit values).
+void deinterleave_q4_k(const uint8_t* p, int64_t i, BlockQ4_K& blk) {
+  std::memcpy(&blk.d, p + 2 * i, 2);
+  std::memcpy(&blk.dmin, p + 32 + 2 * i, 2);
+  uint32_t m_high;
+  std::memcpy(&m_high, p + kQ4KMinHigh + 4 * i, 4);
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t b = p[kQ4KScaleBytes + 16 * j + i];
+    sc[j] = b & 63;
+    m[j] = uint8_t(b >> 6 | ((m_high >> (4 * j)) & 15) << 2);
+  }
+  q4_k_pack_scales(sc, m, blk.scales);
+  for (int64_t c = 0; c < 4; ++c)
+    for (int64_t k = 0; k < 8; ++k) std::memcpy(blk.qs + 32 * c + 4 * k, p + kQ4KQuants + 64 * (8 * c + k) + 4 * i, 4);
+}
 }  // namespace
 
 void interleave16(const WeightView& w, uint8_t* dst) {
-  TERN_ASSERT(w.n_out % 16 == 0 && w.n_in % 32 == 0);
-  const int64_t blk = dtype_row_bytes(w.type, 32), group_blk = 16 * blk;
-  const int64_t nb = w.n_in / 32, rb = w.row_bytes();
+  const int64_t block = w.type == DType::Q4_K ? kQK_K : 32;
+  TERN_ASSERT(w.n_out % 16 == 0 && w.n_in % block == 0);
+  const int64_t blk = dtype_row_bytes(w.type, block), group_blk = 16 * blk;
+  const int64_t nb = w.n_in / block, rb = w.row_bytes();
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t g = 0; g < w.n_out / 16; ++g)
     for (int64_t b = 0; b < nb; ++b)
       for (int64_t i = 0; i < 16; ++i) {
         uint8_t* p = dst + (g * nb + b) * group_blk;
         const uint8_t* row_blk = src + (g * 16 + i) * rb + b * blk;
+        if (w.type == DType::Q4_K) {
+          BlockQ4_K q;
+          std::memcpy(&q, row_blk, sizeof q);
+          interleave_q4_k(q, i, p);
+          continue;
+        }
         for_each_piece(w.type, i, [&](int64_t at, int64_t row_off, size_t n) { std::memcpy(p + at, row_blk + row_off, n); });
       }
 }
 
 void deinterleave16_row(const WeightView& w, int64_t row, uint8_t* dst) {
   TERN_ASSERT(w.interleaved16);
-  const int64_t blk = dtype_row_bytes(w.type, 32), group_blk = 16 * blk;
-  const int64_t nb = w.n_in / 32;
+  const int64_t block = w.type == DType::Q4_K ? kQK_K : 32;
+  const int64_t blk = dtype_row_bytes(w.type, block), group_blk = 16 * blk;
+  const int64_t nb = w.n_in / block;
   const auto* group = static_cast<const uint8_t*>(w.data) + (row / 16) * nb * group_blk;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = group + b * group_blk;
     uint8_t* row_blk = dst + b * blk;
+    if (w.type == DType::Q4_K) {
+      BlockQ4_K q;
+      deinterleave_q4_k(p, row % 16, q);
+      std::memcpy(row_blk, &q, sizeof q);
+      continue;
+    }
     for_each_piece(w.type, row % 16, [&](int64_t at, int64_t row_off, size_t n) { std::memcpy(row_blk + row_off, p + at, n); });
   }
 }

@@ -12,13 +12,9 @@
 #include "quant/quant_codecs.h"
 #include "quant/quant_traits.h"
 
-namespace tern::codec {
-namespace {
+namespace tern {
 
-constexpr float kGroupMaxEps = 1e-15f;
-
-// Unpacks sub-block j's 6-bit scale and min (layout in quant_traits.h).
-inline void q4_k_scale_min(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
+void q4_k_scale_min(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
   if (j < 4) {
     *sc = s[j] & 63;
     *m = s[j + 4] & 63;
@@ -27,6 +23,21 @@ inline void q4_k_scale_min(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
     *m = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
   }
 }
+
+void q4_k_pack_scales(const uint8_t* sc, const uint8_t* m, uint8_t* s) {
+  for (int j = 0; j < 4; ++j) {
+    s[j] = static_cast<uint8_t>((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+    s[j + 4] = static_cast<uint8_t>((m[j] & 63) | (m[j + 4] >> 4) << 6);
+    s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0F) | (m[j + 4] & 0x0F) << 4);
+  }
+}
+
+}  // namespace tern
+
+namespace tern::codec {
+namespace {
+
+constexpr float kGroupMaxEps = 1e-15f;
 
 inline int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
@@ -193,22 +204,15 @@ void q4_k_from_float(const float* src, void* dst, int64_t n) {
     }
     const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
     const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    std::memset(y.scales, 0, sizeof(y.scales));
+    uint8_t sc6[kQK_K / 32], m6[kQK_K / 32];
     for (int j = 0; j < kQK_K / 32; ++j) {
       // nearest_int then uint8 truncation, as llama.cpp (values are 0..63 here anyway).
       uint8_t ls = static_cast<uint8_t>(nearest_int(inv_scale * scales[j]));
       uint8_t lm = static_cast<uint8_t>(nearest_int(inv_min * mins[j]));
-      if (ls > 63) ls = 63;
-      if (lm > 63) lm = 63;
-      if (j < 4) {
-        y.scales[j] = ls;
-        y.scales[j + 4] = lm;
-      } else {
-        y.scales[j + 4] = static_cast<uint8_t>((ls & 0x0F) | ((lm & 0x0F) << 4));
-        y.scales[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
-        y.scales[j] |= static_cast<uint8_t>((lm >> 4) << 6);
-      }
+      sc6[j] = ls > 63 ? 63 : ls;
+      m6[j] = lm > 63 ? 63 : lm;
     }
+    q4_k_pack_scales(sc6, m6, y.scales);
     y.d = f32_to_fp16(max_scale / 63.0f);
     y.dmin = f32_to_fp16(max_min / 63.0f);
     // Re-quantize against the scales as stored (6-bit, times f16 super-scales).

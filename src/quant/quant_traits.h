@@ -54,6 +54,10 @@ struct BlockQ4_K {
   uint8_t scales[12];
   uint8_t qs[kQK_K / 2];
 };
+// Sub-block j's 6-bit scale and min, unpacked from scales[12]; and the packing of all eight
+// (every bit of the 12 bytes holds one of the 16 values, so unpack then pack is the identity).
+void q4_k_scale_min(int j, const uint8_t* scales, uint8_t* sc, uint8_t* m);
+void q4_k_pack_scales(const uint8_t* sc, const uint8_t* m, uint8_t* scales);
 
 // Q6_K: 16 sub-blocks of 16; x = d * scales[j] * (q - 32), q in 0..63 split into a low nibble
 // (ql) and 2 high bits (qh). Per half of 128 elements, for l in 0..31:

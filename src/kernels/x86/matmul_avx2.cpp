@@ -290,6 +290,130 @@ void gemm_interleaved_t(const GemmArgs& a, int64_t r0, int64_t r1) {
   }
 }
 
+// --- Q4_K interleaved by 16 rows: row-lane tiles ---------------------------------------------
+//
+// The group block of a super-block (kernels/matmul.h): d[16] and dmin[16] (f16) at 0 and 32;
+// at 64 + 16j, row i's byte sc_j | (m_j & 3) << 6 of sub-block j; at 192 + 4i, row i's m_j >> 2
+// in nibble j; at 256 + 64p, piece p = 8c + k: bytes 32c + 4k..+3 of the 16 rows' qs. A piece's
+// low nibbles are elements 64c + 4k..+3 of sub-block 2c, its high nibbles the same of 2c + 1.
+// Per sub-block, 8 pmaddubsw steps against broadcast activation bytes sum in int16 (pairs <=
+// 2 * 15 * 128, 8 steps <= 30720), then one pmaddwd by the rows' 6-bit scales (each lane holding
+// sc twice) takes them to int32; the mins meet Q8_K's bsums (two sums of 16 per sub-block, one
+// broadcast) in one pmaddwd per sub-block. The float tail runs once per super-block.
+
+constexpr int64_t kGroupBlkQ4K = 16 * int64_t(sizeof(BlockQ4_K));
+
+template <int H, int T>
+__attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t nsb, const RowsView& v, int64_t t,
+                                                  int h0, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
+  const int8_t* xq[T];
+  const float* xd[T];
+  const int16_t* xbs[T];
+  for (int i = 0; i < T; ++i) {
+    const uint8_t* row = v.act + (t + i - v.t_begin) * v.stride;
+    xq[i] = reinterpret_cast<const int8_t*>(row);
+    xd[i] = reinterpret_cast<const float*>(row + v.off_d);
+    xbs[i] = reinterpret_cast<const int16_t*>(row + v.off_sum);
+  }
+  __m256 acc[H][T];
+  for (auto& a : acc)
+    for (auto& e : a) e = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m6 = _mm256_set1_epi32(63), low4 = _mm256_set1_epi32(15);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = group + sb * kGroupBlkQ4K;
+    if (pf) prefetch_step<int(kGroupBlkQ4K)>(pf + sb * kGroupBlkQ4K);
+    for (int h = 0; h < H; ++h) {
+      const int half = h0 + h;
+      __m256i S[T], M[T];
+      for (int i = 0; i < T; ++i) S[i] = M[i] = _mm256_setzero_si256();
+      __m256i m_high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 192 + 32 * half));
+#pragma GCC unroll 1
+      for (int c = 0; c < 4; ++c) {
+        __m256i slo[T], shi[T];
+        for (int i = 0; i < T; ++i) slo[i] = shi[i] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+        for (int k = 0; k < 8; ++k) {
+          const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 256 + 64 * (8 * c + k) + 32 * half));
+          const __m256i lo = _mm256_and_si256(d, m4);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(d, 4), m4);
+          for (int i = 0; i < T; ++i) {
+            const int8_t* x = xq[i] + kQK_K * sb + 64 * c + 4 * k;
+            slo[i] = _mm256_add_epi16(slo[i], _mm256_maddubs_epi16(lo, broadcast4(x)));
+            shi[i] = _mm256_add_epi16(shi[i], _mm256_maddubs_epi16(hi, broadcast4(x + 32)));
+          }
+        }
+        for (int jj = 0; jj < 2; ++jj) {
+          const int j = 2 * c + jj;
+          const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j + 8 * half)));
+          const __m256i sc = _mm256_and_si256(b, m6);
+          const __m256i m = _mm256_or_si256(_mm256_srli_epi32(b, 6), _mm256_slli_epi32(_mm256_and_si256(m_high, low4), 2));
+          m_high = _mm256_srli_epi32(m_high, 4);  // sub-block j + 1's nibble next
+          const __m256i sc2 = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));  // sc in both int16 halves
+          const __m256i m2 = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
+          for (int i = 0; i < T; ++i) {
+            S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(jj ? shi[i] : slo[i], sc2));
+            M[i] = _mm256_add_epi32(M[i], _mm256_madd_epi16(m2, broadcast4(reinterpret_cast<const int8_t*>(xbs[i] + 16 * sb + 2 * j))));
+          }
+        }
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * half)));
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * half)));
+      for (int i = 0; i < T; ++i) {
+        const __m256 dx = _mm256_set1_ps(xd[i][sb]);
+        acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[i]), _mm256_mul_ps(dw, dx), acc[h][i]);
+        acc[h][i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M[i]), _mm256_mul_ps(dmin, dx), acc[h][i]);
+      }
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const uint32_t k8 = (keep >> (8 * (h0 + h))) & 0xFFu;
+    for (int i = 0; i < T; ++i) {
+      float* yr = y + i * ldy + 8 * (h0 + h);
+      if (k8 == 0xFFu) {
+        _mm256_storeu_ps(yr, acc[h][i]);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, acc[h][i]);
+        for (int r = 0; r < 8; ++r)
+          if (k8 >> r & 1u) yr[r] = tmp[r];
+      }
+    }
+  }
+}
+
+template <int T>
+void rowlane8_q4_k_tokens(const uint8_t* group, int64_t nsb, const RowsView& v, int64_t t, int64_t n, int h0,
+                          int h1, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
+  if constexpr (T > 1) {
+    if (n < T) return rowlane8_q4_k_tokens<T - 1>(group, nsb, v, t, n, h0, h1, pf, y, ldy, keep);
+  }
+  if (h1 - h0 == 2 && T <= 2) return rowlane8_q4_k_tile<2, T>(group, nsb, v, t, 0, pf, y, ldy, keep);
+  for (int h = h0; h < h1; ++h) rowlane8_q4_k_tile<1, T>(group, nsb, v, t, h, h == h0 ? pf : nullptr, y, ldy, keep);
+}
+
+void gemm_interleaved_q4_k(const GemmArgs& a, int64_t r0, int64_t r1) {
+  constexpr int TM = 2;
+  const RowsView v = rows_view(a);
+  const int64_t nsb = a.n_in / kQK_K, group_bytes = nsb * kGroupBlkQ4K;
+  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
+  tb = tb < TM ? TM : tb / TM * TM;
+  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
+    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
+    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
+      const uint8_t* group = a.w + g * group_bytes;
+      const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
+      const uint32_t keep = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
+      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;  // as gemm_interleaved_t
+      for (int64_t t = t0; t < t1; t += TM) {
+        const int64_t n = t1 - t < TM ? t1 - t : TM;
+        rowlane8_q4_k_tokens<TM>(group, nsb, v, t, n, int(lo / 8), int((hi + 7) / 8), t == t0 ? pf : nullptr,
+                                 a.y + t * a.ldy + g * 16, a.ldy, keep);
+      }
+    }
+  }
+}
+
 // --- the table ---------------------------------------------------------------------------
 
 void avx2_quantize(const ActLayout& lay, DType, const float* x, int64_t ldx, int64_t n_in,
@@ -300,7 +424,10 @@ void avx2_quantize(const ActLayout& lay, DType, const float* x, int64_t ldx, int
 int64_t avx2_scratch_bytes(DType, int64_t) { return 0; }
 
 void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
-  if (a.interleaved16) return a.type == DType::Q4_0 ? gemm_interleaved_t<true>(a, r0, r1) : gemm_interleaved_t<false>(a, r0, r1);
+  if (a.interleaved16) {
+    if (a.type == DType::Q4_K) return gemm_interleaved_q4_k(a, r0, r1);
+    return a.type == DType::Q4_0 ? gemm_interleaved_t<true>(a, r0, r1) : gemm_interleaved_t<false>(a, r0, r1);
+  }
   switch (a.type) {
     case DType::F32: gemm_float<LoadF32, OpsAvx2::kMaxTokens>(a, r0, r1); break;
     case DType::F16: gemm_float<LoadF16, OpsAvx2::kMaxTokens>(a, r0, r1); break;
