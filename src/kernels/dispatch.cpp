@@ -104,11 +104,9 @@ ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n
   return w.interleaved16 ? kern::act_rows_layout(w.type, w.n_in, n_tokens) : kt.act_layout(w.type, w.n_in, n_tokens);
 }
 
-// Which variants read weights interleaved by 16 rows: Q4_0 / Q8_0 both SIMD tables, Q4_K the
-// AVX2 one (the AVX-512 table keeps Q4_K's stored rows: its 4-row tiles are already fast there).
+// Which variants read weights interleaved by 16 rows: both SIMD tables, for Q4_0, Q8_0, Q4_K.
 bool reads_interleaved(Isa isa, DType type) {
-  if (type == DType::Q4_K) return isa == Isa::Avx2;
-  return (type == DType::Q4_0 || type == DType::Q8_0) && (isa == Isa::Avx2 || isa == Isa::Avx512);
+  return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K) && (isa == Isa::Avx2 || isa == Isa::Avx512);
 }
 
 void require_interleave_kernels(Isa isa, const WeightView& w) {

@@ -883,8 +883,111 @@ void gemm_interleaved_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_
   }
 }
 
+// Q4_K interleaved by 16 rows (kernels/matmul.h): one zmm per 64-byte piece, a row per lane,
+// as the AVX2 tiles read it with two ymm. A sub-block's 8 vpdpbusd steps (nibbles against 4
+// broadcast activation bytes) sum in int32, which vpmulld scales by the rows' 6-bit scales;
+// the mins meet Q8_K's bsums (two sums of 16 per sub-block, one broadcast) in one vpdpwssd.
+// The same exact integer sums and float steps as the AVX2 tiles, so the same bits.
+constexpr int64_t kGroupBlkQ4K = 16 * int64_t(sizeof(BlockQ4_K));
+
+template <int TC>
+__attribute__((noinline)) void rowlane_q4_k_tile(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep,
+                                                 const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
+  const int8_t* xq[TC];
+  const float* xd[TC];
+  const int16_t* xbs[TC];
+  for (int i = 0; i < TC; ++i) {
+    const uint8_t* row = v.act + (t + i - v.t_begin) * v.stride;
+    xq[i] = reinterpret_cast<const int8_t*>(row);
+    xd[i] = reinterpret_cast<const float*>(row + v.off_d);
+    xbs[i] = reinterpret_cast<const int16_t*>(row + v.off_sum);
+  }
+  __m512 acc[TC];
+  for (auto& e : acc) e = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m6 = _mm512_set1_epi32(63), low4 = _mm512_set1_epi32(15);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = group + sb * kGroupBlkQ4K;
+    if (pf) prefetch_step<int(kGroupBlkQ4K)>(pf + sb * kGroupBlkQ4K);
+    __m512i S[TC], M[TC];
+    for (int i = 0; i < TC; ++i) S[i] = M[i] = _mm512_setzero_si512();
+    __m512i m_high = _mm512_loadu_si512(blk + 192);
+#pragma GCC unroll 1
+    for (int c = 0; c < 4; ++c) {
+      __m512i slo[TC], shi[TC];
+      for (int i = 0; i < TC; ++i) slo[i] = shi[i] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+      for (int k = 0; k < 8; ++k) {
+        const __m512i d = _mm512_loadu_si512(blk + 256 + 64 * (8 * c + k));
+        const __m512i lo = _mm512_and_si512(d, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(d, 4), m4);
+        for (int i = 0; i < TC; ++i) {
+          const int8_t* x = xq[i] + kQK_K * sb + 64 * c + 4 * k;
+          int32_t x0, x1;
+          std::memcpy(&x0, x, 4);
+          std::memcpy(&x1, x + 32, 4);
+          slo[i] = _mm512_dpbusd_epi32(slo[i], lo, _mm512_set1_epi32(x0));
+          shi[i] = _mm512_dpbusd_epi32(shi[i], hi, _mm512_set1_epi32(x1));
+        }
+      }
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = 2 * c + jj;
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j)));
+        const __m512i sc = _mm512_and_si512(b, m6);
+        const __m512i m = _mm512_or_si512(_mm512_srli_epi32(b, 6), _mm512_slli_epi32(_mm512_and_si512(m_high, low4), 2));
+        m_high = _mm512_srli_epi32(m_high, 4);  // sub-block j + 1's nibble next
+        const __m512i m2 = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));  // m in both int16 halves
+        for (int i = 0; i < TC; ++i) {
+          S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(jj ? shi[i] : slo[i], sc));
+          int32_t bs;
+          std::memcpy(&bs, xbs[i] + 16 * sb + 2 * j, 4);
+          M[i] = _mm512_dpwssd_epi32(M[i], m2, _mm512_set1_epi32(bs));
+        }
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+    for (int i = 0; i < TC; ++i) {
+      const __m512 dx = _mm512_set1_ps(xd[i][sb]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[i]), _mm512_mul_ps(dw, dx), acc[i]);
+      acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[i]), _mm512_mul_ps(dmin, dx), acc[i]);
+    }
+  }
+  for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+}
+
+template <int TC>
+void rowlane_q4_k_tokens(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep, const uint8_t* pf,
+                         int64_t t, int64_t n, float* y, int64_t ldy) {
+  if constexpr (TC > 1) {
+    if (n < TC) return rowlane_q4_k_tokens<TC - 1>(v, group, nsb, keep, pf, t, n, y, ldy);
+  }
+  rowlane_q4_k_tile<TC>(v, group, nsb, keep, pf, t, y, ldy);
+}
+
+void gemm_interleaved_q4_k(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  constexpr int TM = 4;
+  const int64_t nsb = a.n_in / kQK_K, group_bytes = nsb * kGroupBlkQ4K;
+  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
+  tb = tb < TM ? TM : tb / TM * TM;
+  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
+    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
+    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
+      const uint8_t* group = a.w + g * group_bytes;
+      const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
+      const __mmask16 keep = __mmask16(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;  // as gemm_interleaved_t
+      for (int64_t t = t0; t < t1; t += TM) {
+        const int64_t n = t1 - t < TM ? t1 - t : TM;
+        rowlane_q4_k_tokens<TM>(v, group, nsb, keep, t == t0 ? pf : nullptr, t, n, a.y + t * a.ldy + g * 16, a.ldy);
+      }
+    }
+  }
+}
+
 void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
-  if (a.type == DType::Q4_0) gemm_interleaved_t<true>(a, v, r0, r1);
+  if (a.type == DType::Q4_K) gemm_interleaved_q4_k(a, v, r0, r1);
+  else if (a.type == DType::Q4_0) gemm_interleaved_t<true>(a, v, r0, r1);
   else gemm_interleaved_t<false>(a, v, r0, r1);
 }
 
