@@ -8,7 +8,7 @@
 // Usage: bench_matmul [--threads N] [--types q4_0,q8_0,...] [--isa ref,avx2,avx2i,avx512,avx512i]
 //                     [--tokens 128] [--seconds 0.5]
 // avx2i / avx512i: the AVX2 / AVX-512 kernels on Q4_0 / Q8_0 weights interleaved by 16 rows, as
-// models load them (kernels/matmul.h; Q4_0, Q8_0 and Q4_K; other types are skipped).
+// models load them (kernels/matmul.h; Q4_0, Q8_0, Q4_K, and Q6_K for avx2i; others are skipped).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -124,7 +124,8 @@ int main(int argc, char** argv) {
       else continue;
       if (!isa_supported(isa)) continue;
       const bool want_i = in == "avx2i" || in == "avx512i";
-      const bool interleaved = want_i && (*type == DType::Q4_0 || *type == DType::Q8_0 || *type == DType::Q4_K);
+      const bool interleaved = want_i && (*type == DType::Q4_0 || *type == DType::Q8_0 || *type == DType::Q4_K ||
+                                          (*type == DType::Q6_K && in == "avx2i"));
       if (want_i && !interleaved) continue;
       std::vector<std::vector<uint8_t>> packed;  // the copies interleaved by 16 rows
       if (interleaved) {

@@ -27,8 +27,8 @@ struct WeightView {
   int64_t n_in = 0;    // ne[0]
   int64_t n_out = 0;   // ne[1]
   const void* data = nullptr;
-  // Q4_0 / Q8_0 only: the rows interleaved by 16 at load time (interleave16 below) for the
-  // AVX2 / AVX-512 kernels, instead of one row after another.
+  // Q4_0 / Q8_0 / Q4_K / Q6_K only: the rows interleaved by 16 at load time (interleave16
+  // below) for the AVX2 / AVX-512 kernels, instead of one row after another.
   bool interleaved16 = false;
   int64_t row_bytes() const { return dtype_row_bytes(type, n_in); }
 };
@@ -39,13 +39,16 @@ struct WeightView {
 // bytes 4i..4i+3 of the k-th 64 are bytes 4k..4k+3 of row i's quant bytes. The same bytes as
 // the rows, in the order the row-lane tiles consume them (no per-block transpose): a 64-byte
 // piece is one AVX-512 vector, or two AVX2 vectors of 8 rows each.
-// Q4_K (AVX2 kernels only) per group of 16 rows and super-block of 256: 16 x 144 bytes: the
-// rows' d (f16) at 0, dmin at 32; at 64 + 16j row i's byte sc_j | (m_j & 3) << 6 (sub-block j's
+// Q4_K per group of 16 rows and super-block of 256: 16 x 144 bytes: the rows' d (f16) at 0,
+// dmin at 32; at 64 + 16j row i's byte sc_j | (m_j & 3) << 6 (sub-block j's
 // 6-bit scale and the low bits of its min); at 192 + 4i row i's eight m_j >> 2 in nibbles; at
 // 256 + 64p (p = 8c + k) bytes 4i..4i+3 = qs bytes 32c + 4k..+3 of row i. The scale bytes are
 // repacked (losslessly: deinterleave16_row restores them), the rest moved.
-// Whether this process would use them: Q4_0 or Q8_0 with the AVX2 or AVX-512 kernels selected,
-// Q4_K with the AVX2 ones; n_out % 16 == 0; TERN_REPACK not "0".
+// Q6_K (AVX2 kernels only): 16 x 210 bytes: d[16] at 0; at 32 + 32p + 2i row i's scales 2p and
+// 2p + 1; at 288 + 192 (8n + k) three 64-byte pieces: bytes 4i..4i+3 of each are row i's ql bytes
+// 64n + 4k.., ql bytes 64n + 32 + 4k.. and qh bytes 32n + 4k.. (n = 0, 1; k = 0..7).
+// Whether this process would use them: Q4_0, Q8_0 or Q4_K with the AVX2 or AVX-512 kernels
+// selected, Q6_K with the AVX2 ones; n_out % 16 == 0; TERN_REPACK not "0".
 bool want_interleave16(const WeightView& w);
 // Writes w (rows, one after another) interleaved into dst (w.n_out * row_bytes bytes).
 void interleave16(const WeightView& w, uint8_t* dst);

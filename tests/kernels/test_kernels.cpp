@@ -171,16 +171,16 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
     if (isa == Isa::Ref) y_ref_isa = y;
     if (!ok) return;
   }
-  // Q4_0 / Q8_0 / Q4_K as models load them for the SIMD variants: interleaved by 16 rows.
+  // Q4_0 / Q8_0 / Q4_K / Q6_K as models load them for the SIMD variants: interleaved by 16 rows.
   const bool q32 = c.type == DType::Q4_0 || c.type == DType::Q8_0;
-  if ((q32 || c.type == DType::Q4_K) && c.n_out % 16 == 0 && c.n_in % (q32 ? 32 : kQK_K) == 0) {
+  if ((q32 || c.type == DType::Q4_K || c.type == DType::Q6_K) && c.n_out % 16 == 0 && c.n_in % (q32 ? 32 : kQK_K) == 0) {
     std::vector<uint8_t> packed(w.data.size());
     interleave16(w.view(), packed.data());
     WeightView wi = w.view();
     wi.data = packed.data();
     wi.interleaved16 = true;
     for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
-      if (!isa_supported(isa)) continue;
+      if (!isa_supported(isa) || (isa == Isa::Avx512 && c.type == DType::Q6_K)) continue;  // AVX2 only
       SCOPED_TRACE(::testing::Message() << dtype_name(c.type) << " isa " << isa_name(isa) << " interleaved, n_in "
                                         << c.n_in << " n_out " << c.n_out << " n_tokens " << c.n_tokens
                                         << " threads " << pool.size());
@@ -236,7 +236,7 @@ TEST_P(KernelsVsReference, LargerShapes) {
   uint32_t seed = 400;
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     check_case({t, 1024, 200, 70}, pool, seed++);
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K}) check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, KernelsVsReference, ::testing::Values(1, 2),
@@ -297,8 +297,9 @@ TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
 }
 
 // Q4_0 / Q8_0 rows interleaved by 16 (kernels/matmul.h) give the bits of the rows as stored on
-// AVX-512 (Q4_K's interleaved tiles differ from its stored rows' in float order: KernelsVsReference
-// checks them against the reference kernels, and here AVX2's and AVX-512's against each other): at two tokens and more those of the row-lane / token-lane tiles, for one token those of
+// AVX-512 (Q4_K's and Q6_K's interleaved tiles differ from their stored rows' in float order:
+// KernelsVsReference checks them against the reference kernels, and here Q4_K's AVX2 and AVX-512
+// tiles against each other; Q6_K is interleaved for AVX2 only): at two tokens and more those of the row-lane / token-lane tiles, for one token those of
 // the same token in a batch of two. The AVX2 row-lane tiles on the interleaved rows compute the
 // same exact integer block sums and the same float operations, so the same bits as well; and
 // their results do not depend on the batch (one token alone equals the same token in a batch).
@@ -310,11 +311,11 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
   const bool avx512 = isa_supported(Isa::Avx512);
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 1300;
-  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K})
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K})
   for (int64_t n_in : {64, 512, 4096 + 32})
     for (int64_t n_out : {16, 48, 208}) {
-      const bool q4_k = type == DType::Q4_K;
-      if (q4_k && n_in % kQK_K != 0) continue;
+      const bool k_quant = type == DType::Q4_K || type == DType::Q6_K;
+      if (k_quant && n_in % kQK_K != 0) continue;
       SCOPED_TRACE(dtype_name(type));
       const Weights w = make_weights(type, n_in, n_out, seed++);
       std::vector<uint8_t> packed(w.data.size());
@@ -334,22 +335,26 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
         const int64_t n_ref = n_tok == 1 ? 2 : n_tok;
         auto x = make_acts(n_in, n_ref, n_in, seed++);
         if (n_tok == 1) std::copy_n(x.begin(), n_in, x.begin() + n_in);
-        std::vector<float> rows(size_t(n_out * n_ref)), q4_k_avx2;
+        std::vector<float> rows(size_t(n_out * n_ref)), k_quant_avx2;
         if (avx512) matmul_isa(Isa::Avx512, w.view(), x.data(), n_in, n_ref, rows.data(), n_out, pool);
         for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
           if (!isa_supported(isa)) continue;
           SCOPED_TRACE(isa_name(isa));
           std::vector<float> inter(size_t(n_out * n_tok), NAN);
+          if (type == DType::Q6_K && isa == Isa::Avx512) {  // AVX-512 keeps Q6_K's stored rows
+            EXPECT_THROW(matmul_isa(isa, wi, x.data(), n_in, n_tok, inter.data(), n_out, pool), Error);
+            continue;
+          }
           matmul_isa(isa, wi, x.data(), n_in, n_tok, inter.data(), n_out, pool);
-          if (avx512 && !q4_k) {
+          if (avx512 && !k_quant) {
             for (int64_t i = 0; i < n_tok * n_out; ++i)
               ASSERT_EQ(inter[size_t(i)], rows[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
           }
-          if (q4_k && isa == Isa::Avx512) {  // Q4_K: AVX2's and AVX-512's interleaved tiles agree
+          if (k_quant && isa == Isa::Avx512) {  // K-quants: AVX2 and AVX-512 interleaved tiles agree
             for (int64_t i = 0; i < n_tok * n_out; ++i)
-              ASSERT_EQ(inter[size_t(i)], q4_k_avx2[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
+              ASSERT_EQ(inter[size_t(i)], k_quant_avx2[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
           }
-          if (q4_k && isa == Isa::Avx2) q4_k_avx2 = inter;
+          if (k_quant && isa == Isa::Avx2) k_quant_avx2 = inter;
           for (int64_t t : {int64_t(0), n_tok - 1}) {  // a token alone, as in its batch
             std::vector<float> one(size_t(n_out), NAN);
             matmul_isa(isa, wi, x.data() + t * n_in, n_in, 1, one.data(), n_out, pool);

@@ -414,6 +414,142 @@ void gemm_interleaved_q4_k(const GemmArgs& a, int64_t r0, int64_t r1) {
   }
 }
 
+// --- Q6_K interleaved by 16 rows: row-lane tiles ---------------------------------------------
+//
+// The group block of a super-block (kernels/matmul.h): d[16] (f16) at 0; at 32 + 32p + 2i row
+// i's int8 scales (sc_2p, sc_2p+1); then, for half n of the super-block and l = 4k..4k+3, a step
+// of 192 bytes at 288 + 192 (8n + k): the rows' ql bytes 64n + l, ql bytes 64n + 32 + l and qh
+// bytes 32n + l (4 bytes a row), in the order the tiles read them. They rebuild the 6-bit quants
+// (0..63) of elements 128n + 32qt + l, qt = 0..3, which lie in sub-block j = 8n + 2qt + k / 4.
+// (With the ql and qh pieces in separate runs, a lone token's tiles, three streams per block,
+// read DRAM at half the speed.) A scale pair, sign-extended to int16, is one row
+// per 32-bit lane: the pmaddwd operand of the -32 offset (-32 * sum_j sc_j * bsum_j, bsums of
+// Q8_K) as it is, and, with one half copied into both, the scale a sub-block's sums are
+// multiplied by. pmaddubsw pair sums reach 2 * 63 * 128 = 16128, so two steps sum in int16
+// before each pmaddwd.
+
+constexpr int64_t kGroupBlkQ6K = 16 * int64_t(sizeof(BlockQ6_K));
+constexpr int64_t kQ6KScales = 32, kQ6KSteps = 288;  // a step: 192 bytes, ql a | ql b | qh
+
+template <int H, int T>
+__attribute__((noinline)) void rowlane8_q6_k_tile(const uint8_t* group, int64_t nsb, const RowsView& v, int64_t t,
+                                                  int h0, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
+  const int8_t* xq[T];
+  const float* xd[T];
+  const int16_t* xbs[T];
+  for (int i = 0; i < T; ++i) {
+    const uint8_t* row = v.act + (t + i - v.t_begin) * v.stride;
+    xq[i] = reinterpret_cast<const int8_t*>(row);
+    xd[i] = reinterpret_cast<const float*>(row + v.off_d);
+    xbs[i] = reinterpret_cast<const int16_t*>(row + v.off_sum);
+  }
+  __m256 acc[H][T];
+  for (auto& a : acc)
+    for (auto& e : a) e = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+  // (a, b) int16 pairs -> (a, a) or (b, b)
+  const __m256i dup[2] = {_mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8,
+                                           9, 8, 9, 12, 13, 12, 13),
+                          _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2, 3, 2, 3, 6, 7, 6,
+                                           7, 10, 11, 10, 11, 14, 15, 14, 15)};
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = group + sb * kGroupBlkQ6K;
+    if (pf) prefetch_step<int(kGroupBlkQ6K)>(pf + sb * kGroupBlkQ6K);
+    for (int h = 0; h < H; ++h) {
+      const int half = h0 + h;
+      const auto pair = [&](int p) {
+        return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQ6KScales + 32 * p + 16 * half)));
+      };
+      __m256i S[T];
+      for (int i = 0; i < T; ++i) {
+        __m256i o = _mm256_setzero_si256();
+        for (int p = 0; p < 8; ++p)
+          o = _mm256_add_epi32(o, _mm256_madd_epi16(pair(p), broadcast4(reinterpret_cast<const int8_t*>(xbs[i] + 16 * sb + 2 * p))));
+        S[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o, 5));
+      }
+      for (int n = 0; n < 2; ++n)
+        for (int kk = 0; kk < 2; ++kk) {
+          __m256i sc2[4];
+          for (int qt = 0; qt < 4; ++qt) sc2[qt] = _mm256_shuffle_epi8(pair(4 * n + qt), dup[kk]);
+#pragma GCC unroll 1
+          for (int k2 = 0; k2 < 2; ++k2) {
+            __m256i s16[4][T];
+            for (auto& a : s16)
+              for (auto& e : a) e = _mm256_setzero_si256();
+            for (int ks = 0; ks < 2; ++ks) {
+              const int k = 4 * kk + 2 * k2 + ks;
+              const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQ6KSteps + 192 * (8 * n + k) + 32 * half));
+              const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQ6KSteps + 192 * (8 * n + k) + 64 + 32 * half));
+              const __m256i hq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQ6KSteps + 192 * (8 * n + k) + 128 + 32 * half));
+              for (int qt = 0; qt < 4; ++qt) {
+                // low nibble (qt 0, 1) or high (2, 3) of ql piece a (qt even) or b, and the 2 bits
+                // 2qt..2qt+1 of qh; the 16-bit shifts move only masked bits within their byte
+                const __m256i l = qt & 1 ? b : a;
+                const __m256i lo = qt < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+                const __m256i hb = _mm256_and_si256(qt == 0 ? hq : _mm256_srli_epi16(hq, 2 * qt), m2);
+                const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+                for (int i = 0; i < T; ++i)
+                  s16[qt][i] = _mm256_add_epi16(s16[qt][i],
+                                                _mm256_maddubs_epi16(q, broadcast4(xq[i] + kQK_K * sb + 128 * n + 32 * qt + 4 * k)));
+              }
+            }
+            for (int i = 0; i < T; ++i)
+              for (int qt = 0; qt < 4; ++qt) S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(s16[qt][i], sc2[qt]));
+          }
+        }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * half)));
+      for (int i = 0; i < T; ++i)
+        acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[i]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[i][sb])), acc[h][i]);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const uint32_t k8 = (keep >> (8 * (h0 + h))) & 0xFFu;
+    for (int i = 0; i < T; ++i) {
+      float* yr = y + i * ldy + 8 * (h0 + h);
+      if (k8 == 0xFFu) {
+        _mm256_storeu_ps(yr, acc[h][i]);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, acc[h][i]);
+        for (int r = 0; r < 8; ++r)
+          if (k8 >> r & 1u) yr[r] = tmp[r];
+      }
+    }
+  }
+}
+
+template <int T>
+void rowlane8_q6_k_tokens(const uint8_t* group, int64_t nsb, const RowsView& v, int64_t t, int64_t n, int h0,
+                          int h1, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
+  if constexpr (T > 1) {
+    if (n < T) return rowlane8_q6_k_tokens<T - 1>(group, nsb, v, t, n, h0, h1, pf, y, ldy, keep);
+  }
+  if (h1 - h0 == 2 && T == 1) return rowlane8_q6_k_tile<2, 1>(group, nsb, v, t, 0, pf, y, ldy, keep);
+  for (int h = h0; h < h1; ++h) rowlane8_q6_k_tile<1, T>(group, nsb, v, t, h, h == h0 ? pf : nullptr, y, ldy, keep);
+}
+
+void gemm_interleaved_q6_k(const GemmArgs& a, int64_t r0, int64_t r1) {
+  constexpr int TM = 2;
+  const RowsView v = rows_view(a);
+  const int64_t nsb = a.n_in / kQK_K, group_bytes = nsb * kGroupBlkQ6K;
+  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
+  tb = tb < TM ? TM : tb / TM * TM;
+  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
+    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
+    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
+      const uint8_t* group = a.w + g * group_bytes;
+      const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
+      const uint32_t keep = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
+      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;
+      for (int64_t t = t0; t < t1; t += TM) {
+        const int64_t n = t1 - t < TM ? t1 - t : TM;
+        rowlane8_q6_k_tokens<TM>(group, nsb, v, t, n, int(lo / 8), int((hi + 7) / 8), t == t0 ? pf : nullptr,
+                                 a.y + t * a.ldy + g * 16, a.ldy, keep);
+      }
+    }
+  }
+}
+
 // --- the table ---------------------------------------------------------------------------
 
 void avx2_quantize(const ActLayout& lay, DType, const float* x, int64_t ldx, int64_t n_in,
@@ -426,6 +562,7 @@ int64_t avx2_scratch_bytes(DType, int64_t) { return 0; }
 void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
   if (a.interleaved16) {
     if (a.type == DType::Q4_K) return gemm_interleaved_q4_k(a, r0, r1);
+    if (a.type == DType::Q6_K) return gemm_interleaved_q6_k(a, r0, r1);
     return a.type == DType::Q4_0 ? gemm_interleaved_t<true>(a, r0, r1) : gemm_interleaved_t<false>(a, r0, r1);
   }
   switch (a.type) {
