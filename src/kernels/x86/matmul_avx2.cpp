@@ -170,6 +170,68 @@ inline __m256i broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// A row-lane tile's results: halves [h0, h0 + H) of a group x T tokens into y (token i at
+// y + i * ldy, the group's row 0 at y), only the rows whose bit is set in `keep` (16 bits).
+template <int H, int T>
+inline void store_halves(const __m256 (&acc)[H][T], int h0, float* y, int64_t ldy, uint32_t keep) {
+  for (int h = 0; h < H; ++h) {
+    const uint32_t k8 = (keep >> (8 * (h0 + h))) & 0xFFu;
+    for (int i = 0; i < T; ++i) {
+      float* yr = y + i * ldy + 8 * (h0 + h);
+      if (k8 == 0xFFu) {
+        _mm256_storeu_ps(yr, acc[h][i]);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, acc[h][i]);
+        for (int r = 0; r < 8; ++r)
+          if (k8 >> r & 1u) yr[r] = tmp[r];
+      }
+    }
+  }
+}
+
+// Tokens [t, t + n) of one group in tiles of up to T tokens, halves [h0, h1): both halves in one
+// tile up to K::kBothHalvesTokens tokens, else half by half. K::tile<H, T>(group, nb, v, t, h0,
+// pf, y, ldy, keep) is the type's tile.
+template <class K, int T>
+void rowlane8_tokens(const uint8_t* group, int64_t nb, const RowsView& v, int64_t t, int64_t n, int h0,
+                     int h1, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
+  if constexpr (T > 1) {
+    if (n < T) return rowlane8_tokens<K, T - 1>(group, nb, v, t, n, h0, h1, pf, y, ldy, keep);
+  }
+  if (h1 - h0 == 2 && T <= K::kBothHalvesTokens) return K::template tile<2, T>(group, nb, v, t, 0, pf, y, ldy, keep);
+  for (int h = h0; h < h1; ++h) K::template tile<1, T>(group, nb, v, t, h, h == h0 ? pf : nullptr, y, ldy, keep);
+}
+
+// Rows [r0, r1) x all tokens of weights interleaved by 16, with K's tiles (K::kTokens tokens
+// each, K::kBlock elements and K::kGroupBlock bytes per block of a group). Rows [r0, r1) may
+// start and end inside a group: its other rows are not stored (a half with none is not
+// computed). As on AVX-512, a lone token streams the groups without software prefetch (one
+// contiguous stream per thread, which the hardware prefetchers follow), and a batch prefetches
+// two groups on while its first token tile reads this one.
+template <class K>
+void gemm_interleaved(const GemmArgs& a, int64_t r0, int64_t r1) {
+  constexpr int TM = K::kTokens;
+  const RowsView v = rows_view(a);
+  const int64_t nb = a.n_in / K::kBlock, group_bytes = nb * K::kGroupBlock;
+  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
+  tb = tb < TM ? TM : tb / TM * TM;
+  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
+    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
+    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
+      const uint8_t* group = a.w + g * group_bytes;
+      const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
+      const uint32_t keep = ((1u << hi) - 1u) & ~((1u << lo) - 1u);  // rows [lo, hi) of the group
+      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;
+      for (int64_t t = t0; t < t1; t += TM) {
+        const int64_t n = t1 - t < TM ? t1 - t : TM;
+        rowlane8_tokens<K, TM>(group, nb, v, t, n, int(lo / 8), int((hi + 7) / 8), t == t0 ? pf : nullptr,
+                               a.y + t * a.ldy + g * 16, a.ldy, keep);
+      }
+    }
+  }
+}
+
 // Halves [h0, h0 + H) (8 rows each) of the group at `group` x tokens [t, t + T) of the Rows
 // view; y points at (token t, the group's row 0); `keep` has a bit per row (16) to store.
 // Not inlined: a tile runs a whole row of blocks, and inlined into its callers GCC allocated
@@ -232,63 +294,22 @@ __attribute__((noinline)) void rowlane8_tile(const uint8_t* group, int64_t nb, c
       }
     }
   }
-  for (int h = 0; h < H; ++h) {
-    const uint32_t k8 = (keep >> (8 * (h0 + h))) & 0xFFu;
-    for (int i = 0; i < T; ++i) {
-      float* yr = y + i * ldy + 8 * (h0 + h);
-      if (k8 == 0xFFu) {
-        _mm256_storeu_ps(yr, acc[h][i]);
-      } else {
-        alignas(32) float tmp[8];
-        _mm256_store_ps(tmp, acc[h][i]);
-        for (int r = 0; r < 8; ++r)
-          if (k8 >> r & 1u) yr[r] = tmp[r];
-      }
-    }
-  }
+  store_halves<H, T>(acc, h0, y, ldy, keep);
 }
 
-// Tokens [t, t + n) in tiles of up to T, halves [h0, h1) of one group.
-template <bool kQ4, int T>
-void rowlane8_tokens(const uint8_t* group, int64_t nb, const RowsView& v, int64_t t, int64_t n, int h0,
-                     int h1, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
-  if constexpr (T > 1) {
-    if (n < T) return rowlane8_tokens<kQ4, T - 1>(group, nb, v, t, n, h0, h1, pf, y, ldy, keep);
-  }
-  if (h1 - h0 == 2 && T <= 2) return rowlane8_tile<kQ4, 2, T>(group, nb, v, t, 0, pf, y, ldy, keep);
-  for (int h = h0; h < h1; ++h) rowlane8_tile<kQ4, 1, T>(group, nb, v, t, h, h == h0 ? pf : nullptr, y, ldy, keep);
-}
-
-// Rows [r0, r1) x all tokens of Q4_0 / Q8_0 weights interleaved by 16. Rows [r0, r1) may start
-// and end inside a group: its other rows are not stored (a half with none is not computed).
+// Tokens per tile, measured (2048 x 5632, 128 tokens, 2 threads, GFLOP/s): Q4_0 16 rows x 2
+// tokens 420, 8 x 4 411, 8 x 5 418, 8 x 6 404; Q8_0 (more registers per step) 16 x 2 237,
+// 8 x 4 250, 8 x 6 264.
 template <bool kQ4>
-void gemm_interleaved_t(const GemmArgs& a, int64_t r0, int64_t r1) {
-  // Tokens per tile, measured (2048 x 5632, 128 tokens, 2 threads, GFLOP/s): Q4_0 16 rows x 2
-  // tokens 420, 8 x 4 411, 8 x 5 418, 8 x 6 404; Q8_0 (more registers per step) 16 x 2 237,
-  // 8 x 4 250, 8 x 6 264.
-  constexpr int TM = kQ4 ? 2 : 6;
-  const RowsView v = rows_view(a);
-  const int64_t nb = a.n_in / 32, group_bytes = nb * kGroupBlk<kQ4>;
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < TM ? TM : tb / TM * TM;
-  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
-    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
-    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
-      const uint8_t* group = a.w + g * group_bytes;
-      const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
-      const uint32_t keep = ((1u << hi) - 1u) & ~((1u << lo) - 1u);  // rows [lo, hi) of the group
-      // As on AVX-512: a lone token streams the groups without software prefetch (one
-      // contiguous stream per thread, which the hardware prefetchers follow), a batch
-      // prefetches two groups on while its first token tile reads this one.
-      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;
-      for (int64_t t = t0; t < t1; t += TM) {
-        const int64_t n = t1 - t < TM ? t1 - t : TM;
-        rowlane8_tokens<kQ4, TM>(group, nb, v, t, n, int(lo / 8), int((hi + 7) / 8), t == t0 ? pf : nullptr,
-                                 a.y + t * a.ldy + g * 16, a.ldy, keep);
-      }
-    }
+struct RowLanesQ32 {
+  static constexpr int kTokens = kQ4 ? 2 : 6, kBothHalvesTokens = 2;
+  static constexpr int64_t kBlock = 32, kGroupBlock = kGroupBlk<kQ4>;
+  template <int H, int T>
+  static void tile(const uint8_t* group, int64_t nb, const RowsView& v, int64_t t, int h0, const uint8_t* pf, float* y,
+                   int64_t ldy, uint32_t keep) {
+    rowlane8_tile<kQ4, H, T>(group, nb, v, t, h0, pf, y, ldy, keep);
   }
-}
+};
 
 // --- Q4_K interleaved by 16 rows: row-lane tiles ---------------------------------------------
 //
@@ -366,53 +387,19 @@ __attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t 
       }
     }
   }
-  for (int h = 0; h < H; ++h) {
-    const uint32_t k8 = (keep >> (8 * (h0 + h))) & 0xFFu;
-    for (int i = 0; i < T; ++i) {
-      float* yr = y + i * ldy + 8 * (h0 + h);
-      if (k8 == 0xFFu) {
-        _mm256_storeu_ps(yr, acc[h][i]);
-      } else {
-        alignas(32) float tmp[8];
-        _mm256_store_ps(tmp, acc[h][i]);
-        for (int r = 0; r < 8; ++r)
-          if (k8 >> r & 1u) yr[r] = tmp[r];
-      }
-    }
-  }
+  store_halves<H, T>(acc, h0, y, ldy, keep);
 }
 
-template <int T>
-void rowlane8_q4_k_tokens(const uint8_t* group, int64_t nsb, const RowsView& v, int64_t t, int64_t n, int h0,
-                          int h1, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
-  if constexpr (T > 1) {
-    if (n < T) return rowlane8_q4_k_tokens<T - 1>(group, nsb, v, t, n, h0, h1, pf, y, ldy, keep);
+// 16 rows x 2 tokens: 335 GFLOP/s, 8 x 4 325.
+struct RowLanesQ4K {
+  static constexpr int kTokens = 2, kBothHalvesTokens = 2;
+  static constexpr int64_t kBlock = kQK_K, kGroupBlock = kGroupBlkQ4K;
+  template <int H, int T>
+  static void tile(const uint8_t* group, int64_t nb, const RowsView& v, int64_t t, int h0, const uint8_t* pf, float* y,
+                   int64_t ldy, uint32_t keep) {
+    rowlane8_q4_k_tile<H, T>(group, nb, v, t, h0, pf, y, ldy, keep);
   }
-  if (h1 - h0 == 2 && T <= 2) return rowlane8_q4_k_tile<2, T>(group, nsb, v, t, 0, pf, y, ldy, keep);
-  for (int h = h0; h < h1; ++h) rowlane8_q4_k_tile<1, T>(group, nsb, v, t, h, h == h0 ? pf : nullptr, y, ldy, keep);
-}
-
-void gemm_interleaved_q4_k(const GemmArgs& a, int64_t r0, int64_t r1) {
-  constexpr int TM = 2;
-  const RowsView v = rows_view(a);
-  const int64_t nsb = a.n_in / kQK_K, group_bytes = nsb * kGroupBlkQ4K;
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < TM ? TM : tb / TM * TM;
-  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
-    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
-    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
-      const uint8_t* group = a.w + g * group_bytes;
-      const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
-      const uint32_t keep = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
-      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;  // as gemm_interleaved_t
-      for (int64_t t = t0; t < t1; t += TM) {
-        const int64_t n = t1 - t < TM ? t1 - t : TM;
-        rowlane8_q4_k_tokens<TM>(group, nsb, v, t, n, int(lo / 8), int((hi + 7) / 8), t == t0 ? pf : nullptr,
-                                 a.y + t * a.ldy + g * 16, a.ldy, keep);
-      }
-    }
-  }
-}
+};
 
 // --- Q6_K interleaved by 16 rows: row-lane tiles ---------------------------------------------
 //
@@ -502,53 +489,18 @@ __attribute__((noinline)) void rowlane8_q6_k_tile(const uint8_t* group, int64_t 
         acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[i]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[i][sb])), acc[h][i]);
     }
   }
-  for (int h = 0; h < H; ++h) {
-    const uint32_t k8 = (keep >> (8 * (h0 + h))) & 0xFFu;
-    for (int i = 0; i < T; ++i) {
-      float* yr = y + i * ldy + 8 * (h0 + h);
-      if (k8 == 0xFFu) {
-        _mm256_storeu_ps(yr, acc[h][i]);
-      } else {
-        alignas(32) float tmp[8];
-        _mm256_store_ps(tmp, acc[h][i]);
-        for (int r = 0; r < 8; ++r)
-          if (k8 >> r & 1u) yr[r] = tmp[r];
-      }
-    }
-  }
+  store_halves<H, T>(acc, h0, y, ldy, keep);
 }
 
-template <int T>
-void rowlane8_q6_k_tokens(const uint8_t* group, int64_t nsb, const RowsView& v, int64_t t, int64_t n, int h0,
-                          int h1, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
-  if constexpr (T > 1) {
-    if (n < T) return rowlane8_q6_k_tokens<T - 1>(group, nsb, v, t, n, h0, h1, pf, y, ldy, keep);
+struct RowLanesQ6K {
+  static constexpr int kTokens = 2, kBothHalvesTokens = 1;
+  static constexpr int64_t kBlock = kQK_K, kGroupBlock = kGroupBlkQ6K;
+  template <int H, int T>
+  static void tile(const uint8_t* group, int64_t nb, const RowsView& v, int64_t t, int h0, const uint8_t* pf, float* y,
+                   int64_t ldy, uint32_t keep) {
+    rowlane8_q6_k_tile<H, T>(group, nb, v, t, h0, pf, y, ldy, keep);
   }
-  if (h1 - h0 == 2 && T == 1) return rowlane8_q6_k_tile<2, 1>(group, nsb, v, t, 0, pf, y, ldy, keep);
-  for (int h = h0; h < h1; ++h) rowlane8_q6_k_tile<1, T>(group, nsb, v, t, h, h == h0 ? pf : nullptr, y, ldy, keep);
-}
-
-void gemm_interleaved_q6_k(const GemmArgs& a, int64_t r0, int64_t r1) {
-  constexpr int TM = 2;
-  const RowsView v = rows_view(a);
-  const int64_t nsb = a.n_in / kQK_K, group_bytes = nsb * kGroupBlkQ6K;
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < TM ? TM : tb / TM * TM;
-  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
-    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
-    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
-      const uint8_t* group = a.w + g * group_bytes;
-      const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
-      const uint32_t keep = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
-      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;
-      for (int64_t t = t0; t < t1; t += TM) {
-        const int64_t n = t1 - t < TM ? t1 - t : TM;
-        rowlane8_q6_k_tokens<TM>(group, nsb, v, t, n, int(lo / 8), int((hi + 7) / 8), t == t0 ? pf : nullptr,
-                                 a.y + t * a.ldy + g * 16, a.ldy, keep);
-      }
-    }
-  }
-}
+};
 
 // --- the table ---------------------------------------------------------------------------
 
@@ -561,9 +513,12 @@ int64_t avx2_scratch_bytes(DType, int64_t) { return 0; }
 
 void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
   if (a.interleaved16) {
-    if (a.type == DType::Q4_K) return gemm_interleaved_q4_k(a, r0, r1);
-    if (a.type == DType::Q6_K) return gemm_interleaved_q6_k(a, r0, r1);
-    return a.type == DType::Q4_0 ? gemm_interleaved_t<true>(a, r0, r1) : gemm_interleaved_t<false>(a, r0, r1);
+    switch (a.type) {
+      case DType::Q4_0: return gemm_interleaved<RowLanesQ32<true>>(a, r0, r1);
+      case DType::Q8_0: return gemm_interleaved<RowLanesQ32<false>>(a, r0, r1);
+      case DType::Q4_K: return gemm_interleaved<RowLanesQ4K>(a, r0, r1);
+      default: return gemm_interleaved<RowLanesQ6K>(a, r0, r1);  // Q6_K (dispatch checks the type)
+    }
   }
   switch (a.type) {
     case DType::F32: gemm_float<LoadF32, OpsAvx2::kMaxTokens>(a, r0, r1); break;
