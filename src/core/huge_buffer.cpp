@@ -15,8 +15,13 @@ HugeBuffer alloc_huge_buffer(size_t bytes) {
   const size_t cap = bytes > kHuge ? (bytes + kHuge - 1) / kHuge * kHuge : kHuge;
   void* mem = std::aligned_alloc(kHuge, cap);
   if (!mem) throw std::bad_alloc();
-  // A hint: without THP support (or with it off) the buffer is ordinary pages.
-  ::madvise(mem, cap, MADV_HUGEPAGE);
+  // 2 MiB pages only on request (TERN_HUGEPAGES=1; a hint: without THP support the buffer is
+  // ordinary pages). See huge_buffer.h for why not by default.
+  static const bool want_huge = [] {
+    const char* e = std::getenv("TERN_HUGEPAGES");
+    return e && e[0] == '1' && e[1] == '\0';
+  }();
+  if (want_huge) ::madvise(mem, cap, MADV_HUGEPAGE);
   return HugeBuffer(static_cast<uint8_t*>(mem));
 }
 
