@@ -204,32 +204,17 @@ void rowlane8_tokens(const uint8_t* group, int64_t nb, const RowsView& v, int64_
 }
 
 // Rows [r0, r1) x all tokens of weights interleaved by 16, with K's tiles (K::kTokens tokens
-// each, K::kBlock elements and K::kGroupBlock bytes per block of a group). Rows [r0, r1) may
-// start and end inside a group: its other rows are not stored (a half with none is not
-// computed). As on AVX-512, a lone token streams the groups without software prefetch (one
-// contiguous stream per thread, which the hardware prefetchers follow), and a batch prefetches
-// two groups on while its first token tile reads this one.
+// each, K::kBlock elements and K::kGroupBlock bytes per block of a group; a half of a group
+// with no row in [r0, r1) is not computed).
 template <class K>
 void gemm_interleaved(const GemmArgs& a, int64_t r0, int64_t r1) {
-  constexpr int TM = K::kTokens;
   const RowsView v = rows_view(a);
-  const int64_t nb = a.n_in / K::kBlock, group_bytes = nb * K::kGroupBlock;
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < TM ? TM : tb / TM * TM;
-  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
-    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
-    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
-      const uint8_t* group = a.w + g * group_bytes;
-      const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
-      const uint32_t keep = ((1u << hi) - 1u) & ~((1u << lo) - 1u);  // rows [lo, hi) of the group
-      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;
-      for (int64_t t = t0; t < t1; t += TM) {
-        const int64_t n = t1 - t < TM ? t1 - t : TM;
-        rowlane8_tokens<K, TM>(group, nb, v, t, n, int(lo / 8), int((hi + 7) / 8), t == t0 ? pf : nullptr,
-                               a.y + t * a.ldy + g * 16, a.ldy, keep);
-      }
-    }
-  }
+  const int64_t nb = a.n_in / K::kBlock;
+  for_each_interleaved_tile<K::kTokens>(
+      a, v, r0, r1, nb * K::kGroupBlock,
+      [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
+        rowlane8_tokens<K, K::kTokens>(group, nb, v, t, n, lo / 8, (hi + 7) / 8, pf, y, a.ldy, rows_mask(lo, hi));
+      });
 }
 
 // Halves [h0, h0 + H) (8 rows each) of the group at `group` x tokens [t, t + T) of the Rows
@@ -239,15 +224,7 @@ void gemm_interleaved(const GemmArgs& a, int64_t r0, int64_t r1) {
 template <bool kQ4, int H, int T>
 __attribute__((noinline)) void rowlane8_tile(const uint8_t* group, int64_t nb, const RowsView& v, int64_t t, int h0,
                    const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
-  const int8_t* xq[T];
-  const float* xd[T];
-  const int32_t* xs[T];
-  for (int i = 0; i < T; ++i) {
-    const uint8_t* row = v.act + (t + i - v.t_begin) * v.stride;
-    xq[i] = reinterpret_cast<const int8_t*>(row);
-    xd[i] = reinterpret_cast<const float*>(row + v.off_d);
-    xs[i] = reinterpret_cast<const int32_t*>(row + v.off_sum);
-  }
+  const ActPtrs<T> x(v, t);
   __m256 acc[H][T];
   for (auto& a : acc)
     for (auto& s : a) s = _mm256_setzero_ps();
@@ -267,9 +244,9 @@ __attribute__((noinline)) void rowlane8_tile(const uint8_t* group, int64_t nb, c
           const __m256i lo = _mm256_and_si256(d, m4);
           const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(d, 4), m4);
           for (int i = 0; i < T; ++i) {
-            const int8_t* x = xq[i] + 32 * b + 4 * k;
-            s[h][i] = _mm256_add_epi16(s[h][i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(x)),
-                                                                 _mm256_maddubs_epi16(hi, broadcast4(x + 16))));
+            const int8_t* xp = x.q[i] + 32 * b + 4 * k;
+            s[h][i] = _mm256_add_epi16(s[h][i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(xp)),
+                                                                 _mm256_maddubs_epi16(hi, broadcast4(xp + 16))));
           }
         }
     } else {
@@ -279,8 +256,8 @@ __attribute__((noinline)) void rowlane8_tile(const uint8_t* group, int64_t nb, c
           const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 64 * k + 32 * (h0 + h)));
           const __m256i aw = _mm256_abs_epi8(w);
           for (int i = 0; i < T; ++i) {
-            const __m256i x = _mm256_sign_epi8(broadcast4(xq[i] + 32 * b + 4 * k), w);
-            s[h][i] = _mm256_add_epi32(s[h][i], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones));
+            const __m256i xs = _mm256_sign_epi8(broadcast4(x.q[i] + 32 * b + 4 * k), w);
+            s[h][i] = _mm256_add_epi32(s[h][i], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
           }
         }
     }
@@ -289,8 +266,8 @@ __attribute__((noinline)) void rowlane8_tile(const uint8_t* group, int64_t nb, c
       for (int i = 0; i < T; ++i) {
         __m256i si = s[h][i];
         // Q4_0's nibbles are q + 8: add 8 * nsum = -8 * sum(x)
-        if constexpr (kQ4) si = _mm256_add_epi32(_mm256_madd_epi16(si, ones), _mm256_slli_epi32(_mm256_set1_epi32(xs[i][b]), 3));
-        acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, _mm256_set1_ps(xd[i][b])), acc[h][i]);
+        if constexpr (kQ4) si = _mm256_add_epi32(_mm256_madd_epi16(si, ones), _mm256_slli_epi32(_mm256_set1_epi32(x.nsum(i)[b]), 3));
+        acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[i][b])), acc[h][i]);
       }
     }
   }
@@ -327,15 +304,7 @@ constexpr int64_t kGroupBlkQ4K = 16 * int64_t(sizeof(BlockQ4_K));
 template <int H, int T>
 __attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t nsb, const RowsView& v, int64_t t,
                                                   int h0, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
-  const int8_t* xq[T];
-  const float* xd[T];
-  const int16_t* xbs[T];
-  for (int i = 0; i < T; ++i) {
-    const uint8_t* row = v.act + (t + i - v.t_begin) * v.stride;
-    xq[i] = reinterpret_cast<const int8_t*>(row);
-    xd[i] = reinterpret_cast<const float*>(row + v.off_d);
-    xbs[i] = reinterpret_cast<const int16_t*>(row + v.off_sum);
-  }
+  const ActPtrs<T> x(v, t);
   __m256 acc[H][T];
   for (auto& a : acc)
     for (auto& e : a) e = _mm256_setzero_ps();
@@ -359,9 +328,9 @@ __attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t 
           const __m256i lo = _mm256_and_si256(d, m4);
           const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(d, 4), m4);
           for (int i = 0; i < T; ++i) {
-            const int8_t* x = xq[i] + kQK_K * sb + 64 * c + 4 * k;
-            slo[i] = _mm256_add_epi16(slo[i], _mm256_maddubs_epi16(lo, broadcast4(x)));
-            shi[i] = _mm256_add_epi16(shi[i], _mm256_maddubs_epi16(hi, broadcast4(x + 32)));
+            const int8_t* xp = x.q[i] + kQK_K * sb + 64 * c + 4 * k;
+            slo[i] = _mm256_add_epi16(slo[i], _mm256_maddubs_epi16(lo, broadcast4(xp)));
+            shi[i] = _mm256_add_epi16(shi[i], _mm256_maddubs_epi16(hi, broadcast4(xp + 32)));
           }
         }
         for (int jj = 0; jj < 2; ++jj) {
@@ -374,14 +343,14 @@ __attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t 
           const __m256i m2 = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
           for (int i = 0; i < T; ++i) {
             S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(jj ? shi[i] : slo[i], sc2));
-            M[i] = _mm256_add_epi32(M[i], _mm256_madd_epi16(m2, broadcast4(reinterpret_cast<const int8_t*>(xbs[i] + 16 * sb + 2 * j))));
+            M[i] = _mm256_add_epi32(M[i], _mm256_madd_epi16(m2, broadcast4(reinterpret_cast<const int8_t*>(x.bsums(i) + 16 * sb + 2 * j))));
           }
         }
       }
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * half)));
       const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * half)));
       for (int i = 0; i < T; ++i) {
-        const __m256 dx = _mm256_set1_ps(xd[i][sb]);
+        const __m256 dx = _mm256_set1_ps(x.d[i][sb]);
         acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[i]), _mm256_mul_ps(dw, dx), acc[h][i]);
         acc[h][i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M[i]), _mm256_mul_ps(dmin, dx), acc[h][i]);
       }
@@ -421,15 +390,7 @@ constexpr int64_t kQ6KScales = 32, kQ6KSteps = 288;  // a step: 192 bytes, ql a 
 template <int H, int T>
 __attribute__((noinline)) void rowlane8_q6_k_tile(const uint8_t* group, int64_t nsb, const RowsView& v, int64_t t,
                                                   int h0, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
-  const int8_t* xq[T];
-  const float* xd[T];
-  const int16_t* xbs[T];
-  for (int i = 0; i < T; ++i) {
-    const uint8_t* row = v.act + (t + i - v.t_begin) * v.stride;
-    xq[i] = reinterpret_cast<const int8_t*>(row);
-    xd[i] = reinterpret_cast<const float*>(row + v.off_d);
-    xbs[i] = reinterpret_cast<const int16_t*>(row + v.off_sum);
-  }
+  const ActPtrs<T> x(v, t);
   __m256 acc[H][T];
   for (auto& a : acc)
     for (auto& e : a) e = _mm256_setzero_ps();
@@ -451,7 +412,7 @@ __attribute__((noinline)) void rowlane8_q6_k_tile(const uint8_t* group, int64_t 
       for (int i = 0; i < T; ++i) {
         __m256i o = _mm256_setzero_si256();
         for (int p = 0; p < 8; ++p)
-          o = _mm256_add_epi32(o, _mm256_madd_epi16(pair(p), broadcast4(reinterpret_cast<const int8_t*>(xbs[i] + 16 * sb + 2 * p))));
+          o = _mm256_add_epi32(o, _mm256_madd_epi16(pair(p), broadcast4(reinterpret_cast<const int8_t*>(x.bsums(i) + 16 * sb + 2 * p))));
         S[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o, 5));
       }
       for (int n = 0; n < 2; ++n)
@@ -477,7 +438,7 @@ __attribute__((noinline)) void rowlane8_q6_k_tile(const uint8_t* group, int64_t 
                 const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
                 for (int i = 0; i < T; ++i)
                   s16[qt][i] = _mm256_add_epi16(s16[qt][i],
-                                                _mm256_maddubs_epi16(q, broadcast4(xq[i] + kQK_K * sb + 128 * n + 32 * qt + 4 * k)));
+                                                _mm256_maddubs_epi16(q, broadcast4(x.q[i] + kQK_K * sb + 128 * n + 32 * qt + 4 * k)));
               }
             }
             for (int i = 0; i < T; ++i)
@@ -486,7 +447,7 @@ __attribute__((noinline)) void rowlane8_q6_k_tile(const uint8_t* group, int64_t 
         }
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * half)));
       for (int i = 0; i < T; ++i)
-        acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[i]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[i][sb])), acc[h][i]);
+        acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[i]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[i][sb])), acc[h][i]);
     }
   }
   store_halves<H, T>(acc, h0, y, ldy, keep);

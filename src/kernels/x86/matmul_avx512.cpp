@@ -857,30 +857,11 @@ void gemm_rowlanes_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r
 // computed, not stored.
 template <bool kQ4>
 void gemm_interleaved_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
-  const int64_t nb = a.n_in / 32, group_bytes = nb * kInterleavedBlk<kQ4>;
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < kRowLanes ? kRowLanes : tb / kRowLanes * kRowLanes;
-  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
-    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
-    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
-      const uint8_t* group = a.w + g * group_bytes;
-      const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
-      const __mmask16 keep = __mmask16(((1u << hi) - 1u) & ~((1u << lo) - 1u));  // lanes [lo, hi)
-      // A lone token (decode) streams the groups without software prefetch: a thread's groups
-      // are one contiguous stream, which the hardware prefetchers follow, and prefetching two
-      // groups ahead cost bandwidth. Side by side on 2 threads in minutes when the probe read
-      // 45-50 GB/s: GEMV 45 vs 38.5 GB/s (Q8_0) and 41.6 vs 37.6 (Q4_0), medians of 5;
-      // TinyLlama tg32 59-77 vs 53-58 tok/s (Q4_0) and 32-44 vs 28-32 (Q8_0); equal when
-      // bandwidth is scarce. A batch does more work per byte and keeps the prefetch two groups
-      // on while its first token chunk streams this one: without it, 16 sequences decoding
-      // together (bench-serve C=16) ran 12% slower.
-      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;
-      for (int64_t t = t0; t < t1; t += kRowLanes) {
-        const int64_t n = t1 - t < kRowLanes ? t1 - t : kRowLanes;
-        rowlane_tokens<kQ4>(a, v, nullptr, keep, t == t0 ? pf : nullptr, t, n, a.y + t * a.ldy + g * 16, group);
-      }
-    }
-  }
+  for_each_interleaved_tile<kRowLanes>(
+      a, v, r0, r1, a.n_in / 32 * kInterleavedBlk<kQ4>,
+      [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
+        rowlane_tokens<kQ4>(a, v, nullptr, __mmask16(rows_mask(lo, hi)), pf, t, n, y, group);
+      });
 }
 
 // Q4_K interleaved by 16 rows (kernels/matmul.h): one zmm per 64-byte piece, a row per lane,
@@ -893,15 +874,7 @@ constexpr int64_t kGroupBlkQ4K = 16 * int64_t(sizeof(BlockQ4_K));
 template <int TC>
 __attribute__((noinline)) void rowlane_q4_k_tile(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep,
                                                  const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
-  const int8_t* xq[TC];
-  const float* xd[TC];
-  const int16_t* xbs[TC];
-  for (int i = 0; i < TC; ++i) {
-    const uint8_t* row = v.act + (t + i - v.t_begin) * v.stride;
-    xq[i] = reinterpret_cast<const int8_t*>(row);
-    xd[i] = reinterpret_cast<const float*>(row + v.off_d);
-    xbs[i] = reinterpret_cast<const int16_t*>(row + v.off_sum);
-  }
+  const ActPtrs<TC> x(v, t);
   __m512 acc[TC];
   for (auto& e : acc) e = _mm512_setzero_ps();
   const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -922,10 +895,10 @@ __attribute__((noinline)) void rowlane_q4_k_tile(const RowsView& v, const uint8_
         const __m512i lo = _mm512_and_si512(d, m4);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(d, 4), m4);
         for (int i = 0; i < TC; ++i) {
-          const int8_t* x = xq[i] + kQK_K * sb + 64 * c + 4 * k;
+          const int8_t* xp = x.q[i] + kQK_K * sb + 64 * c + 4 * k;
           int32_t x0, x1;
-          std::memcpy(&x0, x, 4);
-          std::memcpy(&x1, x + 32, 4);
+          std::memcpy(&x0, xp, 4);
+          std::memcpy(&x1, xp + 32, 4);
           slo[i] = _mm512_dpbusd_epi32(slo[i], lo, _mm512_set1_epi32(x0));
           shi[i] = _mm512_dpbusd_epi32(shi[i], hi, _mm512_set1_epi32(x1));
         }
@@ -940,7 +913,7 @@ __attribute__((noinline)) void rowlane_q4_k_tile(const RowsView& v, const uint8_
         for (int i = 0; i < TC; ++i) {
           S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(jj ? shi[i] : slo[i], sc));
           int32_t bs;
-          std::memcpy(&bs, xbs[i] + 16 * sb + 2 * j, 4);
+          std::memcpy(&bs, x.bsums(i) + 16 * sb + 2 * j, 4);
           M[i] = _mm512_dpwssd_epi32(M[i], m2, _mm512_set1_epi32(bs));
         }
       }
@@ -948,7 +921,7 @@ __attribute__((noinline)) void rowlane_q4_k_tile(const RowsView& v, const uint8_
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
     for (int i = 0; i < TC; ++i) {
-      const __m512 dx = _mm512_set1_ps(xd[i][sb]);
+      const __m512 dx = _mm512_set1_ps(x.d[i][sb]);
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[i]), _mm512_mul_ps(dw, dx), acc[i]);
       acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[i]), _mm512_mul_ps(dmin, dx), acc[i]);
     }
@@ -966,23 +939,12 @@ void rowlane_q4_k_tokens(const RowsView& v, const uint8_t* group, int64_t nsb, _
 }
 
 void gemm_interleaved_q4_k(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
-  constexpr int TM = 4;
-  const int64_t nsb = a.n_in / kQK_K, group_bytes = nsb * kGroupBlkQ4K;
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < TM ? TM : tb / TM * TM;
-  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
-    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
-    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
-      const uint8_t* group = a.w + g * group_bytes;
-      const int64_t lo = r0 > g * 16 ? r0 - g * 16 : 0, hi = r1 < g * 16 + 16 ? r1 - g * 16 : 16;
-      const __mmask16 keep = __mmask16(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;  // as gemm_interleaved_t
-      for (int64_t t = t0; t < t1; t += TM) {
-        const int64_t n = t1 - t < TM ? t1 - t : TM;
-        rowlane_q4_k_tokens<TM>(v, group, nsb, keep, t == t0 ? pf : nullptr, t, n, a.y + t * a.ldy + g * 16, a.ldy);
-      }
-    }
-  }
+  const int64_t nsb = a.n_in / kQK_K;
+  for_each_interleaved_tile<4>(
+      a, v, r0, r1, nsb * kGroupBlkQ4K,
+      [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
+        rowlane_q4_k_tokens<4>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, n, y, a.ldy);
+      });
 }
 
 void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
