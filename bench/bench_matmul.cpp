@@ -5,10 +5,13 @@
 //     model's layers do, instead of sitting in L3.
 //   GEMM (prefill, 128 tokens): GFLOP/s (2 * n_in * n_out * n_tokens / time) and the time per
 //     token relative to the GEMV.
+//   --sweep N_LAYERS: instead, decode's whole weight stream (TinyLlama's layers, see below) per
+//     variant, alternating, against plain sums of the same bytes (--isa sum,avx512,avx512i).
 // Usage: bench_matmul [--threads N] [--types q4_0,q8_0,...] [--isa ref,avx2,avx2i,avx512,avx512i]
-//                     [--tokens 128] [--seconds 0.5]
-// avx2i / avx512i: the AVX2 / AVX-512 kernels on Q4_0 / Q8_0 weights interleaved by 16 rows, as
-// models load them (kernels/matmul.h; Q4_0, Q8_0, Q4_K, and Q6_K for avx2i; others are skipped).
+//                     [--tokens 128] [--seconds 0.5] [--sweep 22]
+// avx2i / avx512i: the AVX2 / AVX-512 kernels on weights interleaved by 16 rows, as models load
+// them (kernels/matmul.h; the types that variant reads so: Q4_0, Q8_0, Q4_K, the float types,
+// and Q6_K for avx2i; others are skipped).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -46,6 +49,7 @@ int main(int argc, char** argv) {
   int n_threads = 2;
   int64_t n_tok = 128;
   double min_seconds = 0.5;
+  int sweep_layers = 0;
   std::vector<std::string> types = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"};
   std::vector<std::string> isas = {"ref", "avx2", "avx2i", "avx512", "avx512i"};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -55,6 +59,7 @@ int main(int argc, char** argv) {
     else if (a == "--isa") isas = split(argv[i + 1]);
     else if (a == "--tokens") n_tok = std::atoll(argv[i + 1]);
     else if (a == "--seconds") min_seconds = std::atof(argv[i + 1]);
+    else if (a == "--sweep") sweep_layers = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -100,6 +105,124 @@ int main(int argc, char** argv) {
     std::printf("memory read bandwidth: %.1f GB/s (checksum %llu)\n", double(n * 8) / best / 1e9,
                 (unsigned long long)sink);
   }
+  if (sweep_layers > 0) {
+    // Decode's weight stream without the rest of the forward pass: every layer's q/k/v, o,
+    // gate/up and down of the TinyLlama shape, each kind in one buffer in the model's order,
+    // for one token, as the model calls them (q/k/v and gate/up sharing their input). Each
+    // --isa in turn, sweep after sweep, so that all share the machine's minutes: "avx512" the
+    // rows as stored, "avx512i" interleaved where that ISA reads them so, "sum" plain 8-byte
+    // sums over the same bytes with the same split into chunks (what the weights' stream could be).
+    const int64_t E = 2048, Ekv = 256, F = 5632;
+    for (const auto& tn : types) {
+      const auto type = dtype_from_name(tn);
+      if (!type || !quant_traits(*type)) continue;
+      const QuantTraits& q = *quant_traits(*type);
+      struct Variant {
+        std::string name;
+        Isa isa;
+        bool interleaved, sum;
+      };
+      std::vector<Variant> variants;
+      for (const auto& in : isas) {
+        const bool sum = in == "sum";
+        const Isa isa = sum || in.rfind("avx512", 0) == 0 ? Isa::Avx512 : in.rfind("avx2", 0) == 0 ? Isa::Avx2 : Isa::Ref;
+        if (!sum && !isa_supported(isa)) continue;
+        variants.push_back({in, isa, !sum && in.back() == 'i', sum});
+      }
+      // Offsets of every matrix in a buffer (64-byte aligned each, as the model's arena).
+      std::vector<std::pair<int64_t, int64_t>> shapes;  // (n_in, n_out)
+      std::vector<size_t> offsets;
+      size_t total = 0;
+      for (int il = 0; il < sweep_layers; ++il)
+        for (auto sh : {std::pair{E, E}, {E, Ekv}, {E, Ekv}, {E, E}, {E, F}, {E, F}, {F, E}}) {
+          shapes.push_back(sh);
+          offsets.push_back(total);
+          total += size_t(dtype_row_bytes(*type, sh.first) * sh.second + 63) / 64 * 64;
+        }
+      std::vector<uint8_t> src(size_t(dtype_row_bytes(*type, F) * F));
+      struct Buffer {
+        Isa isa;
+        bool interleaved;
+        uint8_t* data;
+        std::vector<WeightView> ws;
+      };
+      std::vector<Buffer> buffers;  // one per layout (stored, interleaved for an ISA)
+      const auto buffer_of = [&](const Variant& v) -> Buffer& {
+        for (Buffer& b : buffers)
+          if (b.interleaved == v.interleaved && (!v.interleaved || b.isa == v.isa)) return b;
+        buffers.push_back({v.isa, v.interleaved, static_cast<uint8_t*>(std::aligned_alloc(4096, (total + 4095) / 4096 * 4096)), {}});
+        return buffers.back();
+      };
+      for (const Variant& v : variants) buffer_of(v);
+      for (size_t m = 0; m < shapes.size(); ++m) {
+        const auto [ni, no] = shapes[m];
+        const int64_t rb = dtype_row_bytes(*type, ni);
+        for (int64_t o = 0; o < no; ++o) q.from_float(wf.data() + (o % 2048) * 2048, src.data() + o * rb, ni);
+        const WeightView sw{*type, ni, no, src.data()};
+        for (Buffer& b : buffers) {
+          WeightView w{*type, ni, no, b.data + offsets[m]};
+          if (b.interleaved && interleave16_for(b.isa, sw)) {
+            interleave16(sw, b.data + offsets[m]);
+            w.interleaved16 = true;
+          } else {
+            std::memcpy(b.data + offsets[m], src.data(), size_t(rb * no));
+          }
+          b.ws.push_back(w);
+        }
+      }
+      std::vector<float> xs(static_cast<size_t>(F)), ya(xs.size()), yb(xs.size()), yc(xs.size());
+      for (auto& v : xs) v = dist(rng);
+      std::vector<uint64_t> part(size_t(n_threads) * 8, 0);
+      const auto sweep = [&](const Variant& v) {
+        const std::vector<WeightView>& ws = buffer_of(v).ws;
+        const double t0 = now_s();
+        if (v.sum) {
+          for (const WeightView& w : ws) {
+            const auto* p = reinterpret_cast<const uint64_t*>(w.data);
+            const int64_t n_words = dtype_row_bytes(*type, w.n_in) * w.n_out / 8;
+            const int64_t n_chunks = 4 * n_threads;  // as matmul splits rows
+            const int64_t per = (n_words + n_chunks - 1) / n_chunks;
+            pool.for_chunks(n_chunks, [&](int64_t ch, int c) {
+              const int64_t b = ch * per, e = std::min(n_words, b + per);
+              uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+              int64_t i = b;
+              for (; i + 8 <= e; i += 8) {
+                a0 += p[i]; a1 += p[i + 1]; a2 += p[i + 2]; a3 += p[i + 3];
+                a4 += p[i + 4]; a5 += p[i + 5]; a6 += p[i + 6]; a7 += p[i + 7];
+              }
+              part[size_t(c) * 8] += a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+            });
+          }
+          return now_s() - t0;
+        }
+        for (size_t m = 0; m < ws.size(); m += 7) {
+          const MatmulTarget qkv[3] = {{ws[m], ya.data(), E}, {ws[m + 1], yb.data(), Ekv}, {ws[m + 2], yc.data(), Ekv}};
+          matmul_shared_input_isa(v.isa, qkv, xs.data(), E, 1, pool);
+          matmul_isa(v.isa, ws[m + 3], xs.data(), E, 1, ya.data(), E, pool);
+          const MatmulTarget gu[2] = {{ws[m + 4], ya.data(), F}, {ws[m + 5], yb.data(), F}};
+          matmul_shared_input_isa(v.isa, gu, xs.data(), E, 1, pool);
+          matmul_isa(v.isa, ws[m + 6], xs.data(), F, 1, ya.data(), E, pool);
+        }
+        return now_s() - t0;
+      };
+      for (const Variant& v : variants) sweep(v);  // warm-up: first touch, thread start
+      std::vector<std::vector<double>> times(variants.size());
+      const double t_start = now_s();
+      do {
+        for (size_t i = 0; i < variants.size(); ++i) times[i].push_back(sweep(variants[i]));
+      } while (now_s() - t_start < min_seconds * double(variants.size()) * 4);
+      for (size_t i = 0; i < variants.size(); ++i) {
+        auto& t = times[i];
+        std::sort(t.begin(), t.end());
+        std::printf("sweep %-5s %-8s %d layers, %7.1f MB, %3zu sweeps: median %7.2f ms %6.2f GB/s (best %6.2f)\n",
+                    tn.c_str(), variants[i].name.c_str(), sweep_layers, double(total) / 1e6, t.size(),
+                    t[t.size() / 2] * 1e3, double(total) / t[t.size() / 2] / 1e9, double(total) / t[0] / 1e9);
+      }
+      std::fflush(stdout);
+      for (Buffer& b : buffers) std::free(b.data);
+    }
+    return 0;
+  }
   std::printf("%-6s %-7s %10s %9s %10s %10s %12s\n", "type", "isa", "gemv_us", "GB/s",
               "gemm_ms", "GFLOP/s", "gemm/tok vs gemv");
   for (const auto& tn : types) {
@@ -124,8 +247,7 @@ int main(int argc, char** argv) {
       else continue;
       if (!isa_supported(isa)) continue;
       const bool want_i = in == "avx2i" || in == "avx512i";
-      const bool interleaved = want_i && (*type == DType::Q4_0 || *type == DType::Q8_0 || *type == DType::Q4_K ||
-                                          (*type == DType::Q6_K && in == "avx2i"));
+      const bool interleaved = want_i && interleave16_for(isa, WeightView{*type, n_in, n_out, copies[0].data()});
       if (want_i && !interleaved) continue;
       std::vector<std::vector<uint8_t>> packed;  // the copies interleaved by 16 rows
       if (interleaved) {

@@ -66,33 +66,36 @@ results=$(mktemp)
 for round in $(seq 1 "$rounds"); do
   for m in "${models[@]}"; do
     echo "round $round/$rounds: $m" >&2
-    "$tern" bench -m "$m" -t "$threads" -p "$pp" -n "$tg" -r "$reps" --no-bandwidth --json 2>/dev/null \
-      | python3 -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'engine':'tern','model':sys.argv[1],'pp':j['pp_tok_s'],'tg':j['tg_tok_s'],'bpt':j['bytes_per_token']}))" "$m" >> "$results"
+    # tern's roofline share: each tg run against the bandwidth measured beside it (tern bench)
+    "$tern" bench -m "$m" -t "$threads" -p "$pp" -n "$tg" -r "$reps" --json 2>/dev/null \
+      | python3 -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'engine':'tern','model':sys.argv[1],'pp':j['pp_tok_s'],'tg':j['tg_tok_s'],'bpt':j['bytes_per_token'],'bw':j['bandwidth_gb_s'],'pct':j['tg_roofline_pct']}))" "$m" >> "$results"
     node "$peer_dir/llamacpp_bench.mjs" --model "$m" --threads "$threads" --pp "$pp" --tg "$tg" --reps "$reps" 2>/dev/null \
       | python3 -c "import json,sys; j=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(json.dumps({'engine':'llama.cpp','model':sys.argv[1],'pp':j['pp_tok_s'],'tg':j['tg_tok_s']}))" "$m" >> "$results" \
       || echo "{\"engine\":\"llama.cpp\",\"model\":\"$m\",\"pp\":null,\"tg\":null}" >> "$results"
   done
 done
-bw=$("$tern" bench -m "${models[0]}" -t "$threads" -p 0 -n 1 -r 1 --json 2>/dev/null | python3 -c "import json,sys; print(round(json.load(sys.stdin)['bandwidth_gb_s'],1))")
-python3 - "$results" "$threads" "$pp" "$tg" "$rounds" "$bw" "${isa:-best}" <<'PY'
+python3 - "$results" "$threads" "$pp" "$tg" "$rounds" "${isa:-best}" <<'PY'
 import json, statistics, sys, os
-path, threads, pp, tg, rounds, bw, isa = sys.argv[1:]
+path, threads, pp, tg, rounds, isa = sys.argv[1:]
 rows = [json.loads(l) for l in open(path)]
+bws = [r["bw"] for r in rows if r.get("bw")]
+bw = f"{min(bws):.1f}-{max(bws):.1f} (median {statistics.median(bws):.1f})" if bws else "n/a"
 def med(model, engine, key):
     xs = [r[key] for r in rows if r["model"] == model and r["engine"] == engine and r[key] is not None]
     return statistics.median(xs) if xs else None
 kernels = "the best each engine has for this CPU" if isa == "best" else f"{isa} in both engines"
-print(f"threads {threads}, pp{pp}, tg{tg}, medians of {rounds} alternating rounds; kernels: {kernels}; memory read bandwidth {bw} GB/s\n")
+print(f"threads {threads}, pp{pp}, tg{tg}, medians of {rounds} alternating rounds; kernels: {kernels}; memory read bandwidth {bw} GB/s (measured beside tern's tg runs)\n")
 print(f"| model | tern pp{pp} | llama.cpp pp{pp} | ratio | tern tg{tg} | llama.cpp tg{tg} | ratio | tern tg % of roofline |")
 print("|---|---|---|---|---|---|---|---|")
 for model in dict.fromkeys(r["model"] for r in rows):
     tp, lp, tt, lt = med(model, "tern", "pp"), med(model, "llama.cpp", "pp"), med(model, "tern", "tg"), med(model, "llama.cpp", "tg")
     f = lambda x: "n/a" if x is None else f"{x:.1f}"
     ratio = lambda a, b: "n/a" if not a or not b else f"{a / b:.2f}"
-    # Decode roofline: bandwidth / bytes a token reads (weights, tern's own count).
+    # Decode roofline: bandwidth / bytes a token reads (weights, tern's own count); the median
+    # of tern's runs, each against the bandwidth of its own minute.
     bpt = next((r["bpt"] for r in rows if r["model"] == model and r["engine"] == "tern"), None)
-    roof = float(bw) * 1e9 / bpt if bpt and float(bw) > 0 else None
-    pct = "n/a" if not roof or tt is None else f"{100 * tt / roof:.0f}%"
+    tp_pct = med(model, "tern", "pct")
+    pct = "n/a" if not tp_pct else f"{tp_pct:.0f}%"
     if bpt and bpt < 64 << 20:  # the weights stay in the caches: no DRAM roofline applies
         pct = "(fits in cache)"
     print(f"| {os.path.basename(model)} | {f(tp)} | {f(lp)} | {ratio(tp, lp)} | {f(tt)} | {f(lt)} | {ratio(tt, lt)} | {pct} |")

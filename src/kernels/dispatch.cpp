@@ -17,6 +17,7 @@
 #include "quant/quant_traits.h"
 
 namespace tern {
+
 namespace {
 
 using kern::ActKind;
@@ -109,13 +110,19 @@ ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n
 // the AVX2 one for Q6_K too. (AVX-512 row-lane tiles for Q6_K, tried: decode equal, 8-token
 // batches 1.6x faster, but 128-token prompts 20% slower than the token-lane tiles on the stored
 // rows, TinyLlama pp128 -7%.)
+bool is_float(DType type) { return type == DType::F32 || type == DType::F16 || type == DType::BF16; }
+
 bool reads_interleaved(Isa isa, DType type) {
   if (type == DType::Q6_K) return isa == Isa::Avx2;
-  return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K) && (isa == Isa::Avx2 || isa == Isa::Avx512);
+  return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K || is_float(type)) &&
+         (isa == Isa::Avx2 || isa == Isa::Avx512);
 }
 
-// Elements per block of an interleavable type.
-int64_t interleave_block(DType type) { return type == DType::Q4_K || type == DType::Q6_K ? kQK_K : 32; }
+// Elements per block of an interleavable type (float types: a step of the 4-row tiles).
+int64_t interleave_block(DType type) {
+  if (is_float(type)) return 8;
+  return type == DType::Q4_K || type == DType::Q6_K ? kQK_K : 32;
+}
 
 void require_interleave_kernels(Isa isa, const WeightView& w) {
   if (w.interleaved16 && !reads_interleaved(isa, w.type))
@@ -205,9 +212,12 @@ bool want_interleave16(const WeightView& w) {
     const char* e = std::getenv("TERN_REPACK");
     return !(e && std::string(e) == "0");
   }();
-  const int64_t block = interleave_block(w.type);
-  return enabled && reads_interleaved(selected_isa(), w.type) && !w.interleaved16 && w.n_out > 0 &&
-         w.n_out % 16 == 0 && w.n_in % block == 0;
+  return enabled && interleave16_for(selected_isa(), w);
+}
+
+bool interleave16_for(Isa isa, const WeightView& w) {
+  return reads_interleaved(isa, w.type) && !w.interleaved16 && w.n_out > 0 && w.n_out % 16 == 0 &&
+         w.n_in % interleave_block(w.type) == 0;
 }
 
 namespace {
@@ -277,6 +287,12 @@ void interleave16(const WeightView& w, uint8_t* dst) {
   const int64_t blk = dtype_row_bytes(w.type, block), group_blk = 16 * blk;
   const int64_t nb = w.n_in / block, rb = w.row_bytes();
   const auto* src = static_cast<const uint8_t*>(w.data);
+  if (is_float(w.type)) {  // per 4 rows, step b: the 4 rows' elements 8b..8b+7 one after another
+    for (int64_t r = 0; r < w.n_out; r += 4)
+      for (int64_t b = 0; b < nb; ++b)
+        for (int64_t i = 0; i < 4; ++i) std::memcpy(dst + (r * nb + 4 * b + i) * blk, src + (r + i) * rb + b * blk, size_t(blk));
+    return;
+  }
   for (int64_t g = 0; g < w.n_out / 16; ++g)
     for (int64_t b = 0; b < nb; ++b)
       for (int64_t i = 0; i < 16; ++i) {
@@ -297,6 +313,11 @@ void deinterleave16_row(const WeightView& w, int64_t row, uint8_t* dst) {
   const int64_t block = interleave_block(w.type);
   const int64_t blk = dtype_row_bytes(w.type, block), group_blk = 16 * blk;
   const int64_t nb = w.n_in / block;
+  if (is_float(w.type)) {
+    const auto* quad = static_cast<const uint8_t*>(w.data) + (row / 4) * 4 * nb * blk;
+    for (int64_t b = 0; b < nb; ++b) std::memcpy(dst + b * blk, quad + (4 * b + row % 4) * blk, size_t(blk));
+    return;
+  }
   const auto* group = static_cast<const uint8_t*>(w.data) + (row / 16) * nb * group_blk;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = group + b * group_blk;

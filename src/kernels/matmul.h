@@ -130,5 +130,7 @@ void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, con
 // Whether `isa` has a kernel for weights of `type` (otherwise matmul_isa falls back to
 // matmul_ref, e.g. for Q8_K weights).
 bool isa_has_kernel(Isa isa, DType type);
+// Whether `isa` reads w interleaved by 16 (want_interleave16 for that variant, TERN_REPACK aside).
+bool interleave16_for(Isa isa, const WeightView& w);
 
 }  // namespace tern

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "core/stats.h"
 
@@ -24,29 +25,38 @@ uint64_t sum_words(const uint64_t* p, size_t n) {
 }
 }  // namespace
 
-double measure_read_bandwidth_gb_s(ThreadPool& pool, int reps, size_t bytes) {
-  const size_t n = bytes / sizeof(uint64_t);
-  std::unique_ptr<uint64_t, decltype(&std::free)> buf(
-      static_cast<uint64_t*>(std::aligned_alloc(4096, n * sizeof(uint64_t))), &std::free);
-  if (!buf) return 0.0;
+ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, size_t bytes)
+    : pool_(pool), buf_(static_cast<uint64_t*>(std::aligned_alloc(4096, (bytes / 4096 + 1) * 4096)), &std::free) {
+  if (!buf_) return;
+  n_words_ = bytes / sizeof(uint64_t);
   // First touch from the pool, so pages are spread the way the kernels will read them.
-  pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) buf.get()[i] = uint64_t(i);
+  uint64_t* buf = buf_.get();
+  pool_.parallel_for(int64_t(n_words_), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) buf[i] = uint64_t(i);
   });
+}
+
+double ReadBandwidthProbe::measure(int passes) {
+  if (!buf_ || n_words_ == 0) return 0.0;
   double best = 0.0;
   volatile uint64_t sink = 0;
-  for (int r = 0; r < reps; ++r) {
-    std::vector<uint64_t> partial(size_t(pool.size()) * 8, 0);
+  std::vector<uint64_t> partial(size_t(pool_.size()) * 8, 0);
+  for (int r = 0; r < passes; ++r) {
     const int64_t t0 = now_ns();
-    pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int chunk) {
-      partial[size_t(chunk) * 8] = sum_words(buf.get() + b, size_t(e - b));
+    pool_.parallel_for(int64_t(n_words_), [&](int64_t b, int64_t e, int chunk) {
+      partial[size_t(chunk) * 8] = sum_words(buf_.get() + b, size_t(e - b));
     });
     const int64_t t1 = now_ns();
     for (uint64_t v : partial) sink = sink + v;
-    best = std::max(best, double(n * sizeof(uint64_t)) / double(t1 - t0));
+    best = std::max(best, double(n_words_ * sizeof(uint64_t)) / double(t1 - t0));
   }
   (void)sink;
   return best;  // bytes per ns == GB/s
+}
+
+double measure_read_bandwidth_gb_s(ThreadPool& pool, int reps, size_t bytes) {
+  ReadBandwidthProbe probe(pool, bytes);
+  return probe.measure(reps);
 }
 
 }  // namespace tern

@@ -95,25 +95,42 @@ int cmd_bench(int argc, char** argv) {
     run_tg();
     n_gen = keep;
   }
-  std::vector<double> pp, tg;
+  // The bandwidth is measured next to each tg run (before and after it, 3 passes over 256 MiB
+  // each, ~20 ms), and each run's roofline share is taken against the mean of its two: on a
+  // shared machine the bandwidth moves by 1.5x from minute to minute, so one probe at the end
+  // made the share swing from 65% to over 100% between runs of the same build.
+  std::unique_ptr<ReadBandwidthProbe> probe;
+  if (!no_bandwidth) probe = std::make_unique<ReadBandwidthProbe>(s.pool(), size_t(256) << 20);
+  const auto probe_now = [&] { return probe->measure(3); };
+  std::vector<double> pp, tg, bw_runs, pct_runs;
+  const int64_t per_token = bytes_read_per_token(s.file());
   Progress progress("bench", int64_t(reps) * ((n_prompt > 0) + (n_gen > 0)), !json);
   int64_t done = 0;
+  double bw_before = probe && n_gen > 0 ? probe_now() : 0.0;
   for (int r = 0; r < reps; ++r) {
     if (n_prompt > 0) {
       pp.push_back(run_pp());
       progress.update(++done);
     }
     if (n_gen > 0) {
+      if (probe && n_prompt > 0) bw_before = probe_now();
       tg.push_back(run_tg());
+      if (probe) {
+        const double bw_after = probe_now();
+        const double bw_run = (bw_before + bw_after) / 2;
+        bw_before = bw_after;
+        bw_runs.push_back(bw_run);
+        if (bw_run > 0) pct_runs.push_back(100.0 * tg.back() * double(per_token) / (bw_run * 1e9));
+      }
       progress.update(++done);
     }
   }
   progress.finish();
-  const double bw = no_bandwidth ? 0.0 : measure_read_bandwidth_gb_s(s.pool());
-  const int64_t per_token = bytes_read_per_token(s.file());
+  if (probe && n_gen == 0) bw_runs.push_back(probe->measure(5));
+  const double bw = bw_runs.empty() ? 0.0 : percentile(bw_runs, 50);
   const double pp_med = percentile(pp, 50), tg_med = percentile(tg, 50);
   const double roofline_tok_s = bw > 0 ? bw * 1e9 / double(per_token) : 0.0;
-  const double roofline_pct = roofline_tok_s > 0 ? 100.0 * tg_med / roofline_tok_s : 0.0;
+  const double roofline_pct = pct_runs.empty() ? 0.0 : percentile(pct_runs, 50);
   const int64_t weight_bytes = s.model().weight_bytes();
   const std::string type = model_type_name(s.file());
   if (json) {
@@ -131,8 +148,10 @@ int cmd_bench(int argc, char** argv) {
                         {"weight_bytes", weight_bytes},
                         {"bytes_per_token", per_token},
                         {"bandwidth_gb_s", bw},
+                        {"bandwidth_runs", bw_runs},
                         {"tg_roofline_tok_s", roofline_tok_s},
                         {"tg_roofline_pct", roofline_pct},
+                        {"tg_roofline_pct_runs", pct_runs},
                         {"peak_rss_bytes", peak_rss_bytes()}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -145,9 +164,12 @@ int cmd_bench(int argc, char** argv) {
   if (n_gen > 0)
     std::printf("| %s | %s | %s | %d | %s | tg%lld | %.2f |\n", margs.model.c_str(), type.c_str(), size.c_str(),
                 s.pool().size(), active_isa(), static_cast<long long>(n_gen), tg_med);
-  if (bw > 0)
-    std::printf("\nmemory read bandwidth %.1f GB/s; decode reads %s per token -> roofline %.1f tok/s; tg = %.1f%% of it\n",
+  if (bw > 0 && n_gen > 0)
+    std::printf("\nmemory read bandwidth %.1f GB/s (median of the runs' own); decode reads %s per token -> roofline "
+                "%.1f tok/s; tg = %.1f%% of it (median of each run against the bandwidth measured beside it)\n",
                 bw, format_bytes(per_token).c_str(), roofline_tok_s, roofline_pct);
+  else if (bw > 0)
+    std::printf("\nmemory read bandwidth %.1f GB/s\n", bw);
   return 0;
 }
 

@@ -171,16 +171,16 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
     if (isa == Isa::Ref) y_ref_isa = y;
     if (!ok) return;
   }
-  // Q4_0 / Q8_0 / Q4_K / Q6_K as models load them for the SIMD variants: interleaved by 16 rows.
-  const bool q32 = c.type == DType::Q4_0 || c.type == DType::Q8_0;
-  if ((q32 || c.type == DType::Q4_K || c.type == DType::Q6_K) && c.n_out % 16 == 0 && c.n_in % (q32 ? 32 : kQK_K) == 0) {
+  // As models load them for the SIMD variants where those read them so (Q4_0, Q8_0, Q4_K, the
+  // float types; Q6_K for AVX2): interleaved by 16 rows.
+  if (interleave16_for(Isa::Avx2, w.view()) || interleave16_for(Isa::Avx512, w.view())) {
     std::vector<uint8_t> packed(w.data.size());
     interleave16(w.view(), packed.data());
     WeightView wi = w.view();
     wi.data = packed.data();
     wi.interleaved16 = true;
     for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
-      if (!isa_supported(isa) || (isa == Isa::Avx512 && c.type == DType::Q6_K)) continue;  // AVX2 only
+      if (!isa_supported(isa) || !interleave16_for(isa, w.view())) continue;
       SCOPED_TRACE(::testing::Message() << dtype_name(c.type) << " isa " << isa_name(isa) << " interleaved, n_in "
                                         << c.n_in << " n_out " << c.n_out << " n_tokens " << c.n_tokens
                                         << " threads " << pool.size());
@@ -236,7 +236,8 @@ TEST_P(KernelsVsReference, LargerShapes) {
   uint32_t seed = 400;
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     check_case({t, 1024, 200, 70}, pool, seed++);
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
+    check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, KernelsVsReference, ::testing::Values(1, 2),
@@ -296,8 +297,9 @@ TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
   }
 }
 
-// Q4_0 / Q8_0 rows interleaved by 16 (kernels/matmul.h) give the bits of the rows as stored on
-// AVX-512 (Q4_K's and Q6_K's interleaved tiles differ from their stored rows' in float order:
+// Float rows interleaved by 4 (kernels/matmul.h) give the bits of the rows as stored on either
+// ISA (the same FMAs in the same order), for rows ranges that start anywhere as well. Q4_0 /
+// Q8_0 rows interleaved by 16 give the bits of the rows as stored on AVX-512 (Q4_K's and Q6_K's interleaved tiles differ from their stored rows' in float order:
 // KernelsVsReference checks them against the reference kernels, and here Q4_K's AVX2 and AVX-512
 // tiles against each other; Q6_K is interleaved for AVX2 only): at two tokens and more those of the row-lane / token-lane tiles, for one token those of
 // the same token in a batch of two. The AVX2 row-lane tiles on the interleaved rows compute the
@@ -311,11 +313,13 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
   const bool avx512 = isa_supported(Isa::Avx512);
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 1300;
-  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K})
-  for (int64_t n_in : {64, 512, 4096 + 32})
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32})
+  for (int64_t n_in : {40, 64, 512, 4096 + 32})
     for (int64_t n_out : {16, 48, 208}) {
       const bool k_quant = type == DType::Q4_K || type == DType::Q6_K;
+      const bool is_float = type == DType::F16 || type == DType::BF16 || type == DType::F32;
       if (k_quant && n_in % kQK_K != 0) continue;
+      if (!is_float && n_in % 32 != 0) continue;
       SCOPED_TRACE(dtype_name(type));
       const Weights w = make_weights(type, n_in, n_out, seed++);
       std::vector<uint8_t> packed(w.data.size());
@@ -346,7 +350,11 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
             continue;
           }
           matmul_isa(isa, wi, x.data(), n_in, n_tok, inter.data(), n_out, pool);
-          if (avx512 && !k_quant) {
+          if (is_float) {  // the stored rows on the same ISA
+            matmul_isa(isa, w.view(), x.data(), n_in, n_ref, rows.data(), n_out, pool);
+            for (int64_t i = 0; i < n_tok * n_out; ++i)
+              ASSERT_EQ(inter[size_t(i)], rows[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
+          } else if (avx512 && !k_quant) {
             for (int64_t i = 0; i < n_tok * n_out; ++i)
               ASSERT_EQ(inter[size_t(i)], rows[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
           }
@@ -362,8 +370,9 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
               ASSERT_EQ(one[size_t(r)], inter[size_t(t * n_out + r)]) << "token " << t << " alone, row " << r;
           }
           if (selected_isa() != isa) continue;
-          for (int64_t r0 = 0; r0 < n_out; r0 += 12) {  // ranges across group boundaries
-            const int64_t r1 = std::min(n_out, r0 + 12);
+          const int64_t step = is_float ? 10 : 12;  // floats: ranges inside 4-row tiles too
+          for (int64_t r0 = 0; r0 < n_out; r0 += step) {  // ranges across group boundaries
+            const int64_t r1 = std::min(n_out, r0 + step);
             std::vector<float> part(inter.size(), NAN);
             matmul_rows(wi, x.data(), n_in, n_tok, part.data(), n_out, r0, r1);
             for (int64_t i = 0; i < n_tok * n_out; ++i) {

@@ -475,6 +475,9 @@ int64_t avx2_scratch_bytes(DType, int64_t) { return 0; }
 void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
   if (a.interleaved16) {
     switch (a.type) {
+      case DType::F32: return gemm_float<LoadF32, OpsAvx2::kMaxTokens>(a, r0, r1);
+      case DType::F16: return gemm_float<LoadF16, OpsAvx2::kMaxTokens>(a, r0, r1);
+      case DType::BF16: return gemm_float<LoadBF16, OpsAvx2::kMaxTokens>(a, r0, r1);
       case DType::Q4_0: return gemm_interleaved<RowLanesQ32<true>>(a, r0, r1);
       case DType::Q8_0: return gemm_interleaved<RowLanesQ32<false>>(a, r0, r1);
       case DType::Q4_K: return gemm_interleaved<RowLanesQ4K>(a, r0, r1);

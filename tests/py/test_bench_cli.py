@@ -1,0 +1,71 @@
+"""`tern bench --json`: the decode roofline share is the median of each tg run's share against the
+bandwidth measured beside it (before and after the run), so the per-run lists must be consistent
+with each other and with the medians reported; --no-bandwidth skips the probes; nothing to
+measure is a clear error. A stories260k-shape model written by `tern synth` (no ../shared needed).
+Exit code 77 = skipped (no tern binary)."""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+TERN = os.environ.get("TERN_BINARY", "tern")
+if not (os.path.exists(TERN) or shutil.which(TERN)):
+    print(f"SKIP: no tern binary at {TERN}")
+    sys.exit(77)
+
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    print(("ok   " if cond else "FAIL ") + what)
+    failures += not cond
+
+
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
+
+
+with tempfile.TemporaryDirectory() as d:
+    model = os.path.join(d, "tiny.gguf")
+    subprocess.run([TERN, "synth", "--shape", "stories260k", "--type", "f32", "-o", model], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def bench(*args):
+        r = subprocess.run([TERN, "bench", "-m", model, "-t", "2", "--json", *args],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return r.returncode, r.stdout, r.stderr
+
+    reps = 3
+    rc, out, err = bench("-p", "8", "-n", "8", "-r", str(reps))
+    check(rc == 0, f"bench runs (rc {rc}: {err.strip()[:200]})")
+    j = json.loads(out)
+    for key in ("pp_tok_s", "tg_tok_s", "weight_bytes", "bandwidth_gb_s", "tg_roofline_pct"):
+        check(key in j and j[key] > 0, f"{key} = {j.get(key)}")
+    check(len(j["tg_runs"]) == reps and len(j["bandwidth_runs"]) == reps and len(j["tg_roofline_pct_runs"]) == reps,
+          "one tg time, bandwidth and roofline share per rep")
+    bpt = j["bytes_per_token"]
+    shares = [100.0 * tg * bpt / (bw * 1e9) for tg, bw in zip(j["tg_runs"], j["bandwidth_runs"])]
+    check(all(close(a, b) for a, b in zip(shares, j["tg_roofline_pct_runs"])),
+          "each run's share = its tg x bytes per token / its own bandwidth")
+    check(close(j["tg_roofline_pct"], statistics.median(j["tg_roofline_pct_runs"])), "tg_roofline_pct is their median")
+    check(close(j["bandwidth_gb_s"], statistics.median(j["bandwidth_runs"])), "bandwidth_gb_s is the runs' median")
+    check(close(j["tg_roofline_tok_s"], j["bandwidth_gb_s"] * 1e9 / bpt), "roofline tok/s = bandwidth / bytes per token")
+
+    rc, out, err = bench("-p", "8", "-n", "4", "-r", "2", "--no-bandwidth")
+    j = json.loads(out) if rc == 0 else {}
+    check(rc == 0 and j["bandwidth_gb_s"] == 0 and j["bandwidth_runs"] == [] and j["tg_roofline_pct"] == 0,
+          "--no-bandwidth: no probe, no share")
+
+    rc, out, err = bench("-p", "8", "-n", "0", "-r", "2")
+    j = json.loads(out) if rc == 0 else {}
+    check(rc == 0 and len(j["bandwidth_runs"]) == 1 and j["bandwidth_gb_s"] > 0 and j["tg_roofline_pct_runs"] == [],
+          "pp only: one bandwidth probe, no share")
+
+    rc, out, err = bench("-p", "0", "-n", "0")
+    check(rc != 0 and "nothing to measure" in err, f"-p 0 -n 0 is an error (rc {rc}: {err.strip()[:120]})")
+
+sys.exit(1 if failures else 0)
