@@ -77,6 +77,12 @@ class LlamaModel final : public Model {
       L.w_down = matmul_weight(b + "ffn_down.weight", F, E);
     }
     for (const auto& t : file_->tensors()) weight_bytes_ += int64_t(t.n_bytes);
+    const auto stream = [&](const WeightView& w) {
+      decode_weight_memory_.emplace_back(static_cast<const uint8_t*>(w.data), size_t(w.n_out * w.row_bytes()));
+    };
+    for (const LayerWeights& L : layers_)
+      for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) stream(*w);
+    stream(output_);
   }
 
   void reserve(int64_t n_tokens) override {

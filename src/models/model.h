@@ -93,6 +93,10 @@ class Model {
   const HParams& hparams() const { return hp_; }
   // Bytes of all weight tensors as stored (what a decode step streams).
   int64_t weight_bytes() const { return weight_bytes_; }
+  // Where the matrices a decode step streams live (mapped file or interleaved copies), one span
+  // per matrix, in the order a step reads them: what a bandwidth probe for the decode roofline
+  // should read (the same bytes, where they are; tern bench).
+  const std::vector<std::span<const uint8_t>>& decode_weight_memory() const { return decode_weight_memory_; }
 
   // Runs one step. logits: [n_logit_rows(seqs), n_vocab], rows in the order of `seqs`.
   // Writes the new tokens' K/V into `kv` at their slots. max_tokens of the scratch bounds
@@ -108,6 +112,7 @@ class Model {
  protected:
   HParams hp_;
   int64_t weight_bytes_ = 0;
+  std::vector<std::span<const uint8_t>> decode_weight_memory_;
   ForwardObserver* observer_ = nullptr;
 };
 

@@ -95,13 +95,19 @@ int cmd_bench(int argc, char** argv) {
     run_tg();
     n_gen = keep;
   }
-  // The bandwidth is measured next to each tg run (before and after it, 3 passes over 256 MiB
-  // each, ~20 ms), and each run's roofline share is taken against the mean of its two: on a
-  // shared machine the bandwidth moves by 1.5x from minute to minute, so one probe at the end
-  // made the share swing from 65% to over 100% between runs of the same build.
+  // The bandwidth is measured next to each tg run (before and after it), and each run's
+  // roofline share is taken against the mean of the two: on a shared machine the bandwidth
+  // moves by 1.5x from minute to minute, so one probe at the end made the share swing from 58%
+  // to over 100% between runs of the same build. The probe reads the decode's own weights where
+  // they are (bandwidth_probe.h: another buffer can sit on faster or slower memory), 2 passes,
+  // or, for a model that lists none, a 256 MiB buffer of its own (3 passes).
   std::unique_ptr<ReadBandwidthProbe> probe;
-  if (!no_bandwidth) probe = std::make_unique<ReadBandwidthProbe>(s.pool(), size_t(256) << 20);
-  const auto probe_now = [&] { return probe->measure(3); };
+  const bool probe_weights = !s.model().decode_weight_memory().empty();
+  if (!no_bandwidth) {
+    probe = probe_weights ? std::make_unique<ReadBandwidthProbe>(s.pool(), s.model().decode_weight_memory())
+                          : std::make_unique<ReadBandwidthProbe>(s.pool(), size_t(256) << 20);
+  }
+  const auto probe_now = [&] { return probe->measure(probe_weights ? 2 : 3); };
   std::vector<double> pp, tg, bw_runs, pct_runs;
   const int64_t per_token = bytes_read_per_token(s.file());
   Progress progress("bench", int64_t(reps) * ((n_prompt > 0) + (n_gen > 0)), !json);
@@ -149,6 +155,7 @@ int cmd_bench(int argc, char** argv) {
                         {"bytes_per_token", per_token},
                         {"bandwidth_gb_s", bw},
                         {"bandwidth_runs", bw_runs},
+                        {"bandwidth_probe", no_bandwidth ? "none" : probe_weights ? "weights" : "buffer"},
                         {"tg_roofline_tok_s", roofline_tok_s},
                         {"tg_roofline_pct", roofline_pct},
                         {"tg_roofline_pct_runs", pct_runs},

@@ -1,5 +1,6 @@
 """`tern bench --json`: the decode roofline share is the median of each tg run's share against the
-bandwidth measured beside it (before and after the run), so the per-run lists must be consistent
+bandwidth measured beside it (before and after the run, reading the model's own weights where
+they are: tools/bandwidth_probe.h), so the per-run lists must be consistent
 with each other and with the medians reported; --no-bandwidth skips the probes; nothing to
 measure is a clear error. A stories260k-shape model written by `tern synth` (no ../shared needed).
 Exit code 77 = skipped (no tern binary)."""
@@ -45,6 +46,7 @@ with tempfile.TemporaryDirectory() as d:
     j = json.loads(out)
     for key in ("pp_tok_s", "tg_tok_s", "weight_bytes", "bandwidth_gb_s", "tg_roofline_pct"):
         check(key in j and j[key] > 0, f"{key} = {j.get(key)}")
+    check(j["bandwidth_probe"] == "weights", f"the probe reads the model's own weights ({j.get('bandwidth_probe')})")
     check(len(j["tg_runs"]) == reps and len(j["bandwidth_runs"]) == reps and len(j["tg_roofline_pct_runs"]) == reps,
           "one tg time, bandwidth and roofline share per rep")
     bpt = j["bytes_per_token"]
