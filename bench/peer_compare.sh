@@ -78,7 +78,7 @@ python3 - "$results" "$threads" "$pp" "$tg" "$rounds" "${isa:-best}" <<'PY'
 import json, statistics, sys, os
 path, threads, pp, tg, rounds, isa = sys.argv[1:]
 rows = [json.loads(l) for l in open(path)]
-bws = [r["bw"] for r in rows if r.get("bw")]
+bws = [r["bw"] for r in rows if r.get("bw") and r.get("bpt", 0) >= 64 << 20]  # from DRAM only
 bw = f"{min(bws):.1f}-{max(bws):.1f} (median {statistics.median(bws):.1f})" if bws else "n/a"
 def med(model, engine, key):
     xs = [r[key] for r in rows if r["model"] == model and r["engine"] == engine and r[key] is not None]
