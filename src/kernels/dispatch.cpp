@@ -132,10 +132,16 @@ void require_interleave_kernels(Isa isa, const WeightView& w) {
 
 // Output rows per chunk: a multiple of the 4-row tiles, about 4 chunks per thread so that a
 // thread that starts late (descheduled) costs little, but at least 16 rows to keep the claim
-// overhead small next to the work.
-int64_t rows_per_chunk(int64_t n_out, int n_threads) {
+// overhead small next to the work. A lone token (decode) takes 2 per thread: each chunk is a
+// stream of its own, and streams that start and stop cost bandwidth. bench_matmul --sweep 22
+// (TinyLlama's decode weights, share of plain sums over the same bytes, 3 alternating runs of
+// 4 builds in fast minutes): 8 chunks per thread Q4_0 0.80-0.87, 4: 0.875-0.88, 2: 0.91-0.92,
+// 1: 0.93; Q8_0 4: 0.93-0.94, 2: 0.96-0.98, 1: 0.96. Two keep some of the slack for a thread
+// that is late.
+int64_t rows_per_chunk(int64_t n_out, int n_threads, int64_t n_tokens) {
   if (n_threads <= 1) return n_out;
-  int64_t per = (n_out + 4 * n_threads - 1) / (4 * n_threads);
+  const int64_t chunks_per_thread = n_tokens == 1 ? 2 : 4;
+  int64_t per = (n_out + chunks_per_thread * n_threads - 1) / (chunks_per_thread * n_threads);
   per = (per + 3) / 4 * 4;
   return per < 16 ? 16 : per;
 }
@@ -401,7 +407,7 @@ void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, 
                             t.w.n_out, x_in, ldx, act, lay, n_tokens, t.y, t.ldy, t.w.interleaved16});
     scratch_bytes = std::max(scratch_bytes, kt.scratch_bytes(t.w.type, t.w.n_in));
     if (done.joint_rows && k > 0) continue;  // joint chunks: one list over the common rows
-    const int64_t per = rows_per_chunk(t.w.n_out, pool.size());
+    const int64_t per = rows_per_chunk(t.w.n_out, pool.size(), n_tokens);
     for (int64_t r0 = 0; r0 < t.w.n_out; r0 += per)
       chunks.push_back(Chunk{done.joint_rows ? -1 : int32_t(k), r0, std::min(t.w.n_out, r0 + per)});
   }
