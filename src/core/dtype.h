@@ -38,5 +38,7 @@ inline const char* dtype_name(DType t) { return dtype_info(t).name; }
 std::optional<DType> dtype_from_name(std::string_view name);
 // Bytes of one row of n elements; -1 when n is not a multiple of the block size.
 int64_t dtype_row_bytes(DType t, int64_t n);
+// The float weight types the kernels read (F32, F16, BF16).
+inline bool dtype_is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
 }  // namespace tern

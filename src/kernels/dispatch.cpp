@@ -17,7 +17,6 @@
 #include "quant/quant_traits.h"
 
 namespace tern {
-
 namespace {
 
 using kern::ActKind;
@@ -106,21 +105,19 @@ ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n
   return w.interleaved16 ? kern::act_rows_layout(w.type, w.n_in, n_tokens) : kt.act_layout(w.type, w.n_in, n_tokens);
 }
 
-// Which variants read weights interleaved by 16 rows: both SIMD tables for Q4_0, Q8_0 and Q4_K;
-// the AVX2 one for Q6_K too. (AVX-512 row-lane tiles for Q6_K, tried: decode equal, 8-token
-// batches 1.6x faster, but 128-token prompts 20% slower than the token-lane tiles on the stored
-// rows, TinyLlama pp128 -7%.)
-bool is_float(DType type) { return type == DType::F32 || type == DType::F16 || type == DType::BF16; }
-
+// Which variants read weights interleaved (matmul.h): both SIMD tables for Q4_0, Q8_0, Q4_K and
+// the float types; the AVX2 one for Q6_K too. (AVX-512 row-lane tiles for Q6_K, tried: decode
+// equal, 8-token batches 1.6x faster, but 128-token prompts 20% slower than the token-lane tiles
+// on the stored rows, TinyLlama pp128 -7%.)
 bool reads_interleaved(Isa isa, DType type) {
   if (type == DType::Q6_K) return isa == Isa::Avx2;
-  return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K || is_float(type)) &&
+  return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K || dtype_is_float(type)) &&
          (isa == Isa::Avx2 || isa == Isa::Avx512);
 }
 
 // Elements per block of an interleavable type (float types: a step of the 4-row tiles).
 int64_t interleave_block(DType type) {
-  if (is_float(type)) return 8;
+  if (dtype_is_float(type)) return 8;
   return type == DType::Q4_K || type == DType::Q6_K ? kQK_K : 32;
 }
 
@@ -293,7 +290,7 @@ void interleave16(const WeightView& w, uint8_t* dst) {
   const int64_t blk = dtype_row_bytes(w.type, block), group_blk = 16 * blk;
   const int64_t nb = w.n_in / block, rb = w.row_bytes();
   const auto* src = static_cast<const uint8_t*>(w.data);
-  if (is_float(w.type)) {  // per 4 rows, step b: the 4 rows' elements 8b..8b+7 one after another
+  if (dtype_is_float(w.type)) {  // per 4 rows, step b: the 4 rows' elements 8b..8b+7 one after another
     for (int64_t r = 0; r < w.n_out; r += 4)
       for (int64_t b = 0; b < nb; ++b)
         for (int64_t i = 0; i < 4; ++i) std::memcpy(dst + (r * nb + 4 * b + i) * blk, src + (r + i) * rb + b * blk, size_t(blk));
@@ -319,7 +316,7 @@ void deinterleave16_row(const WeightView& w, int64_t row, uint8_t* dst) {
   const int64_t block = interleave_block(w.type);
   const int64_t blk = dtype_row_bytes(w.type, block), group_blk = 16 * blk;
   const int64_t nb = w.n_in / block;
-  if (is_float(w.type)) {
+  if (dtype_is_float(w.type)) {
     const auto* quad = static_cast<const uint8_t*>(w.data) + (row / 4) * 4 * nb * blk;
     for (int64_t b = 0; b < nb; ++b) std::memcpy(dst + b * blk, quad + (4 * b + row % 4) * blk, size_t(blk));
     return;

@@ -27,8 +27,9 @@ struct WeightView {
   int64_t n_in = 0;    // ne[0]
   int64_t n_out = 0;   // ne[1]
   const void* data = nullptr;
-  // Q4_0 / Q8_0 / Q4_K / Q6_K only: the rows interleaved by 16 at load time (interleave16
-  // below) for the AVX2 / AVX-512 kernels, instead of one row after another.
+  // Q4_0 / Q8_0 / Q4_K / Q6_K (by 16) and F32 / F16 / BF16 (by 4): the rows interleaved at
+  // load time (interleave16 below) for the AVX2 / AVX-512 kernels, instead of one row after
+  // another.
   bool interleaved16 = false;
   int64_t row_bytes() const { return dtype_row_bytes(type, n_in); }
 };
@@ -47,8 +48,10 @@ struct WeightView {
 // Q6_K (AVX2 kernels only): 16 x 210 bytes: d[16] at 0; at 32 + 32p + 2i row i's scales 2p and
 // 2p + 1; at 288 + 192 (8n + k) three 64-byte pieces: bytes 4i..4i+3 of each are row i's ql bytes
 // 64n + 4k.., ql bytes 64n + 32 + 4k.. and qh bytes 32n + 4k.. (n = 0, 1; k = 0..7).
-// Whether this process would use them: Q4_0, Q8_0 or Q4_K with the AVX2 or AVX-512 kernels
-// selected, Q6_K with the AVX2 ones; n_out % 16 == 0; TERN_REPACK not "0".
+// F32 / F16 / BF16 per 4 rows, per 8-element step b: the 4 rows' elements 8b..8b+7 one after
+// another (a step of the 4-row FMA tiles is one contiguous piece; n_in % 8 == 0).
+// Whether this process would use them: Q4_0, Q8_0, Q4_K or a float type with the AVX2 or
+// AVX-512 kernels selected, Q6_K with the AVX2 ones; n_out % 16 == 0; TERN_REPACK not "0".
 bool want_interleave16(const WeightView& w);
 // Writes w (rows, one after another) interleaved into dst (w.n_out * row_bytes bytes).
 void interleave16(const WeightView& w, uint8_t* dst);

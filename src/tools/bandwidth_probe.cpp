@@ -86,9 +86,4 @@ double ReadBandwidthProbe::measure(int passes) {
   return best;  // bytes per ns == GB/s
 }
 
-double measure_read_bandwidth_gb_s(ThreadPool& pool, int reps, size_t bytes) {
-  ReadBandwidthProbe probe(pool, bytes);
-  return probe.measure(reps);
-}
-
 }  // namespace tern

@@ -40,7 +40,4 @@ class ReadBandwidthProbe {
   std::vector<std::span<const uint8_t>> regions_;
 };
 
-// One-off: the best of `reps` passes over a buffer of `bytes`.
-double measure_read_bandwidth_gb_s(ThreadPool& pool, int reps = 5, size_t bytes = size_t(1) << 30);
-
 }  // namespace tern

@@ -1031,7 +1031,7 @@ void avx512_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
     }
     return;
   }
-  if (a.interleaved16 && !is_float_type(a.type)) return gemm_interleaved(a, rows_view(a), r0, r1);
+  if (a.interleaved16 && !dtype_is_float(a.type)) return gemm_interleaved(a, rows_view(a), r0, r1);
   switch (a.type) {
     case DType::Q4_0:
     case DType::Q8_0:

@@ -531,8 +531,6 @@ struct LoadBF16 {
   }
 };
 
-inline bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
-
 template <class Load, int R, int T>
 void tile_float(const GemmArgs& a, int64_t r, int64_t t, int lo = 0, int hi = R) {
   __m256 acc[R][T];
