@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   int64_t n_tok = 128;
   double min_seconds = 0.5;
   int sweep_layers = 0;
-  std::vector<std::string> types = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"};
+  std::vector<std::string> types = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"};
   std::vector<std::string> isas = {"ref", "avx2", "avx2i", "avx512", "avx512i"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];

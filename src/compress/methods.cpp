@@ -30,6 +30,8 @@ const std::vector<MethodDef>& defs() {
       {{"bf16", "bf16 weights", false, false}, Kind::Llama, 16, DType::BF16},
       {{"q8_0", "llama.cpp Q8_0: 8-bit blocks of 32, round to nearest", false, false}, Kind::Llama, 8, DType::Q8_0},
       {{"q6_k", "llama.cpp Q6_K: 6-bit k-quant", false, false}, Kind::Llama, 6, DType::Q6_K},
+      {{"q5_k", "llama.cpp Q5_K_M mix: 5-bit k-quant", false, false}, Kind::Llama, 5, DType::Q5_K},
+      {{"q5_0", "llama.cpp Q5_0: 5-bit blocks of 32, round to nearest", false, false}, Kind::Llama, 5, DType::Q5_0},
       {{"q4_k", "llama.cpp Q4_K_M mix: 4-bit k-quant", false, false}, Kind::Llama, 4, DType::Q4_K},
       {{"q4_0", "llama.cpp Q4_0: 4-bit blocks of 32, round to nearest", false, false}, Kind::Llama, 4, DType::Q4_0},
       {{"rtn-int8", "round to nearest, 8-bit groups with zero points (TQ8)", false, false}, Kind::Rtn, 8, DType::F32},

@@ -15,8 +15,9 @@ namespace {
 bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
 // The types `tern quantize --type` writes: ggml's, so that llama.cpp loads the result.
-constexpr DType kQuantizeTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0,
-                                    DType::Q4_0, DType::Q4_K, DType::Q6_K};
+constexpr DType kQuantizeTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
+                                    DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K,
+                                    DType::Q6_K};
 
 bool available(DType t) {
   const QuantTraits* q = quant_traits(t);
@@ -64,29 +65,6 @@ DType parse_quantize_type(const std::string& name) {
   return *t;
 }
 
-uint32_t llama_file_type(DType type) {
-  // llama_ftype values (llama.h): they are not the tensor type ids.
-  switch (type) {
-    case DType::F32: return 0;   // ALL_F32
-    case DType::F16: return 1;   // MOSTLY_F16
-    case DType::Q4_0: return 2;  // MOSTLY_Q4_0
-    case DType::Q8_0: return 7;  // MOSTLY_Q8_0
-    case DType::Q4_K: return 15; // MOSTLY_Q4_K_M (what llama-quantize calls "Q4_K")
-    case DType::Q6_K: return 18; // MOSTLY_Q6_K
-    case DType::BF16: return 32; // MOSTLY_BF16
-    default: return static_cast<uint32_t>(type);  // tern's own types: the type id itself
-  }
-}
-
-DType fit_row_type(DType want, int64_t n_in) {
-  if (dtype_row_bytes(want, n_in) >= 0) return want;
-  // Never less precise than asked: a k-quant that does not fit goes to q8_0 (llama.cpp's
-  // choice for q6_k; for q4_k it picks q5_0, which tern does not have), a 32-block type to f16.
-  if (dtype_row_bytes(DType::Q8_0, n_in) >= 0 && want != DType::Q8_0 && want != DType::Q4_0)
-    return DType::Q8_0;
-  return DType::F16;
-}
-
 std::pair<DType, std::string> default_tensor_type(const GgufFile& src, const GgufTensorInfo& t,
                                                   const QuantizeOptions& opts) {
   const std::string& name = t.name;
@@ -101,11 +79,14 @@ std::pair<DType, std::string> default_tensor_type(const GgufFile& src, const Ggu
     return {DType::Q6_K, "output rule (q6_k)"};
   }
   if (name == "token_embd.weight" && opts.embd_type) return {*opts.embd_type, "--embedding-type"};
-  if (opts.type == DType::Q4_K && available(DType::Q6_K) &&
+  // The _M mixes (llama-quantize's Q4_K_M / Q5_K_M): attn_v and ffn_down of the "more bits"
+  // layers in q6_k.
+  if ((opts.type == DType::Q4_K || opts.type == DType::Q5_K) && available(DType::Q6_K) &&
       (ends_with(name, ".attn_v.weight") || ends_with(name, ".ffn_down.weight"))) {
     const int n_layer = int(src.get_uint(src.get_string("general.architecture", "llama") + ".block_count", 0));
     const int il = layer_of(name);
-    if (n_layer > 0 && il >= 0 && use_more_bits(il, n_layer)) return {DType::Q6_K, "q4_k_m mix (q6_k layer)"};
+    if (n_layer > 0 && il >= 0 && use_more_bits(il, n_layer))
+      return {DType::Q6_K, opts.type == DType::Q4_K ? "q4_k_m mix (q6_k layer)" : "q5_k_m mix (q6_k layer)"};
   }
   return {opts.type, "default"};
 }

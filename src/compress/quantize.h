@@ -22,6 +22,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
+#include "quant/quant_traits.h"
 
 namespace tern {
 
@@ -66,12 +67,7 @@ std::string quantize_type_names();
 // Parses a --type value; throws tern::Error("unknown type 'x' (known: ...)").
 DType parse_quantize_type(const std::string& name);
 
-// llama.cpp's general.file_type (llama_ftype) for a file whose 2-D weights are mostly `type`.
-uint32_t llama_file_type(DType type);
-
-// The type of the fallback chain for rows of n_in elements: `want` when it fits, else the
-// nearest type that fits and is at least as precise (k-quants -> q8_0 -> f16). Always fits.
-DType fit_row_type(DType want, int64_t n_in);
+// llama_file_type and fit_row_type: quant/quant_traits.h.
 
 // The type llama-quantize's default rules give tensor `t` of `src` for the target `opts.type`
 // (before the row-size fallback), and why.

@@ -111,14 +111,15 @@ ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n
 // on the stored rows, TinyLlama pp128 -7%.)
 bool reads_interleaved(Isa isa, DType type) {
   if (type == DType::Q6_K) return isa == Isa::Avx2;
-  return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K || dtype_is_float(type)) &&
+  return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K || type == DType::Q5_K ||
+          dtype_is_float(type)) &&
          (isa == Isa::Avx2 || isa == Isa::Avx512);
 }
 
 // Elements per block of an interleavable type (float types: a step of the 4-row tiles).
 int64_t interleave_block(DType type) {
   if (dtype_is_float(type)) return 8;
-  return type == DType::Q4_K || type == DType::Q6_K ? kQK_K : 32;
+  return type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K ? kQK_K : 32;
 }
 
 void require_interleave_kernels(Isa isa, const WeightView& w) {
@@ -246,11 +247,16 @@ void for_each_piece(DType type, int64_t i, Fn&& fn) {
   for (int64_t k = 0; k < (type == DType::Q4_0 ? 4 : 8); ++k) fn(32 + 64 * k + 4 * i, 2 + 4 * k, 4);
 }
 
-// Q4_K's group block (matmul.h): d, dmin, the scale bytes, the mins' high bits, then qs pieces.
+// Q4_K's group block (matmul.h): d, dmin, the scale bytes, the mins' high bits, then qs pieces;
+// Q5_K's the same, then its qh pieces.
 constexpr int64_t kQ4KScaleBytes = 64, kQ4KMinHigh = 192, kQ4KQuants = 256;
+// Q5_K (matmul.h): Q4_K's header; qs pieces 0..7 each followed by qh piece k; then the other qs
+// pieces: the tiles read a super-block in address order.
+inline int64_t q5_k_qs_piece(int64_t c, int64_t k) { return c == 0 ? 256 + 128 * k : 768 + 512 * c + 64 * k; }
+inline int64_t q5_k_qh_piece(int64_t k) { return 320 + 128 * k; }
 
 // Row i's (0..15) super-block `blk` into the group's block p.
-void interleave_q4_k(const BlockQ4_K& blk, int64_t i, uint8_t* p) {
+void interleave_q4_k(const BlockQ4_K& blk, int64_t i, uint8_t* p, bool q5_layout = false) {
   std::memcpy(p + 2 * i, &blk.d, 2);
   std::memcpy(p + 32 + 2 * i, &blk.dmin, 2);
   uint32_t m_high = 0;
@@ -262,12 +268,15 @@ void interleave_q4_k(const BlockQ4_K& blk, int64_t i, uint8_t* p) {
   }
   std::memcpy(p + kQ4KMinHigh + 4 * i, &m_high, 4);
   for (int64_t c = 0; c < 4; ++c)
-    for (int64_t k = 0; k < 8; ++k) std::memcpy(p + kQ4KQuants + 64 * (8 * c + k) + 4 * i, blk.qs + 32 * c + 4 * k, 4);
+    for (int64_t k = 0; k < 8; ++k) {
+      const int64_t at = q5_layout ? q5_k_qs_piece(c, k) : kQ4KQuants + 64 * (8 * c + k);
+      std::memcpy(p + at + 4 * i, blk.qs + 32 * c + 4 * k, 4);
+    }
 }
 
 // The inverse: row i's super-block as stored (its twelve scale bytes packed as the quantizer
 // packs them, which is the only packing: every bit holds one of the 16 six-bit values).
-void deinterleave_q4_k(const uint8_t* p, int64_t i, BlockQ4_K& blk) {
+void deinterleave_q4_k(const uint8_t* p, int64_t i, BlockQ4_K& blk, bool q5_layout = false) {
   std::memcpy(&blk.d, p + 2 * i, 2);
   std::memcpy(&blk.dmin, p + 32 + 2 * i, 2);
   uint32_t m_high;
@@ -280,7 +289,10 @@ void deinterleave_q4_k(const uint8_t* p, int64_t i, BlockQ4_K& blk) {
   }
   q4_k_pack_scales(sc, m, blk.scales);
   for (int64_t c = 0; c < 4; ++c)
-    for (int64_t k = 0; k < 8; ++k) std::memcpy(blk.qs + 32 * c + 4 * k, p + kQ4KQuants + 64 * (8 * c + k) + 4 * i, 4);
+    for (int64_t k = 0; k < 8; ++k) {
+      const int64_t at = q5_layout ? q5_k_qs_piece(c, k) : kQ4KQuants + 64 * (8 * c + k);
+      std::memcpy(blk.qs + 32 * c + 4 * k, p + at + 4 * i, 4);
+    }
 }
 }  // namespace
 
@@ -307,6 +319,18 @@ void interleave16(const WeightView& w, uint8_t* dst) {
           interleave_q4_k(q, i, p);
           continue;
         }
+        if (w.type == DType::Q5_K) {  // Q4_K's fields, and qh bytes 4k..4k+3 of row i
+          BlockQ5_K q5;
+          std::memcpy(&q5, row_blk, sizeof q5);
+          BlockQ4_K q;
+          q.d = q5.d;
+          q.dmin = q5.dmin;
+          std::memcpy(q.scales, q5.scales, sizeof q.scales);
+          std::memcpy(q.qs, q5.qs, sizeof q.qs);
+          interleave_q4_k(q, i, p, true);
+          for (int64_t k = 0; k < 8; ++k) std::memcpy(p + q5_k_qh_piece(k) + 4 * i, q5.qh + 4 * k, 4);
+          continue;
+        }
         for_each_piece(w.type, i, [&](int64_t at, int64_t row_off, size_t n) { std::memcpy(p + at, row_blk + row_off, n); });
       }
 }
@@ -329,6 +353,18 @@ void deinterleave16_row(const WeightView& w, int64_t row, uint8_t* dst) {
       BlockQ4_K q;
       deinterleave_q4_k(p, row % 16, q);
       std::memcpy(row_blk, &q, sizeof q);
+      continue;
+    }
+    if (w.type == DType::Q5_K) {
+      BlockQ4_K q;
+      deinterleave_q4_k(p, row % 16, q, true);
+      BlockQ5_K q5;
+      q5.d = q.d;
+      q5.dmin = q.dmin;
+      std::memcpy(q5.scales, q.scales, sizeof q5.scales);
+      std::memcpy(q5.qs, q.qs, sizeof q5.qs);
+      for (int64_t k = 0; k < 8; ++k) std::memcpy(q5.qh + 4 * k, p + q5_k_qh_piece(k) + 4 * (row % 16), 4);
+      std::memcpy(row_blk, &q5, sizeof q5);
       continue;
     }
     for_each_piece(w.type, row % 16, [&](int64_t at, int64_t row_off, size_t n) { std::memcpy(row_blk + row_off, p + at, n); });

@@ -10,7 +10,7 @@
 // (TERN_FORCE_ISA=ref|avx2|avx512 overrides); every variant is tested against kernels/ref.
 // Must be called from the thread that owns `pool`; work is split across the pool.
 //
-// Quantized weights (Q8_0, Q4_0, Q4_K, Q6_K) multiply activations quantized on the fly to
+// Quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) multiply activations quantized on the fly to
 // 8 bits per block (Q8_0 / Q8_K, as llama.cpp does), so results differ from the f32 oracle
 // matmul_ref by that rounding (~0.5% of the magnitude of the result). Float weights (F32,
 // F16, BF16) use f32 arithmetic throughout.
@@ -27,7 +27,7 @@ struct WeightView {
   int64_t n_in = 0;    // ne[0]
   int64_t n_out = 0;   // ne[1]
   const void* data = nullptr;
-  // Q4_0 / Q8_0 / Q4_K / Q6_K (by 16) and F32 / F16 / BF16 (by 4): the rows interleaved at
+  // Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K (by 16) and F32 / F16 / BF16 (by 4): the rows interleaved at
   // load time (interleave16 below) for the AVX2 / AVX-512 kernels, instead of one row after
   // another.
   bool interleaved16 = false;
@@ -45,12 +45,16 @@ struct WeightView {
 // 6-bit scale and the low bits of its min); at 192 + 4i row i's eight m_j >> 2 in nibbles; at
 // 256 + 64p (p = 8c + k) bytes 4i..4i+3 = qs bytes 32c + 4k..+3 of row i. The scale bytes are
 // repacked (losslessly: deinterleave16_row restores them), the rest moved.
+// Q5_K: 16 x 176 bytes: Q4_K's first 256 bytes; Q4_K's qs pieces p = k (c = 0) at 256 + 128k,
+// each followed by a qh piece: bytes 4i..4i+3 = qh bytes 4k..4k+3 of row i (the fifth bits of
+// elements 4k.. of all 8 sub-blocks); then pieces p = 8c + k (c = 1..3) at 768 + 512c + 64k.
+// So the tiles read each super-block in address order.
 // Q6_K (AVX2 kernels only): 16 x 210 bytes: d[16] at 0; at 32 + 32p + 2i row i's scales 2p and
 // 2p + 1; at 288 + 192 (8n + k) three 64-byte pieces: bytes 4i..4i+3 of each are row i's ql bytes
 // 64n + 4k.., ql bytes 64n + 32 + 4k.. and qh bytes 32n + 4k.. (n = 0, 1; k = 0..7).
 // F32 / F16 / BF16 per 4 rows, per 8-element step b: the 4 rows' elements 8b..8b+7 one after
 // another (a step of the 4-row FMA tiles is one contiguous piece; n_in % 8 == 0).
-// Whether this process would use them: Q4_0, Q8_0, Q4_K or a float type with the AVX2 or
+// Whether this process would use them: Q4_0, Q8_0, Q4_K, Q5_K or a float type with the AVX2 or
 // AVX-512 kernels selected, Q6_K with the AVX2 ones; n_out % 16 == 0; TERN_REPACK not "0".
 bool want_interleave16(const WeightView& w);
 // Writes w (rows, one after another) interleaved into dst (w.n_out * row_bytes bytes).

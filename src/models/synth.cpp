@@ -120,7 +120,7 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   GgufWriter w(3);
   w.set("general.architecture", GgufValue::string("llama"));
   w.set("general.name", GgufValue::string(std::string("tern-synth-") + sh.name));
-  w.set("general.file_type", GgufValue::u32(static_cast<uint32_t>(opts.type)));
+  w.set("general.file_type", GgufValue::u32(llama_file_type(opts.type)));
   w.set("llama.context_length", GgufValue::u32(uint32_t(sh.n_ctx)));
   w.set("llama.embedding_length", GgufValue::u32(uint32_t(sh.n_embd)));
   w.set("llama.feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff)));
@@ -152,8 +152,8 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   auto add_matrix = [&](const std::string& name, int64_t n_in, int64_t n_out) {
     DType type = opts.type;
     if (dtype_row_bytes(type, n_in) < 0) {
-      // Rows that do not fit the block size: fall back like llama-quantize does.
-      type = dtype_row_bytes(DType::Q8_0, n_in) >= 0 && quant_traits(DType::Q8_0) ? DType::Q8_0 : DType::F16;
+      // Rows that do not fit the block size: llama-quantize's substitute (q4_k -> q5_0, ...).
+      type = fit_row_type(type, n_in);
       rep.fallbacks.emplace_back(name, type);
     }
     const QuantTraits& q = require_quant_traits(type, name.c_str());

@@ -10,9 +10,17 @@ void q8_0_to_float(const void* src, float* dst, int64_t n);
 void q8_0_from_float(const float* src, void* dst, int64_t n);
 void q4_0_to_float(const void* src, float* dst, int64_t n);
 void q4_0_from_float(const float* src, void* dst, int64_t n);
+void q4_1_to_float(const void* src, float* dst, int64_t n);
+void q4_1_from_float(const float* src, void* dst, int64_t n);
+void q5_0_to_float(const void* src, float* dst, int64_t n);
+void q5_0_from_float(const float* src, void* dst, int64_t n);
+void q5_1_to_float(const void* src, float* dst, int64_t n);
+void q5_1_from_float(const float* src, void* dst, int64_t n);
 
 void q4_k_to_float(const void* src, float* dst, int64_t n);
 void q4_k_from_float(const float* src, void* dst, int64_t n);
+void q5_k_to_float(const void* src, float* dst, int64_t n);
+void q5_k_from_float(const float* src, void* dst, int64_t n);
 void q6_k_to_float(const void* src, float* dst, int64_t n);
 void q6_k_from_float(const float* src, void* dst, int64_t n);
 void q8_k_to_float(const void* src, float* dst, int64_t n);

@@ -1,4 +1,4 @@
-// K-quants (Q4_K, Q6_K) and their activation format Q8_K: 256-element super-blocks whose
+// K-quants (Q4_K, Q5_K, Q6_K) and their activation format Q8_K: 256-element super-blocks whose
 // sub-blocks carry small integer scales, themselves scaled by one f16 per super-block.
 //
 // Dequantizers evaluate ggml's expressions in ggml's order (bit-exact values). Quantizers
@@ -229,6 +229,91 @@ void q4_k_from_float(const float* src, void* dst, int64_t n) {
     for (int j = 0; j < kQK_K; j += 64) {
       for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
       q += 32;
+    }
+  }
+}
+
+void q5_k_to_float(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockQ5_K*>(src);
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = fp16_to_f32(b[i].d);
+    const float dmin = fp16_to_f32(b[i].dmin);
+    const uint8_t* ql = b[i].qs;
+    const uint8_t* qh = b[i].qh;
+    float* y = dst + i * kQK_K;
+    for (int j = 0; j < kQK_K / 64; ++j) {  // sub-blocks 2j (low nibbles, qh bit 2j), 2j+1
+      uint8_t sc, m;
+      q4_k_scale_min(2 * j, b[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      q4_k_scale_min(2 * j + 1, b[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      const uint8_t u1 = uint8_t(1u << (2 * j)), u2 = uint8_t(2u << (2 * j));
+      for (int l = 0; l < 32; ++l) y[l] = d1 * ((ql[l] & 0x0F) + (qh[l] & u1 ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) y[32 + l] = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+      ql += 32;
+      y += 64;
+    }
+  }
+}
+
+// Q4_K's algorithm with 5-bit quants (make_qkx2_quants to 0..31, llama.cpp's search range for
+// Q5_K: -0.5 + 0.1 * is, 16 steps).
+void q5_k_from_float(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<BlockQ5_K*>(dst);
+  uint8_t L[kQK_K], Laux[32];
+  float weights[32], mins[kQK_K / 32], scales[kQK_K / 32];
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float* x = src + i * kQK_K;
+    BlockQ5_K& y = b[i];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < kQK_K / 32; ++j) {
+      float sum_x2 = 0;
+      for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+      const float av_x = std::sqrt(sum_x2 / 32);
+      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
+      scales[j] = make_qkx2_quants(32, 31, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
+                                   -0.5f, 0.1f, 15);
+      if (scales[j] > max_scale) max_scale = scales[j];
+      if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    uint8_t sc6[kQK_K / 32], m6[kQK_K / 32];
+    for (int j = 0; j < kQK_K / 32; ++j) {
+      uint8_t ls = static_cast<uint8_t>(nearest_int(inv_scale * scales[j]));
+      uint8_t lm = static_cast<uint8_t>(nearest_int(inv_min * mins[j]));
+      sc6[j] = ls > 63 ? 63 : ls;
+      m6[j] = lm > 63 ? 63 : lm;
+    }
+    q4_k_pack_scales(sc6, m6, y.scales);
+    y.d = f32_to_fp16(max_scale / 63.0f);
+    y.dmin = f32_to_fp16(max_min / 63.0f);
+    for (int j = 0; j < kQK_K / 32; ++j) {
+      uint8_t sc, m;
+      q4_k_scale_min(j, y.scales, &sc, &m);
+      const float d = fp16_to_f32(y.d) * sc;
+      if (!d) continue;
+      const float dm = fp16_to_f32(y.dmin) * m;
+      for (int l = 0; l < 32; ++l)
+        L[32 * j + l] = static_cast<uint8_t>(clamp_int(nearest_int((x[32 * j + l] + dm) / d), 0, 31));
+    }
+    std::memset(y.qh, 0, sizeof(y.qh));
+    uint8_t* ql = y.qs;
+    for (int j = 0; j < kQK_K / 64; ++j) {
+      const uint8_t u1 = uint8_t(1u << (2 * j)), u2 = uint8_t(2u << (2 * j));
+      for (int l = 0; l < 32; ++l) {
+        int l1 = L[64 * j + l], l2 = L[64 * j + 32 + l];
+        if (l1 > 15) {
+          l1 -= 16;
+          y.qh[l] |= u1;
+        }
+        if (l2 > 15) {
+          l2 -= 16;
+          y.qh[l] |= u2;
+        }
+        ql[l] = static_cast<uint8_t>(l1 | (l2 << 4));
+      }
+      ql += 32;
     }
   }
 }

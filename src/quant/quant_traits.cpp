@@ -38,7 +38,11 @@ const QuantTraits kTraits[] = {
     {DType::BF16, "bf16", 1, 2, bf16_to_float, bf16_from_float, DType::F32},
     {DType::Q8_0, "q8_0", 32, 34, q8_0_to_float, q8_0_from_float, DType::Q8_0},
     {DType::Q4_0, "q4_0", 32, 18, q4_0_to_float, q4_0_from_float, DType::Q8_0},
+    {DType::Q4_1, "q4_1", 32, sizeof(BlockQ4_1), q4_1_to_float, q4_1_from_float, DType::Q8_0},
+    {DType::Q5_0, "q5_0", 32, sizeof(BlockQ5_0), q5_0_to_float, q5_0_from_float, DType::Q8_0},
+    {DType::Q5_1, "q5_1", 32, sizeof(BlockQ5_1), q5_1_to_float, q5_1_from_float, DType::Q8_0},
     {DType::Q4_K, "q4_k", kQK_K, sizeof(BlockQ4_K), q4_k_to_float, q4_k_from_float, DType::Q8_K},
+    {DType::Q5_K, "q5_k", kQK_K, sizeof(BlockQ5_K), q5_k_to_float, q5_k_from_float, DType::Q8_K},
     {DType::Q6_K, "q6_k", kQK_K, sizeof(BlockQ6_K), q6_k_to_float, q6_k_from_float, DType::Q8_K},
     // Q8_K exists to carry activations; as a weight it has no fast kernel (matmul falls back
     // to the reference), so it pairs with nothing.
@@ -62,6 +66,37 @@ const QuantTraits& require_quant_traits(DType t, const char* tensor_name) {
     fail("unsupported tensor type ", info ? info->name : "?", " in tensor ", tensor_name);
   }
   return *q;
+}
+
+uint32_t llama_file_type(DType type) {
+  // llama_ftype values (llama.h): they are not the tensor type ids.
+  switch (type) {
+    case DType::F32: return 0;   // ALL_F32
+    case DType::F16: return 1;   // MOSTLY_F16
+    case DType::Q4_0: return 2;  // MOSTLY_Q4_0
+    case DType::Q4_1: return 3;  // MOSTLY_Q4_1
+    case DType::Q8_0: return 7;  // MOSTLY_Q8_0
+    case DType::Q5_0: return 8;  // MOSTLY_Q5_0
+    case DType::Q5_1: return 9;  // MOSTLY_Q5_1
+    case DType::Q4_K: return 15; // MOSTLY_Q4_K_M (what llama-quantize calls "Q4_K")
+    case DType::Q5_K: return 17; // MOSTLY_Q5_K_M (llama-quantize's "Q5_K")
+    case DType::Q6_K: return 18; // MOSTLY_Q6_K
+    case DType::BF16: return 32; // MOSTLY_BF16
+    default: return static_cast<uint32_t>(type);  // tern's own types: the type id itself
+  }
+}
+
+DType fit_row_type(DType want, int64_t n_in) {
+  if (dtype_row_bytes(want, n_in) >= 0) return want;
+  // llama-quantize's substitutes for a k-quant whose rows are not a multiple of 256 (Qwen2's
+  // 896, stories260K's 64): a 32-block type of at least its bits; f16 when that does not fit
+  // either (a 32-block type's rows not a multiple of 32).
+  DType alt = DType::F16;
+  if (want == DType::Q4_K) alt = DType::Q5_0;
+  else if (want == DType::Q5_K) alt = DType::Q5_1;
+  else if (want == DType::Q6_K) alt = DType::Q8_0;
+  if (alt != DType::F16 && dtype_row_bytes(alt, n_in) >= 0) return alt;
+  return DType::F16;
 }
 
 }  // namespace tern

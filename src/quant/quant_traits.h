@@ -30,6 +30,13 @@ const QuantTraits* quant_traits(DType t);
 // Throws tern::Error("unsupported tensor type T in tensor NAME") when there is no codec.
 const QuantTraits& require_quant_traits(DType t, const char* tensor_name);
 
+// llama.cpp's general.file_type (llama_ftype) for a file whose 2-D weights are mostly `type`.
+uint32_t llama_file_type(DType type);
+
+// The type for rows of n_in elements: `want` when it fits, else llama-quantize's substitute
+// (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0) when that fits, else f16. Always fits.
+DType fit_row_type(DType want, int64_t n_in);
+
 // Elements per K-quant super-block.
 inline constexpr int kQK_K = 256;
 
@@ -41,6 +48,27 @@ struct BlockQ8_0 {
 struct BlockQ4_0 {
   uint16_t d;        // fp16 scale
   uint8_t qs[16];    // low nibbles: elements 0..15, high nibbles: 16..31
+};
+
+// Q4_1: x = d * q + m, q in 0..15 (nibbles as in Q4_0).
+struct BlockQ4_1 {
+  uint16_t d;        // fp16 scale
+  uint16_t m;        // fp16 offset (the block's minimum)
+  uint8_t qs[16];
+};
+// Q5_0: x = d * (q - 16), q in 0..31: its low 4 bits as Q4_0's nibbles, bit 4 of element j in
+// bit j of qh (little-endian).
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+// Q5_1: x = d * q + m, q in 0..31 split as in Q5_0.
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[16];
 };
 
 // Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], q in 0..15.
@@ -58,6 +86,16 @@ struct BlockQ4_K {
 // (every bit of the 12 bytes holds one of the 16 values, so unpack then pack is the identity).
 void q4_k_scale_min(int j, const uint8_t* scales, uint8_t* sc, uint8_t* m);
 void q4_k_pack_scales(const uint8_t* sc, const uint8_t* m, uint8_t* scales);
+
+// Q5_K: Q4_K with a fifth bit: x = d * sc[j] * q - dmin * m[j], q in 0..31; scales packed as
+// Q4_K's; qs as Q4_K's (low 4 bits); bit 4 of element l of sub-block j in bit j of qh[l].
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
 
 // Q6_K: 16 sub-blocks of 16; x = d * scales[j] * (q - 32), q in 0..63 split into a low nibble
 // (ql) and 2 high bits (qh). Per half of 128 elements, for l in 0..31:
@@ -80,7 +118,11 @@ struct BlockQ8_K {
 
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockQ8_K) == 292);
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compress_test_util.h"
+#include "compress/quantize.h"
 #include "gguf/gguf.h"
 
 namespace tern {
@@ -89,9 +90,30 @@ TEST(Quantize, DefaultRulesFollowLlamaQuantize) {
   EXPECT_EQ(tensor_of(qk, "blk.0.attn_v.weight")["type"], "q6_k");   // one layer: a "more bits" layer
   EXPECT_EQ(tensor_of(qk, "blk.0.ffn_down.weight")["type"], "q6_k");
   EXPECT_EQ(tensor_of(qk, "blk.0.attn_q.weight")["type"], "q4_k");
+  const auto q5k = quantize_json(src + " " + temp_path("small-def-q5_k.gguf") + " --type q5_k");
+  EXPECT_EQ(tensor_of(q5k, "blk.0.attn_v.weight")["type"], "q6_k");  // Q5_K_M: the same pattern
+  EXPECT_EQ(tensor_of(q5k, "blk.0.ffn_down.weight")["type"], "q6_k");
+  EXPECT_EQ(tensor_of(q5k, "blk.0.attn_q.weight")["type"], "q5_k");
+  EXPECT_EQ(tensor_of(q5k, "output.weight")["type"], "q6_k");
+  EXPECT_EQ(q5k["file_type"], 17);  // LLAMA_FTYPE_MOSTLY_Q5_K_M
+  const auto q50 = quantize_json(src + " " + temp_path("small-def-q5_0.gguf") + " --type q5_0");
+  EXPECT_EQ(tensor_of(q50, "blk.0.attn_q.weight")["type"], "q5_0");
+  EXPECT_EQ(q50["file_type"], 8);
   const auto f16 = quantize_json(src + " " + temp_path("small-def-f32.gguf") + " --type f32");
   EXPECT_EQ(tensor_of(f16, "output.weight")["type"], "f32");
   EXPECT_EQ(f16["n_fallbacks"], 0);
+}
+
+// Rows that do not fit a k-quant's 256-blocks get llama-quantize's substitutes (q4_k -> q5_0,
+// q5_k -> q5_1, q6_k -> q8_0), and f16 where those do not fit either.
+TEST(Quantize, KQuantSubstitutesFollowLlamaQuantize) {
+  EXPECT_EQ(fit_row_type(DType::Q4_K, 896), DType::Q5_0);  // Qwen2-0.5B's n_embd
+  EXPECT_EQ(fit_row_type(DType::Q5_K, 896), DType::Q5_1);
+  EXPECT_EQ(fit_row_type(DType::Q6_K, 896), DType::Q8_0);
+  EXPECT_EQ(fit_row_type(DType::Q4_K, 4864), DType::Q4_K);
+  EXPECT_EQ(fit_row_type(DType::Q4_K, 172), DType::F16);
+  EXPECT_EQ(fit_row_type(DType::Q5_0, 172), DType::F16);
+  EXPECT_EQ(fit_row_type(DType::Q8_0, 64), DType::Q8_0);
 }
 
 TEST(Quantize, KeepLeavesMatchingTensorsAlone) {
@@ -136,7 +158,8 @@ TEST_F(QuantizeStories, Q8_0FallsBackPerTensorAndKeepsPerplexity) {
 TEST_F(QuantizeStories, LlamaCppLoadsTheResult) {
   const std::string script = peer_script();
   if (script.empty()) GTEST_SKIP() << "llama.cpp peer not installed (../shared/peer/setup.sh)";
-  for (const char* type : {"q8_0", "q4_0"}) {
+  // q4_k and q5_k: stories260K's 64-wide rows take the substitutes q5_0 and q5_1.
+  for (const char* type : {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k"}) {
     const std::string out = temp_path(std::string("stories-peer-") + type + ".gguf");
     quantize_json(stories() + " " + out + " --type " + type);
     std::string peer_out, err;

@@ -192,8 +192,8 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
 }
 
 const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16};
-const DType kQ32Types[] = {DType::Q8_0, DType::Q4_0};
-const DType kKTypes[] = {DType::Q4_K, DType::Q6_K};
+const DType kQ32Types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1};
+const DType kKTypes[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K};
 const int64_t kOuts[] = {1, 3, 13, 17, 64};
 // 9 and 28 leave a partial 16-token group big enough for the AVX-512 lanes (padded), 33 and
 // 70 one that goes to the classic tiles. 6, 7, 8, 22 and 24 end in a group of at most 8 (Q8_0
@@ -212,7 +212,7 @@ TEST_P(KernelsVsReference, FloatTypes) {
         for (int64_t n_tok : kTokens) check_case({t, n_in, n_out, n_tok}, pool, seed++);
 }
 
-TEST_P(KernelsVsReference, Q8_0AndQ4_0) {
+TEST_P(KernelsVsReference, BlocksOf32) {
   ThreadPool& pool = shared_pool(GetParam());
   uint32_t seed = 200;
   for (DType t : kQ32Types)
@@ -234,7 +234,8 @@ TEST_P(KernelsVsReference, KQuants) {
 TEST_P(KernelsVsReference, LargerShapes) {
   ThreadPool& pool = shared_pool(GetParam());
   uint32_t seed = 400;
-  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
+  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                 DType::Q4_K, DType::Q5_K, DType::Q6_K})
     check_case({t, 1024, 200, 70}, pool, seed++);
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
@@ -248,7 +249,7 @@ INSTANTIATE_TEST_SUITE_P(Threads, KernelsVsReference, ::testing::Values(1, 2),
 TEST(KernelsDispatch, RowRangesMatchWholeMatrixBitForBit) {
   ThreadPool& pool = shared_pool(1);
   uint32_t seed = 500;
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K})
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K})
     for (int64_t n_tok : {1, 6, 8, 16, 24, 33}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n_tokens " << n_tok);
       const int64_t n_in = 512, n_out = 29;
@@ -313,10 +314,10 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
   const bool avx512 = isa_supported(Isa::Avx512);
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 1300;
-  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32})
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32})
   for (int64_t n_in : {40, 64, 512, 4096 + 32})
     for (int64_t n_out : {16, 48, 208}) {
-      const bool k_quant = type == DType::Q4_K || type == DType::Q6_K;
+      const bool k_quant = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K;
       const bool is_float = type == DType::F16 || type == DType::BF16 || type == DType::F32;
       if (k_quant && n_in % kQK_K != 0) continue;
       if (!is_float && n_in % 32 != 0) continue;
@@ -392,7 +393,8 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
 // The scalar integer paths are exact arithmetic on the dequantized values: dot_ref equals the
 // f64 dot of the dequantized weight row and the dequantized activation row.
 TEST(KernelsRef, IntegerDotIsDotOfDequantizedValues) {
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K,
+                 DType::Q6_K}) {
     SCOPED_TRACE(dtype_name(t));
     const int64_t n_in = 1024;
     const Weights w = make_weights(t, n_in, 4, 7);
@@ -481,7 +483,8 @@ TEST(KernelsDispatch, TypesWithoutKernelFallBackToReference) {
 }
 
 TEST(KernelsDispatch, DequantizeRowMatchesTraits) {
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                 DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     const Weights w = make_weights(t, 512, 3, 15);
     std::vector<float> row(512);
     dequantize_row(w.view(), 2, row.data());

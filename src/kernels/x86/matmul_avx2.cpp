@@ -300,19 +300,26 @@ struct RowLanesQ32 {
 // broadcast) in one pmaddwd per sub-block. The float tail runs once per super-block.
 
 constexpr int64_t kGroupBlkQ4K = 16 * int64_t(sizeof(BlockQ4_K));
+// Q5_K (kQ5): Q4_K's group block with qh pieces before the qs ones (matmul.h); each piece's fifth bits are
+// added to the nibbles as 16 (a byte compare against the sub-block's bit). Its quants reach 31,
+// so pmaddubsw pairs reach 2 * 31 * 127 and only 4 steps may sum in int16 (31496) before the
+// pmaddwd by the scales: two rounds per sub-block pair.
+constexpr int64_t kGroupBlkQ5K = 16 * int64_t(sizeof(BlockQ5_K));
 
-template <int H, int T>
+template <bool kQ5, int H, int T>
 __attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t nsb, const RowsView& v, int64_t t,
                                                   int h0, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
+  constexpr int64_t kGroupBlk = kQ5 ? kGroupBlkQ5K : kGroupBlkQ4K;
+  constexpr int kSteps = kQ5 ? 4 : 8;  // pmaddubsw steps summed in int16
   const ActPtrs<T> x(v, t);
   __m256 acc[H][T];
   for (auto& a : acc)
     for (auto& e : a) e = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
   const __m256i m6 = _mm256_set1_epi32(63), low4 = _mm256_set1_epi32(15);
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* blk = group + sb * kGroupBlkQ4K;
-    if (pf) prefetch_step<int(kGroupBlkQ4K)>(pf + sb * kGroupBlkQ4K);
+    const uint8_t* blk = group + sb * kGroupBlk;
+    if (pf) prefetch_step<int(kGroupBlk)>(pf + sb * kGroupBlk);
     for (int h = 0; h < H; ++h) {
       const int half = h0 + h;
       __m256i S[T], M[T];
@@ -320,30 +327,42 @@ __attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t 
       __m256i m_high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 192 + 32 * half));
 #pragma GCC unroll 1
       for (int c = 0; c < 4; ++c) {
-        __m256i slo[T], shi[T];
-        for (int i = 0; i < T; ++i) slo[i] = shi[i] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-        for (int k = 0; k < 8; ++k) {
-          const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 256 + 64 * (8 * c + k) + 32 * half));
-          const __m256i lo = _mm256_and_si256(d, m4);
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(d, 4), m4);
-          for (int i = 0; i < T; ++i) {
-            const int8_t* xp = x.q[i] + kQK_K * sb + 64 * c + 4 * k;
-            slo[i] = _mm256_add_epi16(slo[i], _mm256_maddubs_epi16(lo, broadcast4(xp)));
-            shi[i] = _mm256_add_epi16(shi[i], _mm256_maddubs_epi16(hi, broadcast4(xp + 32)));
-          }
-        }
+        __m256i sc2[2];
         for (int jj = 0; jj < 2; ++jj) {
           const int j = 2 * c + jj;
           const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j + 8 * half)));
           const __m256i sc = _mm256_and_si256(b, m6);
           const __m256i m = _mm256_or_si256(_mm256_srli_epi32(b, 6), _mm256_slli_epi32(_mm256_and_si256(m_high, low4), 2));
           m_high = _mm256_srli_epi32(m_high, 4);  // sub-block j + 1's nibble next
-          const __m256i sc2 = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));  // sc in both int16 halves
+          sc2[jj] = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));  // sc in both int16 halves
           const __m256i m2 = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
-          for (int i = 0; i < T; ++i) {
-            S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(jj ? shi[i] : slo[i], sc2));
+          for (int i = 0; i < T; ++i)
             M[i] = _mm256_add_epi32(M[i], _mm256_madd_epi16(m2, broadcast4(reinterpret_cast<const int8_t*>(x.bsums(i) + 16 * sb + 2 * j))));
+        }
+        const __m256i bit_lo = _mm256_set1_epi8(char(1 << (2 * c))), bit_hi = _mm256_set1_epi8(char(2 << (2 * c)));
+#pragma GCC unroll 1
+        for (int k0 = 0; k0 < 8; k0 += kSteps) {
+          __m256i slo[T], shi[T];
+          for (int i = 0; i < T; ++i) slo[i] = shi[i] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+          for (int k = k0; k < k0 + kSteps; ++k) {
+            const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (kQ5 ? (c == 0 ? 256 + 128 * k : 768 + 512 * c + 64 * k) : 256 + 64 * (8 * c + k)) + 32 * half));
+            __m256i lo = _mm256_and_si256(d, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(d, 4), m4);
+            if constexpr (kQ5) {
+              const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 320 + 128 * k + 32 * half));
+              lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q, bit_lo), bit_lo), sixteen));
+              hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q, bit_hi), bit_hi), sixteen));
+            }
+            for (int i = 0; i < T; ++i) {
+              const int8_t* xp = x.q[i] + kQK_K * sb + 64 * c + 4 * k;
+              slo[i] = _mm256_add_epi16(slo[i], _mm256_maddubs_epi16(lo, broadcast4(xp)));
+              shi[i] = _mm256_add_epi16(shi[i], _mm256_maddubs_epi16(hi, broadcast4(xp + 32)));
+            }
+          }
+          for (int i = 0; i < T; ++i) {
+            S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(slo[i], sc2[0]));
+            S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(shi[i], sc2[1]));
           }
         }
       }
@@ -359,14 +378,15 @@ __attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t 
   store_halves<H, T>(acc, h0, y, ldy, keep);
 }
 
-// 16 rows x 2 tokens: 335 GFLOP/s, 8 x 4 325.
+// 16 rows x 2 tokens: 335 GFLOP/s, 8 x 4 325 (Q4_K).
+template <bool kQ5>
 struct RowLanesQ4K {
   static constexpr int kTokens = 2, kBothHalvesTokens = 2;
-  static constexpr int64_t kBlock = kQK_K, kGroupBlock = kGroupBlkQ4K;
+  static constexpr int64_t kBlock = kQK_K, kGroupBlock = kQ5 ? kGroupBlkQ5K : kGroupBlkQ4K;
   template <int H, int T>
   static void tile(const uint8_t* group, int64_t nb, const RowsView& v, int64_t t, int h0, const uint8_t* pf, float* y,
                    int64_t ldy, uint32_t keep) {
-    rowlane8_q4_k_tile<H, T>(group, nb, v, t, h0, pf, y, ldy, keep);
+    rowlane8_q4_k_tile<kQ5, H, T>(group, nb, v, t, h0, pf, y, ldy, keep);
   }
 };
 
@@ -480,7 +500,8 @@ void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
       case DType::BF16: return gemm_float<LoadBF16, OpsAvx2::kMaxTokens>(a, r0, r1);
       case DType::Q4_0: return gemm_interleaved<RowLanesQ32<true>>(a, r0, r1);
       case DType::Q8_0: return gemm_interleaved<RowLanesQ32<false>>(a, r0, r1);
-      case DType::Q4_K: return gemm_interleaved<RowLanesQ4K>(a, r0, r1);
+      case DType::Q4_K: return gemm_interleaved<RowLanesQ4K<false>>(a, r0, r1);
+      case DType::Q5_K: return gemm_interleaved<RowLanesQ4K<true>>(a, r0, r1);
       default: return gemm_interleaved<RowLanesQ6K>(a, r0, r1);  // Q6_K (dispatch checks the type)
     }
   }

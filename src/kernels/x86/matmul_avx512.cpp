@@ -53,8 +53,9 @@ constexpr int kLanes = 16;
 // (single core) over the classic tiles; Q4_0 / Q8_0 lay out full groups only, the row-lane
 // tiles being level with or faster than a padded group at any smaller count.
 int64_t lanes_min_tokens(DType type) {
-  // Q4_0 / Q8_0: full groups only; the row-lane tiles (below) take any smaller remainder.
-  return type == DType::Q4_0 || type == DType::Q8_0 ? kLanes : 12;
+  // Q4_0 / Q8_0 / Q5_0: full groups only; the row-lane tiles (below) or the classic ones take
+  // any smaller remainder.
+  return type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q5_0 ? kLanes : 12;
 }
 constexpr int64_t kLaneBlockQ8_0 = 8 * 64 + 64 + 64;
 constexpr int64_t kLaneOffNsum = 8 * 64 + 64;
@@ -670,10 +671,58 @@ void gemm_fused_t(const GemmArgs& a, int64_t r0, int64_t r1, float* dw) {
   }
 }
 
-// scratch holds the kFusedRows * n_in / 32 floats of fused_scales.
+// Q5_0 in the token-lane tiles: each tile's rows are rebuilt as Q8_0 blocks (q - 16 in int8,
+// the same f16 d: the same values) in the thread's scratch, once per block of token groups, and
+// the Q8_0 tile runs on them, so the integer sums and float steps are those of Q8_0 weights
+// holding those values. A prompt's hundreds of tokens share each rebuilt row; the fifth bits cost
+// a vpshufb, a compare and two logic operations per block and row, instead of per block, row and
+// token tile in the classic tiles (pp128 of a 1.1B Q5_0 model: 84 tok/s there).
+inline void q5_0_rows_as_q8_0(const uint8_t* w, int64_t rb, int rows, int64_t nb, uint8_t* dst) {
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  for (int r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const auto* src = reinterpret_cast<const BlockQ5_0*>(w + r * rb) + b;
+      uint8_t* out = dst + (r * nb + b) * int64_t(sizeof(BlockQ8_0));
+      std::memcpy(out, &src->d, 2);
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src->qs));
+      const __m256i q = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4)),
+                                        q5_high_bytes(src->qh));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), _mm256_sub_epi8(q, sixteen));
+    }
+}
+
+template <int R>
+void fused_rows_q5_0(const GemmArgs& a, int64_t r, int64_t g0, int64_t g1, float* dw, uint8_t* rows8) {
+  const int64_t nb = a.n_in / 32;
+  q5_0_rows_as_q8_0(a.w + r * a.row_bytes, a.row_bytes, R, nb, rows8);
+  GemmArgs a8 = a;
+  a8.type = DType::Q8_0;
+  a8.w = rows8;
+  a8.row_bytes = nb * int64_t(sizeof(BlockQ8_0));
+  a8.y = a.y + r;  // row 0 of the rebuilt rows is row r of y
+  fused_rows<R, false>(a8, 0, g0, g1, dw);
+}
+
+void gemm_fused_q5_0(const GemmArgs& a, int64_t r0, int64_t r1, float* dw, uint8_t* rows8) {
+  const int64_t n_groups = (a.act_layout.lane_tokens + kLanes - 1) / kLanes;
+  int64_t gpb = (512 << 10) / a.act_layout.stride;
+  gpb = gpb < 1 ? 1 : gpb;
+  for (int64_t g0 = 0; g0 < n_groups; g0 += gpb) {
+    const int64_t g1 = g0 + gpb < n_groups ? g0 + gpb : n_groups;
+    int64_t r = r0;
+    for (; r + kFusedRows <= r1; r += kFusedRows) fused_rows_q5_0<kFusedRows>(a, r, g0, g1, dw, rows8);
+    for (; r + 4 <= r1; r += 4) fused_rows_q5_0<4>(a, r, g0, g1, dw, rows8);
+    for (; r < r1; ++r) fused_rows_q5_0<1>(a, r, g0, g1, dw, rows8);
+  }
+}
+
+// scratch holds the kFusedRows * n_in / 32 floats of fused_scales (then, for Q5_0, its
+// kFusedRows rows rebuilt as Q8_0).
 void gemm_fused(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
   float* dw = reinterpret_cast<float*>(scratch);
   if (a.type == DType::Q4_0) gemm_fused_t<true>(a, r0, r1, dw);
+  else if (a.type == DType::Q5_0) gemm_fused_q5_0(a, r0, r1, dw, scratch + round_up64(int64_t(sizeof(float)) * kFusedRows * (a.n_in / 32)));
   else gemm_fused_t<false>(a, r0, r1, dw);
 }
 
@@ -703,7 +752,8 @@ constexpr int kRowLanes = 16;
 // twice as long); 128 tokens level for Q4_0, token-lane ahead for Q8_0 (555-580 vs 525-530).
 int64_t rowlane_below_tokens(DType type) {
   if (type == DType::Q4_0) return 64;
-  return type == DType::Q8_0 ? 32 : 0;
+  // Q5_0: its rows are rebuilt per call (gemm_fused_q5_0); below 32 tokens the classic tiles.
+  return type == DType::Q8_0 || type == DType::Q5_0 ? 32 : 0;
 }
 
 // Block b of the 16 rows at rows[i] + b * kBlk, transposed and made unsigned (see above).
@@ -881,19 +931,30 @@ void gemm_interleaved_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_
 // broadcast activation bytes) sum in int32, which vpmulld scales by the rows' 6-bit scales;
 // the mins meet Q8_K's bsums (two sums of 16 per sub-block, one broadcast) in one vpdpwssd.
 // The same exact integer sums and float steps as the AVX2 tiles, so the same bits.
+// Q5_K (kQ5): the same tile, each piece's fifth bits (the qh piece of its k: sub-block j's in
+// bit j of each byte) shifted to bit 4 and or-ed into the nibbles.
 constexpr int64_t kGroupBlkQ4K = 16 * int64_t(sizeof(BlockQ4_K));
+constexpr int64_t kGroupBlkQ5K = 16 * int64_t(sizeof(BlockQ5_K));
 
-template <int TC>
+// Bit `bit` of every byte moved to bit 4 (other bits are garbage: the caller masks 0x10). A
+// 16-bit shift by at most 4 brings bit 4 of a byte from within the same byte.
+inline __m512i hshift(__m512i h, int bit) {
+  return bit <= 4 ? _mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - bit)) : _mm512_srl_epi16(h, _mm_cvtsi32_si128(bit - 4));
+}
+
+template <bool kQ5, int TC>
 __attribute__((noinline)) void rowlane_q4_k_tile(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep,
                                                  const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
+  constexpr int64_t kGroupBlk = kQ5 ? kGroupBlkQ5K : kGroupBlkQ4K;
+  const __m512i sixteen = _mm512_set1_epi8(16);
   const ActPtrs<TC> x(v, t);
   __m512 acc[TC];
   for (auto& e : acc) e = _mm512_setzero_ps();
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m6 = _mm512_set1_epi32(63), low4 = _mm512_set1_epi32(15);
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* blk = group + sb * kGroupBlkQ4K;
-    if (pf) prefetch_step<int(kGroupBlkQ4K)>(pf + sb * kGroupBlkQ4K);
+    const uint8_t* blk = group + sb * kGroupBlk;
+    if (pf) prefetch_step<int(kGroupBlk)>(pf + sb * kGroupBlk);
     __m512i S[TC], M[TC];
     for (int i = 0; i < TC; ++i) S[i] = M[i] = _mm512_setzero_si512();
     __m512i m_high = _mm512_loadu_si512(blk + 192);
@@ -903,9 +964,15 @@ __attribute__((noinline)) void rowlane_q4_k_tile(const RowsView& v, const uint8_
       for (int i = 0; i < TC; ++i) slo[i] = shi[i] = _mm512_setzero_si512();
 #pragma GCC unroll 1
       for (int k = 0; k < 8; ++k) {
-        const __m512i d = _mm512_loadu_si512(blk + 256 + 64 * (8 * c + k));
-        const __m512i lo = _mm512_and_si512(d, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(d, 4), m4);
+        const __m512i d = _mm512_loadu_si512(blk + (kQ5 ? (c == 0 ? 256 + 128 * k : 768 + 512 * c + 64 * k) : 256 + 64 * (8 * c + k)));
+        __m512i lo = _mm512_and_si512(d, m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(d, 4), m4);
+        if constexpr (kQ5) {
+          const __m512i h = _mm512_loadu_si512(blk + 320 + 128 * k);
+          // bit 2c (2c + 1) of each byte to bit 4, or-ed in: (a & b) | c
+          lo = _mm512_ternarylogic_epi32(_mm512_and_si512(hshift(h, 2 * c), sixteen), lo, lo, 0xFC);
+          hi = _mm512_ternarylogic_epi32(_mm512_and_si512(hshift(h, 2 * c + 1), sixteen), hi, hi, 0xFC);
+        }
         for (int i = 0; i < TC; ++i) {
           const int8_t* xp = x.q[i] + kQK_K * sb + 64 * c + 4 * k;
           int32_t x0, x1;
@@ -941,26 +1008,28 @@ __attribute__((noinline)) void rowlane_q4_k_tile(const RowsView& v, const uint8_
   for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
 
-template <int TC>
+template <bool kQ5, int TC>
 void rowlane_q4_k_tokens(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep, const uint8_t* pf,
                          int64_t t, int64_t n, float* y, int64_t ldy) {
   if constexpr (TC > 1) {
-    if (n < TC) return rowlane_q4_k_tokens<TC - 1>(v, group, nsb, keep, pf, t, n, y, ldy);
+    if (n < TC) return rowlane_q4_k_tokens<kQ5, TC - 1>(v, group, nsb, keep, pf, t, n, y, ldy);
   }
-  rowlane_q4_k_tile<TC>(v, group, nsb, keep, pf, t, y, ldy);
+  rowlane_q4_k_tile<kQ5, TC>(v, group, nsb, keep, pf, t, y, ldy);
 }
 
+template <bool kQ5>
 void gemm_interleaved_q4_k(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
   const int64_t nsb = a.n_in / kQK_K;
   for_each_interleaved_tile<4>(
-      a, v, r0, r1, nsb * kGroupBlkQ4K,
+      a, v, r0, r1, nsb * (kQ5 ? kGroupBlkQ5K : kGroupBlkQ4K),
       [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
-        rowlane_q4_k_tokens<4>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, n, y, a.ldy);
+        rowlane_q4_k_tokens<kQ5, 4>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, n, y, a.ldy);
       });
 }
 
 void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
-  if (a.type == DType::Q4_K) gemm_interleaved_q4_k(a, v, r0, r1);
+  if (a.type == DType::Q4_K) gemm_interleaved_q4_k<false>(a, v, r0, r1);
+  else if (a.type == DType::Q5_K) gemm_interleaved_q4_k<true>(a, v, r0, r1);
   else if (a.type == DType::Q4_0) gemm_interleaved_t<true>(a, v, r0, r1);
   else gemm_interleaved_t<false>(a, v, r0, r1);
 }
@@ -985,6 +1054,10 @@ void gemm_q32_rows(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1)
 ActLayout avx512_act_layout(DType type, int64_t n_in, int64_t n_tokens) {
   ActLayout l = act_rows_layout(type, n_in, n_tokens);
   if (l.kind == ActKind::None) return l;
+  // Token-lane kernels exist for Q4_0 / Q8_0 / Q5_0 / Q4_K / Q6_K; the other formats run the
+  // classic tiles on Rows at every size.
+  if (type != DType::Q4_0 && type != DType::Q8_0 && type != DType::Q5_0 && type != DType::Q4_K && type != DType::Q6_K)
+    return l;
   if (n_tokens < rowlane_below_tokens(type)) return l;
   const int64_t rem = n_tokens % kLanes;
   const int64_t lane_tokens = rem >= lanes_min_tokens(type) ? n_tokens : n_tokens - rem;
@@ -1012,6 +1085,9 @@ int64_t avx512_scratch_bytes(DType type, int64_t n_in) {
   switch (type) {
     case DType::Q8_0: case DType::Q4_0:
       return round_up64(int64_t(sizeof(float)) * kFusedRows * (n_in / 32));  // fused_scales
+    case DType::Q5_0:  // fused_scales, then the rows rebuilt as Q8_0
+      return round_up64(int64_t(sizeof(float)) * kFusedRows * (n_in / 32)) +
+             round_up64(kFusedRows * (n_in / 32) * int64_t(sizeof(BlockQ8_0)));
     case DType::Q4_K: case DType::Q6_K:
       return kTileRows * lanes_prep_row_bytes(n_in);
     default:
