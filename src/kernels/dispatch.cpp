@@ -111,8 +111,8 @@ ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n
 // on the stored rows, TinyLlama pp128 -7%.)
 bool reads_interleaved(Isa isa, DType type) {
   if (type == DType::Q6_K) return isa == Isa::Avx2;
-  return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K || type == DType::Q5_K ||
-          dtype_is_float(type)) &&
+  return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_1 || type == DType::Q5_0 ||
+          type == DType::Q5_1 || type == DType::Q4_K || type == DType::Q5_K || dtype_is_float(type)) &&
          (isa == Isa::Avx2 || isa == Isa::Avx512);
 }
 
@@ -240,6 +240,19 @@ void for_each_piece(DType type, int64_t i, Fn&& fn) {
       fn(288 + 192 * (8 * n + k) + 64 * s + 4 * i, int64_t(offsetof(BlockQ6_K, ql)) + 4 * q, 4);
     }
     for (int64_t q = 0; q < 16; ++q) fn(288 + 192 * q + 128 + 4 * i, int64_t(offsetof(BlockQ6_K, qh)) + 4 * q, 4);
+    return;
+  }
+  if (type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1) {
+    // d at 2i; m (Q4_1, Q5_1) at 32 + 2i; qh (Q5_0, Q5_1) as 4 bytes at `h` + 4i; then the 4
+    // nibble pieces (matmul.h).
+    const bool has_m = type != DType::Q5_0, has_h = type != DType::Q4_1;
+    const int64_t h = has_m ? 64 : 32, q = h + (has_h ? 64 : 0);
+    const int64_t qs_off = type == DType::Q4_1 ? int64_t(offsetof(BlockQ4_1, qs))
+                           : type == DType::Q5_0 ? int64_t(offsetof(BlockQ5_0, qs)) : int64_t(offsetof(BlockQ5_1, qs));
+    fn(2 * i, 0, 2);
+    if (has_m) fn(32 + 2 * i, 2, 2);
+    if (has_h) fn(h + 4 * i, type == DType::Q5_0 ? int64_t(offsetof(BlockQ5_0, qh)) : int64_t(offsetof(BlockQ5_1, qh)), 4);
+    for (int64_t k = 0; k < 4; ++k) fn(q + 64 * k + 4 * i, qs_off + 4 * k, 4);
     return;
   }
   TERN_ASSERT(type == DType::Q4_0 || type == DType::Q8_0);

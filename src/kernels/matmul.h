@@ -27,9 +27,9 @@ struct WeightView {
   int64_t n_in = 0;    // ne[0]
   int64_t n_out = 0;   // ne[1]
   const void* data = nullptr;
-  // Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K (by 16) and F32 / F16 / BF16 (by 4): the rows interleaved at
-  // load time (interleave16 below) for the AVX2 / AVX-512 kernels, instead of one row after
-  // another.
+  // Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K (by 16) and F32 / F16 / BF16 (by 4):
+  // the rows interleaved at load time (interleave16 below) for the AVX2 / AVX-512 kernels,
+  // instead of one row after another.
   bool interleaved16 = false;
   int64_t row_bytes() const { return dtype_row_bytes(type, n_in); }
 };
@@ -40,6 +40,8 @@ struct WeightView {
 // bytes 4i..4i+3 of the k-th 64 are bytes 4k..4k+3 of row i's quant bytes. The same bytes as
 // the rows, in the order the row-lane tiles consume them (no per-block transpose): a 64-byte
 // piece is one AVX-512 vector, or two AVX2 vectors of 8 rows each.
+// Q4_1 / Q5_0 / Q5_1 per group and block of 32: the rows' d (f16) at 0; Q4_1 / Q5_1 their m
+// (f16) at 32; Q5_0 / Q5_1 their 32-bit qh at 32 / 64 + 4i; then Q4_0's 4 nibble pieces.
 // Q4_K per group of 16 rows and super-block of 256: 16 x 144 bytes: the rows' d (f16) at 0,
 // dmin at 32; at 64 + 16j row i's byte sc_j | (m_j & 3) << 6 (sub-block j's
 // 6-bit scale and the low bits of its min); at 192 + 4i row i's eight m_j >> 2 in nibbles; at
@@ -54,7 +56,7 @@ struct WeightView {
 // 64n + 4k.., ql bytes 64n + 32 + 4k.. and qh bytes 32n + 4k.. (n = 0, 1; k = 0..7).
 // F32 / F16 / BF16 per 4 rows, per 8-element step b: the 4 rows' elements 8b..8b+7 one after
 // another (a step of the 4-row FMA tiles is one contiguous piece; n_in % 8 == 0).
-// Whether this process would use them: Q4_0, Q8_0, Q4_K, Q5_K or a float type with the AVX2 or
+// Whether this process would use them: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or a float type with the AVX2 or
 // AVX-512 kernels selected, Q6_K with the AVX2 ones; n_out % 16 == 0; TERN_REPACK not "0".
 bool want_interleave16(const WeightView& w);
 // Writes w (rows, one after another) interleaved into dst (w.n_out * row_bytes bytes).

@@ -300,8 +300,9 @@ TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
 
 // Float rows interleaved by 4 (kernels/matmul.h) give the bits of the rows as stored on either
 // ISA (the same FMAs in the same order), for rows ranges that start anywhere as well. Q4_0 /
-// Q8_0 rows interleaved by 16 give the bits of the rows as stored on AVX-512 (Q4_K's and Q6_K's interleaved tiles differ from their stored rows' in float order:
-// KernelsVsReference checks them against the reference kernels, and here Q4_K's AVX2 and AVX-512
+// Q8_0 rows interleaved by 16 give the bits of the rows as stored on AVX-512 (the K-quants' and
+// Q4_1 / Q5_0 / Q5_1's interleaved tiles differ from their stored rows' in float order:
+// KernelsVsReference checks them against the reference kernels, and here the AVX2 and AVX-512
 // tiles against each other; Q6_K is interleaved for AVX2 only): at two tokens and more those of the row-lane / token-lane tiles, for one token those of
 // the same token in a batch of two. The AVX2 row-lane tiles on the interleaved rows compute the
 // same exact integer block sums and the same float operations, so the same bits as well; and
@@ -314,10 +315,14 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
   const bool avx512 = isa_supported(Isa::Avx512);
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 1300;
-  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32})
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K,
+                     DType::Q6_K, DType::F16, DType::BF16, DType::F32})
   for (int64_t n_in : {40, 64, 512, 4096 + 32})
     for (int64_t n_out : {16, 48, 208}) {
       const bool k_quant = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K;
+      // interleaved tiles whose float steps differ from the stored rows' (checked against the
+      // reference kernels in KernelsVsReference), equal between AVX2 and AVX-512
+      const bool cross_isa = k_quant || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1;
       const bool is_float = type == DType::F16 || type == DType::BF16 || type == DType::F32;
       if (k_quant && n_in % kQK_K != 0) continue;
       if (!is_float && n_in % 32 != 0) continue;
@@ -355,15 +360,15 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
             matmul_isa(isa, w.view(), x.data(), n_in, n_ref, rows.data(), n_out, pool);
             for (int64_t i = 0; i < n_tok * n_out; ++i)
               ASSERT_EQ(inter[size_t(i)], rows[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
-          } else if (avx512 && !k_quant) {
+          } else if (avx512 && !cross_isa) {
             for (int64_t i = 0; i < n_tok * n_out; ++i)
               ASSERT_EQ(inter[size_t(i)], rows[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
           }
-          if (k_quant && isa == Isa::Avx512) {  // K-quants: AVX2 and AVX-512 interleaved tiles agree
+          if (cross_isa && isa == Isa::Avx512) {  // AVX2 and AVX-512 interleaved tiles agree
             for (int64_t i = 0; i < n_tok * n_out; ++i)
               ASSERT_EQ(inter[size_t(i)], k_quant_avx2[size_t(i)]) << "token " << i / n_out << " row " << i % n_out;
           }
-          if (k_quant && isa == Isa::Avx2) k_quant_avx2 = inter;
+          if (cross_isa && isa == Isa::Avx2) k_quant_avx2 = inter;
           for (int64_t t : {int64_t(0), n_tok - 1}) {  // a token alone, as in its batch
             std::vector<float> one(size_t(n_out), NAN);
             matmul_isa(isa, wi, x.data() + t * n_in, n_in, 1, one.data(), n_out, pool);

@@ -1027,7 +1027,80 @@ void gemm_interleaved_q4_k(const GemmArgs& a, const RowsView& v, int64_t r0, int
       });
 }
 
+// Q4_1 / Q5_0 / Q5_1 interleaved by 16 rows (Q32xLayout): rowlane_tile's Q4_0 path, a row per
+// lane, with the fifth bits of nibble group g tested per byte (the lane's qh byte g / 2 copied to
+// its 4 bytes by vpshufb, vptestmb against the group's bits) and added as 16 under the mask;
+// Q5_0's offset starts the integer sum at 16 * nsum, Q4_1 / Q5_1's m meets sum(x) = -nsum * dx
+// in one more FMA per block and token.
+template <DType kType, int TC>
+__attribute__((noinline)) void rowlane_q32x_tile(const RowsView& v, const uint8_t* group, int64_t nb, __mmask16 keep,
+                                                 const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
+  using L = Q32xLayout<kType>;
+  const ActPtrs<TC> x(v, t);
+  __m512 acc[TC];
+  for (auto& e : acc) e = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBlk;
+    if (pf) prefetch_step<int(L::kBlk)>(pf + b * L::kBlk);
+    __m512i w[8];
+    for (int k = 0; k < 4; ++k) {
+      const __m512i d = load_piece(blk + L::kQ + 64 * k);
+      w[k] = _mm512_and_si512(d, m4);
+      w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(d, 4), m4);
+    }
+    if constexpr (L::kHigh) {
+      const __m512i qh = load_piece(blk + L::kH);
+      for (int g = 0; g < 8; ++g) {
+        const __m512i spread = _mm512_shuffle_epi8(qh, _mm512_broadcast_i64x4(q5_group_shuffle(g)));
+        const __mmask64 set = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(q5_group_bits(g)));
+        w[g] = _mm512_mask_add_epi8(w[g], set, w[g], sixteen);
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    __m512 mw = _mm512_setzero_ps();
+    if constexpr (L::kMin) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+#pragma GCC unroll 16
+    for (int i = 0; i < TC; ++i) {
+      const int8_t* xq = x.q[i] + 32 * b;
+      const int32_t ns = x.nsum(i)[b];
+      __m512i s = kType == DType::Q5_0 ? _mm512_set1_epi32(16 * ns) : _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k) {  // w[k] holds elements 4k..4k+3 (k >= 4: the high nibbles, 16 + 4(k - 4))
+        int32_t xk;
+        std::memcpy(&xk, xq + 4 * k, 4);
+        s = _mm512_dpbusd_epi32(s, w[k], _mm512_set1_epi32(xk));
+      }
+      const float dx = x.d[i][b];
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx), dw), acc[i]);
+      if constexpr (L::kMin) acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(-float(ns) * dx), acc[i]);
+    }
+  }
+  for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+}
+
+template <DType kType, int TC>
+void rowlane_q32x_tokens(const RowsView& v, const uint8_t* group, int64_t nb, __mmask16 keep, const uint8_t* pf,
+                         int64_t t, int64_t n, float* y, int64_t ldy) {
+  if constexpr (TC > 1) {
+    if (n < TC) return rowlane_q32x_tokens<kType, TC - 1>(v, group, nb, keep, pf, t, n, y, ldy);
+  }
+  rowlane_q32x_tile<kType, TC>(v, group, nb, keep, pf, t, y, ldy);
+}
+
+template <DType kType>
+void gemm_interleaved_q32x(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  const int64_t nb = a.n_in / 32;
+  for_each_interleaved_tile<kRowLanes>(
+      a, v, r0, r1, nb * Q32xLayout<kType>::kBlk,
+      [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
+        rowlane_q32x_tokens<kType, kRowLanes>(v, group, nb, __mmask16(rows_mask(lo, hi)), pf, t, n, y, a.ldy);
+      });
+}
+
 void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  if (a.type == DType::Q4_1) return gemm_interleaved_q32x<DType::Q4_1>(a, v, r0, r1);
+  if (a.type == DType::Q5_0) return gemm_interleaved_q32x<DType::Q5_0>(a, v, r0, r1);
+  if (a.type == DType::Q5_1) return gemm_interleaved_q32x<DType::Q5_1>(a, v, r0, r1);
   if (a.type == DType::Q4_K) gemm_interleaved_q4_k<false>(a, v, r0, r1);
   else if (a.type == DType::Q5_K) gemm_interleaved_q4_k<true>(a, v, r0, r1);
   else if (a.type == DType::Q4_0) gemm_interleaved_t<true>(a, v, r0, r1);

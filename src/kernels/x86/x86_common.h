@@ -360,6 +360,26 @@ void tile_q32_other(const Tile& c) {
     for (int t = 0; t < T; ++t) c.y[t * c.ldy + r] = hsum256(acc[r][t]) + off[r][t];
 }
 
+// Q4_1 / Q5_0 / Q5_1 interleaved by 16 rows (kernels/matmul.h): offsets in a group's block.
+template <DType kType>
+struct Q32xLayout {
+  static constexpr bool kMin = kType != DType::Q5_0;   // m[16] (f16) at 32
+  static constexpr bool kHigh = kType != DType::Q4_1;  // the rows' 32-bit qh at kH + 4i
+  static constexpr int64_t kH = kMin ? 64 : 32;
+  static constexpr int64_t kQ = kH + (kHigh ? 64 : 0);  // the 4 nibble pieces
+  static constexpr int64_t kBlk = kQ + 4 * 64;
+};
+
+// For row-lane tiles of those: the shuffle that copies, in every 32-bit lane, byte g / 2 of the
+// lane (the byte holding the fifth bits of nibble group g: elements 4g..4g+3) to its 4 bytes, and
+// the bit each byte then tests (bit 4 (g % 2) + j for byte j).
+inline __m256i q5_group_shuffle(int g) {
+  return _mm256_add_epi8(_mm256_set1_epi8(char(g / 2)),
+                         _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8,
+                                          8, 8, 8, 12, 12, 12, 12));
+}
+inline int32_t q5_group_bits(int g) { return g % 2 ? int32_t(0x80402010u) : 0x08040201; }
+
 // Unpacks Q4_K's twelve scale bytes into sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15),
 // four bytes at a time (layout in quant_traits.h).
 inline __m128i q4_k_scales_mins(const uint8_t* s) {
