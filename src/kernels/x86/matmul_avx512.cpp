@@ -1063,8 +1063,9 @@ __attribute__((noinline)) void rowlane_q32x_tile(const RowsView& v, const uint8_
 #pragma GCC unroll 16
     for (int i = 0; i < TC; ++i) {
       const int8_t* xq = x.q[i] + 32 * b;
-      const int32_t ns = x.nsum(i)[b];
-      __m512i s = kType == DType::Q5_0 ? _mm512_set1_epi32(16 * ns) : _mm512_setzero_si512();
+      // Q5_0: 16 * nsum as a broadcast load and a shift (from a general-purpose register a
+      // broadcast costs two vector operations on Zen 4)
+      __m512i s = kType == DType::Q5_0 ? _mm512_slli_epi32(_mm512_set1_epi32(x.nsum(i)[b]), 4) : _mm512_setzero_si512();
       for (int k = 0; k < 8; ++k) {  // w[k] holds elements 4k..4k+3 (k >= 4: the high nibbles, 16 + 4(k - 4))
         int32_t xk;
         std::memcpy(&xk, xq + 4 * k, 4);
@@ -1072,7 +1073,7 @@ __attribute__((noinline)) void rowlane_q32x_tile(const RowsView& v, const uint8_
       }
       const float dx = x.d[i][b];
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx), dw), acc[i]);
-      if constexpr (L::kMin) acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(-float(ns) * dx), acc[i]);
+      if constexpr (L::kMin) acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(-float(x.nsum(i)[b]) * dx), acc[i]);
     }
   }
   for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
