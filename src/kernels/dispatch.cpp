@@ -243,8 +243,9 @@ void for_each_piece(DType type, int64_t i, Fn&& fn) {
     return;
   }
   if (type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1) {
-    // d at 2i; m (Q4_1, Q5_1) at 32 + 2i; qh (Q5_0, Q5_1) as 4 bytes at `h` + 4i; then the 4
-    // nibble pieces (matmul.h).
+    // d at 2i; m (Q4_1, Q5_1) at 32 + 2i; qh (Q5_0, Q5_1) as 4 bytes at `h` + 4i (moved as
+    // stored: interleave16 then permutes its bits, q5_tile_bits); then the 4 nibble pieces
+    // (matmul.h).
     const bool has_m = type != DType::Q5_0, has_h = type != DType::Q4_1;
     const int64_t h = has_m ? 64 : 32, q = h + (has_h ? 64 : 0);
     const int64_t qs_off = type == DType::Q4_1 ? int64_t(offsetof(BlockQ4_1, qs))
@@ -258,6 +259,26 @@ void for_each_piece(DType type, int64_t i, Fn&& fn) {
   TERN_ASSERT(type == DType::Q4_0 || type == DType::Q8_0);
   fn(2 * i, 0, 2);
   for (int64_t k = 0; k < (type == DType::Q4_0 ? 4 : 8); ++k) fn(32 + 64 * k + 4 * i, 2 + 4 * k, 4);
+}
+
+// Q5_0 / Q5_1's qh in the interleaved layout (matmul.h): bit g of byte j = bit 4g + j of qh as
+// stored (the fifth bit of element 4g + j), so that one shift moves nibble group g's four bits
+// to bit 4 of their four bytes. Where the row's qh sits in the group block (-1: no qh).
+uint32_t q5_tile_bits(uint32_t qh) {
+  uint32_t out = 0;
+  for (int g = 0; g < 8; ++g)
+    for (int j = 0; j < 4; ++j) out |= (qh >> (4 * g + j) & 1u) << (8 * j + g);
+  return out;
+}
+uint32_t q5_stored_bits(uint32_t t) {
+  uint32_t qh = 0;
+  for (int g = 0; g < 8; ++g)
+    for (int j = 0; j < 4; ++j) qh |= (t >> (8 * j + g) & 1u) << (4 * g + j);
+  return qh;
+}
+int64_t q5_qh_in_group(DType type) { return type == DType::Q5_0 ? 32 : type == DType::Q5_1 ? 64 : -1; }
+int64_t q5_qh_in_block(DType type) {
+  return type == DType::Q5_0 ? int64_t(offsetof(BlockQ5_0, qh)) : int64_t(offsetof(BlockQ5_1, qh));
 }
 
 // Q4_K's group block (matmul.h): d, dmin, the scale bytes, the mins' high bits, then qs pieces;
@@ -345,6 +366,12 @@ void interleave16(const WeightView& w, uint8_t* dst) {
           continue;
         }
         for_each_piece(w.type, i, [&](int64_t at, int64_t row_off, size_t n) { std::memcpy(p + at, row_blk + row_off, n); });
+        if (const int64_t h = q5_qh_in_group(w.type); h >= 0) {
+          uint32_t qh;
+          std::memcpy(&qh, p + h + 4 * i, 4);
+          qh = q5_tile_bits(qh);
+          std::memcpy(p + h + 4 * i, &qh, 4);
+        }
       }
 }
 
@@ -381,6 +408,12 @@ void deinterleave16_row(const WeightView& w, int64_t row, uint8_t* dst) {
       continue;
     }
     for_each_piece(w.type, row % 16, [&](int64_t at, int64_t row_off, size_t n) { std::memcpy(row_blk + row_off, p + at, n); });
+    if (q5_qh_in_group(w.type) >= 0) {
+      uint32_t t;
+      std::memcpy(&t, row_blk + q5_qh_in_block(w.type), 4);
+      t = q5_stored_bits(t);
+      std::memcpy(row_blk + q5_qh_in_block(w.type), &t, 4);
+    }
   }
 }
 

@@ -41,7 +41,9 @@ struct WeightView {
 // the rows, in the order the row-lane tiles consume them (no per-block transpose): a 64-byte
 // piece is one AVX-512 vector, or two AVX2 vectors of 8 rows each.
 // Q4_1 / Q5_0 / Q5_1 per group and block of 32: the rows' d (f16) at 0; Q4_1 / Q5_1 their m
-// (f16) at 32; Q5_0 / Q5_1 their 32-bit qh at 32 / 64 + 4i; then Q4_0's 4 nibble pieces.
+// (f16) at 32; Q5_0 / Q5_1 their 32-bit qh at 32 / 64 + 4i, bits permuted (bit g of byte j =
+// the fifth bit of element 4g + j, so one shift puts a nibble group's four at bit 4 of its four
+// bytes); then Q4_0's 4 nibble pieces.
 // Q4_K per group of 16 rows and super-block of 256: 16 x 144 bytes: the rows' d (f16) at 0,
 // dmin at 32; at 64 + 16j row i's byte sc_j | (m_j & 3) << 6 (sub-block j's
 // 6-bit scale and the low bits of its min); at 192 + 4i row i's eight m_j >> 2 in nibbles; at

@@ -1028,8 +1028,8 @@ void gemm_interleaved_q4_k(const GemmArgs& a, const RowsView& v, int64_t r0, int
 }
 
 // Q4_1 / Q5_0 / Q5_1 interleaved by 16 rows (Q32xLayout): rowlane_tile's Q4_0 path, a row per
-// lane, with the fifth bits of nibble group g tested per byte (the lane's qh byte g / 2 copied to
-// its 4 bytes by vpshufb, vptestmb against the group's bits) and added as 16 under the mask;
+// lane, with the fifth bits of nibble group g shifted from the lane's permuted qh to bit 4 and
+// or-ed in (a shift and a vpternlogd);
 // Q5_0's offset starts the integer sum at 16 * nsum, Q4_1 / Q5_1's m meets sum(x) = -nsum * dx
 // in one more FMA per block and token.
 template <DType kType, int TC>
@@ -1051,10 +1051,9 @@ __attribute__((noinline)) void rowlane_q32x_tile(const RowsView& v, const uint8_
     }
     if constexpr (L::kHigh) {
       const __m512i qh = load_piece(blk + L::kH);
-      for (int g = 0; g < 8; ++g) {
-        const __m512i spread = _mm512_shuffle_epi8(qh, _mm512_broadcast_i64x4(q5_group_shuffle(g)));
-        const __mmask64 set = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(q5_group_bits(g)));
-        w[g] = _mm512_mask_add_epi8(w[g], set, w[g], sixteen);
+      for (int g = 0; g < 8; ++g) {  // (shifted qh & 0x10) | w: one vpternlogd
+        const __m512i sh = g <= 4 ? _mm512_slli_epi32(qh, unsigned(4 - g)) : _mm512_srli_epi32(qh, unsigned(g - 4));
+        w[g] = _mm512_ternarylogic_epi32(sh, sixteen, w[g], 0xEA);
       }
     }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));

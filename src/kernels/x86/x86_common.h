@@ -370,15 +370,12 @@ struct Q32xLayout {
   static constexpr int64_t kBlk = kQ + 4 * 64;
 };
 
-// For row-lane tiles of those: the shuffle that copies, in every 32-bit lane, byte g / 2 of the
-// lane (the byte holding the fifth bits of nibble group g: elements 4g..4g+3) to its 4 bytes, and
-// the bit each byte then tests (bit 4 (g % 2) + j for byte j).
-inline __m256i q5_group_shuffle(int g) {
-  return _mm256_add_epi8(_mm256_set1_epi8(char(g / 2)),
-                         _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8,
-                                          8, 8, 8, 12, 12, 12, 12));
+// For row-lane tiles of those: the fifth bits of nibble group g (elements 4g..4g+3; g >= 4 the
+// high nibbles) at bit 4 of each byte of every 32-bit lane holding a row's permuted qh (bit g of
+// byte j, matmul.h); the other bits are garbage, masked by the caller.
+inline __m256i q5_group_bits(__m256i qh, int g) {
+  return g <= 4 ? _mm256_sll_epi32(qh, _mm_cvtsi32_si128(4 - g)) : _mm256_srl_epi32(qh, _mm_cvtsi32_si128(g - 4));
 }
-inline int32_t q5_group_bits(int g) { return g % 2 ? int32_t(0x80402010u) : 0x08040201; }
 
 // Unpacks Q4_K's twelve scale bytes into sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15),
 // four bytes at a time (layout in quant_traits.h).
