@@ -372,8 +372,8 @@ struct RowLanesQ32x {
 // broadcast) in one pmaddwd per sub-block. The float tail runs once per super-block.
 
 constexpr int64_t kGroupBlkQ4K = 16 * int64_t(sizeof(BlockQ4_K));
-// Q5_K (kQ5): Q4_K's group block with qh pieces before the qs ones (matmul.h); each piece's fifth bits are
-// added to the nibbles as 16 (a byte compare against the sub-block's bit). Its quants reach 31,
+// Q5_K (kQ5): Q4_K's group block with its qh pieces (matmul.h); each piece's fifth bits are
+// shifted to bit 4 and or-ed into the nibbles. Its quants reach 31,
 // so pmaddubsw pairs reach 2 * 31 * 127 and only 4 steps may sum in int16 (31496) before the
 // pmaddwd by the scales: two rounds per sub-block pair.
 constexpr int64_t kGroupBlkQ5K = 16 * int64_t(sizeof(BlockQ5_K));
@@ -411,7 +411,6 @@ __attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t 
           for (int i = 0; i < T; ++i)
             M[i] = _mm256_add_epi32(M[i], _mm256_madd_epi16(m2, broadcast4(reinterpret_cast<const int8_t*>(x.bsums(i) + 16 * sb + 2 * j))));
         }
-        const __m256i bit_lo = _mm256_set1_epi8(char(1 << (2 * c))), bit_hi = _mm256_set1_epi8(char(2 << (2 * c)));
 #pragma GCC unroll 1
         for (int k0 = 0; k0 < 8; k0 += kSteps) {
           __m256i slo[T], shi[T];
@@ -421,10 +420,13 @@ __attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t 
             const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (kQ5 ? (c == 0 ? 256 + 128 * k : 768 + 512 * c + 64 * k) : 256 + 64 * (8 * c + k)) + 32 * half));
             __m256i lo = _mm256_and_si256(d, m4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(d, 4), m4);
-            if constexpr (kQ5) {
+            if constexpr (kQ5) {  // bits 2c and 2c + 1 of each qh byte to bit 4 (16-bit shifts by <= 4 stay in the byte)
               const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 320 + 128 * k + 32 * half));
-              lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q, bit_lo), bit_lo), sixteen));
-              hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q, bit_hi), bit_hi), sixteen));
+              const auto to_bit4 = [&](int bit) {
+                return bit <= 4 ? _mm256_sll_epi16(q, _mm_cvtsi32_si128(4 - bit)) : _mm256_srl_epi16(q, _mm_cvtsi32_si128(bit - 4));
+              };
+              lo = _mm256_or_si256(lo, _mm256_and_si256(to_bit4(2 * c), sixteen));
+              hi = _mm256_or_si256(hi, _mm256_and_si256(to_bit4(2 * c + 1), sixteen));
             }
             for (int i = 0; i < T; ++i) {
               const int8_t* xp = x.q[i] + kQK_K * sb + 64 * c + 4 * k;
@@ -450,10 +452,11 @@ __attribute__((noinline)) void rowlane8_q4_k_tile(const uint8_t* group, int64_t 
   store_halves<H, T>(acc, h0, y, ldy, keep);
 }
 
-// 16 rows x 2 tokens: 335 GFLOP/s, 8 x 4 325 (Q4_K).
+// Q4_K 16 rows x 2 tokens: 335 GFLOP/s, 8 x 4 325; Q5_K (costlier unpack, shared by more
+// tokens) 16 x 2 195-217, 8 x 3 226, 8 x 4 253.
 template <bool kQ5>
 struct RowLanesQ4K {
-  static constexpr int kTokens = 2, kBothHalvesTokens = 2;
+  static constexpr int kTokens = kQ5 ? 4 : 2, kBothHalvesTokens = 2;
   static constexpr int64_t kBlock = kQK_K, kGroupBlock = kQ5 ? kGroupBlkQ5K : kGroupBlkQ4K;
   template <int H, int T>
   static void tile(const uint8_t* group, int64_t nb, const RowsView& v, int64_t t, int h0, const uint8_t* pf, float* y,
