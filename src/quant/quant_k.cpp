@@ -7,6 +7,7 @@
 // re-quantized against the scales actually stored.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/fp16.h"
 #include "quant/quant_codecs.h"
@@ -162,8 +163,12 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
 
 }  // namespace
 
-void q4_k_to_float(const void* src, float* dst, int64_t n) {
-  const auto* b = static_cast<const BlockQ4_K*>(src);
+namespace {
+
+// Q4_K, and Q5_K (Block = BlockQ5_K) whose bit 4 of element l of sub-block j is bit j of qh[l].
+template <class Block>
+void k4_to_float(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const Block*>(src);
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const float d = fp16_to_f32(b[i].d);
     const float dmin = fp16_to_f32(b[i].dmin);
@@ -175,56 +180,77 @@ void q4_k_to_float(const void* src, float* dst, int64_t n) {
       const float d1 = d * sc, m1 = dmin * m;
       q4_k_scale_min(2 * j + 1, b[i].scales, &sc, &m);
       const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) y[l] = d1 * (q[l] & 0x0F) - m1;
-      for (int l = 0; l < 32; ++l) y[32 + l] = d2 * (q[l] >> 4) - m2;
+      if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+        const uint8_t u1 = uint8_t(1u << (2 * j)), u2 = uint8_t(2u << (2 * j));
+        for (int l = 0; l < 32; ++l) y[l] = d1 * ((q[l] & 0x0F) + (b[i].qh[l] & u1 ? 16 : 0)) - m1;
+        for (int l = 0; l < 32; ++l) y[32 + l] = d2 * ((q[l] >> 4) + (b[i].qh[l] & u2 ? 16 : 0)) - m2;
+      } else {
+        for (int l = 0; l < 32; ++l) y[l] = d1 * (q[l] & 0x0F) - m1;
+        for (int l = 0; l < 32; ++l) y[32 + l] = d2 * (q[l] >> 4) - m2;
+      }
       q += 32;
       y += 64;
     }
   }
 }
 
+}  // namespace
+
+void q4_k_to_float(const void* src, float* dst, int64_t n) { k4_to_float<BlockQ4_K>(src, dst, n); }
+void q5_k_to_float(const void* src, float* dst, int64_t n) { k4_to_float<BlockQ5_K>(src, dst, n); }
+
+namespace {
+
+// Q4_K / Q5_K's scales: each sub-block's scale and min by make_qkx2_quants to 0..nmax (weights
+// rms(sub-block) + |x|: large values matter more; llama.cpp's search range rmin + rdelta * is,
+// is = 0..nstep), quantized to 6 bits against the super-block's d / dmin, then L re-quantized
+// against the scales as stored (6-bit, times f16 super-scales).
+void k_quant_scales(const float* x, int nmax, float rmin, float rdelta, int nstep, uint8_t* L, uint8_t* scales12,
+                    uint16_t* d_out, uint16_t* dmin_out) {
+  uint8_t Laux[32];
+  float weights[32], mins[kQK_K / 32], scales[kQK_K / 32];
+  float max_scale = 0, max_min = 0;  // scales are >= 0 since the min is subtracted
+  for (int j = 0; j < kQK_K / 32; ++j) {
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+    const float av_x = std::sqrt(sum_x2 / 32);
+    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
+    scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, rdelta, nstep);
+    if (scales[j] > max_scale) max_scale = scales[j];
+    if (mins[j] > max_min) max_min = mins[j];
+  }
+  const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+  const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+  uint8_t sc6[kQK_K / 32], m6[kQK_K / 32];
+  for (int j = 0; j < kQK_K / 32; ++j) {
+    // nearest_int then uint8 truncation, as llama.cpp (values are 0..63 here anyway).
+    uint8_t ls = static_cast<uint8_t>(nearest_int(inv_scale * scales[j]));
+    uint8_t lm = static_cast<uint8_t>(nearest_int(inv_min * mins[j]));
+    sc6[j] = ls > 63 ? 63 : ls;
+    m6[j] = lm > 63 ? 63 : lm;
+  }
+  q4_k_pack_scales(sc6, m6, scales12);
+  *d_out = f32_to_fp16(max_scale / 63.0f);
+  *dmin_out = f32_to_fp16(max_min / 63.0f);
+  for (int j = 0; j < kQK_K / 32; ++j) {
+    uint8_t sc, m;
+    q4_k_scale_min(j, scales12, &sc, &m);
+    const float d = fp16_to_f32(*d_out) * sc;
+    if (!d) continue;
+    const float dm = fp16_to_f32(*dmin_out) * m;
+    for (int l = 0; l < 32; ++l)
+      L[32 * j + l] = static_cast<uint8_t>(clamp_int(nearest_int((x[32 * j + l] + dm) / d), 0, nmax));
+  }
+}
+
+}  // namespace
+
 void q4_k_from_float(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ4_K*>(dst);
-  uint8_t L[kQK_K], Laux[32];
-  float weights[32], mins[kQK_K / 32], scales[kQK_K / 32];
+  uint8_t L[kQK_K];
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const float* x = src + i * kQK_K;
     BlockQ4_K& y = b[i];
-    float max_scale = 0, max_min = 0;  // scales are >= 0 since the min is subtracted
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      // Weight each element by rms(sub-block) + |x|: large values matter more.
-      float sum_x2 = 0;
-      for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
-      const float av_x = std::sqrt(sum_x2 / 32);
-      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-      scales[j] = make_qkx2_quants(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
-                                   -1.0f, 0.1f, 20);
-      if (scales[j] > max_scale) max_scale = scales[j];
-      if (mins[j] > max_min) max_min = mins[j];
-    }
-    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    uint8_t sc6[kQK_K / 32], m6[kQK_K / 32];
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      // nearest_int then uint8 truncation, as llama.cpp (values are 0..63 here anyway).
-      uint8_t ls = static_cast<uint8_t>(nearest_int(inv_scale * scales[j]));
-      uint8_t lm = static_cast<uint8_t>(nearest_int(inv_min * mins[j]));
-      sc6[j] = ls > 63 ? 63 : ls;
-      m6[j] = lm > 63 ? 63 : lm;
-    }
-    q4_k_pack_scales(sc6, m6, y.scales);
-    y.d = f32_to_fp16(max_scale / 63.0f);
-    y.dmin = f32_to_fp16(max_min / 63.0f);
-    // Re-quantize against the scales as stored (6-bit, times f16 super-scales).
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      uint8_t sc, m;
-      q4_k_scale_min(j, y.scales, &sc, &m);
-      const float d = fp16_to_f32(y.d) * sc;
-      if (!d) continue;
-      const float dm = fp16_to_f32(y.dmin) * m;
-      for (int l = 0; l < 32; ++l)
-        L[32 * j + l] = static_cast<uint8_t>(clamp_int(nearest_int((x[32 * j + l] + dm) / d), 0, 15));
-    }
+    k_quant_scales(src + i * kQK_K, 15, -1.0f, 0.1f, 20, L, y.scales, &y.d, &y.dmin);
     uint8_t* q = y.qs;
     for (int j = 0; j < kQK_K; j += 64) {
       for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
@@ -233,70 +259,14 @@ void q4_k_from_float(const float* src, void* dst, int64_t n) {
   }
 }
 
-void q5_k_to_float(const void* src, float* dst, int64_t n) {
-  const auto* b = static_cast<const BlockQ5_K*>(src);
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const float d = fp16_to_f32(b[i].d);
-    const float dmin = fp16_to_f32(b[i].dmin);
-    const uint8_t* ql = b[i].qs;
-    const uint8_t* qh = b[i].qh;
-    float* y = dst + i * kQK_K;
-    for (int j = 0; j < kQK_K / 64; ++j) {  // sub-blocks 2j (low nibbles, qh bit 2j), 2j+1
-      uint8_t sc, m;
-      q4_k_scale_min(2 * j, b[i].scales, &sc, &m);
-      const float d1 = d * sc, m1 = dmin * m;
-      q4_k_scale_min(2 * j + 1, b[i].scales, &sc, &m);
-      const float d2 = d * sc, m2 = dmin * m;
-      const uint8_t u1 = uint8_t(1u << (2 * j)), u2 = uint8_t(2u << (2 * j));
-      for (int l = 0; l < 32; ++l) y[l] = d1 * ((ql[l] & 0x0F) + (qh[l] & u1 ? 16 : 0)) - m1;
-      for (int l = 0; l < 32; ++l) y[32 + l] = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
-      ql += 32;
-      y += 64;
-    }
-  }
-}
-
-// Q4_K's algorithm with 5-bit quants (make_qkx2_quants to 0..31, llama.cpp's search range for
-// Q5_K: -0.5 + 0.1 * is, 16 steps).
+// Q4_K's algorithm with 5-bit quants (llama.cpp's search range for Q5_K: -0.5 + 0.1 * is, 16
+// steps); bit 4 of each quant goes to qh.
 void q5_k_from_float(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ5_K*>(dst);
-  uint8_t L[kQK_K], Laux[32];
-  float weights[32], mins[kQK_K / 32], scales[kQK_K / 32];
+  uint8_t L[kQK_K];
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const float* x = src + i * kQK_K;
     BlockQ5_K& y = b[i];
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      float sum_x2 = 0;
-      for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
-      const float av_x = std::sqrt(sum_x2 / 32);
-      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-      scales[j] = make_qkx2_quants(32, 31, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
-                                   -0.5f, 0.1f, 15);
-      if (scales[j] > max_scale) max_scale = scales[j];
-      if (mins[j] > max_min) max_min = mins[j];
-    }
-    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    uint8_t sc6[kQK_K / 32], m6[kQK_K / 32];
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      uint8_t ls = static_cast<uint8_t>(nearest_int(inv_scale * scales[j]));
-      uint8_t lm = static_cast<uint8_t>(nearest_int(inv_min * mins[j]));
-      sc6[j] = ls > 63 ? 63 : ls;
-      m6[j] = lm > 63 ? 63 : lm;
-    }
-    q4_k_pack_scales(sc6, m6, y.scales);
-    y.d = f32_to_fp16(max_scale / 63.0f);
-    y.dmin = f32_to_fp16(max_min / 63.0f);
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      uint8_t sc, m;
-      q4_k_scale_min(j, y.scales, &sc, &m);
-      const float d = fp16_to_f32(y.d) * sc;
-      if (!d) continue;
-      const float dm = fp16_to_f32(y.dmin) * m;
-      for (int l = 0; l < 32; ++l)
-        L[32 * j + l] = static_cast<uint8_t>(clamp_int(nearest_int((x[32 * j + l] + dm) / d), 0, 31));
-    }
+    k_quant_scales(src + i * kQK_K, 31, -0.5f, 0.1f, 15, L, y.scales, &y.d, &y.dmin);
     std::memset(y.qh, 0, sizeof(y.qh));
     uint8_t* ql = y.qs;
     for (int j = 0; j < kQK_K / 64; ++j) {

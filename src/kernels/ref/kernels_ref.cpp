@@ -5,6 +5,7 @@
 // independent oracle for all of them.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/fp16.h"
 #include "kernels/kernel_iface.h"
@@ -96,55 +97,37 @@ float dot_q4_0(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd
   return s;
 }
 
-// Bit 4 of Q5_0 / Q5_1 element j (0..31), as 0 or 16.
-inline int q5_high(const uint8_t* qh, int j) { return (qh[j / 8] >> (j % 8) & 1) << 4; }
-
-// Q4_1 / Q5_1: sum (d q + m) * dx xq = d dx sum q xq + m dx sum xq; sum xq = -nsum.
-float dot_q4_1(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int32_t* nsum) {
-  const auto* blk = reinterpret_cast<const BlockQ4_1*>(w);
+// Q4_1 / Q5_0 / Q5_1 (Block): quant j of a block is its nibble (low: j < 16) and, for Q5, bit j of
+// qh as 16. Q5_0: as Q4_0 with the -16 offset folded in through nsum. Q4_1 / Q5_1:
+// sum (d q + m) * dx xq = d dx sum q xq + m dx sum xq, sum xq = -nsum.
+template <class Block>
+float dot_q32x(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int32_t* nsum) {
+  constexpr bool kMin = !std::is_same_v<Block, BlockQ5_0>, kHigh = !std::is_same_v<Block, BlockQ4_1>;
+  const auto* blk = reinterpret_cast<const Block*>(w);
   float s = 0.0f;
   for (int64_t b = 0; b < n_in / 32; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < 16; ++j)
-      isum += (blk[b].qs[j] & 0x0F) * xq[32 * b + j] + (blk[b].qs[j] >> 4) * xq[32 * b + j + 16];
-    s += float(isum) * (fp16_to_f32(blk[b].d) * xd[b]) - float(nsum[b]) * (fp16_to_f32(blk[b].m) * xd[b]);
+    const Block& B = blk[b];
+    int32_t isum = kMin ? 0 : 16 * nsum[b];
+    for (int j = 0; j < 32; ++j) {
+      int q = j < 16 ? B.qs[j] & 0x0F : B.qs[j - 16] >> 4;
+      if constexpr (kHigh) q |= (B.qh[j / 8] >> (j % 8) & 1) << 4;
+      isum += q * xq[32 * b + j];
+    }
+    s += float(isum) * (fp16_to_f32(B.d) * xd[b]);
+    if constexpr (kMin) s -= float(nsum[b]) * (fp16_to_f32(B.m) * xd[b]);
   }
   return s;
 }
 
-// Q5_0: as Q4_0 with the -16 offset folded in through nsum.
-float dot_q5_0(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int32_t* nsum) {
-  const auto* blk = reinterpret_cast<const BlockQ5_0*>(w);
-  float s = 0.0f;
-  for (int64_t b = 0; b < n_in / 32; ++b) {
-    int32_t isum = 16 * nsum[b];
-    for (int j = 0; j < 16; ++j)
-      isum += ((blk[b].qs[j] & 0x0F) | q5_high(blk[b].qh, j)) * xq[32 * b + j] +
-              ((blk[b].qs[j] >> 4) | q5_high(blk[b].qh, j + 16)) * xq[32 * b + j + 16];
-    s += float(isum) * (fp16_to_f32(blk[b].d) * xd[b]);
-  }
-  return s;
-}
-
-float dot_q5_1(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int32_t* nsum) {
-  const auto* blk = reinterpret_cast<const BlockQ5_1*>(w);
-  float s = 0.0f;
-  for (int64_t b = 0; b < n_in / 32; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < 16; ++j)
-      isum += ((blk[b].qs[j] & 0x0F) | q5_high(blk[b].qh, j)) * xq[32 * b + j] +
-              ((blk[b].qs[j] >> 4) | q5_high(blk[b].qh, j + 16)) * xq[32 * b + j + 16];
-    s += float(isum) * (fp16_to_f32(blk[b].d) * xd[b]) - float(nsum[b]) * (fp16_to_f32(blk[b].m) * xd[b]);
-  }
-  return s;
-}
-
-// Q5_K: Q4_K's sums with 5-bit quants (bit 4 of element l of sub-block j: bit j of qh[l]).
-float dot_q5_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int16_t* bsums) {
-  const auto* blk = reinterpret_cast<const BlockQ5_K*>(w);
+// Q4_K: d * dx * sum_j sc_j (q . x)_j  -  dmin * dx * sum_j m_j * (sum of x over sub-block j).
+// Q5_K (Block = BlockQ5_K): the same with 5-bit quants (bit 4 of element l of sub-block j: bit j
+// of qh[l]).
+template <class Block>
+float dot_q4_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int16_t* bsums) {
+  const auto* blk = reinterpret_cast<const Block*>(w);
   float s = 0.0f;
   for (int64_t b = 0; b < n_in / kQK_K; ++b) {
-    const BlockQ5_K& B = blk[b];
+    const Block& B = blk[b];
     const int8_t* x = xq + kQK_K * b;
     const int16_t* bs = bsums + 16 * b;
     int32_t sum_q = 0, sum_m = 0;
@@ -154,38 +137,11 @@ float dot_q5_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd
       const uint8_t* q = B.qs + 32 * (j / 2);
       const int shift = (j % 2) * 4;
       int32_t dot = 0;
-      for (int l = 0; l < 32; ++l) dot += (((q[l] >> shift) & 0x0F) | ((B.qh[l] >> j & 1) << 4)) * x[32 * j + l];
-      sum_q += sc * dot;
-      sum_m += m * (bs[2 * j] + bs[2 * j + 1]);
-    }
-    s += xd[b] * (fp16_to_f32(B.d) * float(sum_q) - fp16_to_f32(B.dmin) * float(sum_m));
-  }
-  return s;
-}
-
-// Q4_K: d * dx * sum_j sc_j (q . x)_j  -  dmin * dx * sum_j m_j * (sum of x over sub-block j).
-float dot_q4_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd,
-               const int16_t* bsums) {
-  const auto* blk = reinterpret_cast<const BlockQ4_K*>(w);
-  float s = 0.0f;
-  for (int64_t b = 0; b < n_in / kQK_K; ++b) {
-    const BlockQ4_K& B = blk[b];
-    const int8_t* x = xq + kQK_K * b;
-    const int16_t* bs = bsums + 16 * b;
-    int32_t sum_q = 0, sum_m = 0;
-    for (int j = 0; j < 8; ++j) {
-      int sc, m;
-      if (j < 4) {
-        sc = B.scales[j] & 63;
-        m = B.scales[j + 4] & 63;
-      } else {
-        sc = (B.scales[j + 4] & 0x0F) | ((B.scales[j - 4] >> 6) << 4);
-        m = (B.scales[j + 4] >> 4) | ((B.scales[j] >> 6) << 4);
+      for (int l = 0; l < 32; ++l) {
+        int ql = (q[l] >> shift) & 0x0F;
+        if constexpr (std::is_same_v<Block, BlockQ5_K>) ql |= (B.qh[l] >> j & 1) << 4;
+        dot += ql * x[32 * j + l];
       }
-      const uint8_t* q = B.qs + 32 * (j / 2);
-      const int shift = (j % 2) * 4;
-      int32_t dot = 0;
-      for (int l = 0; l < 32; ++l) dot += ((q[l] >> shift) & 0x0F) * x[32 * j + l];
       sum_q += sc * dot;
       sum_m += m * (bs[2 * j] + bs[2 * j + 1]);
     }
@@ -335,15 +291,15 @@ float dot_ref(DType t, const uint8_t* w, int64_t n_in, const uint8_t* row, const
     case DType::Q4_0:
       return dot_q4_0(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
     case DType::Q4_1:
-      return dot_q4_1(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
+      return dot_q32x<BlockQ4_1>(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
     case DType::Q5_0:
-      return dot_q5_0(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
+      return dot_q32x<BlockQ5_0>(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
     case DType::Q5_1:
-      return dot_q5_1(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
+      return dot_q32x<BlockQ5_1>(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
     case DType::Q4_K:
-      return dot_q4_k(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
+      return dot_q4_k<BlockQ4_K>(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
     case DType::Q5_K:
-      return dot_q5_k(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
+      return dot_q4_k<BlockQ5_K>(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
     case DType::Q6_K:
       return dot_q6_k(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
     default:

@@ -19,7 +19,7 @@ struct OpsAvx2 {
 
 // --- Q4_0 decode tile: two rows per register -------------------------------------------------
 //
-// tile_q4_0 spends a 256-bit register on one row's 32 nibbles, and its float tail (convert,
+// tile_q32 (Q4_0) spends a 256-bit register on one row's 32 nibbles, and its float tail (convert,
 // scalar scale multiply and broadcast, FMA) on 8 lanes per row and block. Here a register
 // holds one block of two rows (16 nibble bytes each, one per 128-bit lane) against the block's
 // activations in both lanes, which halves the unpacking; phaddw then folds the two registers

@@ -365,7 +365,7 @@ void gemm_lanes(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
 // from ~34 to ~55 weights/ns for Q4_0 and from ~37 to ~46 for Q8_0; a row's result does not
 // depend on whether it sits in an 8- or a 4-row tile.
 //
-// Q4_0: nibbles unsigned, the -8 offset through nsum as in tile_q4_0 (a row has 4 lanes here,
+// Q4_0: nibbles unsigned, the -8 offset through nsum as in tile_q32 (a row has 4 lanes here,
 // so each starts at 2 * nsum).
 // Q8_0: no 512-bit vpsignb, so the weights are made unsigned instead (w + 128, a sign-bit
 // flip); the extra 128 * sum(x) = -128 * nsum is removed by starting each of a row's 8 lanes
@@ -656,8 +656,10 @@ void fused_rows(const GemmArgs& a, int64_t r, int64_t g0, int64_t g1, float* dw)
   }
 }
 
-template <bool kQ4>
-void gemm_fused_t(const GemmArgs& a, int64_t r0, int64_t r1, float* dw) {
+// Rows [r0, r1) x the token groups in blocks: rows.template operator()<R>(r, g0, g1) for tiles
+// of kFusedRows, then 4, then single rows.
+template <class RowsFn>
+void fused_blocks(const GemmArgs& a, int64_t r0, int64_t r1, RowsFn&& rows) {
   const int64_t n_groups = (a.act_layout.lane_tokens + kLanes - 1) / kLanes;
   // Groups per block: ~512 KB of activations stay in L2 while the chunk's rows pass over them.
   int64_t gpb = (512 << 10) / a.act_layout.stride;
@@ -665,10 +667,15 @@ void gemm_fused_t(const GemmArgs& a, int64_t r0, int64_t r1, float* dw) {
   for (int64_t g0 = 0; g0 < n_groups; g0 += gpb) {
     const int64_t g1 = g0 + gpb < n_groups ? g0 + gpb : n_groups;
     int64_t r = r0;
-    for (; r + kFusedRows <= r1; r += kFusedRows) fused_rows<kFusedRows, kQ4>(a, r, g0, g1, dw);
-    for (; r + 4 <= r1; r += 4) fused_rows<4, kQ4>(a, r, g0, g1, dw);
-    for (; r < r1; ++r) fused_rows<1, kQ4>(a, r, g0, g1, dw);
+    for (; r + kFusedRows <= r1; r += kFusedRows) rows.template operator()<kFusedRows>(r, g0, g1);
+    for (; r + 4 <= r1; r += 4) rows.template operator()<4>(r, g0, g1);
+    for (; r < r1; ++r) rows.template operator()<1>(r, g0, g1);
   }
+}
+
+template <bool kQ4>
+void gemm_fused_t(const GemmArgs& a, int64_t r0, int64_t r1, float* dw) {
+  fused_blocks(a, r0, r1, [&]<int R>(int64_t r, int64_t g0, int64_t g1) { fused_rows<R, kQ4>(a, r, g0, g1, dw); });
 }
 
 // Q5_0 in the token-lane tiles: each tile's rows are rebuilt as Q8_0 blocks (q - 16 in int8,
@@ -705,16 +712,8 @@ void fused_rows_q5_0(const GemmArgs& a, int64_t r, int64_t g0, int64_t g1, float
 }
 
 void gemm_fused_q5_0(const GemmArgs& a, int64_t r0, int64_t r1, float* dw, uint8_t* rows8) {
-  const int64_t n_groups = (a.act_layout.lane_tokens + kLanes - 1) / kLanes;
-  int64_t gpb = (512 << 10) / a.act_layout.stride;
-  gpb = gpb < 1 ? 1 : gpb;
-  for (int64_t g0 = 0; g0 < n_groups; g0 += gpb) {
-    const int64_t g1 = g0 + gpb < n_groups ? g0 + gpb : n_groups;
-    int64_t r = r0;
-    for (; r + kFusedRows <= r1; r += kFusedRows) fused_rows_q5_0<kFusedRows>(a, r, g0, g1, dw, rows8);
-    for (; r + 4 <= r1; r += 4) fused_rows_q5_0<4>(a, r, g0, g1, dw, rows8);
-    for (; r < r1; ++r) fused_rows_q5_0<1>(a, r, g0, g1, dw, rows8);
-  }
+  fused_blocks(a, r0, r1,
+               [&]<int R>(int64_t r, int64_t g0, int64_t g1) { fused_rows_q5_0<R>(a, r, g0, g1, dw, rows8); });
 }
 
 // scratch holds the kFusedRows * n_in / 32 floats of fused_scales (then, for Q5_0, its
@@ -1008,13 +1007,13 @@ __attribute__((noinline)) void rowlane_q4_k_tile(const RowsView& v, const uint8_
   for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
 
-template <bool kQ5, int TC>
-void rowlane_q4_k_tokens(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep, const uint8_t* pf,
-                         int64_t t, int64_t n, float* y, int64_t ldy) {
+// tile.template operator()<N>() for the tile of N = n tokens (1 <= n <= TC).
+template <int TC, class Tile>
+inline void tokens_tile(int64_t n, Tile&& tile) {
   if constexpr (TC > 1) {
-    if (n < TC) return rowlane_q4_k_tokens<kQ5, TC - 1>(v, group, nsb, keep, pf, t, n, y, ldy);
+    if (n < TC) return tokens_tile<TC - 1>(n, tile);
   }
-  rowlane_q4_k_tile<kQ5, TC>(v, group, nsb, keep, pf, t, y, ldy);
+  tile.template operator()<TC>();
 }
 
 template <bool kQ5>
@@ -1023,7 +1022,9 @@ void gemm_interleaved_q4_k(const GemmArgs& a, const RowsView& v, int64_t r0, int
   for_each_interleaved_tile<4>(
       a, v, r0, r1, nsb * (kQ5 ? kGroupBlkQ5K : kGroupBlkQ4K),
       [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
-        rowlane_q4_k_tokens<kQ5, 4>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, n, y, a.ldy);
+        tokens_tile<4>(n, [&]<int TC>() {
+          rowlane_q4_k_tile<kQ5, TC>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, y, a.ldy);
+        });
       });
 }
 
@@ -1078,22 +1079,15 @@ __attribute__((noinline)) void rowlane_q32x_tile(const RowsView& v, const uint8_
   for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
 
-template <DType kType, int TC>
-void rowlane_q32x_tokens(const RowsView& v, const uint8_t* group, int64_t nb, __mmask16 keep, const uint8_t* pf,
-                         int64_t t, int64_t n, float* y, int64_t ldy) {
-  if constexpr (TC > 1) {
-    if (n < TC) return rowlane_q32x_tokens<kType, TC - 1>(v, group, nb, keep, pf, t, n, y, ldy);
-  }
-  rowlane_q32x_tile<kType, TC>(v, group, nb, keep, pf, t, y, ldy);
-}
-
 template <DType kType>
 void gemm_interleaved_q32x(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
   const int64_t nb = a.n_in / 32;
   for_each_interleaved_tile<kRowLanes>(
       a, v, r0, r1, nb * Q32xLayout<kType>::kBlk,
       [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
-        rowlane_q32x_tokens<kType, kRowLanes>(v, group, nb, __mmask16(rows_mask(lo, hi)), pf, t, n, y, a.ldy);
+        tokens_tile<kRowLanes>(n, [&]<int TC>() {
+          rowlane_q32x_tile<kType, TC>(v, group, nb, __mmask16(rows_mask(lo, hi)), pf, t, y, a.ldy);
+        });
       });
 }
 

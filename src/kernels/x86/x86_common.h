@@ -281,36 +281,6 @@ void tile_q8_0(const Tile& c) {
   store_tile<R, T>(c, acc);
 }
 
-// Q4_0 x Q8_0: nibbles stay unsigned (0..15); the -8 offset is -8 * sum(x), preloaded into the
-// integer accumulator as nsum in each of the 8 lanes.
-template <class Ops, int R, int T>
-void tile_q4_0(const Tile& c) {
-  __m256 acc[R][T];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm256_setzero_ps();
-  const ActPtrs<T> x(c);
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  const uint8_t* pf = c.w + kPrefetchTiles * R * c.row_bytes;
-  for (int64_t b = 0; b < c.nb; ++b) {
-    prefetch_step<R * int(sizeof(BlockQ4_0))>(pf + b * R * int64_t(sizeof(BlockQ4_0)));
-    __m256i xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[t] + 32 * b));
-    for (int r = 0; r < R; ++r) {
-      const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(c.w + r * c.row_bytes) + b;
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs));
-      // low nibbles are elements 0..15, high nibbles 16..31
-      const __m256i wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-      const float dw = f16_to_f32(blk->d);
-      for (int t = 0; t < T; ++t) {
-        const int32_t nsum = reinterpret_cast<const int32_t*>(x.sum[t])[b];
-        const __m256i s = Ops::dot_u8s8(_mm256_set1_epi32(nsum), wq, xv[t]);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * x.d[t][b]), acc[r][t]);
-      }
-    }
-  }
-  store_tile<R, T>(c, acc);
-}
-
 // Bit j of the 32-bit qh at p (Q5_0 / Q5_1's fifth bits) as 0x10 or 0 in byte j.
 inline __m256i q5_high_bytes(const uint8_t* p) {
   uint32_t qh;
@@ -323,14 +293,16 @@ inline __m256i q5_high_bytes(const uint8_t* p) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-// Q4_1, Q5_0 and Q5_1 x Q8_0 (Kind: the block type): the quants unpacked unsigned as in
-// tile_q4_0 (Q5's fifth bit or-ed in as 16), so pmaddubsw pairs stay <= 2 * 31 * 128. Q5_0's
-// -16 offset is -16 * sum(x), preloaded as 2 * nsum in each of the 8 lanes; Q4_1 / Q5_1's
-// offset m meets sum(x) = -nsum in a scalar per (row, token), added when the tile is stored.
+// Q4_0, Q4_1, Q5_0 and Q5_1 x Q8_0 (Block: the block type): nibbles stay unsigned (0..15; Q5's
+// fifth bit or-ed in as 16), so pmaddubsw pairs stay <= 2 * 31 * 128. Q4_0's -8 offset is
+// -8 * sum(x) = 8 * nsum, preloaded into the integer accumulator as nsum in each of the 8 lanes
+// (Q5_0's -16 as 2 * nsum); Q4_1 / Q5_1's offset m meets sum(x) = -nsum in a scalar per (row,
+// token), added when the tile is stored.
 template <class Ops, class Block, int R, int T>
-void tile_q32_other(const Tile& c) {
-  constexpr bool kHasMin = !std::is_same_v<Block, BlockQ5_0>;
-  constexpr bool kFive = !std::is_same_v<Block, BlockQ4_1>;
+void tile_q32(const Tile& c) {
+  constexpr bool kQ4_0 = std::is_same_v<Block, BlockQ4_0>;
+  constexpr bool kHasMin = std::is_same_v<Block, BlockQ4_1> || std::is_same_v<Block, BlockQ5_1>;
+  constexpr bool kFive = std::is_same_v<Block, BlockQ5_0> || std::is_same_v<Block, BlockQ5_1>;
   __m256 acc[R][T];
   float off[R][T] = {};
   for (auto& a : acc)
@@ -350,7 +322,7 @@ void tile_q32_other(const Tile& c) {
       const float dw = f16_to_f32(blk->d);
       for (int t = 0; t < T; ++t) {
         const int32_t nsum = reinterpret_cast<const int32_t*>(x.sum[t])[b];
-        const __m256i s = Ops::dot_u8s8(_mm256_set1_epi32(kHasMin ? 0 : 2 * nsum), wq, xv[t]);
+        const __m256i s = Ops::dot_u8s8(_mm256_set1_epi32(kHasMin ? 0 : kQ4_0 ? nsum : 2 * nsum), wq, xv[t]);
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * x.d[t][b]), acc[r][t]);
         if constexpr (kHasMin) off[r][t] -= float(nsum) * (f16_to_f32(blk->m) * x.d[t][b]);
       }
@@ -393,19 +365,21 @@ inline __m128i q4_k_scales_mins(const uint8_t* s) {
 
 // Q4_K x Q8_K per super-block: pmaddubsw (nibble x int8, no saturation: 2 * 15 * 127) then
 // a multiply-add by the sub-block's scale into int32; the mins meet Q8_K's bsums (sums of
-// 16 activations) in one pmaddwd.
-template <class Ops, int R, int T>
+// 16 activations) in one pmaddwd. Q5_K (Block = BlockQ5_K): the same with each sub-block's
+// fifth bits (bit j of qh[l] for sub-block j) or-ed into the nibbles as 16 (pairs <= 2 * 31 * 127).
+template <class Ops, class Block, int R, int T>
 void tile_q4_k(const Tile& c) {
+  constexpr bool kQ5 = std::is_same_v<Block, BlockQ5_K>;
   __m256 acc[R][T];
   for (auto& a : acc)
     for (auto& v : a) v = _mm256_setzero_ps();
   const ActPtrs<T> x(c);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   const uint8_t* pf = c.w + kPrefetchTiles * R * c.row_bytes;
   for (int64_t sb = 0; sb < c.nb; ++sb) {
-    prefetch_step<R * int(sizeof(BlockQ4_K))>(pf + sb * R * int64_t(sizeof(BlockQ4_K)));
+    prefetch_step<R * int(sizeof(Block))>(pf + sb * R * int64_t(sizeof(Block)));
     for (int r = 0; r < R; ++r) {
-      const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(c.w + r * c.row_bytes) + sb;
+      const Block* blk = reinterpret_cast<const Block*>(c.w + r * c.row_bytes) + sb;
       const __m128i sm = q4_k_scales_mins(blk->scales);
       const __m128i s16 = _mm_cvtepu8_epi16(sm);                     // sc0..sc7
       const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));  // m0..m7
@@ -417,60 +391,13 @@ void tile_q4_k(const Tile& c) {
       for (int t = 0; t < T; ++t) S[t] = S2[t] = _mm256_setzero_si256();
       for (int g = 0; g < 4; ++g) {  // 32 bytes of qs: sub-blocks 2g (low), 2g+1 (high nibbles)
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs + 32 * g));
-        const __m256i lo = _mm256_and_si256(q, m4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        const __m256i sc_lo = _mm256_shuffle_epi8(s16x2, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * g))));
-        const __m256i sc_hi = _mm256_shuffle_epi8(s16x2, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * g + 1))));
-        for (int t = 0; t < T; ++t) {
-          const int8_t* xq = x.q[t] + kQK_K * sb + 64 * g;
-          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-          const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
-          S[t] = Ops::dot_s16(S[t], _mm256_maddubs_epi16(lo, x0), sc_lo);
-          S2[t] = Ops::dot_s16(S2[t], _mm256_maddubs_epi16(hi, x1), sc_hi);
+        __m256i lo = _mm256_and_si256(q, m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if constexpr (kQ5) {  // (bit & 1) << 4 stays within its byte under the 16-bit shifts
+          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh));
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
         }
-      }
-      const float d = f16_to_f32(blk->d), dmin = f16_to_f32(blk->dmin);
-      for (int t = 0; t < T; ++t) {
-        const int16_t* bs = reinterpret_cast<const int16_t*>(x.sum[t]) + 16 * sb;
-        const __m256i M = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs)), mins);
-        const float dx = x.d[t][sb];
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(S[t], S2[t])), _mm256_set1_ps(d * dx), acc[r][t]);
-        acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M), _mm256_set1_ps(dmin * dx), acc[r][t]);
-      }
-    }
-  }
-  store_tile<R, T>(c, acc);
-}
-
-// Q5_K x Q8_K: tile_q4_k with each sub-block's fifth bits (bit j of qh[l] for sub-block j) or-ed
-// into the nibbles as 16: pmaddubsw pairs <= 2 * 31 * 127.
-template <class Ops, int R, int T>
-void tile_q5_k(const Tile& c) {
-  __m256 acc[R][T];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm256_setzero_ps();
-  const ActPtrs<T> x(c);
-  const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  const uint8_t* pf = c.w + kPrefetchTiles * R * c.row_bytes;
-  for (int64_t sb = 0; sb < c.nb; ++sb) {
-    prefetch_step<R * int(sizeof(BlockQ5_K))>(pf + sb * R * int64_t(sizeof(BlockQ5_K)));
-    for (int r = 0; r < R; ++r) {
-      const BlockQ5_K* blk = reinterpret_cast<const BlockQ5_K*>(c.w + r * c.row_bytes) + sb;
-      const __m128i sm = q4_k_scales_mins(blk->scales);
-      const __m128i s16 = _mm_cvtepu8_epi16(sm);
-      const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
-      const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
-      const __m256i s16x2 = _mm256_set_m128i(s16, s16);
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh));
-      __m256i S[T], S2[T];
-      for (int t = 0; t < T; ++t) S[t] = S2[t] = _mm256_setzero_si256();
-      for (int g = 0; g < 4; ++g) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs + 32 * g));
-        // (bit & 1) << 4 stays within its byte under the 16-bit shifts
-        const __m256i h_lo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4);
-        const __m256i h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4);
-        const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
-        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h_hi);
         const __m256i sc_lo = _mm256_shuffle_epi8(s16x2, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * g))));
         const __m256i sc_hi = _mm256_shuffle_epi8(s16x2, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * g + 1))));
         for (int t = 0; t < T; ++t) {
@@ -565,12 +492,12 @@ template <class Ops, int R, int T>
 void int_tile(DType type, const Tile& c) {
   switch (type) {
     case DType::Q8_0: tile_q8_0<Ops, R, T>(c); break;
-    case DType::Q4_0: tile_q4_0<Ops, R, T>(c); break;
-    case DType::Q4_1: tile_q32_other<Ops, BlockQ4_1, R, T>(c); break;
-    case DType::Q5_0: tile_q32_other<Ops, BlockQ5_0, R, T>(c); break;
-    case DType::Q5_1: tile_q32_other<Ops, BlockQ5_1, R, T>(c); break;
-    case DType::Q4_K: tile_q4_k<Ops, R, T>(c); break;
-    case DType::Q5_K: tile_q5_k<Ops, R, T>(c); break;
+    case DType::Q4_0: tile_q32<Ops, BlockQ4_0, R, T>(c); break;
+    case DType::Q4_1: tile_q32<Ops, BlockQ4_1, R, T>(c); break;
+    case DType::Q5_0: tile_q32<Ops, BlockQ5_0, R, T>(c); break;
+    case DType::Q5_1: tile_q32<Ops, BlockQ5_1, R, T>(c); break;
+    case DType::Q4_K: tile_q4_k<Ops, BlockQ4_K, R, T>(c); break;
+    case DType::Q5_K: tile_q4_k<Ops, BlockQ5_K, R, T>(c); break;
     case DType::Q6_K: tile_q6_k<Ops, R, T>(c); break;
     default: break;
   }
