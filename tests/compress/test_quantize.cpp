@@ -201,6 +201,30 @@ TEST_F(QuantizeStories, LlamaCppLoadsTheResult) {
   }
 }
 
+// The k-quant files (Q4_K_M, Q5_K_M mixes: q6_k in the "more bits" layer) and Q5_0 / Q5_1 of the
+// quant-interop model, whose 256- and 512-wide rows fit the k-quants: llama.cpp loads them and
+// its greedy run starts as tern's (measured: 12 of 12 tokens equal for q5_k, q5_0 and q4_k).
+TEST(Quantize, LlamaCppLoadsKQuantFiles) {
+  TERN_REQUIRE_SHARED("quant-interop/small-f16src.gguf");
+  const std::string script = peer_script();
+  if (script.empty()) GTEST_SKIP() << "llama.cpp peer not installed (../shared/peer/setup.sh)";
+  for (const char* type : {"q4_k", "q5_k", "q5_0", "q5_1"}) {
+    const std::string out = temp_path(std::string("small-peer-") + type + ".gguf");
+    quantize_json(shared_path("quant-interop/small-f16src.gguf") + " " + out + " --type " + type);
+    std::string peer_out, err;
+    ASSERT_EQ(run_command("node " + script + " --model " + out + " --greedy 'Once upon a time' --n 4 --bos", &peer_out,
+                          &err),
+              0)
+        << err;
+    const auto peer = nlohmann::json::parse(peer_out.substr(peer_out.find('{')));
+    std::string tern_out;
+    ASSERT_EQ(run_command(kTern + " run -m " + out + " -p 'Once upon a time' -n 4 --temp 0 --json", &tern_out), 0);
+    const auto ours = nlohmann::json::parse(tern_out);
+    ASSERT_EQ(peer["ids"].size(), 4u) << type;
+    EXPECT_EQ(peer["ids"][0], ours["ids"][0]) << type;
+  }
+}
+
 TEST(Quantize, RequantizingNeedsItsFlag) {
   TERN_REQUIRE_SHARED("quant-interop/small-q4_0.gguf");
   const std::string src = shared_path("quant-interop/small-q4_0.gguf");
