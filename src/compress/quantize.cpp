@@ -16,8 +16,8 @@ bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == 
 
 // The types `tern quantize --type` writes: ggml's, so that llama.cpp loads the result.
 constexpr DType kQuantizeTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
-                                    DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K,
-                                    DType::Q6_K};
+                                    DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                                    DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 bool available(DType t) {
   const QuantTraits* q = quant_traits(t);

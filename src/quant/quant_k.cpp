@@ -1,5 +1,6 @@
-// K-quants (Q4_K, Q5_K, Q6_K) and their activation format Q8_K: 256-element super-blocks whose
-// sub-blocks carry small integer scales, themselves scaled by one f16 per super-block.
+// K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and their activation format Q8_K: 256-element
+// super-blocks whose sub-blocks carry small integer scales, themselves scaled by one f16 per
+// super-block.
 //
 // Dequantizers evaluate ggml's expressions in ggml's order (bit-exact values). Quantizers
 // follow llama.cpp's reference, non-imatrix algorithms: a weighted least-squares search for
@@ -14,6 +15,14 @@
 #include "quant/quant_traits.h"
 
 namespace tern {
+
+void q3_k_scales(const uint8_t* s, uint8_t* sc16) {
+  for (int j = 0; j < kQK_K / 16; ++j) {
+    const int low = j < 8 ? s[j] & 0x0F : s[j - 8] >> 4;
+    const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+    sc16[j] = static_cast<uint8_t>(low | high << 4);
+  }
+}
 
 void q4_k_scale_min(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
   if (j < 4) {
@@ -42,11 +51,21 @@ constexpr float kGroupMaxEps = 1e-15f;
 
 inline int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
+// How make_qkx2_quants ranks candidate grids: llama.cpp's Q4_K / Q5_K references by the
+// weighted squared error, its Q2_K reference by the weighted absolute error (its `use_mad`).
+// The choice changes which grid wins, so each type must use its own to stay byte-exact.
+enum class FitError { kSquared, kAbsolute };
+
+inline float fit_error_term(FitError metric, float weight, float diff) {
+  return metric == FitError::kAbsolute ? weight * std::fabs(diff) : weight * (diff * diff);
+}
+
 // Asymmetric quantization of n values to 0..nmax: x ~= scale * L - the_min (the_min >= 0).
 // Starts from the min/max grid, then tries nstep+1 scales around it and refits scale and min
-// by weighted least squares for each candidate L, keeping the lowest weighted squared error.
+// by weighted least squares for each candidate L, keeping the lowest weighted error (`metric`).
 float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L,
-                       float* the_min, uint8_t* Laux, float rmin, float rdelta, int nstep) {
+                       float* the_min, uint8_t* Laux, float rmin, float rdelta, int nstep,
+                       FitError metric) {
   float min = x[0], max = x[0];
   float sum_w = weights[0];
   float sum_x = sum_w * x[0];
@@ -70,7 +89,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
     const int l = nearest_int(iscale * (x[i] - min));
     L[i] = static_cast<uint8_t>(clamp_int(l, 0, nmax));
     const float diff = scale * L[i] + min - x[i];
-    best_err += weights[i] * (diff * diff);
+    best_err += fit_error_term(metric, weights[i], diff);
   }
   if (nstep < 1) {
     *the_min = -min;
@@ -98,7 +117,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
       float err = 0;
       for (int i = 0; i < n; ++i) {
         const float diff = this_scale * Laux[i] + this_min - x[i];
-        err += weights[i] * (diff * diff);
+        err += fit_error_term(metric, weights[i], diff);
       }
       if (err < best_err) {
         for (int i = 0; i < n; ++i) L[i] = Laux[i];
@@ -161,7 +180,207 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
   return scale;
 }
 
+// Symmetric quantization of n values to -nmax..nmax-1 (stored + nmax), weights x^2, for Q3_K.
+// Starts from the grid that maps the value of largest magnitude to -nmax, then sweeps the
+// elements (at most 5 times): each moves to the level that fits it best under the
+// least-squares scale of the others, and the move is kept when it raises sumlx^2 / suml2,
+// i.e. lowers the weighted squared error at the best scale. Returns that scale.
+float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
+  float max = 0, amax = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
+  }
+  if (amax < kGroupMaxEps) {
+    for (int i = 0; i < n; ++i) L[i] = 0;
+    return 0.0f;
+  }
+  const float iscale = -nmax / max;
+  float sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+    L[i] = static_cast<int8_t>(l);
+    const float w = x[i] * x[i];
+    sumlx += w * x[i] * l;
+    suml2 += w * l * l;
+  }
+  for (int sweep = 0; sweep < 5; ++sweep) {
+    int n_changed = 0;
+    for (int i = 0; i < n; ++i) {
+      const float w = x[i] * x[i];
+      float slx = sumlx - w * x[i] * L[i];  // the sums without element i
+      if (!(slx > 0)) continue;             // no positive fit of the others to align with
+      float sl2 = suml2 - w * L[i] * L[i];
+      const int new_l = clamp_int(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+      if (new_l == L[i]) continue;
+      slx += w * x[i] * new_l;
+      sl2 += w * new_l * new_l;
+      if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+        L[i] = static_cast<int8_t>(new_l);
+        sumlx = slx;
+        suml2 = sl2;
+        ++n_changed;
+      }
+    }
+    if (!n_changed) break;
+  }
+  for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(L[i] + nmax);
+  return suml2 > 0 ? sumlx / suml2 : 0.0f;
+}
+
 }  // namespace
+
+namespace {
+
+// Q2_K / Q3_K's low two bits of the 256 quants (see BlockQ2_K): byte 32n + l of qs holds
+// element 128n + 32i + l in bits 2i..2i+1.
+void pack_2bit_quants(const uint8_t* L, uint8_t* qs) {
+  for (int half = 0; half < 2; ++half) {
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t* e = L + 128 * half + l;
+      qs[32 * half + l] = static_cast<uint8_t>(e[0] | e[32] << 2 | e[64] << 4 | e[96] << 6);
+    }
+  }
+}
+
+}  // namespace
+
+// Sub-block j (elements 16j..16j+15) = group (j % 8) / 2 of half j / 8, first or second 16
+// bytes of the half's 32 by j % 2.
+void q2_k_to_float(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockQ2_K*>(src);
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = fp16_to_f32(b[i].d);
+    const float dmin = fp16_to_f32(b[i].dmin);
+    float* y = dst + i * kQK_K;
+    for (int j = 0; j < kQK_K / 16; ++j) {
+      const uint8_t* q = b[i].qs + 32 * (j / 8) + 16 * (j % 2);
+      const int shift = 2 * ((j % 8) / 2);
+      const uint8_t sc = b[i].scales[j];
+      const float dl = d * (sc & 0x0F), ml = dmin * (sc >> 4);
+      for (int l = 0; l < 16; ++l) y[16 * j + l] = dl * ((q[l] >> shift) & 3) - ml;
+    }
+  }
+}
+
+// llama.cpp's Q2_K reference: each sub-block of 16 fitted to 0..3 by make_qkx2_quants with
+// weights |x| and the absolute error (search range -0.5 + 0.1 * is, 16 steps); scales and mins
+// quantized to 4 bits against d = max scale / 15 and dmin = max min / 15; the elements
+// re-quantized against the scales as stored.
+void q2_k_from_float(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<BlockQ2_K*>(dst);
+  uint8_t L[kQK_K], Laux[16];
+  float weights[16], scales[kQK_K / 16], mins[kQK_K / 16];
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float* x = src + i * kQK_K;
+    BlockQ2_K& y = b[i];
+    float max_scale = 0, max_min = 0;  // scales are >= 0 since the min is subtracted
+    for (int j = 0; j < kQK_K / 16; ++j) {
+      for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
+      scales[j] = make_qkx2_quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15,
+                                   FitError::kAbsolute);
+      if (scales[j] > max_scale) max_scale = scales[j];
+      if (mins[j] > max_min) max_min = mins[j];
+    }
+    // Nibbles are nearest_int truncated to a byte, as llama.cpp (0..15 here anyway).
+    if (max_scale > 0) {
+      const float iscale = 15.0f / max_scale;
+      for (int j = 0; j < kQK_K / 16; ++j) y.scales[j] = static_cast<uint8_t>(nearest_int(iscale * scales[j]));
+      y.d = f32_to_fp16(max_scale / 15.0f);
+    } else {
+      std::memset(y.scales, 0, sizeof(y.scales));
+      y.d = f32_to_fp16(0.0f);
+    }
+    if (max_min > 0) {
+      const float iscale = 15.0f / max_min;
+      for (int j = 0; j < kQK_K / 16; ++j)
+        y.scales[j] = static_cast<uint8_t>(y.scales[j] | nearest_int(iscale * mins[j]) << 4);
+      y.dmin = f32_to_fp16(max_min / 15.0f);
+    } else {
+      y.dmin = f32_to_fp16(0.0f);
+    }
+    for (int j = 0; j < kQK_K / 16; ++j) {
+      const float d = fp16_to_f32(y.d) * (y.scales[j] & 0x0F);
+      if (!d) continue;  // keeps the search's L, as llama.cpp
+      const float dm = fp16_to_f32(y.dmin) * (y.scales[j] >> 4);
+      for (int l = 0; l < 16; ++l)
+        L[16 * j + l] = static_cast<uint8_t>(clamp_int(nearest_int((x[16 * j + l] + dm) / d), 0, 3));
+    }
+    pack_2bit_quants(L, y.qs);
+  }
+}
+
+// Q2_K's element order; the third bit of element 128n + 32i + l is bit 4n + i of hmask[l], and
+// a clear bit means q - 4.
+void q3_k_to_float(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockQ3_K*>(src);
+  uint8_t sc[kQK_K / 16];
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = fp16_to_f32(b[i].d);
+    q3_k_scales(b[i].scales, sc);
+    float* y = dst + i * kQK_K;
+    for (int j = 0; j < kQK_K / 16; ++j) {
+      const uint8_t* q = b[i].qs + 32 * (j / 8) + 16 * (j % 2);
+      const uint8_t* hm = b[i].hmask + 16 * (j % 2);
+      const int group = (j % 8) / 2;
+      const uint8_t high_bit = static_cast<uint8_t>(1u << (4 * (j / 8) + group));
+      const float dl = d * (sc[j] - 32);
+      for (int l = 0; l < 16; ++l) y[16 * j + l] = dl * (((q[l] >> (2 * group)) & 3) - (hm[l] & high_bit ? 0 : 4));
+    }
+  }
+}
+
+// llama.cpp's Q3_K reference: each sub-block of 16 fitted to -4..3 by make_q3_quants; the
+// scale of largest magnitude maps to -32 (so d = 1 / iscale carries its sign) and all sixteen
+// are stored as 6-bit sc = scale + 32; the elements re-quantized against the scales as stored.
+void q3_k_from_float(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<BlockQ3_K*>(dst);
+  int8_t L[kQK_K];
+  uint8_t low2[kQK_K], sc[kQK_K / 16];
+  float scales[kQK_K / 16];
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float* x = src + i * kQK_K;
+    BlockQ3_K& y = b[i];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int j = 0; j < kQK_K / 16; ++j) {
+      scales[j] = make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
+      if (std::fabs(scales[j]) > max_abs_scale) {
+        max_abs_scale = std::fabs(scales[j]);
+        max_scale = scales[j];
+      }
+    }
+    std::memset(y.scales, 0, sizeof(y.scales));
+    if (max_scale != 0) {
+      const float iscale = -32.0f / max_scale;
+      for (int j = 0; j < kQK_K / 16; ++j) {
+        // nearest_int truncated to int8 before clamping, as llama.cpp (within -32..32 anyway).
+        const int8_t rounded = static_cast<int8_t>(nearest_int(iscale * scales[j]));
+        const int stored = clamp_int(rounded, -32, 31) + 32;
+        y.scales[j % 8] = static_cast<uint8_t>(y.scales[j % 8] | (stored & 0x0F) << (4 * (j / 8)));
+        y.scales[8 + j % 4] = static_cast<uint8_t>(y.scales[8 + j % 4] | (stored >> 4) << (2 * (j / 4)));
+      }
+      y.d = f32_to_fp16(1 / iscale);
+    } else {
+      y.d = f32_to_fp16(0.0f);
+    }
+    q3_k_scales(y.scales, sc);
+    for (int j = 0; j < kQK_K / 16; ++j) {
+      const float d = fp16_to_f32(y.d) * (sc[j] - 32);
+      if (!d) continue;  // keeps the search's L, as llama.cpp
+      for (int l = 0; l < 16; ++l)
+        L[16 * j + l] = static_cast<int8_t>(clamp_int(nearest_int(x[16 * j + l] / d), -4, 3) + 4);
+    }
+    std::memset(y.hmask, 0, sizeof(y.hmask));
+    for (int k = 0; k < kQK_K; ++k) {  // L is 0..7 here
+      if (L[k] > 3) y.hmask[k % 32] = static_cast<uint8_t>(y.hmask[k % 32] | 1u << (k / 32));
+      low2[k] = static_cast<uint8_t>(L[k] & 3);
+    }
+    pack_2bit_quants(low2, y.qs);
+  }
+}
 
 namespace {
 
@@ -215,7 +434,8 @@ void k_quant_scales(const float* x, int nmax, float rmin, float rdelta, int nste
     for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
     const float av_x = std::sqrt(sum_x2 / 32);
     for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-    scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, rdelta, nstep);
+    scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, rdelta, nstep,
+                                 FitError::kSquared);
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }

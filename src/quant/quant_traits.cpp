@@ -41,6 +41,8 @@ const QuantTraits kTraits[] = {
     {DType::Q4_1, "q4_1", 32, sizeof(BlockQ4_1), q4_1_to_float, q4_1_from_float, DType::Q8_0},
     {DType::Q5_0, "q5_0", 32, sizeof(BlockQ5_0), q5_0_to_float, q5_0_from_float, DType::Q8_0},
     {DType::Q5_1, "q5_1", 32, sizeof(BlockQ5_1), q5_1_to_float, q5_1_from_float, DType::Q8_0},
+    {DType::Q2_K, "q2_k", kQK_K, sizeof(BlockQ2_K), q2_k_to_float, q2_k_from_float, DType::Q8_K},
+    {DType::Q3_K, "q3_k", kQK_K, sizeof(BlockQ3_K), q3_k_to_float, q3_k_from_float, DType::Q8_K},
     {DType::Q4_K, "q4_k", kQK_K, sizeof(BlockQ4_K), q4_k_to_float, q4_k_from_float, DType::Q8_K},
     {DType::Q5_K, "q5_k", kQK_K, sizeof(BlockQ5_K), q5_k_to_float, q5_k_from_float, DType::Q8_K},
     {DType::Q6_K, "q6_k", kQK_K, sizeof(BlockQ6_K), q6_k_to_float, q6_k_from_float, DType::Q8_K},
@@ -78,6 +80,8 @@ uint32_t llama_file_type(DType type) {
     case DType::Q8_0: return 7;  // MOSTLY_Q8_0
     case DType::Q5_0: return 8;  // MOSTLY_Q5_0
     case DType::Q5_1: return 9;  // MOSTLY_Q5_1
+    case DType::Q2_K: return 10; // MOSTLY_Q2_K
+    case DType::Q3_K: return 11; // MOSTLY_Q3_K_S (tern applies no Q3_K_M mix)
     case DType::Q4_K: return 15; // MOSTLY_Q4_K_M (what llama-quantize calls "Q4_K")
     case DType::Q5_K: return 17; // MOSTLY_Q5_K_M (llama-quantize's "Q5_K")
     case DType::Q6_K: return 18; // MOSTLY_Q6_K
@@ -92,7 +96,9 @@ DType fit_row_type(DType want, int64_t n_in) {
   // 896, stories260K's 64): a 32-block type of at least its bits; f16 when that does not fit
   // either (a 32-block type's rows not a multiple of 32).
   DType alt = DType::F16;
-  if (want == DType::Q4_K) alt = DType::Q5_0;
+  // (for q2_k / q3_k llama.cpp picks iq4_nl, which tern does not have: q4_0, the same 4.5 bpw)
+  if (want == DType::Q2_K || want == DType::Q3_K) alt = DType::Q4_0;
+  else if (want == DType::Q4_K) alt = DType::Q5_0;
   else if (want == DType::Q5_K) alt = DType::Q5_1;
   else if (want == DType::Q6_K) alt = DType::Q8_0;
   if (alt != DType::F16 && dtype_row_bytes(alt, n_in) >= 0) return alt;

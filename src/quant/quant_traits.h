@@ -34,7 +34,7 @@ const QuantTraits& require_quant_traits(DType t, const char* tensor_name);
 uint32_t llama_file_type(DType type);
 
 // The type for rows of n_in elements: `want` when it fits, else llama-quantize's substitute
-// (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0) when that fits, else f16. Always fits.
+// (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0; q2_k / q3_k -> q4_0) when that fits, else f16. Always fits.
 DType fit_row_type(DType want, int64_t n_in);
 
 // Elements per K-quant super-block.
@@ -70,6 +70,28 @@ struct BlockQ5_1 {
   uint8_t qh[4];
   uint8_t qs[16];
 };
+
+// Q2_K: 16 sub-blocks of 16; x = d * (scales[j] & 15) * q - dmin * (scales[j] >> 4), q in 0..3.
+// Element l (0..31) of group i (0..3) of half n (0, 1), i.e. element 128n + 32i + l of sub-block
+// j = 8n + 2i + l / 16: q = (qs[32n + l] >> 2i) & 3.
+struct BlockQ2_K {
+  uint8_t scales[kQK_K / 16];  // low nibble: scale, high nibble: min
+  uint8_t qs[kQK_K / 4];
+  uint16_t d;     // fp16 scale of the scales
+  uint16_t dmin;  // fp16 scale of the mins
+};
+// Q3_K: 16 sub-blocks of 16; x = d * (sc_j - 32) * (q - 4 * (1 - h)), q in 0..3 as Q2_K's, h = bit
+// 4n + i of hmask[l] (element 128n + 32i + l); the sixteen 6-bit sc_j packed in scales[12]:
+// low 4 bits of sc_j in nibble j of bytes 0..7 (j < 8: low nibble of byte j, else high nibble of
+// byte j - 8), high 2 bits in bits 2(j / 4)..+1 of byte 8 + j % 4.
+struct BlockQ3_K {
+  uint8_t hmask[kQK_K / 8];
+  uint8_t qs[kQK_K / 4];
+  uint8_t scales[12];
+  uint16_t d;
+};
+// Q3_K's sixteen 6-bit scales (0..63, the stored values: the scale is sc - 32).
+void q3_k_scales(const uint8_t* scales12, uint8_t* sc16);
 
 // Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], q in 0..15.
 //   scales[12] packs eight 6-bit sc and eight 6-bit m:
@@ -121,6 +143,8 @@ static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);
 static_assert(sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);

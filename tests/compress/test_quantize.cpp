@@ -111,6 +111,8 @@ TEST(Quantize, KQuantSubstitutesFollowLlamaQuantize) {
   EXPECT_EQ(fit_row_type(DType::Q4_K, 896), DType::Q5_0);  // Qwen2-0.5B's n_embd
   EXPECT_EQ(fit_row_type(DType::Q5_K, 896), DType::Q5_1);
   EXPECT_EQ(fit_row_type(DType::Q6_K, 896), DType::Q8_0);
+  EXPECT_EQ(fit_row_type(DType::Q3_K, 896), DType::Q4_0);  // llama.cpp: iq4_nl
+  EXPECT_EQ(fit_row_type(DType::Q2_K, 64), DType::Q4_0);
   EXPECT_EQ(fit_row_type(DType::Q4_K, 4864), DType::Q4_K);
   EXPECT_EQ(fit_row_type(DType::Q4_K, 172), DType::F16);
   EXPECT_EQ(fit_row_type(DType::Q5_0, 172), DType::F16);

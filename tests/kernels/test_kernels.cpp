@@ -193,7 +193,7 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
 
 const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16};
 const DType kQ32Types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1};
-const DType kKTypes[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const DType kKTypes[] = {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 const int64_t kOuts[] = {1, 3, 13, 17, 64};
 // 9 and 28 leave a partial 16-token group big enough for the AVX-512 lanes (padded), 33 and
 // 70 one that goes to the classic tiles. 6, 7, 8, 22 and 24 end in a group of at most 8 (Q8_0
@@ -235,7 +235,7 @@ TEST_P(KernelsVsReference, LargerShapes) {
   ThreadPool& pool = shared_pool(GetParam());
   uint32_t seed = 400;
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                 DType::Q4_K, DType::Q5_K, DType::Q6_K})
+                 DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K})
     check_case({t, 1024, 200, 70}, pool, seed++);
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
@@ -398,8 +398,8 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
 // The scalar integer paths are exact arithmetic on the dequantized values: dot_ref equals the
 // f64 dot of the dequantized weight row and the dequantized activation row.
 TEST(KernelsRef, IntegerDotIsDotOfDequantizedValues) {
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K,
-                 DType::Q6_K}) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                 DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SCOPED_TRACE(dtype_name(t));
     const int64_t n_in = 1024;
     const Weights w = make_weights(t, n_in, 4, 7);
@@ -489,7 +489,7 @@ TEST(KernelsDispatch, TypesWithoutKernelFallBackToReference) {
 
 TEST(KernelsDispatch, DequantizeRowMatchesTraits) {
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
-                 DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+                 DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     const Weights w = make_weights(t, 512, 3, 15);
     std::vector<float> row(512);
     dequantize_row(w.view(), 2, row.data());

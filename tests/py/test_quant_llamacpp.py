@@ -2,10 +2,11 @@
 libggml-base.so (installed by ../shared/peer/setup.sh):
 - quantizing the same f32 rows (`tern quantize --pure`) gives llama.cpp's blocks byte for byte
   (quantize_row_<type>_ref: what llama-quantize runs without an importance matrix), for Q4_1, Q5_0,
-  Q5_1 and Q5_K (Q8_0 / Q4_0 / Q4_K / Q6_K have llama-quantize's own files in ../shared/quant-interop);
+  Q5_1, Q2_K, Q3_K and Q5_K (Q8_0 / Q4_0 / Q4_K / Q6_K have llama-quantize's own files in
+  ../shared/quant-interop);
 - dequantizing the same blocks gives llama.cpp's f32 values bit for bit (dequantize_row_<type>),
   on tern's blocks and on random ones (every bit pattern of the quants and packed scales; finite
-  f16 scales), for all eight types.
+  f16 scales), for all ten types.
 The rows are awkward on purpose: outliers, constant and all-zero rows, tiny values, one sign only.
 Exit code 77 = skipped (no peer library, no tern binary)."""
 import ctypes
@@ -33,11 +34,13 @@ TYPES = {
     6: ("q5_0", 32, 22, [0], "q5_0"),
     7: ("q5_1", 32, 24, [0, 2], "q5_1"),
     8: ("q8_0", 32, 34, [0], "q8_0"),
+    10: ("q2_k", 256, 84, [80, 82], "q2_K"),
+    11: ("q3_k", 256, 110, [108], "q3_K"),
     12: ("q4_k", 256, 144, [0, 2], "q4_K"),
     13: ("q5_k", 256, 176, [0, 2], "q5_K"),
     14: ("q6_k", 256, 210, [208], "q6_K"),
 }
-QUANTIZED_HERE = [3, 6, 7, 13]  # byte-exact quantization checked here
+QUANTIZED_HERE = [3, 6, 7, 10, 11, 13]  # byte-exact quantization checked here
 
 
 def ggml_quantize(tid, x):

@@ -486,6 +486,85 @@ void tile_q6_k(const Tile& c) {
   store_tile<R, T>(c, acc);
 }
 
+// Q2_K / Q3_K x Q8_K: tile_q6_k's shape (16 sub-blocks of 16; a pmaddubsw of 32 elements is two
+// sub-blocks, scaled in one pmaddwd by [sc_j x8 | sc_j+1 x8]). Q2_K: 2-bit quants, 4-bit scales,
+// the mins' term one pmaddwd of Q8_K's bsums by the 4-bit mins. Q3_K: q3 = q + 4h (0..7), 6-bit
+// scales - 32, the -4 offset -4 * sum_j sc_j * bsum_j (one pmaddwd).
+
+// Q3_K's sixteen 6-bit scales (layout in quant_traits.h), minus 32, as int16.
+inline __m256i q3_k_scales16(const uint8_t* s) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint32_t lo4 = 0x0F0F0F0Fu, hi2 = 0x03030303u;
+  const __m128i sc = _mm_setr_epi32(int((a & lo4) | (c & hi2) << 4), int((b & lo4) | (c >> 2 & hi2) << 4),
+                                    int((a >> 4 & lo4) | (c >> 4 & hi2) << 4), int((b >> 4 & lo4) | (c >> 6 & hi2) << 4));
+  return _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
+}
+
+template <class Ops, class Block, int R, int T>
+void tile_q23_k(const Tile& c) {
+  constexpr bool kQ3 = std::is_same_v<Block, BlockQ3_K>;
+  __m256 acc[R][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  const ActPtrs<T> x(c);
+  const __m256i m3 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
+  __m256i pair_ctrl[4];  // as in tile_q6_k
+  for (int i = 0; i < 4; ++i)
+    pair_ctrl[i] = _mm256_set_m128i(_mm_set1_epi16(short(0x0100 + 0x0202 * (2 * i + 1))),
+                                    _mm_set1_epi16(short(0x0100 + 0x0202 * (2 * i))));
+  const uint8_t* pf = c.w + kPrefetchTiles * R * c.row_bytes;
+  for (int64_t sb = 0; sb < c.nb; ++sb) {
+    prefetch_step<R * int(sizeof(Block))>(pf + sb * R * int64_t(sizeof(Block)));
+    for (int r = 0; r < R; ++r) {
+      const Block* blk = reinterpret_cast<const Block*>(c.w + r * c.row_bytes) + sb;
+      __m256i sc16, m16 = _mm256_setzero_si256();
+      if constexpr (kQ3) {
+        sc16 = q3_k_scales16(blk->scales);
+      } else {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->scales));
+        sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(b, _mm_set1_epi8(0x0F)));
+        m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F)));
+      }
+      // S[0] starts at Q3_K's offset term; M collects Q2_K's mins term
+      __m256i S[2][T], M[T];
+      for (int t = 0; t < T; ++t) {
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const int16_t*>(x.sum[t]) + 16 * sb));
+        S[0][t] = kQ3 ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2))
+                      : _mm256_setzero_si256();
+        S[1][t] = _mm256_setzero_si256();
+        M[t] = kQ3 ? _mm256_setzero_si256() : _mm256_madd_epi16(bs, m16);
+      }
+      __m256i hm = _mm256_setzero_si256();
+      if constexpr (kQ3) hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->hmask));
+      for (int h = 0; h < 2; ++h) {
+        const __m256i L = h == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00) : _mm256_permute2x128_si256(sc16, sc16, 0x11);
+        const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs + 32 * h));
+        for (int i = 0; i < 4; ++i) {
+          // 16-bit shifts: every bit kept is masked to its own byte afterwards
+          __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * i), m3);
+          if constexpr (kQ3) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + i), one), 2));
+          const __m256i scp = _mm256_shuffle_epi8(L, pair_ctrl[i]);
+          for (int t = 0; t < T; ++t) {
+            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[t] + kQK_K * sb + 128 * h + 32 * i));
+            S[h][t] = Ops::dot_s16(S[h][t], _mm256_maddubs_epi16(q, xv), scp);
+          }
+        }
+      }
+      const float d = f16_to_f32(blk->d);
+      for (int t = 0; t < T; ++t) {
+        const float dx = x.d[t][sb];
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(S[0][t], S[1][t])), _mm256_set1_ps(d * dx), acc[r][t]);
+        if constexpr (!kQ3)
+          acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M[t]), _mm256_set1_ps(f16_to_f32(blk->dmin) * dx), acc[r][t]);
+      }
+    }
+  }
+  store_tile<R, T>(c, acc);
+}
+
 // --- classic driver ------------------------------------------------------------------------
 
 template <class Ops, int R, int T>
@@ -496,6 +575,8 @@ void int_tile(DType type, const Tile& c) {
     case DType::Q4_1: tile_q32<Ops, BlockQ4_1, R, T>(c); break;
     case DType::Q5_0: tile_q32<Ops, BlockQ5_0, R, T>(c); break;
     case DType::Q5_1: tile_q32<Ops, BlockQ5_1, R, T>(c); break;
+    case DType::Q2_K: tile_q23_k<Ops, BlockQ2_K, R, T>(c); break;
+    case DType::Q3_K: tile_q23_k<Ops, BlockQ3_K, R, T>(c); break;
     case DType::Q4_K: tile_q4_k<Ops, BlockQ4_K, R, T>(c); break;
     case DType::Q5_K: tile_q4_k<Ops, BlockQ5_K, R, T>(c); break;
     case DType::Q6_K: tile_q6_k<Ops, R, T>(c); break;
@@ -661,8 +742,8 @@ void gemm_float(const GemmArgs& a, int64_t r0, int64_t r1) {
 bool x86_has_kernel(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
-    case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K:
-    case DType::Q6_K:
+    case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q2_K: case DType::Q3_K:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
       return true;
     default:
       return false;
