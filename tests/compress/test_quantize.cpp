@@ -203,14 +203,14 @@ TEST_F(QuantizeStories, LlamaCppLoadsTheResult) {
   }
 }
 
-// The k-quant files (Q4_K_M, Q5_K_M mixes: q6_k in the "more bits" layer) and Q5_0 / Q5_1 of the
+// The k-quant files (Q2_K, Q3_K; Q4_K_M, Q5_K_M mixes: q6_k in the "more bits" layer) and Q5_0 / Q5_1 of the
 // quant-interop model, whose 256- and 512-wide rows fit the k-quants: llama.cpp loads them and
-// its greedy run starts as tern's (measured: 12 of 12 tokens equal for q5_k, q5_0 and q4_k).
+// its greedy run starts as tern's (measured: 12 of 12 tokens equal for q2_k, q3_k, q4_k, q5_k and q5_0).
 TEST(Quantize, LlamaCppLoadsKQuantFiles) {
   TERN_REQUIRE_SHARED("quant-interop/small-f16src.gguf");
   const std::string script = peer_script();
   if (script.empty()) GTEST_SKIP() << "llama.cpp peer not installed (../shared/peer/setup.sh)";
-  for (const char* type : {"q4_k", "q5_k", "q5_0", "q5_1"}) {
+  for (const char* type : {"q2_k", "q3_k", "q4_k", "q5_k", "q5_0", "q5_1"}) {
     const std::string out = temp_path(std::string("small-peer-") + type + ".gguf");
     quantize_json(shared_path("quant-interop/small-f16src.gguf") + " " + out + " --type " + type);
     std::string peer_out, err;

@@ -213,6 +213,40 @@ void prep_q6_k(const uint8_t* wrow, int64_t nsb, uint8_t* prep) {
   }
 }
 
+// Q3_K in Q6_K's prep (and lanes_q6_k): the weights stored signed as q3 - 4 (-4..3, the values
+// themselves), the scales as sc - 32, no offset term (pairs 0): lanes_q6_k's sum is then
+// sum_j sc_j * (w . x)_j exactly.
+void prep_q3_k(const uint8_t* wrow, int64_t nsb, uint8_t* prep) {
+  const __m256i m3 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const BlockQ3_K* blk = reinterpret_cast<const BlockQ3_K*>(wrow) + sb;
+    uint8_t* p = prep + sb * kPrepK;
+    auto* corr = reinterpret_cast<int32_t*>(p + kPrepCorr);
+    auto* sc = reinterpret_cast<int32_t*>(p + kPrepSc);
+    auto* pair = reinterpret_cast<int32_t*>(p + kPrepPair);
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->hmask));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs + 32 * h));
+      for (int i = 0; i < 4; ++i) {
+        const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * i), m3),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + i), one), 2));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p + 128 * h + 32 * i), _mm256_sub_epi8(q3, four));
+        // sums of 8 bytes per qword: qwords 0,1 = first 16 elements, 2,3 = next 16; w = q3 - 4
+        const __m256i s = _mm256_sad_epu8(q3, _mm256_setzero_si256());
+        const int j = 8 * h + 2 * i;
+        corr[j] = -128 * (int32_t(_mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 1)) - 4 * 16);
+        corr[j + 1] = -128 * (int32_t(_mm256_extract_epi64(s, 2) + _mm256_extract_epi64(s, 3)) - 4 * 16);
+      }
+    }
+    alignas(32) int16_t sc16[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sc16), q3_k_scales16(blk->scales));
+    for (int j = 0; j < 16; ++j) sc[j] = sc16[j];
+    for (int q = 0; q < 8; ++q) pair[q] = 0;
+    const float dd[2] = {f16_to_f32(blk->d), 0.0f};
+    std::memcpy(p + kPrepD, dd, 8);
+  }
+}
+
 // Q4_K: per sub-block j (32 elements, 8 vpdpbusd) an int32 dot per token, times sc_j
 // (vpmulld) into S; the mins term is 4 vpdpwssd of the sub-block sums against (m_2p, m_2p+1).
 template <int R>
@@ -295,7 +329,7 @@ void lanes_q6_k(const uint8_t* const* prep, int64_t nsb, const uint8_t* grp, __m
   for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
-// Q4_K / Q6_K only (Q4_0 / Q8_0 take the fused tiles).
+// Q3_K / Q4_K / Q6_K only (Q4_0 / Q8_0 / Q5_0 take the fused tiles).
 int64_t lanes_prep_row_bytes(int64_t n_in) {
   return (n_in / kQK_K) * kPrepK;
 }
@@ -306,6 +340,7 @@ void lanes_tile(const GemmArgs& a, const uint8_t* const* prep, const uint8_t* gr
   __m512 out[R];
   switch (a.type) {
     case DType::Q4_K: lanes_q4_k<R>(prep, a.n_in / kQK_K, grp, out); break;
+    case DType::Q3_K:  // prepared as Q6_K (prep_q3_k)
     case DType::Q6_K: lanes_q6_k<R>(prep, a.n_in / kQK_K, grp, out); break;
     default: return;
   }
@@ -336,6 +371,7 @@ void gemm_lanes(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
         switch (a.type) {
           case DType::Q4_K: prep_q4_k(wrow, a.n_in / kQK_K, p); break;
           case DType::Q6_K: prep_q6_k(wrow, a.n_in / kQK_K, p); break;
+          case DType::Q3_K: prep_q3_k(wrow, a.n_in / kQK_K, p); break;
           default: break;
         }
       }
@@ -1121,9 +1157,10 @@ void gemm_q32_rows(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1)
 ActLayout avx512_act_layout(DType type, int64_t n_in, int64_t n_tokens) {
   ActLayout l = act_rows_layout(type, n_in, n_tokens);
   if (l.kind == ActKind::None) return l;
-  // Token-lane kernels exist for Q4_0 / Q8_0 / Q5_0 / Q4_K / Q6_K; the other formats run the
-  // classic tiles on Rows at every size.
-  if (type != DType::Q4_0 && type != DType::Q8_0 && type != DType::Q5_0 && type != DType::Q4_K && type != DType::Q6_K)
+  // Token-lane kernels exist for Q4_0 / Q8_0 / Q5_0 / Q3_K / Q4_K / Q6_K; the other formats run
+  // the classic tiles on Rows at every size.
+  if (type != DType::Q4_0 && type != DType::Q8_0 && type != DType::Q5_0 && type != DType::Q3_K && type != DType::Q4_K &&
+      type != DType::Q6_K)
     return l;
   if (n_tokens < rowlane_below_tokens(type)) return l;
   const int64_t rem = n_tokens % kLanes;
@@ -1155,7 +1192,7 @@ int64_t avx512_scratch_bytes(DType type, int64_t n_in) {
     case DType::Q5_0:  // fused_scales, then the rows rebuilt as Q8_0
       return round_up64(int64_t(sizeof(float)) * kFusedRows * (n_in / 32)) +
              round_up64(kFusedRows * (n_in / 32) * int64_t(sizeof(BlockQ8_0)));
-    case DType::Q4_K: case DType::Q6_K:
+    case DType::Q3_K: case DType::Q4_K: case DType::Q6_K:
       return kTileRows * lanes_prep_row_bytes(n_in);
     default:
       return 0;
