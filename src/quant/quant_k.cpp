@@ -131,18 +131,26 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
   return scale;
 }
 
+// The value of largest magnitude (the first on ties), and that magnitude in *amax.
+float signed_absmax(const float* x, int n, float* amax) {
+  float max = 0, a = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > a) {
+      a = ax;
+      max = x[i];
+    }
+  }
+  *amax = a;
+  return max;
+}
+
 // Symmetric quantization of n values to -nmax..nmax-1 (stored + nmax), weights x^2: the value
 // of largest magnitude sets the sign of the grid; 18 grid stretches around nmax are tried and
 // the one with the best least-squares fit (max sumlx^2 / suml2) wins.
 float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
-  float max = 0, amax = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
+  float amax;
+  const float max = signed_absmax(x, n, &amax);
   if (amax < kGroupMaxEps) {
     for (int i = 0; i < n; ++i) L[i] = 0;
     return 0.0f;
@@ -186,14 +194,8 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
 // least-squares scale of the others, and the move is kept when it raises sumlx^2 / suml2,
 // i.e. lowers the weighted squared error at the best scale. Returns that scale.
 float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
-  float max = 0, amax = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
+  float amax;
+  const float max = signed_absmax(x, n, &amax);
   if (amax < kGroupMaxEps) {
     for (int i = 0; i < n; ++i) L[i] = 0;
     return 0.0f;
