@@ -106,14 +106,15 @@ ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n
 }
 
 // Which variants read weights interleaved (matmul.h): both SIMD tables for Q4_0, Q8_0, Q4_1,
-// Q5_0, Q5_1, Q4_K, Q5_K and the float types; the AVX2 one for Q6_K too, the AVX-512 one for Q3_K
-// (decode 65% -> 90% of the plain sums' read rate; 128-token prompts 533 -> 457 GFLOP/s against
-// the token-lane tiles on the stored rows: decode's gain is the larger). (AVX-512 row-lane tiles for Q6_K, tried: decode
+// Q5_0, Q5_1, Q4_K, Q5_K and the float types; the AVX2 one for Q6_K too, the AVX-512 one for Q2_K
+// and Q3_K (decode 57% -> 79% and 65% -> 90% of the plain sums' read rate; 128-token prompts
+// 263 -> 505 GFLOP/s and, against Q3_K's token-lane tiles on the stored rows, 533 -> 457:
+// decode's gain is the larger). (AVX-512 row-lane tiles for Q6_K, tried: decode
 // equal, 8-token batches 1.6x faster, but 128-token prompts 20% slower than the token-lane tiles
 // on the stored rows, TinyLlama pp128 -7%.)
 bool reads_interleaved(Isa isa, DType type) {
   if (type == DType::Q6_K) return isa == Isa::Avx2;
-  if (type == DType::Q3_K) return isa == Isa::Avx512;
+  if (type == DType::Q2_K || type == DType::Q3_K) return isa == Isa::Avx512;
   return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_1 || type == DType::Q5_0 ||
           type == DType::Q5_1 || type == DType::Q4_K || type == DType::Q5_K || dtype_is_float(type)) &&
          (isa == Isa::Avx2 || isa == Isa::Avx512);
@@ -122,7 +123,9 @@ bool reads_interleaved(Isa isa, DType type) {
 // Elements per block of an interleavable type (float types: a step of the 4-row tiles).
 int64_t interleave_block(DType type) {
   if (dtype_is_float(type)) return 8;
-  return type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K ? kQK_K : 32;
+  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K
+             ? kQK_K
+             : 32;
 }
 
 void require_interleave_kernels(Isa isa, const WeightView& w) {
@@ -243,6 +246,15 @@ void for_each_piece(DType type, int64_t i, Fn&& fn) {
       fn(288 + 192 * (8 * n + k) + 64 * s + 4 * i, int64_t(offsetof(BlockQ6_K, ql)) + 4 * q, 4);
     }
     for (int64_t q = 0; q < 16; ++q) fn(288 + 192 * q + 128 + 4 * i, int64_t(offsetof(BlockQ6_K, qh)) + 4 * q, 4);
+    return;
+  }
+  if (type == DType::Q2_K) {
+    // d at 2i, dmin at 32 + 2i; the 16 scale bytes as four dwords at 64 + 64w + 4i; qs pieces p
+    // (bytes 4p..4p+3 of qs) at 320 + 64p
+    fn(2 * i, int64_t(offsetof(BlockQ2_K, d)), 2);
+    fn(32 + 2 * i, int64_t(offsetof(BlockQ2_K, dmin)), 2);
+    for (int64_t w = 0; w < 4; ++w) fn(64 + 64 * w + 4 * i, int64_t(offsetof(BlockQ2_K, scales)) + 4 * w, 4);
+    for (int64_t p = 0; p < 16; ++p) fn(320 + 64 * p + 4 * i, int64_t(offsetof(BlockQ2_K, qs)) + 4 * p, 4);
     return;
   }
   if (type == DType::Q3_K) {

@@ -53,6 +53,8 @@ struct WeightView {
 // each followed by a qh piece: bytes 4i..4i+3 = qh bytes 4k..4k+3 of row i (the fifth bits of
 // elements 4k.. of all 8 sub-blocks); then pieces p = 8c + k (c = 1..3) at 768 + 512c + 64k.
 // So the tiles read each super-block in address order.
+// Q2_K (AVX-512 kernels only): 16 x 84 bytes: d[16] at 0, dmin[16] at 32; row i's 16 scale bytes
+// as dwords at 64 + 64w + 4i; qs pieces p (bytes 4p..4p+3 of row i's qs) at 320 + 64p.
 // Q3_K (AVX-512 kernels only): 16 x 110 bytes: d[16] at 0; row i's 12 scale bytes as dwords at
 // 32 / 96 / 160 + 4i; qs pieces p (bytes 4i..4i+3 = qs bytes 4p..4p+3 of row i) at 224 + 128p for
 // p < 8, each followed by hmask piece p (hmask bytes 4p..), then at 736 + 64p for p >= 8.
@@ -62,7 +64,7 @@ struct WeightView {
 // F32 / F16 / BF16 per 4 rows, per 8-element step b: the 4 rows' elements 8b..8b+7 one after
 // another (a step of the 4-row FMA tiles is one contiguous piece; n_in % 8 == 0).
 // Whether this process would use them: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or a float type with the AVX2 or
-// AVX-512 kernels selected, Q6_K with the AVX2 ones, Q3_K with the AVX-512 ones; n_out % 16 == 0; TERN_REPACK not "0".
+// AVX-512 kernels selected, Q6_K with the AVX2 ones, Q2_K / Q3_K with the AVX-512 ones; n_out % 16 == 0; TERN_REPACK not "0".
 bool want_interleave16(const WeightView& w);
 // Writes w (rows, one after another) interleaved into dst (w.n_out * row_bytes bytes).
 void interleave16(const WeightView& w, uint8_t* dst);

@@ -315,11 +315,12 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
   const bool avx512 = isa_supported(Isa::Avx512);
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 1300;
-  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q3_K, DType::Q4_K,
-                     DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32})
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32})
   for (int64_t n_in : {40, 64, 512, 4096 + 32})
     for (int64_t n_out : {16, 48, 208}) {
-      const bool k_quant = type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K;
+      const bool k_quant = type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K ||
+                           type == DType::Q6_K;
       // interleaved tiles whose float steps differ from the stored rows' (checked against the
       // reference kernels in KernelsVsReference), equal between AVX2 and AVX-512
       const bool cross_isa = k_quant || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1;

@@ -1127,90 +1127,116 @@ void gemm_interleaved_q32x(const GemmArgs& a, const RowsView& v, int64_t r0, int
       });
 }
 
-// Q3_K interleaved by 16 rows (kernels/matmul.h), a row per lane: the rows' scales decoded from
-// their three packed dwords (sc_4q..4q+3 in the bytes of s[q]); per 16-element sub-block 4
-// vpdpbusd of the 3-bit quants q3 = q + 4h (0..7) against broadcast activation bytes, scaled by
-// sc_j - 32 (vpmulld); the -4 offset is -4 * sum_j (sc_j - 32) * bsum_j, 8 vpdpwssd of the rows'
-// scale pairs against Q8_K's bsums pairs. Every first touch of a super-block's bytes is in
-// address order (the hmask pieces sit beside the qs pieces that first need them).
+// Q3_K and Q2_K interleaved by 16 rows (kernels/matmul.h), a row per lane. Per 16-element
+// sub-block j, 4 vpdpbusd of the quants against broadcast activation bytes, scaled by the rows'
+// sub-block scale (vpmulld). Q3_K (kQ3): quants q3 = q + 4h (0..7), scales sc_j - 32 decoded
+// from the rows' three packed dwords (sc_4q..4q+3 in the bytes of s[q]); the -4 offset is
+// -4 * sum_j (sc_j - 32) * bsum_j, 8 vpdpwssd of the rows' scale pairs against Q8_K's bsums
+// pairs. Q2_K: 2-bit quants, scales and mins the nibbles of the rows' 16 scale bytes (4
+// dwords); the mins' term -dmin * sum_j m_j * bsum_j the same 8 vpdpwssd. Every first touch of a
+// super-block's bytes is in address order (Q3_K's hmask pieces sit beside the qs pieces that
+// first need them).
 constexpr int64_t kGroupBlkQ3K = 16 * int64_t(sizeof(BlockQ3_K));
+constexpr int64_t kGroupBlkQ2K = 16 * int64_t(sizeof(BlockQ2_K));
 
-template <int TC>
-__attribute__((noinline)) void rowlane_q3_k_tile(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep,
-                                                 const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
+template <bool kQ3, int TC>
+__attribute__((noinline)) void rowlane_q23_k_tile(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep,
+                                                  const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
+  constexpr int64_t kGroupBlk = kQ3 ? kGroupBlkQ3K : kGroupBlkQ2K;
   const ActPtrs<TC> x(v, t);
   __m512 acc[TC];
   for (auto& e : acc) e = _mm512_setzero_ps();
   const __m512i lo4 = _mm512_set1_epi32(0x0F0F0F0F), hi2 = _mm512_set1_epi32(0x03030303);
   const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1), byte = _mm512_set1_epi32(0xFF);
-  const __m512i thirty2 = _mm512_set1_epi32(32);
+  const __m512i nib = _mm512_set1_epi32(0x0F), thirty2 = _mm512_set1_epi32(32), low16 = _mm512_set1_epi32(0xFFFF);
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* blk = group + sb * kGroupBlkQ3K;
-    if (pf) prefetch_step<int(kGroupBlkQ3K)>(pf + sb * kGroupBlkQ3K);
-    const __m512i A = _mm512_loadu_si512(blk + 32), B = _mm512_loadu_si512(blk + 96), C = _mm512_loadu_si512(blk + 160);
-    __m512i s[4];  // bytes of s[q]: sc_4q..4q+3 (0..63)
-    s[0] = _mm512_or_si512(_mm512_and_si512(A, lo4), _mm512_slli_epi32(_mm512_and_si512(C, hi2), 4));
-    s[1] = _mm512_or_si512(_mm512_and_si512(B, lo4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(C, 2), hi2), 4));
-    s[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(A, 4), lo4),
-                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(C, 4), hi2), 4));
-    s[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(B, 4), lo4),
-                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(C, 6), hi2), 4));
-    const auto scale = [&](int j) {  // sc_j - 32 per lane
-      return _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(s[j / 4], unsigned(8 * (j % 4))), byte), thirty2);
-    };
+    const uint8_t* blk = group + sb * kGroupBlk;
+    if (pf) prefetch_step<int(kGroupBlk)>(pf + sb * kGroupBlk);
+    __m512i s[4];  // bytes of s[q]: sub-blocks 4q..4q+3's scale (Q3_K, 0..63) or scale | min << 4 (Q2_K)
+    if constexpr (kQ3) {
+      const __m512i A = _mm512_loadu_si512(blk + 32), B = _mm512_loadu_si512(blk + 96), C = _mm512_loadu_si512(blk + 160);
+      s[0] = _mm512_or_si512(_mm512_and_si512(A, lo4), _mm512_slli_epi32(_mm512_and_si512(C, hi2), 4));
+      s[1] = _mm512_or_si512(_mm512_and_si512(B, lo4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(C, 2), hi2), 4));
+      s[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(A, 4), lo4),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(C, 4), hi2), 4));
+      s[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(B, 4), lo4),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(C, 6), hi2), 4));
+    } else {
+      for (int q = 0; q < 4; ++q) s[q] = _mm512_loadu_si512(blk + 64 + 64 * q);
+    }
+    const auto field = [&](int j) { return _mm512_and_si512(_mm512_srli_epi32(s[j / 4], unsigned(8 * (j % 4))), byte); };
+    // the multiplier of sub-block j's dot: sc_j - 32 (Q3_K) or the scale nibble (Q2_K)
+    const auto scale = [&](int j) { return kQ3 ? _mm512_sub_epi32(field(j), thirty2) : _mm512_and_si512(field(j), nib); };
+    // the bsums' multiplier: Q3_K's scale again, Q2_K's min
+    const auto offset = [&](int j) { return kQ3 ? scale(j) : _mm512_srli_epi32(field(j), 4); };
     __m512i S[TC];
     for (int i = 0; i < TC; ++i) S[i] = _mm512_setzero_si512();
-    for (int p = 0; p < 8; ++p) {  // the offset: pairs (sc_2p - 32, sc_2p+1 - 32) as int16
-      const __m512i pair = _mm512_or_si512(_mm512_and_si512(scale(2 * p), _mm512_set1_epi32(0xFFFF)),
-                                           _mm512_slli_epi32(scale(2 * p + 1), 16));
+    for (int p = 0; p < 8; ++p) {  // pairs (offset_2p, offset_2p+1) as int16 against bsums 2p, 2p+1
+      const __m512i pair = _mm512_or_si512(_mm512_and_si512(offset(2 * p), low16), _mm512_slli_epi32(offset(2 * p + 1), 16));
       for (int i = 0; i < TC; ++i) {
         int32_t bs;
         std::memcpy(&bs, x.bsums(i) + 16 * sb + 2 * p, 4);
         S[i] = _mm512_dpwssd_epi32(S[i], pair, _mm512_set1_epi32(bs));
       }
     }
-    for (int i = 0; i < TC; ++i) S[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(S[i], 2));
+    __m512i M[TC];  // Q2_K: the mins' sum; Q3_K: S starts at -4 times the offsets' sum
+    for (int i = 0; i < TC; ++i) {
+      M[i] = S[i];
+      S[i] = kQ3 ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(S[i], 2)) : _mm512_setzero_si512();
+    }
 #pragma GCC unroll 1
     for (int j = 0; j < 16; ++j) {  // sub-block j: half n, group g, first or second 16 of the 32
       const int n = j / 8, g = (j % 8) / 2, h16 = j % 2;
       __m512i d[TC];
       for (int i = 0; i < TC; ++i) d[i] = _mm512_setzero_si512();
       for (int st = 0; st < 4; ++st) {
-        const int pq = 8 * n + 4 * h16 + st, ph = 4 * h16 + st;
-        const __m512i qs = _mm512_loadu_si512(blk + (pq < 8 ? 224 + 128 * pq : 736 + 64 * pq));
-        const __m512i hm = _mm512_loadu_si512(blk + 288 + 128 * ph);
+        const int pq = 8 * n + 4 * h16 + st;
         // 32-bit shifts by <= 7, then a mask: each kept bit comes from its own byte
-        const __m512i q3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(qs, unsigned(2 * g)), m3),
-                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hm, unsigned(4 * n + g)), one), 2));
+        __m512i q;
+        if constexpr (kQ3) {
+          const __m512i qs = _mm512_loadu_si512(blk + (pq < 8 ? 224 + 128 * pq : 736 + 64 * pq));
+          const __m512i hm = _mm512_loadu_si512(blk + 288 + 128 * (4 * h16 + st));
+          q = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(qs, unsigned(2 * g)), m3),
+                              _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hm, unsigned(4 * n + g)), one), 2));
+        } else {
+          q = _mm512_and_si512(_mm512_srli_epi32(_mm512_loadu_si512(blk + 320 + 64 * pq), unsigned(2 * g)), m3);
+        }
         for (int i = 0; i < TC; ++i) {
           int32_t xk;
           std::memcpy(&xk, x.q[i] + kQK_K * sb + 16 * j + 4 * st, 4);
-          d[i] = _mm512_dpbusd_epi32(d[i], q3, _mm512_set1_epi32(xk));
+          d[i] = _mm512_dpbusd_epi32(d[i], q, _mm512_set1_epi32(xk));
         }
       }
       const __m512i sc = scale(j);
       for (int i = 0; i < TC; ++i) S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(d[i], sc));
     }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-    for (int i = 0; i < TC; ++i)
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[i]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[i][sb])), acc[i]);
+    __m512 dmin = _mm512_setzero_ps();
+    if constexpr (!kQ3) dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+    for (int i = 0; i < TC; ++i) {
+      const __m512 dx = _mm512_set1_ps(x.d[i][sb]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[i]), _mm512_mul_ps(dw, dx), acc[i]);
+      if constexpr (!kQ3) acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[i]), _mm512_mul_ps(dmin, dx), acc[i]);
+    }
   }
   for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
 
-void gemm_interleaved_q3_k(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+template <bool kQ3>
+void gemm_interleaved_q23_k(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
   const int64_t nsb = a.n_in / kQK_K;
   for_each_interleaved_tile<8>(
-      a, v, r0, r1, nsb * kGroupBlkQ3K,
+      a, v, r0, r1, nsb * (kQ3 ? kGroupBlkQ3K : kGroupBlkQ2K),
       [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
         tokens_tile<8>(n, [&]<int TC>() {
-          rowlane_q3_k_tile<TC>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, y, a.ldy);
+          rowlane_q23_k_tile<kQ3, TC>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, y, a.ldy);
         });
       });
 }
 
 void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
-  if (a.type == DType::Q3_K) return gemm_interleaved_q3_k(a, v, r0, r1);
+  if (a.type == DType::Q2_K) return gemm_interleaved_q23_k<false>(a, v, r0, r1);
+  if (a.type == DType::Q3_K) return gemm_interleaved_q23_k<true>(a, v, r0, r1);
   if (a.type == DType::Q4_1) return gemm_interleaved_q32x<DType::Q4_1>(a, v, r0, r1);
   if (a.type == DType::Q5_0) return gemm_interleaved_q32x<DType::Q5_0>(a, v, r0, r1);
   if (a.type == DType::Q5_1) return gemm_interleaved_q32x<DType::Q5_1>(a, v, r0, r1);
