@@ -6,6 +6,21 @@
 
 namespace tern::codec {
 
+// The value of largest magnitude among x[0..n) (the first on ties: llama.cpp's quantizers scan
+// in order with a strict comparison), and that magnitude in *amax.
+inline float signed_absmax(const float* x, int n, float* amax) {
+  float max = 0, a = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = x[i] < 0 ? -x[i] : x[i];
+    if (ax > a) {
+      a = ax;
+      max = x[i];
+    }
+  }
+  *amax = a;
+  return max;
+}
+
 void q8_0_to_float(const void* src, float* dst, int64_t n);
 void q8_0_from_float(const float* src, void* dst, int64_t n);
 void q4_0_to_float(const void* src, float* dst, int64_t n);

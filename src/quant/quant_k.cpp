@@ -131,20 +131,6 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
   return scale;
 }
 
-// The value of largest magnitude (the first on ties), and that magnitude in *amax.
-float signed_absmax(const float* x, int n, float* amax) {
-  float max = 0, a = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > a) {
-      a = ax;
-      max = x[i];
-    }
-  }
-  *amax = a;
-  return max;
-}
-
 // Symmetric quantization of n values to -nmax..nmax-1 (stored + nmax), weights x^2: the value
 // of largest magnitude sets the sign of the grid; 18 grid stretches around nmax are tried and
 // the one with the best least-squares fit (max sumlx^2 / suml2) wins.
@@ -598,14 +584,8 @@ void q8_k_from_float(const float* src, void* dst, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const float* x = src + i * kQK_K;
     BlockQ8_K& y = b[i];
-    float max = 0, amax = 0;
-    for (int j = 0; j < kQK_K; ++j) {
-      const float ax = std::fabs(x[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = x[j];
-      }
-    }
+    float amax;
+    const float max = signed_absmax(x, kQK_K, &amax);
     if (!amax) {
       std::memset(&y, 0, sizeof(y));
       continue;

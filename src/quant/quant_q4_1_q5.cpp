@@ -24,19 +24,6 @@ void min_max(const float* x, float* lo, float* hi) {
   *hi = mx;
 }
 
-// The signed value of largest magnitude (first one on ties).
-float signed_amax(const float* x) {
-  float amax = 0.0f, max = 0.0f;
-  for (int j = 0; j < 32; ++j) {
-    const float a = x[j] < 0 ? -x[j] : x[j];
-    if (amax < a) {
-      amax = a;
-      max = x[j];
-    }
-  }
-  return max;
-}
-
 uint32_t load_qh(const uint8_t* qh) {
   uint32_t v;
   std::memcpy(&v, qh, 4);
@@ -93,7 +80,8 @@ void q5_0_from_float(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ5_0*>(dst);
   for (int64_t ib = 0; ib < n / 32; ++ib) {
     const float* x = src + ib * 32;
-    const float d = signed_amax(x) / -16.0f;
+    float amax;
+    const float d = signed_absmax(x, 32, &amax) / -16.0f;
     const float id = d ? 1.0f / d : 0.0f;
     b[ib].d = f32_to_fp16(d);
     uint32_t qh = 0;

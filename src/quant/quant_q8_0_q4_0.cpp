@@ -50,13 +50,8 @@ void q4_0_from_float(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ4_0*>(dst);
   for (int64_t ib = 0; ib < n / 32; ++ib) {
     const float* x = src + ib * 32;
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < 32; ++j)
-      if (amax < std::fabs(x[j])) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    const float d = max / -8.0f;
+    float amax;
+    const float d = signed_absmax(x, 32, &amax) / -8.0f;
     const float id = d ? 1.0f / d : 0.0f;
     b[ib].d = f32_to_fp16(d);
     for (int j = 0; j < 16; ++j) {

@@ -150,50 +150,39 @@ float dot_q4_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd
   return s;
 }
 
-// Q2_K: d * dx * sum_j sc_j (q . x)_j  -  dmin * dx * sum_j m_j * bsum_j over its 16 sub-blocks
-// of 16 (sc_j, m_j the low and high nibbles of scales[j]; bsums are per 16 as well).
-float dot_q2_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int16_t* bsums) {
-  const auto* blk = reinterpret_cast<const BlockQ2_K*>(w);
+// Q2_K and Q3_K over their 16 sub-blocks of 16 (bsums are per 16 as well). Q2_K:
+// d * dx * sum_j sc_j (q . x)_j  -  dmin * dx * sum_j m_j * bsum_j, sc_j and m_j the low and high
+// nibbles of scales[j]. Q3_K: d * dx * sum_j (sc_j - 32) * ((q3 . x)_j - 4 * bsum_j), q3 = q + 4h
+// in 0..7 (q - 4(1 - h) = q3 - 4).
+template <class Block>
+float dot_q23_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int16_t* bsums) {
+  constexpr bool kQ3 = std::is_same_v<Block, BlockQ3_K>;
+  const auto* blk = reinterpret_cast<const Block*>(w);
   float s = 0.0f;
   for (int64_t b = 0; b < n_in / kQK_K; ++b) {
-    const BlockQ2_K& B = blk[b];
+    const Block& B = blk[b];
     const int8_t* x = xq + kQK_K * b;
     const int16_t* bs = bsums + 16 * b;
+    uint8_t sc3[16];
+    if constexpr (kQ3) q3_k_scales(B.scales, sc3);
     int32_t sum_q = 0, sum_m = 0;
     for (int e = 0; e < kQK_K; e += 16) {  // sub-block j = e / 16: half n, group i, l0 = 0 or 16
       const int n = e / 128, i = e % 128 / 32, l0 = e % 32, j = e / 16;
       int32_t dot = 0;
-      for (int l = l0; l < l0 + 16; ++l) dot += ((B.qs[32 * n + l] >> (2 * i)) & 3) * x[e - l0 + l];
-      sum_q += (B.scales[j] & 0x0F) * dot;
-      sum_m += (B.scales[j] >> 4) * bs[j];
-    }
-    s += xd[b] * (fp16_to_f32(B.d) * float(sum_q) - fp16_to_f32(B.dmin) * float(sum_m));
-  }
-  return s;
-}
-
-// Q3_K: d * dx * sum_j (sc_j - 32) * ((q3 . x)_j - 4 * bsum_j), q3 = q + 4h in 0..7 (q - 4(1 - h)
-// = q3 - 4).
-float dot_q3_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int16_t* bsums) {
-  const auto* blk = reinterpret_cast<const BlockQ3_K*>(w);
-  float s = 0.0f;
-  for (int64_t b = 0; b < n_in / kQK_K; ++b) {
-    const BlockQ3_K& B = blk[b];
-    const int8_t* x = xq + kQK_K * b;
-    const int16_t* bs = bsums + 16 * b;
-    uint8_t sc[16];
-    q3_k_scales(B.scales, sc);
-    int32_t isum = 0;
-    for (int e = 0; e < kQK_K; e += 16) {
-      const int n = e / 128, i = e % 128 / 32, l0 = e % 32, j = e / 16;
-      int32_t dot = 0;
       for (int l = l0; l < l0 + 16; ++l) {
-        const int q3 = ((B.qs[32 * n + l] >> (2 * i)) & 3) | ((B.hmask[l] >> (4 * n + i)) & 1) << 2;
-        dot += q3 * x[e - l0 + l];
+        int q = (B.qs[32 * n + l] >> (2 * i)) & 3;
+        if constexpr (kQ3) q |= ((B.hmask[l] >> (4 * n + i)) & 1) << 2;
+        dot += q * x[e - l0 + l];
       }
-      isum += (int(sc[j]) - 32) * (dot - 4 * bs[j]);
+      if constexpr (kQ3) {
+        sum_q += (int(sc3[j]) - 32) * (dot - 4 * bs[j]);
+      } else {
+        sum_q += (B.scales[j] & 0x0F) * dot;
+        sum_m += (B.scales[j] >> 4) * bs[j];
+      }
     }
-    s += (fp16_to_f32(B.d) * xd[b]) * float(isum);
+    if constexpr (kQ3) s += (fp16_to_f32(B.d) * xd[b]) * float(sum_q);
+    else s += xd[b] * (fp16_to_f32(B.d) * float(sum_q) - fp16_to_f32(B.dmin) * float(sum_m));
   }
   return s;
 }
@@ -336,26 +325,19 @@ void quantize_row_ref(const ActLayout& lay, const float* x, int64_t n_in, uint8_
 float dot_ref(DType t, const uint8_t* w, int64_t n_in, const uint8_t* row, const ActLayout& lay) {
   const auto* xq = reinterpret_cast<const int8_t*>(row);
   const auto* xd = reinterpret_cast<const float*>(row + lay.off_d);
+  const auto* nsum = reinterpret_cast<const int32_t*>(row + lay.off_sum);   // Q8_0Rows
+  const auto* bsums = reinterpret_cast<const int16_t*>(row + lay.off_sum);  // Q8_KRows
   switch (t) {
     case DType::Q8_0: return dot_q8_0(w, n_in, xq, xd);
-    case DType::Q4_0:
-      return dot_q4_0(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
-    case DType::Q4_1:
-      return dot_q32x<BlockQ4_1>(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
-    case DType::Q5_0:
-      return dot_q32x<BlockQ5_0>(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
-    case DType::Q5_1:
-      return dot_q32x<BlockQ5_1>(w, n_in, xq, xd, reinterpret_cast<const int32_t*>(row + lay.off_sum));
-    case DType::Q2_K:
-      return dot_q2_k(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
-    case DType::Q3_K:
-      return dot_q3_k(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
-    case DType::Q4_K:
-      return dot_q4_k<BlockQ4_K>(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
-    case DType::Q5_K:
-      return dot_q4_k<BlockQ5_K>(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
-    case DType::Q6_K:
-      return dot_q6_k(w, n_in, xq, xd, reinterpret_cast<const int16_t*>(row + lay.off_sum));
+    case DType::Q4_0: return dot_q4_0(w, n_in, xq, xd, nsum);
+    case DType::Q4_1: return dot_q32x<BlockQ4_1>(w, n_in, xq, xd, nsum);
+    case DType::Q5_0: return dot_q32x<BlockQ5_0>(w, n_in, xq, xd, nsum);
+    case DType::Q5_1: return dot_q32x<BlockQ5_1>(w, n_in, xq, xd, nsum);
+    case DType::Q2_K: return dot_q23_k<BlockQ2_K>(w, n_in, xq, xd, bsums);
+    case DType::Q3_K: return dot_q23_k<BlockQ3_K>(w, n_in, xq, xd, bsums);
+    case DType::Q4_K: return dot_q4_k<BlockQ4_K>(w, n_in, xq, xd, bsums);
+    case DType::Q5_K: return dot_q4_k<BlockQ5_K>(w, n_in, xq, xd, bsums);
+    case DType::Q6_K: return dot_q6_k(w, n_in, xq, xd, bsums);
     default:
       return 0.0f;
   }

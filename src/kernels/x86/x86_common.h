@@ -389,12 +389,13 @@ void tile_q4_k(const Tile& c) {
       // Two accumulators per token: vpdpwssd's latency would otherwise serialise the chain.
       __m256i S[T], S2[T];
       for (int t = 0; t < T; ++t) S[t] = S2[t] = _mm256_setzero_si256();
+      __m256i qh = _mm256_setzero_si256();
+      if constexpr (kQ5) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh));
       for (int g = 0; g < 4; ++g) {  // 32 bytes of qs: sub-blocks 2g (low), 2g+1 (high nibbles)
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs + 32 * g));
         __m256i lo = _mm256_and_si256(q, m4);
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         if constexpr (kQ5) {  // (bit & 1) << 4 stays within its byte under the 16-bit shifts
-          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh));
           lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
           hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
         }
