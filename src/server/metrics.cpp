@@ -115,7 +115,7 @@ uint64_t ServerMetrics::requests(const std::string& endpoint, int status) const 
   return it == requests_.end() ? 0 : it->second;
 }
 
-std::string ServerMetrics::render(const EngineMetrics& em) const {
+std::string ServerMetrics::render(const EngineMetrics& em, const ConnectionCounts& conns) const {
   std::lock_guard lock(mu_);
   PrometheusWriter w;
   w.family("tern_requests_total", "counter",
@@ -158,6 +158,14 @@ std::string ServerMetrics::render(const EngineMetrics& em) const {
   counter("tern_engine_requests_failed_total", "Engine requests failed.", double(em.requests_failed));
   counter("tern_engine_preemptions_total", "Times a running request was preempted.", double(em.n_preempted_total));
   counter("tern_engine_steps_total", "Engine steps run.", double(em.steps));
+  gauge("tern_http_connections_open", "Client connections open now.", double(conns.open));
+  counter("tern_http_connections_accepted_total", "Client connections accepted.", double(conns.accepted));
+  counter("tern_http_connections_refused_total", "Connections answered 503 and closed at a connection cap.",
+          double(conns.refused));
+  counter("tern_http_connections_evicted_total", "Idle or slow connections closed at a cap to admit a new one.",
+          double(conns.evicted));
+  counter("tern_http_requests_timed_out_total", "Requests answered 408: the client was too slow to send them.",
+          double(conns.timed_out));
   return w.text();
 }
 

@@ -52,6 +52,11 @@ class PrometheusWriter {
   std::string out_;
 };
 
+// The HTTP layer's connection counters, as /metrics reports them.
+struct ConnectionCounts {
+  int64_t open = 0, accepted = 0, refused = 0, evicted = 0, timed_out = 0;
+};
+
 class ServerMetrics {
  public:
   ServerMetrics();
@@ -66,8 +71,8 @@ class ServerMetrics {
   void request_started();
   void request_ended();
 
-  // Everything, with the engine's gauges taken from `em`.
-  std::string render(const EngineMetrics& em) const;
+  // Everything, with the engine's gauges taken from `em` and the connections' from `conns`.
+  std::string render(const EngineMetrics& em, const ConnectionCounts& conns = {}) const;
 
   // For tests and the load test's consistency check.
   uint64_t requests(const std::string& endpoint, int status) const;

@@ -1,6 +1,6 @@
 #include "server/server.h"
 
-#include <httplib.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "server/api_error.h"
-#include "server/conn_watch.h"
+#include "server/http_server.h"
 #include "server/openai_format.h"
 #include "server/web_assets.h"
 
@@ -47,17 +47,17 @@ const char* error_type_for(int status) {
   return "invalid_request_error";
 }
 
-void set_json(httplib::Response& res, int status, const json& j) {
+void set_json(HttpResponse& res, int status, const json& j) {
   res.status = status;
   res.set_content(dump_json(j), "application/json");
 }
 
-void set_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
+void set_error(HttpResponse& res, int status, const std::string& message, const std::string& param = "",
                const std::string& code = "") {
   set_json(res, status, error_json(message, error_type_for(status), param, code));
 }
 
-void set_api_error(httplib::Response& res, const ApiError& e) { set_json(res, e.status(), error_json(e)); }
+void set_api_error(HttpResponse& res, const ApiError& e) { set_json(res, e.status(), error_json(e)); }
 
 // The per-request label of tern_requests_total: known routes by name, the rest as one value
 // so that random paths cannot grow the metric without bound.
@@ -74,9 +74,20 @@ std::string endpoint_label(const std::string& path) {
 }
 
 // Set when a generation request's job has counted it in tern_requests_total, for the logger
-// that runs next on the same worker thread (httplib runs handler, content provider and logger
-// of one request on one thread).
+// that runs next on the same worker thread (the HTTP layer runs handler, stream and logger of
+// one request on one thread).
 thread_local bool t_counted_by_job = false;
+// Set by a generation request whose answer was large, for the worker's after-request hook:
+// glibc keeps freed memory in the arena of the thread that freed it, so without a trim each
+// of the HTTP workers would hold on to the peak of the largest answer it ever built.
+thread_local bool t_trim_after = false;
+// Tokens x (1 + alternatives) past which a finished request trims the allocator.
+constexpr int64_t kTrimAfterEntries = 4096;
+
+// Response entries of a request: every token of every choice, with its logprob alternatives.
+int64_t response_entries(int64_t choices, int64_t max_tokens, int n_logprobs) {
+  return choices * max_tokens * (1 + (n_logprobs >= 0 ? 1 + n_logprobs : 0));
+}
 
 // One engine output, tagged with the prompt (of a batched /v1/completions) it belongs to.
 struct Event {
@@ -113,7 +124,7 @@ struct Mailbox {
 struct Server::Impl {
   Backend& backend;
   ServerConfig cfg;
-  httplib::Server http;
+  HttpServer http;
   ServerMetrics metrics;
   std::thread listen_thread;
   int bound_port = -1;
@@ -126,7 +137,24 @@ struct Server::Impl {
   std::condition_variable drain_cv;
   std::once_flag shutdown_once;
 
-  Impl(Backend& b, ServerConfig c) : backend(b), cfg(std::move(c)) {}
+  static HttpServerConfig http_config(const ServerConfig& c) {
+    HttpServerConfig h;
+    h.host = c.host;
+    h.port = c.port;
+    h.limits.max_body_bytes = c.max_body_bytes;
+    h.limits.max_header_bytes = c.max_header_bytes;
+    h.header_timeout_s = c.header_timeout_s;
+    h.read_timeout_s = c.read_timeout_s;
+    h.idle_timeout_s = c.keep_alive_timeout_s;
+    h.write_timeout_s = c.write_timeout_s;
+    h.workers = std::max(c.http_threads, 4);
+    h.max_connections = c.max_connections;
+    h.max_connections_per_client = c.max_connections_per_client;
+    h.backlog = c.listen_backlog;
+    return h;
+  }
+
+  Impl(Backend& b, ServerConfig c) : backend(b), cfg(std::move(c)), http(http_config(cfg)) {}
 
   // Counts a generation request in flight from construction to destruction; shutdown waits
   // for the count to reach zero.
@@ -162,7 +190,7 @@ struct Server::Impl {
     std::vector<int> unfinished;          // per prompt: choices still running
     std::vector<int64_t> cached;          // per prompt: prefix-cache hits
     int n_done = 0;
-    ConnWatch conn;
+    std::function<bool()> peer_closed;  // the client went away
     Clock::time_point deadline;
     bool live = false;     // accepted and being served: its end must be accounted for
     bool counted = false;  // finish_accounting() ran
@@ -198,6 +226,8 @@ struct Server::Impl {
       counted = true;
       const Usage u = usage();
       impl->metrics.add_tokens(u.prompt_tokens, u.completion_tokens);
+      if (!from_destructor && response_entries(1, u.completion_tokens, req.n_logprobs) > kTrimAfterEntries)
+        t_trim_after = true;
       impl->metrics.count_request(req.kind == ApiKind::Chat ? "/v1/chat/completions" : "/v1/completions", status);
       // The logger runs later on this thread (unless the connection broke, when the job is
       // torn down after it) and must not count the same request again.
@@ -208,9 +238,13 @@ struct Server::Impl {
     ChoiceResult& apply(const Event& ev) {
       const int index = ev.prompt * req.n + ev.out.index;
       ChoiceResult& c = choices.at(size_t(index));
-      c.text += ev.out.text;
       c.n_tokens += int64_t(ev.out.tokens.size());
-      if (req.n_logprobs >= 0) c.tokens.insert(c.tokens.end(), ev.out.tokens.begin(), ev.out.tokens.end());
+      // A stream sends each output as it comes and keeps nothing of it: its memory does not
+      // grow with its length.
+      if (!req.stream) {
+        c.text += ev.out.text;
+        if (req.n_logprobs >= 0) c.tokens.insert(c.tokens.end(), ev.out.tokens.begin(), ev.out.tokens.end());
+      }
       if (ev.out.finished && !c.finished) {
         c.finished = true;
         c.finish = ev.out.finish_reason;
@@ -227,7 +261,7 @@ struct Server::Impl {
     // Why the handler must stop waiting, or nullptr to go on.
     const char* interrupted() const {
       if (impl->abort_all.load()) return "shutdown";
-      if (conn.closed()) return "disconnected";
+      if (peer_closed && peer_closed()) return "disconnected";
       if (Clock::now() > deadline) return "timeout";
       return nullptr;
     }
@@ -305,6 +339,23 @@ struct Server::Impl {
       // Defaults are clipped to what fits; an explicit value that does not fit was refused above.
       max_tokens = std::min(max_tokens, n_ctx - n_prompt);
     }
+    // A whole (not streamed) answer is built in memory: its size is bounded by a budget of
+    // tokens x (1 + logprob alternatives) over every choice. An explicit max_tokens over it is
+    // refused; the default is clipped to it.
+    const int64_t n_choices = int64_t(prompts.size()) * r.n;
+    if (!r.stream && response_entries(n_choices, max_tokens, r.n_logprobs) > cfg.max_response_entries) {
+      const int64_t per_token = response_entries(n_choices, 1, r.n_logprobs);
+      const int64_t fits = cfg.max_response_entries / per_token;
+      if (r.max_tokens || fits < 1)
+        throw ApiError(400, "invalid_request_error", max_param, "response_too_large",
+                       str_cat("This request could produce ", response_entries(n_choices, max_tokens, r.n_logprobs),
+                               " response entries (", n_choices, " choices x ", max_tokens, " tokens x ",
+                               per_token / n_choices, " with logprobs), over the server's limit of ",
+                               cfg.max_response_entries, " for an answer that is not streamed. Set \"stream\": true, "
+                               "or lower n, ", max_param, " or the logprobs count (at most ", std::max<int64_t>(fits, 0),
+                               " tokens here)."));
+      max_tokens = fits;
+    }
 
     job->ids.assign(prompts.size(), 0);
     job->unfinished.assign(prompts.size(), r.n);
@@ -351,10 +402,10 @@ struct Server::Impl {
 
   // ---- generation handlers ---------------------------------------------------------------
 
-  void handle_generate(const httplib::Request& hreq, httplib::Response& res, ApiKind kind) {
+  void handle_generate(const HttpRequest& hreq, HttpResponse& res, ApiKind kind) {
     auto guard = std::make_unique<InFlight>(this);
     if (cfg.max_in_flight > 0 && in_flight.load() > cfg.max_in_flight) {
-      res.set_header("Retry-After", std::to_string(cfg.retry_after_s));
+      res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
       set_error(res, 503, "The server is busy (too many requests in flight). Please retry after a short wait.", "",
                 "server_busy");
       return;
@@ -363,7 +414,7 @@ struct Server::Impl {
     try {
       job = prepare(hreq.body, kind);
     } catch (const ApiError& e) {
-      if (e.status() == 429 || e.status() == 503) res.set_header("Retry-After", std::to_string(cfg.retry_after_s));
+      if (e.status() == 429 || e.status() == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
       set_api_error(res, e);
       return;
     } catch (const Error& e) {
@@ -372,13 +423,13 @@ struct Server::Impl {
     }
     job->in_flight = std::move(guard);
     job->live = true;
-    job->conn = ConnWatch(hreq.local_addr, hreq.local_port, hreq.remote_addr, hreq.remote_port);
+    job->peer_closed = hreq.peer_closed;
     job->deadline = Clock::now() + std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
     if (job->req.stream) start_stream(job, res);
     else wait_whole(job, res);
   }
 
-  void wait_whole(const std::shared_ptr<Job>& job, httplib::Response& res) {
+  void wait_whole(const std::shared_ptr<Job>& job, HttpResponse& res) {
     std::deque<Event> events;
     while (!job->all_done()) {
       job->mailbox->take(events, kPollInterval);
@@ -399,7 +450,7 @@ struct Server::Impl {
       }
       if (c.finish == FinishReason::Abort) {
         job->finish_accounting(503);
-        res.set_header("Retry-After", std::to_string(cfg.retry_after_s));
+        res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
         set_error(res, 503, "the request was aborted by the server.");
         return;
       }
@@ -409,7 +460,7 @@ struct Server::Impl {
              completion_response(job->meta, job->choices, job->usage(), job->req.n_logprobs >= 0, backend.tokenizer()));
   }
 
-  void finish_interrupted(Job& job, httplib::Response& res, const std::string& why) {
+  void finish_interrupted(Job& job, HttpResponse& res, const std::string& why) {
     if (why == "disconnected") {
       job.finish_accounting(499);
       res.status = 499;  // nobody reads it (nginx's "client closed request")
@@ -419,40 +470,34 @@ struct Server::Impl {
                 "timeout");
     } else {
       job.finish_accounting(503);
-      res.set_header("Retry-After", std::to_string(cfg.retry_after_s));
+      res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
       set_error(res, 503, "the server is shutting down.", "", "shutting_down");
     }
   }
 
-  void start_stream(const std::shared_ptr<Job>& job, httplib::Response& res) {
+  void start_stream(const std::shared_ptr<Job>& job, HttpResponse& res) {
     res.status = 200;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, job](size_t, httplib::DataSink& sink) {
-          // httplib runs the provider outside its handler's try/catch: an exception escaping
-          // here would end the process, so it ends only this stream.
-          try {
-            return stream_body(*job, sink);
-          } catch (const std::exception& e) {
-            std::fprintf(stderr, "tern serve: stream failed: %s\n", e.what());
-            job->abort_unfinished();
-            if (!job->counted) job->finish_accounting(500);
-            return false;
-          }
-        },
-        [job](bool) {
-          // Runs when the response is torn down, written or not: a stream that never reached
-          // its end (a write failed, the connection broke first) aborts what is still running.
-          job->abort_unfinished();
-        });
+    res.headers.set("Cache-Control", "no-cache");
+    res.headers.set("X-Accel-Buffering", "no");
+    res.content_type = "text/event-stream";
+    res.stream = [this, job](HttpStreamSink& sink) {
+      try {
+        stream_body(*job, sink);
+      } catch (const std::exception& e) {
+        // It ends only this stream.
+        std::fprintf(stderr, "tern serve: stream failed: %s\n", e.what());
+        if (!job->counted) job->finish_accounting(500);
+      }
+      // A stream that never reached its end (a write failed, the client left) aborts what
+      // is still running.
+      job->abort_unfinished();
+    };
   }
 
-  bool stream_body(Job& job, httplib::DataSink& sink) {
+  bool stream_body(Job& job, HttpStreamSink& sink) {
     const OpenAiRequest& r = job.req;
     const bool chat = r.kind == ApiKind::Chat;
-    auto send = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+    auto send = [&](const std::string& s) { return sink.write(s); };
     auto fail_stream = [&]() {
       job.abort_unfinished();
       if (!job.counted) job.finish_accounting(499);
@@ -508,7 +553,6 @@ struct Server::Impl {
       job.finish_accounting(error_status == 500 ? 500 : 503);
       // OpenAI's clients raise an API error for a data event carrying "error".
       send(sse_event(error_json(error, error_type_for(error_status))) + kSseDone);
-      sink.done();
       return true;
     }
     std::string tail;
@@ -516,17 +560,16 @@ struct Server::Impl {
     tail += kSseDone;
     job.finish_accounting(200);
     send(tail);
-    sink.done();
     return true;
   }
 
   // ---- other endpoints -------------------------------------------------------------------
 
-  void handle_models(const httplib::Request& req, httplib::Response& res) {
+  void handle_models(const HttpRequest& req, HttpResponse& res) {
     const json model = {{"id", cfg.model_id}, {"object", "model"}, {"created", started}, {"owned_by", "tern"},
                         {"max_model_len", backend.n_ctx()}};
-    if (req.matches.size() > 1) {
-      const std::string id = req.matches[1];
+    if (!req.path_param.empty()) {
+      const std::string id = req.path_param;
       try {
         check_model(id);
       } catch (const ApiError& e) {
@@ -539,7 +582,7 @@ struct Server::Impl {
     set_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
   }
 
-  void handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+  void handle_tokenize(const HttpRequest& req, HttpResponse& res) {
     const TokenizeRequest r = parse_tokenize_request(req.body, cfg.limits);
     check_model(r.model);
     const Tokenizer& tok = backend.tokenizer();
@@ -555,21 +598,21 @@ struct Server::Impl {
     set_json(res, 200, j);
   }
 
-  void handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+  void handle_detokenize(const HttpRequest& req, HttpResponse& res) {
     const DetokenizeRequest r = parse_detokenize_request(req.body, cfg.limits);
     check_model(r.model);
     const std::string text = backend.tokenizer().decode(checked_ids(r.tokens, "tokens"));
     set_json(res, 200, {{"prompt", text}});
   }
 
-  void handle_static(const httplib::Request& req, httplib::Response& res) {
+  void handle_static(const HttpRequest& req, HttpResponse& res) {
     const std::string path = req.path == "/" ? "/index.html" : req.path;
     for (const auto& a : web_assets()) {
       if (path != a.path) continue;
       res.status = 200;
-      res.set_header("Cache-Control", "no-cache");
-      res.set_header("X-Content-Type-Options", "nosniff");
-      res.set_content(reinterpret_cast<const char*>(a.data), a.size, a.mime);
+      res.headers.set("Cache-Control", "no-cache");
+      res.headers.set("X-Content-Type-Options", "nosniff");
+      res.set_content(std::string(reinterpret_cast<const char*>(a.data), a.size), a.mime);
       return;
     }
     set_error(res, 404, str_cat("Unknown path: GET ", req.path));
@@ -579,7 +622,7 @@ struct Server::Impl {
 
   // Runs `fn`, turning what it throws into an OpenAI-style error response.
   template <class Fn>
-  void guarded(httplib::Response& res, Fn&& fn) {
+  void guarded(HttpResponse& res, Fn&& fn) {
     try {
       fn();
     } catch (const ApiError& e) {
@@ -594,107 +637,97 @@ struct Server::Impl {
 
   bool is_static_path(const std::string& path) const { return endpoint_label(path) == "static"; }
 
-  httplib::Server::HandlerResponse pre_route(const httplib::Request& req, httplib::Response& res) {
+  // "Authorization: Bearer KEY": the scheme is case-insensitive (RFC 9110 11.1), the key is not.
+  bool authorized(const HttpRequest& req) const {
+    const std::string& auth = req.headers.get("Authorization");
+    const size_t sp = auth.find(' ');
+    if (sp == std::string::npos || !iequals(auth.substr(0, sp), "Bearer")) return false;
+    size_t key_start = auth.find_first_not_of(' ', sp);
+    if (key_start == std::string::npos) return false;
+    std::string key = auth.substr(key_start);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    return same_secret(key, cfg.api_key);
+  }
+
+  bool pre_route(const HttpRequest& req, HttpResponse& res) {
     t_counted_by_job = false;  // a request whose logger never ran must not silence this one's
-    size_t header_bytes = 0;
-    for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
-    if (header_bytes > cfg.max_header_bytes) {
-      set_error(res, 431, str_cat("The request's headers are larger than ", cfg.max_header_bytes, " bytes."));
-      return httplib::Server::HandlerResponse::Handled;
-    }
+    t_trim_after = false;
     // /health answers without a key (load balancers probe it); so do the chat page's static
     // files, which hold no data: the page itself asks for the key and sends it with each call.
-    const bool open = req.path == "/health" || (req.method == "GET" && is_static_path(req.path));
-    if (!cfg.api_key.empty() && !open) {
-      const std::string auth = req.get_header_value("Authorization");
-      const std::string prefix = "Bearer ";
-      if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), cfg.api_key)) {
-        res.set_header("WWW-Authenticate", "Bearer");
-        set_error(res, 401, "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.", "",
-                  "invalid_api_key");
-        return httplib::Server::HandlerResponse::Handled;
-      }
+    const bool open = req.path == "/health" || ((req.method == "GET" || req.method == "HEAD") && is_static_path(req.path));
+    if (!cfg.api_key.empty() && !open && !authorized(req)) {
+      res.headers.set("WWW-Authenticate", "Bearer");
+      set_error(res, 401, "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.", "",
+                "invalid_api_key");
+      return true;
     }
     if (draining.load() && req.path != "/health" && req.path != "/metrics") {
-      res.set_header("Retry-After", std::to_string(cfg.retry_after_s));
+      res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
       set_error(res, 503, "The server is shutting down.", "", "shutting_down");
-      return httplib::Server::HandlerResponse::Handled;
+      return true;
     }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return false;
   }
 
   void setup() {
-    http.new_task_queue = [n = size_t(std::max(cfg.http_threads, 4))] { return new httplib::ThreadPool(n); };
     if (cfg.max_in_flight <= 0) cfg.max_in_flight = std::max(1, cfg.http_threads - 8);
-    http.set_payload_max_length(cfg.max_body_bytes);
-    http.set_read_timeout(cfg.read_timeout_s, 0);
-    http.set_write_timeout(cfg.write_timeout_s, 0);
-    http.set_keep_alive_timeout(cfg.keep_alive_timeout_s);
-    http.set_tcp_nodelay(true);  // SSE chunks are small and must leave at once
+    // glibc gives each thread that allocates under contention an arena of its own (up to 8
+    // per core) and keeps what is freed there: with a hundred HTTP workers building large
+    // answers, RSS grew to the sum of their peaks and stayed. A few arenas are enough for a
+    // server whose hot loops (the engine's) allocate nothing per token.
+    mallopt(M_ARENA_MAX, 4);
+    // Blocks of 1 MiB and more (an answer's body, its JSON) come from mmap and go back to the
+    // system when freed. Setting the threshold also stops glibc from raising it after each
+    // such free, which moved later large bodies into the arenas, where they fragmented.
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return pre_route(req, res); });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] { handle_generate(req, res, ApiKind::Completion); });
-    });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] { handle_generate(req, res, ApiKind::Chat); });
-    });
-    http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] { handle_models(req, res); });
-    });
-    http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] { handle_models(req, res); });
-    });
-    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    using Handler = std::function<void(HttpRequest&, HttpResponse&)>;
+    auto guard = [this](auto fn) -> Handler {
+      return [this, fn](HttpRequest& req, HttpResponse& res) { guarded(res, [&] { fn(req, res); }); };
+    };
+    http.set_pre_route([this](HttpRequest& req, HttpResponse& res) { return pre_route(req, res); });
+    http.route("POST", "/v1/completions",
+               guard([this](HttpRequest& req, HttpResponse& res) { handle_generate(req, res, ApiKind::Completion); }));
+    http.route("POST", "/v1/chat/completions",
+               guard([this](HttpRequest& req, HttpResponse& res) { handle_generate(req, res, ApiKind::Chat); }));
+    http.route("GET", "/v1/models", guard([this](HttpRequest& req, HttpResponse& res) { handle_models(req, res); }));
+    http.route_prefix("GET", "/v1/models/",
+                      guard([this](HttpRequest& req, HttpResponse& res) { handle_models(req, res); }));
+    // Health and metrics run on the HTTP layer's own threads: they answer while every worker
+    // holds a stream.
+    http.route("GET", "/health", [this](HttpRequest&, HttpResponse& res) {
       if (draining.load()) set_json(res, 503, {{"status", "shutting_down"}});
       else set_json(res, 200, {{"status", "ok"}});
+    }, /*fast=*/true);
+    http.route("GET", "/metrics", [this](HttpRequest&, HttpResponse& res) {
+      const HttpServerStats& hs = http.stats();
+      const ConnectionCounts conns{hs.connections_open.load(), hs.connections_accepted.load(),
+                                   hs.connections_refused.load(), hs.connections_evicted.load(),
+                                   hs.requests_timed_out.load()};
+      res.set_content(metrics.render(backend.metrics(), conns), "text/plain; version=0.0.4; charset=utf-8");
+    }, /*fast=*/true);
+    http.route("POST", "/tokenize", guard([this](HttpRequest& req, HttpResponse& res) { handle_tokenize(req, res); }));
+    http.route("POST", "/detokenize",
+               guard([this](HttpRequest& req, HttpResponse& res) { handle_detokenize(req, res); }));
+    http.set_fallback([this](HttpRequest& req, HttpResponse& res) { handle_static(req, res); });
+    // Errors the HTTP layer answers itself (400 malformed, 404, 405, 408, 413, 414, 431, 503
+    // over a connection cap) get an OpenAI-style body too.
+    http.set_error_renderer([](HttpResponse& res, int status, const std::string& message) {
+      set_error(res, status, message);
     });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics.render(backend.metrics()), "text/plain; version=0.0.4; charset=utf-8");
-    });
-    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] { handle_tokenize(req, res); });
-    });
-    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] { handle_detokenize(req, res); });
-    });
-    http.Get(R"(/.*)", [this](const httplib::Request& req, httplib::Response& res) { handle_static(req, res); });
-
-    // httplib's own refusals (413 body too large, 414, 404 no route, 400 unparsable request)
-    // come without a body: give them an OpenAI-style one.
-    http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty() || res.status == 499) return httplib::Server::HandlerResponse::Unhandled;
-      std::string msg;
-      switch (res.status) {
-        case 404: msg = str_cat("Unknown endpoint: ", req.method, " ", req.path); break;
-        case 405: msg = str_cat("Method ", req.method, " is not allowed on ", req.path); break;
-        case 413: msg = "The request body is too large."; break;
-        case 414: msg = "The request URI is too long."; break;
-        default: msg = str_cat("HTTP error ", res.status); break;
-      }
-      set_error(res, res.status, msg);
-      return httplib::Server::HandlerResponse::Handled;
-    }));
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown exception";
-      try {
-        if (ep) std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      std::fprintf(stderr, "tern serve: internal error: %s\n", what.c_str());
-      set_error(res, 500, "internal server error");
-    });
-    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    http.set_logger([this](const HttpRequest& req, const HttpResponse& res) {
       // Generation requests that got as far as the engine were counted by their job (a
       // stream always is, by its end or, when its connection broke first, by its teardown).
-      const bool stream = res.get_header_value("Content-Type") == "text/event-stream";
+      const bool stream = res.content_type == "text/event-stream";
       if (!t_counted_by_job && !stream) metrics.count_request(endpoint_label(req.path), res.status);
       t_counted_by_job = false;
       if (cfg.log_requests || res.status >= 500)
         std::fprintf(stderr, "%s %s %s -> %d\n", req.remote_addr.c_str(), req.method.c_str(), req.path.c_str(),
                      res.status);
+    });
+    http.set_after_request([] {
+      if (t_trim_after) malloc_trim(0);
+      t_trim_after = false;
     });
   }
 };
@@ -706,30 +739,22 @@ Server::Server(Backend& backend, ServerConfig config) : impl_(std::make_unique<I
 Server::~Server() { shutdown(std::chrono::milliseconds(0)); }
 
 int Server::bind() {
-  if (impl_->bound_port >= 0) return impl_->bound_port;
-  const auto& c = impl_->cfg;
-  if (c.port == 0) {
-    impl_->bound_port = impl_->http.bind_to_any_port(c.host);
-    if (impl_->bound_port < 0) fail("cannot listen on ", c.host, ": no free port");
-  } else {
-    if (!impl_->http.bind_to_port(c.host, c.port)) fail("cannot listen on ", c.host, ":", c.port, " (address in use?)");
-    impl_->bound_port = c.port;
-  }
+  if (impl_->bound_port < 0) impl_->bound_port = impl_->http.bind();
   return impl_->bound_port;
 }
 
 void Server::listen() {
   bind();
-  impl_->http.listen_after_bind();
+  impl_->http.run();
 }
 
 void Server::start() {
   bind();
-  impl_->listen_thread = std::thread([this] { impl_->http.listen_after_bind(); });
-  // listen_after_bind() sets is_running() once it enters its accept loop; wait for that so a
-  // shutdown() right after start() cannot race with it.
+  impl_->listen_thread = std::thread([this] { impl_->http.run(); });
+  // run() sets running() once it enters its loop; wait for that so a shutdown() right after
+  // start() cannot race with it.
   const auto give_up = Clock::now() + std::chrono::seconds(10);
-  while (!impl_->http.is_running()) {
+  while (!impl_->http.running()) {
     if (Clock::now() > give_up) fail("the HTTP server did not start listening");
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -748,10 +773,10 @@ void Server::shutdown(std::chrono::milliseconds grace) {
       // Aborted requests end within one poll interval plus a write; the bound only guards
       // against a client that stopped reading (its write times out after write_timeout_s).
       std::unique_lock lock(s.drain_mu);
-      s.drain_cv.wait_for(lock, std::chrono::seconds(s.cfg.write_timeout_s + 5),
+      s.drain_cv.wait_for(lock, std::chrono::milliseconds(int64_t((s.cfg.write_timeout_s + 5) * 1000)),
                           [&] { return s.in_flight.load() == 0; });
     }
-    if (s.bound_port >= 0) s.http.stop();
+    s.http.stop();
     if (s.listen_thread.joinable()) s.listen_thread.join();
   });
 }

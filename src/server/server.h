@@ -6,8 +6,9 @@
 //   POST /tokenize, /detokenize
 //   GET  /  and the chat page's files (embedded, see web_assets.h)
 //
-// Threads: cpp-httplib serves each connection on a worker of its pool; a generation request
-// keeps its worker while it waits on a per-request queue that the engine's callbacks fill.
+// Threads: the HTTP layer (http_server.h) receives requests on its event loop and runs each
+// whole one on a worker; a generation request keeps its worker while it waits on a
+// per-request queue that the engine's callbacks fill.
 // The server never blocks the engine thread. See docs/server.md for the whole contract.
 #include <chrono>
 #include <cstdint>
@@ -32,11 +33,19 @@ struct ServerConfig {
   ParseLimits limits;
   size_t max_body_bytes = size_t(8) << 20;     // larger bodies: 413
   size_t max_header_bytes = size_t(64) << 10;  // all header lines together: 431
-  int read_timeout_s = 30;              // a client sending its request this slowly is dropped
-  int write_timeout_s = 60;             // a client not reading its response for this long is dropped
-  int keep_alive_timeout_s = 5;
+  double header_timeout_s = 10;         // a request's head must arrive within this of its first byte: 408
+  double read_timeout_s = 30;           // the whole request within this: 408
+  double write_timeout_s = 60;          // a client not reading its response for this long is dropped
+  double keep_alive_timeout_s = 5;      // an idle keep-alive connection is closed after this
+  int max_connections = 1024;           // open at once; at the cap idle and slow ones make room
+  int max_connections_per_client = 128; // open at once from one address; more: 503
+  int listen_backlog = 0;               // 0: max(512, max_connections)
+  // Budget of a response that is not streamed: choices x tokens x (1 + logprob alternatives).
+  // An explicit max_tokens over it is a 400, a default one is clipped; streams are not bounded
+  // (they keep nothing).
+  int64_t max_response_entries = int64_t(1) << 18;
   double request_timeout_s = 600;       // a generation still running after this is aborted
-  int http_threads = 128;               // connections served at once (each stream holds one)
+  int http_threads = 128;               // requests handled at once (each stream holds one)
   int max_in_flight = 0;                // generation requests at once; 0: http_threads - 8; more: 503
   int retry_after_s = 1;                // Retry-After of 429/503 answers
   bool log_requests = false;            // one stderr line per request (errors are always logged)

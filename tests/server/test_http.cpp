@@ -434,7 +434,7 @@ TEST(HttpErrors, UnknownEndpointsAndMethods) {
   EXPECT_EQ(r->status, 404);
   EXPECT_NE(error_of(r)["message"].get<std::string>().find("/v1/embeddings"), std::string::npos);
   r = f.client->Get("/v1/completions");
-  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(r->status, 405);
   error_of(r);
 }
 
@@ -469,20 +469,20 @@ TEST(HttpErrors, SlowClientsAreDropped) {
   ServerConfig cfg;
   cfg.read_timeout_s = 1;
   Fixture f({}, cfg);
-  // Headers that never end (slowloris): refused (400) once the read timeout passes.
+  // Headers that never end (slowloris): refused (408) once the read timeout passes.
   RawConn c(f.server.port());
   c.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
   const auto t0 = std::chrono::steady_clock::now();
   const int st = status_of(c.read_until("\r\n\r\n", 5s));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
-  EXPECT_TRUE(st == 400 || st == -1) << st;
+  EXPECT_TRUE(st == 408 || st == -1) << st;
   // A body shorter than its Content-Length: the same.
   RawConn b(f.server.port());
   b.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro");
   const auto t1 = std::chrono::steady_clock::now();
   const int bs = status_of(b.read_until("\r\n\r\n", 5s));
   EXPECT_LT(std::chrono::steady_clock::now() - t1, 4s);
-  EXPECT_TRUE(bs == 400 || bs == -1) << bs;
+  EXPECT_TRUE(bs == 408 || bs == -1) << bs;
   EXPECT_EQ(f.backend.added(), 0);
   EXPECT_EQ(f.client->Get("/health")->status, 200);
 }
@@ -651,4 +651,142 @@ TEST(HttpShutdown, PastGraceRequestsAreAbortedCleanly) {
   EXPECT_EQ(status_of(w.read_all(5s)), 503);
   EXPECT_TRUE(f.backend.wait_idle(2s));
   EXPECT_EQ(f.server.in_flight(), 0);
+}
+
+// ---- the hardening issue's HTTP items (each failed with cpp-httplib 0.11) ----------------
+
+TEST(HttpProtocol, ManyRequestsOnOneKeepAliveConnection) {
+  // httplib closed a keep-alive connection after 5 requests (keep-alive max=5).
+  Fixture f;
+  RawConn c(f.server.port());
+  auto answers = [&] {
+    size_t n = 0;
+    for (size_t at = 0; (at = c.received().find("HTTP/1.1 200", at)) != std::string::npos; ++at) ++n;
+    return n;
+  };
+  for (size_t i = 0; i < 20; ++i) {
+    ASSERT_TRUE(c.send_all("GET /health HTTP/1.1\r\nHost: x\r\n\r\n")) << i;
+    const auto give_up = std::chrono::steady_clock::now() + 2s;
+    while (answers() < i + 1 && std::chrono::steady_clock::now() < give_up) c.read_all(10ms);
+  }
+  const std::string all = c.received();
+  EXPECT_EQ(answers(), 20u);
+  EXPECT_EQ(all.find("Connection: close"), std::string::npos);
+}
+
+TEST(HttpProtocol, PipelinedRequestsAreAllAnsweredInOrder) {
+  Fixture f;
+  RawConn c(f.server.port());
+  const std::string wire = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                           "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" +
+                           http_post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}.dump(), "", false) +
+                           "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ASSERT_TRUE(c.send_all(wire));
+  const std::string all = c.read_all(5s);
+  const size_t a = all.find("\"status\":\"ok\""), b = all.find("\"object\":\"list\""),
+               d = all.find("\"text_completion\""), e = all.find("HTTP/1.1 404");
+  ASSERT_NE(a, std::string::npos) << all;
+  ASSERT_NE(b, std::string::npos) << all;
+  ASSERT_NE(d, std::string::npos) << all;
+  ASSERT_NE(e, std::string::npos) << all;
+  EXPECT_LT(a, b);
+  EXPECT_LT(b, d);
+  EXPECT_LT(d, e);
+}
+
+TEST(HttpProtocol, Http10ClientsGetAStreamWithoutChunkedEncoding) {
+  Fixture f;
+  RawConn c(f.server.port());
+  const std::string body = json{{"prompt", "x"}, {"max_tokens", 3}, {"stream", true}}.dump();
+  c.send_all("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " +
+             std::to_string(body.size()) + "\r\n\r\n" + body);
+  const std::string all = c.read_all(5s);  // ends when the server closes
+  EXPECT_EQ(all.rfind("HTTP/1.0 200", 0), 0u) << all;
+  EXPECT_EQ(all.find("Transfer-Encoding"), std::string::npos) << all;
+  EXPECT_NE(all.find("Connection: close"), std::string::npos);
+  bool done = false;
+  const auto chunks = sse_json(all.substr(all.find("\r\n\r\n") + 4), &done);
+  EXPECT_TRUE(done);
+  EXPECT_FALSE(chunks.empty());
+  // The body is the events themselves, no chunk-size lines between them.
+  EXPECT_EQ(all.substr(all.find("\r\n\r\n") + 4, 6), "data: ");
+}
+
+TEST(HttpProtocol, DuplicateContentLengthIsRefused) {
+  Fixture f;
+  RawConn c(f.server.port());
+  const std::string body = json{{"prompt", "x"}, {"max_tokens", 2}}.dump();
+  c.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+             "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(status_of(c.read_all(2s)), 400);
+  EXPECT_EQ(f.backend.added(), 0);
+}
+
+TEST(HttpProtocol, FormContentTypeBodyIsReadAsJson) {
+  // curl -d sends application/x-www-form-urlencoded; httplib answered an 8 KiB one with 413.
+  Fixture f;
+  std::string body = json{{"prompt", "x"}, {"max_tokens", 2}}.dump();
+  body.insert(1, std::string(8192, ' '));
+  auto r = f.client->Post("/v1/completions", body, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  r = f.client->Post("/v1/completions", body, "text/plain");
+  EXPECT_EQ(r->status, 200);
+}
+
+TEST(HttpProtocol, ExpectContinueGetsA100ThenTheAnswer) {
+  Fixture f;
+  RawConn c(f.server.port());
+  const std::string body = json{{"prompt", "x"}, {"max_tokens", 2}}.dump();
+  c.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\nContent-Length: " +
+             std::to_string(body.size()) + "\r\n\r\n");
+  EXPECT_EQ(c.read_until("\r\n\r\n", 2s).rfind("HTTP/1.1 100 Continue\r\n\r\n", 0), 0u);
+  c.send_all(body);
+  const std::string all = c.read_all(5s);
+  EXPECT_NE(all.find("HTTP/1.1 200"), std::string::npos) << all;
+}
+
+TEST(HttpProtocol, BearerSchemeIsCaseInsensitive) {
+  ServerConfig cfg;
+  cfg.api_key = "sekrit";
+  Fixture f({}, cfg);
+  EXPECT_EQ(f.client->Get("/v1/models", {{"Authorization", "bearer sekrit"}})->status, 200);
+  EXPECT_EQ(f.client->Get("/v1/models", {{"Authorization", "BEARER  sekrit"}})->status, 200);
+  EXPECT_EQ(f.client->Get("/v1/models", {{"Authorization", "Bearer SEKRIT"}})->status, 401);  // the key is not
+  EXPECT_EQ(f.client->Get("/v1/models", {{"Authorization", "Basic sekrit"}})->status, 401);
+}
+
+TEST(HttpProtocol, HeadAndMethodNotAllowed) {
+  Fixture f;
+  RawConn c(f.server.port());
+  c.send_all("HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string head = c.read_all(2s);
+  EXPECT_EQ(status_of(head), 200);
+  EXPECT_EQ(head.substr(head.find("\r\n\r\n") + 4), "");  // no body after the head
+  auto r = f.client->Delete("/v1/models");
+  EXPECT_EQ(r->status, 405);
+  error_of(r);
+}
+
+TEST(HttpErrors, LargeAnswersAreBoundedUnlessStreamed) {
+  ServerConfig cfg;
+  cfg.max_response_entries = 1000;
+  Fixture f({}, cfg);
+  // 4 choices x 50 tokens x (1 + 1 + 5 alternatives) = 1400 > 1000: refused, with the reason.
+  auto r = f.post("/v1/completions", {{"prompt", "x"}, {"n", 4}, {"max_tokens", 50}, {"logprobs", 5}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(error_of(r)["code"], "response_too_large");
+  EXPECT_EQ(f.backend.added(), 0);
+  // Within it: served.
+  EXPECT_EQ(f.post("/v1/completions", {{"prompt", "x"}, {"n", 2}, {"max_tokens", 50}, {"logprobs", 5}})->status, 200);
+  // Streamed: not bounded (a stream keeps nothing).
+  bool done = false;
+  sse_json(f.stream("/v1/completions", {{"prompt", "x"}, {"n", 4}, {"max_tokens", 50}, {"logprobs", 5}, {"stream", true}}),
+           &done);
+  EXPECT_TRUE(done);
+  // A default max_tokens is clipped to the budget instead (chat: the rest of the context).
+  r = f.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "U"}}}}, {"n", 4}, {"logprobs", true},
+                                      {"top_logprobs", 5}});
+  EXPECT_EQ(r->status, 200) << r->body;
 }

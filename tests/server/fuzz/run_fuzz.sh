@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzz run of the OpenAI request parser with libFuzzer + ASan + UBSan:
-#   tests/server/fuzz/run_fuzz.sh [SECONDS=60]
+# Coverage-guided fuzz run of the OpenAI request parser, or of the HTTP request parser, with
+# libFuzzer + ASan + UBSan:
+#   tests/server/fuzz/run_fuzz.sh [SECONDS=60]          (the OpenAI request parser)
+#   tests/server/fuzz/run_fuzz.sh SECONDS http          (the HTTP/1.x request parser)
 # Needs clang with libFuzzer (Debian's clang). Not part of CTest (it is open-ended); the
 # deterministic FuzzParser.* tests in test_server always run.
 set -euo pipefail
@@ -8,6 +10,17 @@ root="$(cd "$(dirname "$0")/../../.." && pwd)"
 secs="${1:-60}"
 out="$root/build/fuzz"
 mkdir -p "$out/corpus"
+if [ "${2:-}" = http ]; then
+  mkdir -p "$out/http_corpus"
+  clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$root/src" \
+    "$root/tests/server/fuzz/fuzz_http_parser.cpp" "$root/src/server/http_parser.cpp" \
+    "$root/src/server/http_message.cpp" "$root/src/core/error.cpp" -o "$out/fuzz_http_parser"
+  # Seeds (first byte: the piece size of the differential feed).
+  printf '\3GET /v1/models?x=1 HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\nGET /b HTTP/1.0\r\n\r\n' >"$out/http_corpus/seed1"
+  printf '\5POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\nhello' >"$out/http_corpus/seed2"
+  printf '\7POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n0\r\nT: 1\r\n\r\n' >"$out/http_corpus/seed3"
+  exec "$out/fuzz_http_parser" -max_total_time="$secs" -max_len=4096 -print_final_stats=1 "$out/http_corpus"
+fi
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$root/src" \
   "$root/tests/server/fuzz/fuzz_request_parser.cpp" "$root/src/server/openai_request.cpp" \
   "$root/src/server/chat_template.cpp" "$root/src/sampling/sampler.cpp" "$root/src/core/error.cpp" \
