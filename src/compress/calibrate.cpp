@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/stats.h"
 #include "models/model.h"
 #include "runtime/session.h"
@@ -115,11 +114,7 @@ const SiteStats& CalibStats::of(const std::string& weight) const {
 
 CalibStats calibrate(std::shared_ptr<const GgufFile> model, const CalibOptions& opts) {
   const int64_t t0 = now_ns();
-  std::ifstream in(opts.text_file, std::ios::binary);
-  if (!in) fail("cannot open calibration text ", opts.text_file);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  const std::string text = read_file_text(opts.text_file, "calibration text");
   if (opts.n_tokens < 16) fail("--calib-tokens ", opts.n_tokens, " is too few (at least 16)");
 
   const auto tok = Tokenizer::from_gguf(*model);

@@ -8,6 +8,7 @@
 #include "compress/linalg.h"
 #include "quant/quant_tern.h"
 #include "core/error.h"
+#include "core/output_file.h"
 #include "core/stats.h"
 #include "models/model.h"
 
@@ -218,7 +219,7 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
   const int64_t t0 = now_ns();
   MethodReport rep;
   rep.method = m.info.name;
-  check_distinct_paths(in_path, out_path);
+  check_output_not_input(out_path, {in_path});
   auto file = std::make_shared<const GgufFile>(GgufFile::open(in_path));
   const GgufFile& src = *file;
   check_method_source(method, src);

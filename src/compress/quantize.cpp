@@ -3,9 +3,9 @@
 #include <fnmatch.h>
 
 #include <cstring>
-#include <filesystem>
 
 #include "core/error.h"
+#include "core/output_file.h"
 #include "core/stats.h"
 #include "quant/quant_traits.h"
 
@@ -129,18 +129,10 @@ void write_model(const GgufFile& src, const std::vector<OutTensor>& tensors,
   w.write(path);
 }
 
-void check_distinct_paths(const std::string& in, const std::string& out) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const bool same = fs::exists(out, ec) ? fs::equivalent(in, out, ec)
-                                        : fs::weakly_canonical(in, ec) == fs::weakly_canonical(out, ec);
-  if (same || in == out)
-    fail("the output path ", out, " is the input file: write the result to another file");
-}
-
 QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
                               const QuantizeOptions& opts) {
-  check_distinct_paths(in_path, out_path);
+  // The input stays memory-mapped while the output is written: the same file would be lost.
+  check_output_not_input(out_path, {in_path});
   if (!available(opts.type)) fail("tern cannot quantize to ", dtype_name(opts.type));
   for (const auto& o : {opts.output_type, opts.embd_type})
     if (o && !available(*o)) fail("tern cannot quantize to ", dtype_name(*o));

@@ -104,9 +104,6 @@ struct OutTensor {
 void write_model(const GgufFile& src, const std::vector<OutTensor>& tensors,
                  const std::vector<std::pair<std::string, GgufValue>>& set_kv, const std::string& path);
 
-// Throws when `out` names the same file as `in` (the input is memory-mapped while writing).
-void check_distinct_paths(const std::string& in, const std::string& out);
-
 // Requantizes IN into OUT. Throws tern::Error for a bad input, an unquantizable type or a
 // requantization that was not allowed.
 QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/dtype.h"
+
 namespace tern {
 namespace {
 
@@ -47,13 +49,56 @@ std::vector<double> ticks(double lo, double hi, int want = 5) {
 
 }  // namespace
 
+void set_fallbacks(CompareRow& row, const QuantizeReport& rep) {
+  row.n_converted = 0;
+  row.fallbacks.clear();
+  for (const TensorReport& t : rep.tensors) {
+    if (t.requested == t.src_type) continue;  // kept as it was (norms, --keep)
+    ++row.n_converted;
+    if (t.type == t.requested) continue;
+    const std::string requested = dtype_name(t.requested), stored = dtype_name(t.type);
+    auto g = std::find_if(row.fallbacks.begin(), row.fallbacks.end(), [&](const FallbackGroup& f) {
+      return f.requested == requested && f.stored == stored;
+    });
+    if (g == row.fallbacks.end()) {
+      row.fallbacks.push_back({requested, stored, dtype_info(t.requested).block_size, 0, {}});
+      g = row.fallbacks.end() - 1;
+    }
+    ++g->n_tensors;
+    const int64_t n_in = t.ne.empty() ? 1 : t.ne[0];
+    if (std::find(g->row_lengths.begin(), g->row_lengths.end(), n_in) == g->row_lengths.end())
+      g->row_lengths.insert(std::upper_bound(g->row_lengths.begin(), g->row_lengths.end(), n_in), n_in);
+  }
+}
+
+std::vector<std::string> fallback_notes(const CompareRow& row) {
+  std::vector<std::string> notes;
+  for (const FallbackGroup& g : row.fallbacks) {
+    std::string rows;
+    for (size_t i = 0; i < g.row_lengths.size(); ++i)
+      rows += (i == 0 ? "" : i + 1 == g.row_lengths.size() ? " and " : ", ") + std::to_string(g.row_lengths[i]);
+    notes.push_back(row.method + ": " + std::to_string(g.n_tensors) + " of " + std::to_string(row.n_converted) +
+                    (row.n_converted == 1 ? " tensor" : " tensors") + " fell back from " + g.requested + " to " +
+                    g.stored + " (rows of " + rows +
+                    (g.row_lengths.size() == 1 ? " are not a multiple of " : " are not multiples of ") +
+                    std::to_string(g.block_size) + ")");
+  }
+  return notes;
+}
+
 std::string markdown_table(const std::vector<CompareRow>& rows) {
   const bool have_ppl = std::any_of(rows.begin(), rows.end(), [](const CompareRow& r) { return r.ppl >= 0; });
+  // Only when some method fell back: its format and bpw then describe a mix of types.
+  const bool have_fallbacks = std::any_of(rows.begin(), rows.end(), [](const CompareRow& r) { return r.n_fallbacks > 0; });
   std::string s = "| method | format | WM (MiB) | bpw | RM (MiB) | pp tok/s | tg tok/s | TTFT ms | TBT ms |";
   std::string sep = "|---|---|--:|--:|--:|--:|--:|--:|--:|";
   if (have_ppl) {
     s += " PPL | ΔPPL |";
     sep += "--:|--:|";
+  }
+  if (have_fallbacks) {
+    s += " fallbacks |";
+    sep += "---|";
   }
   s += "\n" + sep + "\n";
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -66,6 +111,13 @@ std::string markdown_table(const std::vector<CompareRow>& rows) {
     if (have_ppl) {
       s.append("| ").append(r.ppl >= 0 ? fmt("%.4f", r.ppl) : "-").append(" ");
       s.append("| ").append(i == 0 || r.ppl < 0 ? "-" : fmt("%+.2f%%", r.ppl_delta_pct)).append(" ");
+    }
+    if (have_fallbacks) {
+      std::string cell;
+      for (const FallbackGroup& g : r.fallbacks)
+        cell.append(cell.empty() ? "" : ", ").append(std::to_string(g.n_tensors)).append("/")
+            .append(std::to_string(r.n_converted)).append(" to ").append(g.stored);
+      s.append("| ").append(cell.empty() ? "-" : cell).append(" ");
     }
     s.append("|\n");
   }
@@ -85,7 +137,13 @@ nlohmann::json rows_json(const std::vector<CompareRow>& rows) {
                         {"ttft_ms", r.ttft_ms},
                         {"tbt_ms", r.tbt_ms},
                         {"quantize_s", r.quantize_s},
-                        {"n_fallbacks", r.n_fallbacks}};
+                        {"n_fallbacks", r.n_fallbacks},
+                        {"n_converted", r.n_converted}};
+    nlohmann::json fb = nlohmann::json::array();
+    for (const FallbackGroup& g : r.fallbacks)
+      fb.push_back({{"requested", g.requested}, {"type", g.stored}, {"block_size", g.block_size},
+                    {"n_tensors", g.n_tensors}, {"row_lengths", g.row_lengths}});
+    j["fallbacks"] = fb;
     if (r.ppl >= 0) {
       j["ppl"] = r.ppl;
       j["ppl_stderr"] = r.ppl_stderr;

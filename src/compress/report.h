@@ -7,7 +7,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "compress/quantize.h"
+
 namespace tern {
+
+// Tensors a method could not store in the type it chose (rows that do not fit the type's
+// blocks) and stored in another: one group per (chosen, stored) pair.
+struct FallbackGroup {
+  std::string requested;             // "q8_0"
+  std::string stored;                // "f16"
+  int64_t block_size = 0;            // of the requested type
+  int n_tensors = 0;
+  std::vector<int64_t> row_lengths;  // distinct row lengths of those tensors, ascending
+};
 
 struct CompareRow {
   std::string method;
@@ -24,9 +36,17 @@ struct CompareRow {
   double ppl_delta_pct = 0;    // vs the first row (the source)
   double quantize_s = 0;
   int n_fallbacks = 0;
+  int n_converted = 0;         // tensors the method stored in a type of its choosing
+  std::vector<FallbackGroup> fallbacks;
   double recon_ratio = -1;     // GPTQ/AWQ: mean over layers of error / RTN error (< 1: better)
   std::string notes;
 };
+
+// The fallbacks and n_converted of a method's report.
+void set_fallbacks(CompareRow& row, const QuantizeReport& rep);
+// One sentence per fallback group: "q8_0: 5 of 37 tensors fell back from q8_0 to f16 (rows of
+// 172 are not a multiple of 32)".
+std::vector<std::string> fallback_notes(const CompareRow& row);
 
 // Markdown table (one header line, one separator, one line per row).
 std::string markdown_table(const std::vector<CompareRow>& rows);

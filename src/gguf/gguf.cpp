@@ -1,7 +1,6 @@
 #include "gguf/gguf.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -9,6 +8,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/output_file.h"
 
 namespace tern {
 
@@ -545,25 +545,8 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
 void GgufWriter::write(const std::string& path) const { write_bytes(path, to_bytes()); }
 
 void GgufWriter::write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  const std::string tmp = path + ".tmp";
-  FILE* fp = std::fopen(tmp.c_str(), "wb");
-  if (!fp) fail("cannot create ", tmp, ": ", std::strerror(errno));
-  const size_t wrote = std::fwrite(bytes.data(), 1, bytes.size(), fp);
-  bool ok = wrote == bytes.size() && std::fflush(fp) == 0;
-  int err = errno;  // fclose and remove may overwrite it
-  if (std::fclose(fp) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) {
-    std::remove(tmp.c_str());
-    fail("cannot write ", path, ": ", std::strerror(err));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    fail("cannot rename ", tmp, " to ", path, ": ", std::strerror(e));
-  }
+  // Atomic replace (temporary file + rename), symbolic links and devices written through.
+  write_output_file(path, bytes.data(), bytes.size());
 }
 
 }  // namespace tern

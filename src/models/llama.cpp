@@ -15,6 +15,7 @@
 #include "core/path_chooser.h"
 #include "models/model.h"
 #include "models/registry.h"
+#include "models/weight_check.h"
 #include "ops/ops.h"
 #include "quant/quant_traits.h"
 
@@ -128,6 +129,7 @@ class LlamaModel final : public Model {
     if (t->ne.size() != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
       fail(file_->path(), ": loading ", name, ": expected ", n_in, " x ", n_out, ", file has ",
            t->shape_string());
+    check_weights_finite(file_->path(), *t);
     return WeightView{t->type, n_in, n_out, t->data};
   }
   // A matmul weight as the kernels read it fastest: Q4_0 / Q8_0 interleaved by 16 rows for
@@ -193,6 +195,7 @@ class LlamaModel final : public Model {
       fail(file_->path(), ": loading ", name, ": expected ", n, ", file has ", t->shape_string());
     if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0)
       fail(file_->path(), ": tensor ", name, " data is misaligned");
+    check_weights_finite(file_->path(), *t);
     return reinterpret_cast<const float*>(t->data);
   }
 

@@ -211,10 +211,16 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
   float* work = work_.data();
   // NaN would poison every comparison and sum below; +inf would make (l - lmax) NaN. Map them
   // to "never" and "largest finite" so one bad logit cannot wedge a request.
+  size_t n_nan = 0;
   for (size_t i = 0; i < n_vocab; ++i) {
     const float l = logits[i];
+    n_nan += std::isnan(l);
     work[i] = std::isnan(l) ? k_neg_inf : std::min(l, std::numeric_limits<float>::max());
   }
+  // A row of nothing but NaN is a broken forward pass (non-finite weights or an overflow), not
+  // a distribution: drawing from it would return token 0 as if it were the model's answer.
+  if (n_nan == n_vocab)
+    fail("the model produced NaN for every logit: its weights or activations are not finite, nothing to sample");
   apply_penalties(history);
 
   if (params_.temperature <= 0.0f) {

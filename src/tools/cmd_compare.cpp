@@ -16,6 +16,8 @@
 #include "compress/methods.h"
 #include "compress/report.h"
 #include "core/error.h"
+#include "core/output_file.h"
+#include "core/read_file.h"
 #include "core/stats.h"
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
@@ -56,14 +58,6 @@ nlohmann::json run_child(const std::string& self, const std::string& args) {
   }
   const size_t start = out.rfind("\n{");
   return nlohmann::json::parse(start == std::string::npos ? out : out.substr(start + 1));
-}
-
-std::string read_text(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open ", what, " ", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::vector<std::string> split_methods(const std::string& list) {
@@ -139,9 +133,36 @@ int cmd_compare(int argc, char** argv) {
   app.add_option("--json-out", json_out, "also write the JSON array to this file");
   app.add_option("--chart", chart, "write an SVG chart: perplexity vs weight memory, marker area = tg tok/s");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (ppl_chunks == 0 || ppl_chunks < -1) {  // 0 chunks score nothing: the figure would be NaN
+    std::fprintf(stderr, "tern compare: --ppl-chunks must be -1 (every chunk) or at least 1, got %lld\n",
+                 static_cast<long long>(ppl_chunks));
+    return 2;
+  }
 
-  // Validate everything before any slow work.
+  // Validate everything before any slow work, the outputs first: a path found bad after hours
+  // of quantizing and measuring would lose them.
+  namespace fs = std::filesystem;
+  for (const std::string* o : {&json_out, &chart}) {
+    if (o->empty()) continue;
+    check_output_path(*o);
+    check_output_not_input(*o, {model, ppl_file, calib_file});
+  }
+  if (!json_out.empty() && !chart.empty()) {
+    std::error_code e1, e2;
+    check_output_not_input(chart, {json_out});
+    if (json_out == chart || fs::weakly_canonical(json_out, e1) == fs::weakly_canonical(chart, e2))
+      fail("--json-out and --chart both name ", chart, ": give them different files");
+  }
+  if (!out_dir.empty()) {
+    std::error_code ec;
+    if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec)) fail("--out-dir ", out_dir, " is not a directory");
+  }
   auto src = open_model_file(model);
+  const int64_t n_ctx_train = read_hparams(*src).n_ctx_train;
+  if (app.count("--ctx") == 0) ctx = std::max<int64_t>(8, std::min(ctx, n_ctx_train));
+  if (ctx > n_ctx_train && !speed_only)
+    fail("--ctx ", ctx, " is longer than ", model, "'s training context of ", n_ctx_train,
+         " tokens, where perplexity means nothing: pass --ctx ", n_ctx_train, " or less");
   DType src_type = DType::F32;
   for (const auto& t : src->tensors())
     if (t.ne.size() == 2) {
@@ -160,7 +181,7 @@ int cmd_compare(int argc, char** argv) {
     need_hessian |= info.needs_hessian && !speed_only;
   }
   if (ppl_file.empty() && !speed_only) fail("give --ppl-file TEXT (or --speed-only)");
-  const std::string text = ppl_file.empty() ? std::string() : read_text(ppl_file, "perplexity text");
+  const std::string text = ppl_file.empty() ? std::string() : read_file_text(ppl_file, "perplexity text");
   if (calib_file.empty()) calib_file = ppl_file;
   if (need_calib && calib_file.empty()) fail("the methods need a calibration text: --calib FILE");
   if (copts.n_tokens < 0) copts.n_tokens = speed_only ? 256 : 4096;
@@ -168,10 +189,12 @@ int cmd_compare(int argc, char** argv) {
   mopts.n_threads = threads;
   copts.n_threads = threads;
 
-  namespace fs = std::filesystem;
   const bool temp_dir = out_dir.empty();
-  const fs::path dir = temp_dir ? fs::temp_directory_path() / ("tern_compare_" + std::to_string(::getpid())) : fs::path(out_dir);
-  fs::create_directories(dir);
+  std::error_code ec;
+  const fs::path dir = temp_dir ? fs::temp_directory_path(ec) / ("tern_compare_" + std::to_string(::getpid())) : fs::path(out_dir);
+  fs::create_directories(dir, ec);
+  if (ec) fail("cannot create the directory ", dir.string(), ": ", ec.message());
+  check_output_path((dir / "prompt.txt").string());  // writable: the models go there too
   struct Cleanup {
     fs::path dir;
     bool active;
@@ -190,7 +213,7 @@ int cmd_compare(int argc, char** argv) {
     prompt = tok->decode(ids);
   }
   const std::string prompt_file = (dir / "prompt.txt").string();
-  std::ofstream(prompt_file, std::ios::binary) << prompt;
+  write_output_file(prompt_file, prompt);
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const std::string targs = threads > 0 ? " -t " + std::to_string(threads) : std::string();
 
@@ -238,12 +261,14 @@ int cmd_compare(int argc, char** argv) {
     row.bpw = n_el > 0 ? 8.0 * double(bytes2d) / double(n_el) : 0;
     row.quantize_s = rep.seconds;
     row.n_fallbacks = rep.quant.n_fallbacks();
+    set_fallbacks(row, rep.quant);
     double ratio = 0;
     int n_ratio = 0;
     for (const auto& l : rep.layers)
       if (l.err >= 0 && l.err_rtn > 0) ratio += l.err / l.err_rtn, ++n_ratio;
     if (n_ratio) row.recon_ratio = ratio / n_ratio;
     for (const auto& n : rep.notes) row.notes += (row.notes.empty() ? "" : "; ") + n;
+    for (const auto& n : fallback_notes(row)) row.notes += (row.notes.empty() ? "" : "; ") + n;
 
     // Speed and memory: greedy generation from the fixed prompt, median of reps runs.
     std::vector<double> pp, tg, ttft, tbt;
@@ -276,24 +301,25 @@ int cmd_compare(int argc, char** argv) {
     rows.push_back(row);
   }
 
+  // What was measured is printed first: a failed write of a file must not lose the table.
   const nlohmann::json arr = rows_json(rows);
-  if (!json_out.empty()) std::ofstream(json_out) << arr.dump(2) << "\n";
-  if (!chart.empty()) {
-    std::ofstream svg(chart);
-    if (!svg) fail("cannot write ", chart);
-    svg << svg_chart(rows, str_cat(stem, speed_only ? ": generation speed vs weight memory"
-                                                    : ": perplexity vs weight memory"));
-  }
   if (json) {
     std::printf("%s\n", arr.dump().c_str());
-    return 0;
+  } else {
+    std::printf("%s", markdown_table(rows).c_str());
+    if (speed_only) std::printf("\n--speed-only: no perplexity; GPTQ/AWQ/SmoothQuant wrote round-to-nearest values in their formats.\n");
+    for (const auto& r : rows)
+      if (r.recon_ratio >= 0)
+        std::printf("%s: layer output error %.1f%% of round-to-nearest's (mean over layers)\n", r.method.c_str(),
+                    100.0 * r.recon_ratio);
+    for (const auto& r : rows)
+      for (const std::string& n : fallback_notes(r)) std::printf("note: %s\n", n.c_str());
   }
-  std::printf("%s", markdown_table(rows).c_str());
-  if (speed_only) std::printf("\n--speed-only: no perplexity; GPTQ/AWQ/SmoothQuant wrote round-to-nearest values in their formats.\n");
-  for (const auto& r : rows)
-    if (r.recon_ratio >= 0)
-      std::printf("%s: layer output error %.1f%% of round-to-nearest's (mean over layers)\n", r.method.c_str(),
-                  100.0 * r.recon_ratio);
+  std::fflush(stdout);
+  if (!json_out.empty()) write_output_file(json_out, arr.dump(2) + "\n");
+  if (!chart.empty())
+    write_output_file(chart, svg_chart(rows, str_cat(stem, speed_only ? ": generation speed vs weight memory"
+                                                                      : ": perplexity vs weight memory")));
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/output_file.h"
 #include "gguf/gguf.h"
 #include "models/llama2c_import.h"
 #include "tools/cli_util.h"
@@ -22,6 +23,7 @@ int cmd_convert(int argc, char** argv) {
   app.add_option("--ctx", opt.context_length,
                  "llama.context_length to record (default: the checkpoint's seq_len)");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  check_output_not_input(out, {in, tokenizer});
 
   const std::vector<uint8_t> bytes = llama2c_to_gguf_bytes(in, tokenizer, opt);
   // Re-read the image before writing it: a converter bug must not leave a file the reader

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/output_file.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
@@ -23,6 +24,10 @@ int cmd_logits(int argc, char** argv) {
   app.add_flag("--no-bos", no_bos, "do not prepend BOS");
   app.add_flag("--json", json, "print {ids, n_vocab, argmax, logits} as JSON");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (!out_file.empty()) {
+    check_output_path(out_file);
+    check_output_not_input(out_file, {margs.model, margs.tokenizer_bin});
+  }
   LoadedSession ls = open_session(margs);
   std::vector<int32_t> ids;
   if (!ids_text.empty()) {
@@ -37,13 +42,7 @@ int cmd_logits(int argc, char** argv) {
   const float* logits = ls.session->eval(ids, /*all_logits=*/true);
   const int64_t V = ls.session->hparams().n_vocab;
   const size_t n = ids.size() * size_t(V);
-  if (!out_file.empty()) {
-    FILE* f = std::fopen(out_file.c_str(), "wb");
-    if (!f) fail("cannot create ", out_file);
-    const bool ok = std::fwrite(logits, sizeof(float), n, f) == n;
-    std::fclose(f);
-    if (!ok) fail("cannot write ", out_file);
-  }
+  if (!out_file.empty()) write_output_file(out_file, logits, n * sizeof(float));
   nlohmann::json j;
   j["ids"] = ids;
   j["n_vocab"] = V;

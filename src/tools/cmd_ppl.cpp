@@ -5,12 +5,12 @@
 // (logits at positions n_ctx/2 .. n_ctx-2 predicting the next token). PPL = exp(mean NLL).
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/stats.h"
+#include "models/model.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
@@ -27,16 +27,25 @@ int cmd_ppl(int argc, char** argv) {
   int64_t max_chunks = -1;
   bool json = false;
   app.add_option("-f,--file", text_file, "text file to score")->required();
-  app.add_option("-c,--ctx", n_ctx, "tokens per chunk (default 512)")->check(CLI::Range(int64_t(8), int64_t(1) << 20));
+  app.add_option("-c,--ctx", n_ctx, "tokens per chunk (default 512, or the model's training context when shorter)")
+      ->check(CLI::Range(int64_t(8), int64_t(1) << 20));
   app.add_option("--chunks", max_chunks, "score at most this many chunks (-1: all)");
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (max_chunks == 0 || max_chunks < -1) {  // 0 chunks score nothing: the figure would be NaN
+    std::fprintf(stderr, "tern ppl: --chunks must be -1 (every chunk) or at least 1, got %lld\n",
+                 static_cast<long long>(max_chunks));
+    return 2;
+  }
+  const std::string text = read_file_text(text_file, "text file");
 
-  std::ifstream in(text_file, std::ios::binary);
-  if (!in) fail("cannot open text file ", text_file);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  // Past the positions it was trained on a model's predictions say nothing about it, so its
+  // perplexity there is no figure to report. Checked before the session sizes its cache.
+  const int64_t n_ctx_train = read_hparams(*open_model_file(margs.model, margs.tokenizer_bin)).n_ctx_train;
+  if (app.count("--ctx") == 0) n_ctx = std::max<int64_t>(8, std::min(n_ctx, n_ctx_train));
+  if (n_ctx > n_ctx_train)
+    fail("--ctx ", n_ctx, " is longer than ", margs.model, "'s training context of ", n_ctx_train,
+         " tokens, where perplexity means nothing: pass --ctx ", n_ctx_train, " or less");
 
   margs.ctx = n_ctx;
   margs.batch = std::max<int64_t>(margs.batch, n_ctx);  // one forward pass per chunk
@@ -48,7 +57,8 @@ int cmd_ppl(int argc, char** argv) {
   const double tokenize_s = double(now_ns() - t_tok0) / 1e9;
   int64_t n_chunks = int64_t(tokens.size()) / n_ctx;
   if (n_chunks == 0)
-    fail(text_file, " has ", tokens.size(), " tokens: at least ", n_ctx, " (one chunk of --ctx) are needed");
+    fail(text_file, " is too short: ", tokens.size(), tokens.size() == 1 ? " token" : " tokens", ", one chunk of --ctx ",
+         n_ctx, " needs ", n_ctx, " (give a longer text or a smaller --ctx)");
   if (max_chunks >= 0) n_chunks = std::min(n_chunks, max_chunks);
   if (!json)
     std::fprintf(stderr, "tern ppl: %zu tokens (%.2f s to tokenize), %lld chunks of %lld\n", tokens.size(),
@@ -73,6 +83,9 @@ int cmd_ppl(int argc, char** argv) {
       double sum = 0;
       for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v] - mx));
       const double lp = double(row[chunk[size_t(j + 1)]] - mx) - std::log(sum);
+      if (!std::isfinite(lp))
+        fail(margs.model, " gave non-finite logits (NaN or Inf) in chunk ", c + 1, " at position ", j,
+             ": its weights or activations overflow");
       nll -= lp;
       nll2 += lp * lp;
       ++count;

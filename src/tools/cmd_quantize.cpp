@@ -7,6 +7,7 @@
 #include "compress/methods.h"
 #include "compress/quantize.h"
 #include "core/error.h"
+#include "core/output_file.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
@@ -25,7 +26,7 @@ std::string shape_of(const std::vector<int64_t>& ne) {
 int quantize_with_method(const std::string& in, const std::string& out, const std::string& method,
                          MethodOptions mopts, CalibOptions copts, int n_threads, bool json) {
   const MethodInfo& info = find_method(method);
-  check_distinct_paths(in, out);
+  check_output_not_input(out, {in, copts.text_file});
   mopts.n_threads = n_threads;
   copts.n_threads = n_threads;
   Progress progress("quantize", 1, !json);
@@ -121,6 +122,7 @@ int cmd_quantize(int argc, char** argv) {
   app.add_flag("--json", json, "print the report as one JSON object");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   if (type_name.empty() && method.empty()) fail("give --type TYPE or --method METHOD");
+  check_output_not_input(out, {in});
   if (!method.empty()) return quantize_with_method(in, out, method, mopts, copts, opts.n_threads, json);
   opts.type = parse_quantize_type(type_name);
   if (!output_type.empty()) opts.output_type = parse_quantize_type(output_type);

@@ -5,30 +5,18 @@
 // is read, so vocabulary-only GGUF files work. BOS is prepended when the model asks for it
 // (tokenizer.ggml.add_bos_token) unless --no-bos.
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace tern {
-namespace {
-
-std::string read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, ": cannot open");
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(path, ": read error");
-  return data;
-}
-
-}  // namespace
 
 int cmd_tokenize(int argc, char** argv) {
   CLI::App app{"Print the token ids of a text"};
@@ -48,7 +36,7 @@ int cmd_tokenize(int argc, char** argv) {
     std::fprintf(stderr, "tern tokenize: give either TEXT or --file FILE\n");
     return 2;
   }
-  if (has_file) text = read_file_bytes(file_path);
+  if (has_file) text = read_file_text(file_path, "text file");
 
   const GgufFile file = GgufFile::open(model_path);
   const auto tok = Tokenizer::from_gguf(file);

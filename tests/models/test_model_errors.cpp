@@ -2,7 +2,10 @@
 // with an error that names the tensor or key, never a crash.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <tuple>
 
 #include "core/error.h"
 #include "models/model.h"
@@ -118,6 +121,71 @@ TEST_F(ModelErrors, BadRopeDimension) {
     w.set("llama.rope.dimension_count", GgufValue::u32(9));
   });
   EXPECT_NE(e.find("rope.dimension_count 9"), std::string::npos) << e;
+}
+
+// Non-finite weights turn every logit into NaN (and greedy decoding into token 0 forever):
+// refused at load, naming the file, the tensor, its type and shape. Float tensors are scanned
+// whole; quantized ones by their block scales.
+std::string load_error_with(const std::string& name, DType type, const std::vector<uint8_t>& bytes) {
+  return load_error([&](const GgufFile& s, GgufWriter& w) {
+    for (const auto& [k, v] : s.metadata()) w.set(k, v);
+    for (const auto& t : s.tensors()) {
+      if (t.name == name)
+        w.add_tensor(t.name, type, t.ne, bytes.data(), bytes.size());
+      else
+        w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+    }
+  });
+}
+
+TEST_F(ModelErrors, NonFiniteFloatWeightsAreRefused) {
+  const GgufFile src = GgufFile::open(shared_path("models/stories260K.gguf"));
+  const GgufTensorInfo& gate = *src.find_tensor("blk.0.ffn_gate.weight");  // f32, 64 x 172
+  std::vector<uint8_t> f32(gate.data, gate.data + gate.n_bytes);
+  const float nan = std::nanf("");
+  std::memcpy(f32.data() + 4 * 130, &nan, 4);
+  std::string e = load_error_with(gate.name, DType::F32, f32);
+  EXPECT_NE(e.find("edited.gguf: tensor blk.0.ffn_gate.weight (f32, 64 x 172) holds a non-finite value (NaN or Inf) "
+                   "at element 130 (row 2, column 2)"),
+            std::string::npos)
+      << e;
+  // F16 +Inf and BF16 NaN, in attn_q (64 x 64).
+  std::vector<uint16_t> half(64 * 64, 0x3C00);
+  half[64 * 5 + 1] = 0x7C00;
+  std::vector<uint8_t> bytes(half.size() * 2);
+  std::memcpy(bytes.data(), half.data(), bytes.size());
+  e = load_error_with("blk.0.attn_q.weight", DType::F16, bytes);
+  EXPECT_NE(e.find("tensor blk.0.attn_q.weight (f16, 64 x 64) holds a non-finite value (NaN or Inf) at element 321"),
+            std::string::npos)
+      << e;
+  std::fill(half.begin(), half.end(), uint16_t(0x3F80));
+  half[4000] = 0x7FC0;
+  std::memcpy(bytes.data(), half.data(), bytes.size());
+  e = load_error_with("blk.0.attn_q.weight", DType::BF16, bytes);
+  EXPECT_NE(e.find("(bf16, 64 x 64) holds a non-finite value"), std::string::npos) << e;
+  // A norm (read as it is stored, never copied).
+  const GgufTensorInfo& norm = *src.find_tensor("blk.3.ffn_norm.weight");
+  std::vector<uint8_t> n(norm.data, norm.data + norm.n_bytes);
+  const float inf = INFINITY;
+  std::memcpy(n.data() + 4 * 63, &inf, 4);
+  e = load_error_with(norm.name, DType::F32, n);
+  EXPECT_NE(e.find("tensor blk.3.ffn_norm.weight (f32, 64) holds a non-finite value"), std::string::npos) << e;
+}
+
+TEST_F(ModelErrors, NonFiniteBlockScalesAreRefused) {
+  // Q4_0 (18-byte blocks, d first) and Q4_1 (20-byte blocks, d then the offset m) of attn_k
+  // (64 x 32): two blocks per row; zero quants with a finite d everywhere but one field.
+  for (const auto& [type, block, field] : {std::tuple{DType::Q4_0, 18, 0}, std::tuple{DType::Q4_1, 20, 2}}) {
+    std::vector<uint8_t> q(size_t(32 * 2 * block), 0);
+    for (size_t b = 0; b < q.size(); b += size_t(block)) q[b + 1] = 0x3C;  // d = 1.0
+    q[size_t(block * 9 + field)] = 0x00;
+    q[size_t(block * 9 + field + 1)] = 0x7E;  // NaN
+    const std::string e = load_error_with("blk.4.attn_k.weight", type, q);
+    EXPECT_NE(e.find(std::string("tensor blk.4.attn_k.weight (") + dtype_name(type) +
+                     ", 64 x 32) holds a non-finite value (NaN or Inf) in the scale of block 9 (row 4)"),
+              std::string::npos)
+        << e;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,104 @@
+#include "models/weight_check.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "quant/quant_tern.h"
+#include "quant/quant_traits.h"
+
+namespace tern {
+namespace {
+
+// IEEE exponent fields: all ones means Inf or NaN.
+constexpr uint32_t kF32Exp = 0x7F800000u;
+constexpr uint16_t kF16Exp = 0x7C00u;
+constexpr uint16_t kBF16Exp = 0x7F80u;
+
+// Index of the first of n words (at p, `stride` bytes apart) whose exponent field is all
+// ones, or -1. Chunks are OR-reduced first so that the common, clean case is a branch-free
+// loop the compiler vectorizes for unit strides.
+template <class Word>
+int64_t first_non_finite(const uint8_t* p, int64_t n, Word exp_mask, size_t stride = sizeof(Word)) {
+  constexpr int64_t kChunk = 4096;
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t i1 = std::min(n, i0 + kChunk);
+    unsigned bad = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      Word w;
+      std::memcpy(&w, p + size_t(i) * stride, sizeof w);
+      bad |= unsigned((w & exp_mask) == exp_mask);
+    }
+    if (!bad) continue;
+    for (int64_t i = i0; i < i1; ++i) {
+      Word w;
+      std::memcpy(&w, p + size_t(i) * stride, sizeof w);
+      if ((w & exp_mask) == exp_mask) return i;
+    }
+  }
+  return -1;
+}
+
+// Byte offsets of the f16 scale fields inside one block of llama.cpp's quantized types.
+std::vector<size_t> f16_scale_offsets(DType t) {
+  switch (t) {
+    case DType::Q8_0: return {offsetof(BlockQ8_0, d)};
+    case DType::Q4_0: return {offsetof(BlockQ4_0, d)};
+    case DType::Q4_1: return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
+    case DType::Q5_0: return {offsetof(BlockQ5_0, d)};
+    case DType::Q5_1: return {offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m)};
+    case DType::Q2_K: return {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
+    case DType::Q3_K: return {offsetof(BlockQ3_K, d)};
+    case DType::Q4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
+    case DType::Q5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
+    case DType::Q6_K: return {offsetof(BlockQ6_K, d)};
+    default: return {};
+  }
+}
+
+[[noreturn]] void report(const std::string& file_path, const GgufTensorInfo& t, const std::string& where) {
+  fail(file_path, ": tensor ", t.name, " (", dtype_name(t.type), ", ", t.shape_string(), ") holds a non-finite value ",
+       "(NaN or Inf) ", where, ": the file is corrupt (re-download or re-convert it)");
+}
+
+}  // namespace
+
+void check_weights_finite(const std::string& file_path, const GgufTensorInfo& t) {
+  const int64_t n_in = t.ne.empty() ? 1 : t.ne[0];
+  const auto at_element = [&](int64_t i) {
+    return str_cat("at element ", i, " (row ", i / n_in, ", column ", i % n_in, ")");
+  };
+  if (t.type == DType::F32 || t.type == DType::F16 || t.type == DType::BF16) {
+    const int64_t n = int64_t(t.n_bytes / (t.type == DType::F32 ? 4 : 2));
+    const int64_t bad = t.type == DType::F32   ? first_non_finite<uint32_t>(t.data, n, kF32Exp)
+                        : t.type == DType::F16 ? first_non_finite<uint16_t>(t.data, n, kF16Exp)
+                                               : first_non_finite<uint16_t>(t.data, n, kBF16Exp);
+    if (bad >= 0) report(file_path, t, at_element(bad));
+    return;
+  }
+  const DTypeSize& info = dtype_info(t.type);
+  const int64_t n_blocks = int64_t(t.n_bytes) / info.block_bytes;
+  const int64_t blocks_per_row = n_in / info.block_size;
+  const auto in_block = [&](int64_t b) {
+    return str_cat("in the scale of block ", b, " (row ", b / std::max<int64_t>(1, blocks_per_row), ")");
+  };
+  for (const size_t off : f16_scale_offsets(t.type)) {
+    const int64_t bad = first_non_finite<uint16_t>(t.data + off, n_blocks, kF16Exp, size_t(info.block_bytes));
+    if (bad >= 0) report(file_path, t, in_block(bad));
+  }
+  if (is_tq(t.type)) {  // GPTQ / AWQ groups: an f16 scale at the start of every group
+    const int64_t bad = first_non_finite<uint16_t>(t.data, n_blocks, kF16Exp, size_t(info.block_bytes));
+    if (bad >= 0) report(file_path, t, in_block(bad));
+  } else if (is_ti8(t.type)) {  // LLM.int8() rows: int8 values, then the f16 scale and outliers
+    const int64_t tail = n_in / 32 * ti8_tail(t.type), row_bytes = n_in + tail;
+    for (int64_t r = 0; r < t.n_rows(); ++r) {
+      const int64_t bad = first_non_finite<uint16_t>(t.data + r * row_bytes + n_in, tail / 2, kF16Exp);
+      if (bad >= 0) report(file_path, t, str_cat("in the scale or outliers of row ", r));
+    }
+  }
+}
+
+}  // namespace tern
