@@ -136,11 +136,12 @@ class GgufWriter {
   // Round trip helper: same metadata, tensors and offsets as `src`.
   static GgufWriter from_file(const GgufFile& src);
 
-  // Serialises to PATH (written to PATH.tmp then renamed, so a failed write never leaves a
-  // half file under the final name). Throws tern::Error on I/O failure.
+  // Serialises to PATH through core/OutputFile (a temporary file beside it, then renamed, so a
+  // failed write never leaves a half file under the final name; devices and FIFOs are written
+  // through). Throws tern::Error on I/O failure.
   void write(const std::string& path) const;
   std::vector<uint8_t> to_bytes() const;
-  // Writes an already serialised image the same way (PATH.tmp, then rename).
+  // Writes an already serialised image the same way.
   static void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
 
  private:
