@@ -121,7 +121,7 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   w.set("general.architecture", GgufValue::string("llama"));
   w.set("general.name", GgufValue::string(std::string("tern-synth-") + sh.name));
   w.set("general.file_type", GgufValue::u32(llama_file_type(opts.type)));
-  w.set("llama.context_length", GgufValue::u32(uint32_t(sh.n_ctx)));
+  w.set("llama.context_length", GgufValue::u32(uint32_t(opts.n_ctx_train > 0 ? opts.n_ctx_train : sh.n_ctx)));
   w.set("llama.embedding_length", GgufValue::u32(uint32_t(sh.n_embd)));
   w.set("llama.feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff)));
   w.set("llama.block_count", GgufValue::u32(uint32_t(sh.n_layer)));

@@ -27,6 +27,7 @@ struct SynthOptions {
   std::string vocab_gguf;      // copy tokenizer.* from this file; empty: generate a vocabulary
   uint64_t seed = 1234;
   int n_threads = 0;
+  int64_t n_ctx_train = 0;     // llama.context_length to write; 0: the shape's
 };
 
 struct SynthReport {

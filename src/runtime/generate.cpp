@@ -32,6 +32,10 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
   int64_t t_last = 0;
   const int64_t limit = opts.n_predict < 0 ? session.n_ctx() : opts.n_predict;
   for (int64_t n = 0; n < limit; ++n) {
+    if (opts.interrupt && opts.interrupt->load(std::memory_order_relaxed)) {
+      r.finish_reason = "interrupted";
+      break;
+    }
     const int32_t id = sampler.sample(logits, history);
     const int64_t t_tok = now_ns();
     if (n == 0) {

@@ -1,5 +1,6 @@
 #pragma once
 // Prompt -> prefill -> decode loop for one sequence, with the field's latency metrics.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -16,6 +17,9 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<std::string> stop;    // stop strings (trimmed from the text)
   bool ignore_eos = false;
+  // When set and true, generation stops before the next token with finish_reason
+  // "interrupted" (tern run's Ctrl-C: a signal handler sets it).
+  const std::atomic<bool>* interrupt = nullptr;
 };
 
 struct GenerateMetrics {
@@ -33,7 +37,7 @@ struct GenerateResult {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> ids;         // generated ids (a stop string's tokens included)
   std::string text;                 // generated text, stop string trimmed
-  std::string finish_reason;        // "stop" (EOS or stop string) or "length"
+  std::string finish_reason;        // "stop" (EOS or stop string), "length" or "interrupted"
   GenerateMetrics metrics;
 };
 

@@ -1,5 +1,6 @@
 #include "server/chat_template.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -10,13 +11,61 @@ namespace tern::server {
 
 namespace {
 
-// Python's str.strip(), which the Llama-2/3 and Gemma templates apply to message contents.
-std::string strip(const std::string& s) {
+// A rendered conversation as runs of template text (role markers, separators: special-token
+// texts in them are special tokens) and message content (always text).
+struct Piece {
+  std::string text;
+  bool content = false;
+};
+using Pieces = std::vector<Piece>;
+
+void add(Pieces& out, std::string_view text, bool content) {
+  if (text.empty()) return;
+  if (!out.empty() && out.back().content == content) out.back().text += text;
+  else out.push_back({std::string(text), content});
+}
+void add_template(Pieces& out, std::string_view text) { add(out, text, false); }
+void add_all(Pieces& out, const Pieces& more) {
+  for (const Piece& p : more) add(out, p.text, p.content);
+}
+
+// One message, its content possibly already wrapped in template text (a folded system prompt).
+struct Turn {
+  std::string role;
+  Pieces content;
+};
+
+std::vector<Turn> to_turns(const std::vector<ChatMessage>& msgs) {
+  std::vector<Turn> out;
+  for (const auto& m : msgs) {
+    Turn t{m.role, {}};
+    add(t.content, m.content, true);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// Python's str.strip(), which the Llama-2/3 and Gemma templates apply to message contents,
+// over the whole run of pieces (the Llama-2 system block is stripped with its user message).
+Pieces strip(Pieces p) {
   const char* ws = " \t\n\r\f\v";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  const size_t e = s.find_last_not_of(ws);
-  return s.substr(b, e - b + 1);
+  while (!p.empty()) {
+    const size_t b = p.front().text.find_first_not_of(ws);
+    if (b != std::string::npos) {
+      p.front().text.erase(0, b);
+      break;
+    }
+    p.erase(p.begin());
+  }
+  while (!p.empty()) {
+    const size_t e = p.back().text.find_last_not_of(ws);
+    if (e != std::string::npos) {
+      p.back().text.resize(e + 1);
+      break;
+    }
+    p.pop_back();
+  }
+  return p;
 }
 
 // Llama-2, Mistral and Gemma templates raise unless the turns go system?, user, assistant,
@@ -35,86 +84,172 @@ void require_alternation(const std::vector<ChatMessage>& msgs, const char* famil
 
 // The system prompt folded into the first user turn, as llama.cpp does for templates without
 // a system role.
-std::vector<ChatMessage> fold_system(const std::vector<ChatMessage>& msgs) {
-  if (msgs.empty() || msgs[0].role != "system" || msgs.size() < 2) return msgs;
-  std::vector<ChatMessage> out(msgs.begin() + 1, msgs.end());
-  out[0].content = msgs[0].content + "\n\n" + out[0].content;
+std::vector<Turn> fold_system(const std::vector<ChatMessage>& msgs) {
+  std::vector<Turn> turns = to_turns(msgs);
+  if (turns.empty() || turns[0].role != "system" || turns.size() < 2) return turns;
+  Pieces first = turns[0].content;
+  add_template(first, "\n\n");
+  add_all(first, turns[1].content);
+  turns[1].content = std::move(first);
+  turns.erase(turns.begin());
+  return turns;
+}
+
+Pieces render_chatml(const std::vector<ChatMessage>& msgs) {
+  Pieces out;
+  for (const auto& t : to_turns(msgs)) {
+    add_template(out, "<|im_start|>" + t.role + "\n");
+    add_all(out, t.content);
+    add_template(out, "<|im_end|>\n");
+  }
+  add_template(out, "<|im_start|>assistant\n");
   return out;
 }
 
-std::string render_chatml(const std::vector<ChatMessage>& msgs) {
-  std::string out;
-  for (const auto& m : msgs) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  return out + "<|im_start|>assistant\n";
-}
-
-std::string render_llama2(const std::vector<ChatMessage>& msgs, const std::string& bos, const std::string& eos) {
+Pieces render_llama2(const std::vector<ChatMessage>& msgs, const std::string& bos, const std::string& eos) {
   require_alternation(msgs, "Llama-2");
+  const std::vector<Turn> turns = to_turns(msgs);
   size_t i = 0;
-  std::string system;
-  if (msgs[0].role == "system") {
-    system = msgs[0].content;
-    i = 1;
-  }
-  std::string out;
-  for (size_t k = i; k < msgs.size(); ++k) {
-    std::string content = msgs[k].content;
-    if (k == i && i == 1) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
-    // Appended piece by piece: GCC 12's -Wrestrict misfires on the operator+ chain.
-    if (msgs[k].role == "user") {
-      if (k != i) out += bos;
-      out += "[INST] ";
-      out += strip(content);
-      out += " [/INST]";
+  if (turns[0].role == "system") i = 1;
+  Pieces out;
+  for (size_t k = i; k < turns.size(); ++k) {
+    Pieces content;
+    if (k == i && i == 1) {
+      add_template(content, "<<SYS>>\n");
+      add_all(content, turns[0].content);
+      add_template(content, "\n<</SYS>>\n\n");
+    }
+    add_all(content, turns[k].content);
+    if (turns[k].role == "user") {
+      if (k != i) add_template(out, bos);
+      add_template(out, "[INST] ");
+      add_all(out, strip(std::move(content)));
+      add_template(out, " [/INST]");
     } else {
-      out += ' ';
-      out += strip(content);
-      out += ' ';
-      out += eos;
+      add_template(out, " ");
+      add_all(out, strip(std::move(content)));
+      add_template(out, " " + eos);
     }
   }
   return out;
 }
 
-std::string render_llama3(const std::vector<ChatMessage>& msgs) {
-  std::string out;
-  for (const auto& m : msgs)
-    out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + strip(m.content) + "<|eot_id|>";
-  return out + "<|start_header_id|>assistant<|end_header_id|>\n\n";
+Pieces render_llama3(const std::vector<ChatMessage>& msgs) {
+  Pieces out;
+  for (const auto& t : to_turns(msgs)) {
+    add_template(out, "<|start_header_id|>" + t.role + "<|end_header_id|>\n\n");
+    add_all(out, strip(t.content));
+    add_template(out, "<|eot_id|>");
+  }
+  add_template(out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  return out;
 }
 
-std::string render_mistral(const std::vector<ChatMessage>& in, const std::string& eos) {
-  require_alternation(in, "Mistral");
-  const std::vector<ChatMessage> msgs = fold_system(in);
-  std::string out;
-  for (const auto& m : msgs) {
-    if (m.role == "user") out += "[INST] " + m.content + " [/INST]";
-    else out += m.content + eos;
+Pieces render_mistral(const std::vector<ChatMessage>& msgs, const std::string& eos) {
+  require_alternation(msgs, "Mistral");
+  Pieces out;
+  for (const auto& t : fold_system(msgs)) {
+    if (t.role == "user") {
+      add_template(out, "[INST] ");
+      add_all(out, t.content);
+      add_template(out, " [/INST]");
+    } else {
+      add_all(out, t.content);
+      add_template(out, eos);
+    }
   }
   return out;
 }
 
-std::string render_phi3(const std::vector<ChatMessage>& msgs) {
-  std::string out;
-  for (const auto& m : msgs) out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
-  return out + "<|assistant|>\n";
-}
-
-std::string render_zephyr(const std::vector<ChatMessage>& msgs, const std::string& eos) {
-  std::string out;
-  for (const auto& m : msgs) out += "<|" + m.role + "|>\n" + m.content + eos + "\n";
-  return out + "<|assistant|>\n";
-}
-
-std::string render_gemma(const std::vector<ChatMessage>& in) {
-  require_alternation(in, "Gemma");
-  const std::vector<ChatMessage> msgs = fold_system(in);
-  std::string out;
-  for (const auto& m : msgs) {
-    const std::string role = m.role == "assistant" ? "model" : m.role;
-    out += "<start_of_turn>" + role + "\n" + strip(m.content) + "<end_of_turn>\n";
+Pieces render_phi3(const std::vector<ChatMessage>& msgs) {
+  Pieces out;
+  for (const auto& t : to_turns(msgs)) {
+    add_template(out, "<|" + t.role + "|>\n");
+    add_all(out, t.content);
+    add_template(out, "<|end|>\n");
   }
-  return out + "<start_of_turn>model\n";
+  add_template(out, "<|assistant|>\n");
+  return out;
+}
+
+Pieces render_zephyr(const std::vector<ChatMessage>& msgs, const std::string& eos) {
+  Pieces out;
+  for (const auto& t : to_turns(msgs)) {
+    add_template(out, "<|" + t.role + "|>\n");
+    add_all(out, t.content);
+    add_template(out, eos + "\n");
+  }
+  add_template(out, "<|assistant|>\n");
+  return out;
+}
+
+Pieces render_gemma(const std::vector<ChatMessage>& msgs) {
+  require_alternation(msgs, "Gemma");
+  Pieces out;
+  for (const auto& t : fold_system(msgs)) {
+    add_template(out, "<start_of_turn>" + (t.role == "assistant" ? std::string("model") : t.role) + "\n");
+    add_all(out, strip(t.content));
+    add_template(out, "<end_of_turn>\n");
+  }
+  add_template(out, "<start_of_turn>model\n");
+  return out;
+}
+
+Pieces render(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) bad_request("messages", "'messages' must contain at least one message.");
+  switch (t.family) {
+    case ChatFamily::ChatML: return render_chatml(messages);
+    case ChatFamily::Llama2: return render_llama2(messages, t.bos_text, t.eos_text);
+    case ChatFamily::Llama3: return render_llama3(messages);
+    case ChatFamily::Mistral: return render_mistral(messages, t.eos_text);
+    case ChatFamily::Phi3: return render_phi3(messages);
+    case ChatFamily::Zephyr: return render_zephyr(messages, t.eos_text);
+    case ChatFamily::Gemma: return render_gemma(messages);
+  }
+  return render_chatml(messages);
+}
+
+// The tokenizer's special tokens as Tokenizer::encode(..., parse_special = true) splits them
+// out of a text: control, unknown and user-defined tokens with a text, longest text first.
+std::vector<int32_t> special_tokens(const Tokenizer& tok) {
+  std::vector<int32_t> ids;
+  const auto& types = tok.token_types();
+  const auto& texts = tok.tokens();
+  for (size_t i = 0; i < types.size() && i < texts.size(); ++i) {
+    const auto t = static_cast<TokenType>(types[i]);
+    if ((t == TokenType::Control || t == TokenType::Unknown || t == TokenType::UserDefined) && !texts[i].empty())
+      ids.push_back(static_cast<int32_t>(i));
+  }
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return texts[a].size() > texts[b].size(); });
+  return ids;
+}
+
+// A piece of template text split at special-token texts: tokens (>= 0) and text runs (-1).
+struct Part {
+  int32_t token;
+  std::string text;
+};
+
+std::vector<Part> split_specials(const std::string& text, const Tokenizer& tok, const std::vector<int32_t>& specials) {
+  std::vector<Part> parts{{-1, text}};
+  for (int32_t id : specials) {
+    const std::string& needle = tok.tokens()[size_t(id)];
+    std::vector<Part> next;
+    for (Part& p : parts) {
+      if (p.token >= 0 || p.text.find(needle) == std::string::npos) {
+        next.push_back(std::move(p));
+        continue;
+      }
+      size_t pos = 0;
+      for (size_t hit; (hit = p.text.find(needle, pos)) != std::string::npos; pos = hit + needle.size()) {
+        if (hit > pos) next.push_back({-1, p.text.substr(pos, hit - pos)});
+        next.push_back({id, {}});
+      }
+      if (pos < p.text.size()) next.push_back({-1, p.text.substr(pos)});
+    }
+    parts = std::move(next);
+  }
+  return parts;
 }
 
 }  // namespace
@@ -156,17 +291,47 @@ std::optional<ChatFamily> detect_chat_template(std::string_view t) {
 }
 
 std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages) const {
-  if (messages.empty()) bad_request("messages", "'messages' must contain at least one message.");
-  switch (family) {
-    case ChatFamily::ChatML: return render_chatml(messages);
-    case ChatFamily::Llama2: return render_llama2(messages, bos_text, eos_text);
-    case ChatFamily::Llama3: return render_llama3(messages);
-    case ChatFamily::Mistral: return render_mistral(messages, eos_text);
-    case ChatFamily::Phi3: return render_phi3(messages);
-    case ChatFamily::Zephyr: return render_zephyr(messages, eos_text);
-    case ChatFamily::Gemma: return render_gemma(messages);
+  std::string out;
+  for (const Piece& p : render(*this, messages)) out += p.text;
+  return out;
+}
+
+std::vector<int32_t> ChatTemplate::encode(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
+                                          bool add_bos) const {
+  const Pieces pieces = render(*this, messages);
+  const std::vector<int32_t> specials = special_tokens(tok);
+  std::vector<int32_t> out;
+  if (add_bos) {
+    if (tok.bos_id() < 0) fail("this tokenizer has no BOS token");
+    out.push_back(tok.bos_id());
   }
-  return render_chatml(messages);
+  // Text between special tokens is tokenized as one run, whichever pieces it spans, so that a
+  // conversation without special-token texts in its contents gets exactly the ids of
+  // encode(apply(messages), add_bos, true): merges cross the template/content boundaries the
+  // same way, and each run starts after a special token (SPM's space prefix) as it does there.
+  std::string run;
+  const auto flush = [&] {
+    if (run.empty()) return;
+    const std::vector<int32_t> ids = tok.encode(run, /*add_bos=*/false, /*parse_special=*/false);
+    out.insert(out.end(), ids.begin(), ids.end());
+    run.clear();
+  };
+  for (const Piece& p : pieces) {
+    if (p.content) {
+      run += p.text;
+      continue;
+    }
+    for (Part& part : split_specials(p.text, tok, specials)) {
+      if (part.token < 0) {
+        run += part.text;
+      } else {
+        flush();
+        out.push_back(part.token);
+      }
+    }
+  }
+  flush();
+  return out;
 }
 
 ChatTemplate select_chat_template(const std::string& override_spec, const std::string& gguf_template,

@@ -6,17 +6,21 @@
 // (detect_chat_template) and rendered by hand-written code that reproduces what the Jinja
 // renders for plain text conversations with add_generation_prompt = true. The BOS token is
 // never part of the rendered text: the server adds it while tokenizing (add_bos), the same way
-// for every family. Other special tokens are written as text and must be tokenized with
-// parse_special = true.
+// for every family. The template's other special tokens (<|im_start|>, </s>) are written as
+// text; encode() turns those into their tokens and never the contents' text: a message that
+// says "</s>" or "<|im_end|>" is text, as in llama.cpp's server, or a user could close the
+// turn and write the assistant's part (or end the generation) from inside a message.
 //
 // A model without a template gets ChatML (what llama.cpp falls back to as well); see
 // docs/server.md.
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "server/openai_request.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tern::server {
 
@@ -36,6 +40,12 @@ struct ChatTemplate {
   // The prompt for these messages, ending where the assistant's answer starts.
   // Throws ApiError (400) for a conversation the family cannot express.
   std::string apply(const std::vector<ChatMessage>& messages) const;
+
+  // The token ids of apply(messages): special-token texts of the template become their tokens,
+  // the messages' contents are always text (Tokenizer::encode with parse_special = false).
+  // Without special-token texts in the contents, the same ids as
+  // tok.encode(apply(messages), add_bos, /*parse_special=*/true). Throws as apply() does.
+  std::vector<int32_t> encode(const std::vector<ChatMessage>& messages, const Tokenizer& tok, bool add_bos) const;
 };
 
 // Template for a model: `override_spec` (a family name, or a file holding a Jinja template,

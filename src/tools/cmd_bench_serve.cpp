@@ -6,7 +6,6 @@
 // The engine is driven from this thread (Engine::step()), so arrivals are injected between
 // steps exactly when due and no thread is spent on a client.
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +16,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/stats.h"
 #include "engine/engine.h"
 #include "kernels/matmul.h"
@@ -27,35 +27,12 @@
 namespace tern {
 namespace {
 
-// "512M", "2G", "1.5GiB", "4096" -> bytes (binary units).
-int64_t parse_bytes(const std::string& s) {
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (const std::exception&) {
-    fail("cannot read '", s, "' as a size (e.g. 512M, 2G)");
-  }
-  std::string unit = s.substr(pos);
-  for (auto& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
-  if (unit.size() >= 2 && unit.substr(unit.size() - 2) == "IB") unit.resize(unit.size() - 2);
-  else if (!unit.empty() && unit.back() == 'B') unit.pop_back();
-  double mult = 1;
-  if (unit == "K") mult = 1024.0;
-  else if (unit == "M") mult = 1024.0 * 1024;
-  else if (unit == "G") mult = 1024.0 * 1024 * 1024;
-  else if (!unit.empty()) fail("unknown size unit in '", s, "' (use K, M or G)");
-  if (!(v >= 0) || v * mult > 9e18) fail("size '", s, "' is out of range");
-  return int64_t(v * mult);
-}
-
 // First human turn of each conversation of a ShareGPT-format file.
 std::vector<std::string> read_sharegpt(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open prompts file ", path);
+  const std::string raw = read_file_text(path, "prompts file");
   nlohmann::json j;
   try {
-    in >> j;
+    j = nlohmann::json::parse(raw);
   } catch (const std::exception& e) {
     fail(path, ": not valid JSON: ", e.what());
   }
@@ -87,7 +64,7 @@ struct Record {
 int cmd_bench_serve(int argc, char** argv) {
   CLI::App app{"Serving benchmark (vLLM's benchmark_serving, in-process): replay prompts through the "
                "continuous-batching engine and report throughput, latency and KV figures."};
-  std::string model_path, tokenizer_bin, prompts_file, kv_memory = "0", kv_type;
+  std::string model_path, tokenizer_bin, prompts_file, kv_memory, kv_type;
   EngineConfig ecfg;
   int64_t num_prompts = 64, concurrency = 0, max_tokens = 128, input_len = 128, max_prompt_tokens = 0;
   double request_rate = 0;
@@ -113,11 +90,14 @@ int cmd_bench_serve(int argc, char** argv) {
   app.add_flag("--stop-at-eos", ignore_eos_off, "stop a request at EOS instead of generating --max-tokens");
   app.add_option("--temp", temperature, "sampling temperature (0: greedy)")->capture_default_str();
   app.add_option("-s,--seed", seed, "seed of the prompt order, arrivals and sampling")->capture_default_str();
-  app.add_option("-c,--ctx", ecfg.n_ctx, "most tokens of one request (default: the model's training context)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  auto* ctx_opt = app.add_option("-c,--ctx", ecfg.n_ctx,
+                                 "most tokens of one request (0: the model's training context, at most 4096, "
+                                 "less if memory is short)")
+                      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   app.add_option("--parallel", ecfg.n_parallel, "contexts the default KV arena holds (ctx x parallel tokens)")
       ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 16));
-  app.add_option("--kv-memory", kv_memory, "KV arena size in bytes (512M, 2G); overrides --ctx x --parallel");
+  app.add_option("--kv-memory", kv_memory,
+                 "KV arena size: MiB, or with a unit (512M, 2G); default: ctx x parallel tokens");
   add_kv_type_option(app, kv_type, KvType::F16);
   app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
@@ -133,7 +113,7 @@ int cmd_bench_serve(int argc, char** argv) {
   app.add_flag("--json", json, "print one JSON object instead of the report");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   (void)active_isa();  // a bad TERN_FORCE_ISA is a usage error, before loading anything
-  ecfg.kv_memory_bytes = parse_bytes(kv_memory);
+  ecfg.kv_memory_bytes = kv_memory.empty() ? 0 : parse_memory_size(kv_memory);
   ecfg.kv_type = kv_type_from_name(kv_type);
   ecfg.prefix_caching = !no_prefix_cache;
   ecfg.max_waiting = std::max<int64_t>(ecfg.max_waiting, num_prompts + warmup + 1);
@@ -142,6 +122,13 @@ int cmd_bench_serve(int argc, char** argv) {
   std::vector<Record> records(static_cast<size_t>(num_prompts));
   auto file = open_model_file(model_path, tokenizer_bin);
   std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
+  ContextRequest ctx_req;
+  ctx_req.kv_type = ecfg.kv_type;
+  ctx_req.n_ctx = ecfg.n_ctx;
+  ctx_req.n_parallel = ecfg.n_parallel;
+  ctx_req.kv_memory_bytes = ecfg.kv_memory_bytes;
+  ctx_req.serving = true;
+  ecfg.n_ctx = plan_model_context(*file, ctx_req, app.get_name(), ctx_opt->count() > 0).n_ctx;
   Engine engine(file, tok, ecfg);
   const int64_t n_ctx = engine.n_ctx();
   if (max_tokens >= n_ctx) fail("--max-tokens ", max_tokens, " leaves no room for a prompt in a context of ", n_ctx);

@@ -1,4 +1,8 @@
 // tern run: generate text from a prompt, stream it, report TTFT/TBT/throughput/memory.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -6,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/stats.h"
 #include "kernels/matmul.h"
 #include "runtime/generate.h"
@@ -14,14 +19,48 @@
 #include "tools/model_args.h"
 
 namespace tern {
+namespace {
+
+// Exit status after Ctrl-C, as a shell reports a process killed by SIGINT (128 + 2).
+constexpr int kExitInterrupted = 130;
+
+std::atomic<bool> g_interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
+
+// The first Ctrl-C stops the generation, which then prints the report of the partial text
+// (as llama-cli does); a second one exits at once, for a prefill or a report that takes long.
+extern "C" void on_sigint(int) {
+  if (g_interrupted.exchange(true)) ::_exit(kExitInterrupted);
+}
+
+// Installs on_sigint for its lifetime.
+class InterruptScope {
+ public:
+  InterruptScope() {
+    g_interrupted = false;
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // the streaming writes to stdout go on
+    ::sigaction(SIGINT, &sa, &previous_);
+  }
+  ~InterruptScope() { ::sigaction(SIGINT, &previous_, nullptr); }
+  InterruptScope(const InterruptScope&) = delete;
+  InterruptScope& operator=(const InterruptScope&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+};
+
+}  // namespace
 
 int cmd_run(int argc, char** argv) {
   CLI::App app{"Generate text from a prompt and report the field's metrics (TTFT, TBT, tok/s, memory)."};
   ModelArgs margs;
-  margs.add_to(app);
+  margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
   std::string prompt, prompt_file;
   GenerateOptions opts;
-  bool no_bos = false, json = false;
+  bool no_bos = false, json = false, parse_special = false;
   int64_t seed = -1;
   app.add_option("-p,--prompt", prompt, "prompt text (empty: start from BOS alone)");
   app.add_option("-f,--file", prompt_file, "read the prompt from a file (exact bytes)");
@@ -35,40 +74,43 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--repeat-last-n", opts.sampling.penalty_last_n, "tokens the penalties look back (-1: all)")->capture_default_str();
   app.add_option("--frequency-penalty", opts.sampling.frequency_penalty, "frequency penalty")->capture_default_str();
   app.add_option("--presence-penalty", opts.sampling.presence_penalty, "presence penalty")->capture_default_str();
-  app.add_option("-s,--seed", seed, "random seed (default: random, printed in the report)");
+  app.add_option("-s,--seed", seed, "random seed (-1: a random one, printed in the report)");
   app.add_option("--stop", opts.stop, "stop string (repeatable); trimmed from the output");
   app.add_flag("--ignore-eos", opts.ignore_eos, "keep generating after EOS");
   app.add_flag("--no-bos", no_bos, "do not prepend BOS even if the model asks for it");
+  app.add_flag("--parse-special", parse_special,
+               "turn special-token texts in the prompt (</s>, <|im_end|>) into those tokens, as /v1/completions "
+               "does (default: they are text)");
   app.add_flag("--json", json, "print one JSON object (prompt_ids, ids, text, metrics) instead of streaming");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   if (!prompt_file.empty()) {
     if (!prompt.empty()) fail("give either --prompt or --file, not both");
-    std::ifstream in(prompt_file, std::ios::binary);
-    if (!in) fail("cannot open prompt file ", prompt_file);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    prompt = ss.str();
+    prompt = read_file_text(prompt_file, "prompt file");
   }
   opts.sampling.seed = seed >= 0 ? uint64_t(seed) : std::random_device{}();
   opts.sampling.validate();
 
   LoadedSession ls = open_session(margs);
   const Tokenizer& tok = *ls.tokenizer;
-  std::vector<int32_t> prompt_ids = tok.encode(prompt, tok.add_bos_default() && !no_bos);
+  std::vector<int32_t> prompt_ids = tok.encode(prompt, tok.add_bos_default() && !no_bos, parse_special);
   if (prompt_ids.empty()) fail("the prompt is empty and the model adds no BOS: give a prompt");
 
   auto stream = [&](const std::string& piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   };
+  // From here on Ctrl-C ends the generation with a report (before it, while loading, it kills).
+  InterruptScope interrupt_scope;
+  opts.interrupt = &g_interrupted;
   if (!json) {
     // Echo the prompt as llama.cpp does, so the output reads as one text.
     const std::string shown = tok.decode(prompt_ids);
     std::fwrite(shown.data(), 1, shown.size(), stdout);
     std::fflush(stdout);
   }
-  GenerateResult r = generate(*ls.session, tok, prompt_ids, opts,
-                              json ? std::function<void(const std::string&)>{} : stream);
+  GenerateResult r =
+      generate(*ls.session, tok, prompt_ids, opts, json ? std::function<void(const std::string&)>{} : stream);
+  const int exit_code = r.finish_reason == "interrupted" ? kExitInterrupted : 0;
   const auto& m = r.metrics;
   const double tbt_mean = mean(m.tbt_ms), tbt_p50 = percentile(m.tbt_ms, 50), tbt_p99 = percentile(m.tbt_ms, 99);
   const int64_t weight_bytes = ls.session->model().weight_bytes();
@@ -87,11 +129,12 @@ int cmd_run(int argc, char** argv) {
                     {"latency_ms", m.latency_ms},     {"prefill_ms", m.prefill_ms},
                     {"prefill_tok_s", m.prefill_tok_s}, {"decode_tok_s", m.decode_tok_s},
                     {"weight_bytes", weight_bytes},   {"kv_bytes", kv_bytes},
+                    {"n_ctx", ls.session->n_ctx()},
                     {"kv_type", kv_type_name(ls.session->kv_type())},
                     {"peak_rss_bytes", rss},          {"threads", ls.session->pool().size()},
                     {"isa", active_isa()}};
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    return 0;
+    return exit_code;
   }
   std::printf("\n");
   std::fflush(stdout);
@@ -111,7 +154,7 @@ int cmd_run(int argc, char** argv) {
                m.latency_ms, m.prefill_tok_s, m.decode_tok_s, format_bytes(weight_bytes).c_str(),
                format_bytes(kv_bytes).c_str(), static_cast<long long>(ls.session->n_ctx()),
                kv_type_name(ls.session->kv_type()), format_bytes(rss).c_str());
-  return 0;
+  return exit_code;
 }
 
 }  // namespace tern

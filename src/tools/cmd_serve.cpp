@@ -25,8 +25,7 @@ int cmd_serve(int argc, char** argv) {
   margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
   server::ServerConfig scfg;
   EngineConfig ecfg;
-  std::string alias, chat_template;
-  double kv_memory_mib = 0;
+  std::string alias, chat_template, kv_memory;
   double grace_s = 30;
   bool no_prefix_cache = false;
   app.add_option("--host", scfg.host, "address to listen on (default: loopback only)")->capture_default_str();
@@ -41,8 +40,8 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--chat-template", chat_template,
                  "chatml|llama2|llama3|mistral|phi3|zephyr|gemma, or a file with a Jinja template to recognise "
                  "(default: the model's tokenizer.chat_template, else chatml)");
-  app.add_option("--kv-memory", kv_memory_mib, "KV cache size in MiB (default: ctx x parallel tokens)")
-      ->check(CLI::Range(0.0, 1e7));
+  app.add_option("--kv-memory", kv_memory,
+                 "KV arena size: MiB, or with a unit (512M, 2G); default: ctx x parallel tokens");
   app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block")
       ->check(CLI::Range(int64_t(1), int64_t(4096)))->capture_default_str();
   app.add_option("--max-running", ecfg.max_running, "most requests decoding at once")
@@ -50,14 +49,27 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-waiting", ecfg.max_waiting, "waiting requests past which new ones get 429")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20))->capture_default_str();
   app.add_flag("--no-prefix-cache", no_prefix_cache, "do not share KV blocks of common prompt prefixes");
-  app.add_option("--http-threads", scfg.http_threads, "connections served at once (each stream holds one)")
+  app.add_option("--http-threads", scfg.http_threads, "requests handled at once (each stream holds one)")
       ->check(CLI::Range(4, 4096))->capture_default_str();
+  app.add_option("--max-connections", scfg.max_connections,
+                 "connections open at once; at the cap, idle and slow ones are closed to admit new ones")
+      ->check(CLI::Range(8, 1 << 20))->capture_default_str();
+  app.add_option("--max-connections-per-client", scfg.max_connections_per_client,
+                 "connections open at once from one client address (more: 503)")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--header-timeout", scfg.header_timeout_s, "seconds a client may take to send a request's headers (408)")
+      ->check(CLI::Range(0.1, 3600.0))->capture_default_str();
+  app.add_option("--keep-alive-timeout", scfg.keep_alive_timeout_s, "seconds an idle keep-alive connection stays open")
+      ->check(CLI::Range(0.1, 3600.0))->capture_default_str();
+  app.add_option("--max-response-entries", scfg.max_response_entries,
+                 "largest answer that is not streamed, in choices x tokens x (1 + logprob alternatives)")
+      ->check(CLI::Range(int64_t(1024), int64_t(1) << 30))->capture_default_str();
   app.add_option("--timeout", scfg.request_timeout_s, "seconds a generation may run before it is aborted")
       ->check(CLI::Range(0.001, 1e7))->capture_default_str();
-  app.add_option("--read-timeout", scfg.read_timeout_s, "seconds a client may take to send its request")
-      ->check(CLI::Range(1, 3600))->capture_default_str();
+  app.add_option("--read-timeout", scfg.read_timeout_s, "seconds a client may take to send a whole request (408)")
+      ->check(CLI::Range(0.1, 3600.0))->capture_default_str();
   app.add_option("--write-timeout", scfg.write_timeout_s, "seconds a client may leave its response unread")
-      ->check(CLI::Range(1, 3600))->capture_default_str();
+      ->check(CLI::Range(0.1, 3600.0))->capture_default_str();
   app.add_option("--max-body", scfg.max_body_bytes, "largest request body in bytes (larger: 413)")
       ->check(CLI::Range(size_t(1024), size_t(1) << 30))->capture_default_str();
   app.add_option("--shutdown-grace", grace_s,
@@ -67,6 +79,7 @@ int cmd_serve(int argc, char** argv) {
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   if (scfg.api_key.empty())
     if (const char* k = std::getenv("TERN_API_KEY")) scfg.api_key = k;
+  const int64_t kv_memory_bytes = kv_memory.empty() ? 0 : parse_memory_size(kv_memory);
 
   // Signals are taken by one thread with sigwait(): block them before any other thread exists
   // so every thread inherits the mask. A vanished client must not kill the process either.
@@ -81,11 +94,17 @@ int cmd_serve(int argc, char** argv) {
   std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::from_gguf(*file);
 
   ecfg.n_threads = margs.threads;
-  ecfg.n_ctx = margs.ctx;
   ecfg.max_batch_tokens = margs.batch;
   ecfg.kv_type = kv_type_from_name(margs.kv_type);
   ecfg.prefix_caching = !no_prefix_cache;
-  if (kv_memory_mib > 0) ecfg.kv_memory_bytes = int64_t(kv_memory_mib * 1024 * 1024);
+  ContextRequest ctx_req;
+  ctx_req.kv_type = ecfg.kv_type;
+  ctx_req.n_ctx = margs.ctx;
+  ctx_req.n_parallel = ecfg.n_parallel;
+  ctx_req.kv_memory_bytes = kv_memory_bytes;
+  ctx_req.serving = true;
+  ecfg.n_ctx = plan_model_context(*file, ctx_req, margs.command(), margs.ctx_given()).n_ctx;
+  ecfg.kv_memory_bytes = kv_memory_bytes;
   if (ecfg.max_running < ecfg.n_parallel) ecfg.max_running = ecfg.n_parallel;
 
   const std::filesystem::path model_path(margs.model);

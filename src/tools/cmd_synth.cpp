@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/output_file.h"
 #include "models/synth.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -22,12 +23,15 @@ int cmd_synth(int argc, char** argv) {
   app.add_option("--vocab", opts.vocab_gguf, "copy the vocabulary from this GGUF (default: a generated one)");
   app.add_option("--seed", opts.seed, "random seed")->capture_default_str();
   app.add_option("-t,--threads", opts.n_threads, "threads (default: all cores)");
+  app.add_option("--ctx-train", opts.n_ctx_train, "training context written to the header (0: the shape's)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   app.add_option("-o,--output", out, "output GGUF file")->required();
   app.add_flag("--json", json, "print the report as JSON");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   const auto type = dtype_from_name(type_name);
   if (!type) fail("unknown type '", type_name, "'");
   opts.type = *type;
+  check_output_not_input(out, {opts.vocab_gguf});
   const SynthReport rep = synth_model(opts, out);
   if (json) {
     nlohmann::json fb = nlohmann::json::array();

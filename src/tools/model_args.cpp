@@ -1,20 +1,25 @@
 #include "tools/model_args.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/error.h"
+#include "tools/cli_util.h"
 
 namespace tern {
 
 void ModelArgs::add_to(CLI::App& app, bool with_ctx, KvType default_kv_type) {
+  app_ = &app;
   app.add_option("-m,--model", model, "model file: GGUF, or a llama2.c .bin with --tokenizer")->required();
   app.add_option("--tokenizer", tokenizer_bin, "llama2.c tokenizer.bin (for a .bin model)");
-  app.add_option("-t,--threads", threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("-t,--threads", threads, "worker threads (0: all cores)")->check(CLI::Range(0, 1024));
   if (with_ctx) {
-    app.add_option("-c,--ctx", ctx, "context size in tokens (default: the model's training context)")
-        ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+    ctx_option_ = app.add_option("-c,--ctx", ctx,
+                                 "context size in tokens (0: the model's training context, at most 4096, "
+                                 "less if memory is short)")
+                      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   }
-  app.add_option("-b,--batch", batch, "most prompt tokens per forward pass (default 512)")
+  app.add_option("-b,--batch", batch, "most prompt tokens per forward pass")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
   add_kv_type_option(app, kv_type, default_kv_type);
 }
@@ -30,8 +35,12 @@ LoadedSession open_session(const ModelArgs& args) {
   LoadedSession s;
   s.file = open_model_file(args.model, args.tokenizer_bin);
   s.tokenizer = Tokenizer::from_gguf(*s.file);
+  ContextRequest req;
+  req.kv_type = kv_type_from_name(args.kv_type);
+  req.n_ctx = args.ctx;
+  const ContextPlan plan = plan_model_context(*s.file, req, args.command(), args.ctx_given());
   SessionConfig cfg;
-  cfg.n_ctx = args.ctx;
+  cfg.n_ctx = plan.n_ctx;
   cfg.n_threads = args.threads;
   cfg.n_batch = args.batch;
   cfg.kv_type = kv_type_from_name(args.kv_type);
@@ -42,14 +51,27 @@ LoadedSession open_session(const ModelArgs& args) {
   return s;
 }
 
-std::string format_bytes(int64_t bytes) {
-  char buf[64];
-  const double b = double(bytes);
-  if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else if (b >= 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024));
-  else if (b >= 1024.0) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024.0);
-  else std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
-  return buf;
+MemoryInfo machine_memory() {
+  MemoryInfo m = read_memory_info();
+  const char* limit_text = std::getenv("TERN_MEMORY_LIMIT");
+  if (!limit_text || !*limit_text) return m;
+  int64_t limit = 0;
+  try {
+    limit = parse_memory_size(limit_text);
+  } catch (const Error& e) {
+    fail("TERN_MEMORY_LIMIT: ", e.what());
+  }
+  return apply_cgroup_limit(m, limit, /*usage=*/0, /*reclaimable=*/0);
+}
+
+ContextPlan plan_model_context(const GgufFile& file, ContextRequest r, const std::string& command, bool warn) {
+  r.hparams = read_hparams(file);
+  r.weight_bytes = int64_t(file.tensor_data_bytes());
+  r.memory = machine_memory();
+  const ContextPlan plan = plan_context(r);
+  if (!plan.note.empty()) std::fprintf(stderr, "%s: %s\n", command.c_str(), plan.note.c_str());
+  if (warn && !plan.warning.empty()) std::fprintf(stderr, "%s: warning: %s\n", command.c_str(), plan.warning.c_str());
+  return plan;
 }
 
 }  // namespace tern

@@ -1,10 +1,11 @@
 #pragma once
 // Options shared by every command that loads a model (-m, --tokenizer, --threads, --ctx,
-// --batch, --kv-type).
+// --batch, --kv-type), and sizing its context to the machine.
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
 
+#include "runtime/context_fit.h"
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
 
@@ -14,12 +15,21 @@ struct ModelArgs {
   std::string model;
   std::string tokenizer_bin;  // llama2.c tokenizer.bin (only with a .bin model)
   int threads = 0;
-  int64_t ctx = 0;
+  int64_t ctx = 0;              // 0: sized to the machine (runtime/context_fit.h)
   int64_t batch = 512;
   std::string kv_type = "f32";  // KV cache element type: f32 or f16
 
-  // default_kv_type: --kv-type's default for this command (f16 for serve, f32 elsewhere).
+  // default_kv_type: --kv-type's default for this command (f16 for run and serve, which
+  // generate text, as llama.cpp; f32 for the measurements compared with f32 references).
   void add_to(CLI::App& app, bool with_ctx = true, KvType default_kv_type = KvType::F32);
+  // True when the user gave --ctx (a command may also set `ctx` itself).
+  bool ctx_given() const { return ctx_option_ && ctx_option_->count() > 0; }
+  // "tern run" once parsed: the prefix of the warnings open_session prints.
+  std::string command() const { return app_ ? app_->get_name() : "tern"; }
+
+ private:
+  const CLI::App* app_ = nullptr;
+  const CLI::Option* ctx_option_ = nullptr;
 };
 
 // Adds `--kv-type f32|f16` to `app`, writing the name to `name` (a bad value is a usage error).
@@ -31,10 +41,18 @@ struct LoadedSession {
   std::unique_ptr<Session> session;
 };
 
-// Opens the model file (GGUF, or llama2.c .bin + --tokenizer), its tokenizer and a session.
+// Opens the model file (GGUF, or llama2.c .bin + --tokenizer), its tokenizer and a session
+// whose context is --ctx, or the default plan_model_context chooses.
 LoadedSession open_session(const ModelArgs& args);
 
-// Human-readable byte counts: "1.23 MiB".
-std::string format_bytes(int64_t bytes);
+// The memory this process may use: read_memory_info(), capped by $TERN_MEMORY_LIMIT (a size
+// as --kv-memory takes it) when set, for sharing a machine (and for tests).
+MemoryInfo machine_memory();
+
+// Plans the context of `file` on this machine (runtime/context_fit.h): `r` gives the
+// command's --ctx, --parallel, --kv-memory and K/V type; the model's and the machine's
+// fields are filled in here. Prints the plan's note, and its warning when `warn` (the user
+// gave --ctx), on stderr as `command`. Throws tern::Error for what does not fit.
+ContextPlan plan_model_context(const GgufFile& file, ContextRequest r, const std::string& command, bool warn);
 
 }  // namespace tern

@@ -28,15 +28,46 @@ const std::vector<Command>& commands() {
 
 namespace {
 
+constexpr const char* kVersion = "tern 0.1.0";
+
 void print_usage(FILE* out) {
   std::fprintf(out,
                "tern - LLM inference on CPUs\n\n"
-               "usage: tern COMMAND [options]     (tern COMMAND --help for its options)\n\n"
+               "usage: tern COMMAND [options]     (tern COMMAND --help, or tern help COMMAND, for its options)\n"
+               "       tern --version | -v        print the version\n\n"
                "commands:\n");
   for (const auto& c : commands()) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
   std::fprintf(out,
                "\nenvironment:\n"
-               "  TERN_FORCE_ISA=ref|avx2|avx512   force a kernel variant (default: best the CPU has)\n");
+               "  TERN_FORCE_ISA=ref|avx2|avx512   force a kernel variant (default: best the CPU has)\n"
+               "  TERN_MEMORY_LIMIT=SIZE           use at most SIZE of memory for weights and KV cache\n"
+               "                                   (MiB, or 512M, 8G; default: what the machine has available)\n");
+}
+
+const Command* find_command(const std::string& name) {
+  for (const auto& c : commands())
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+int run_command(const Command& c, int argc, char** argv) {
+  std::string prog = std::string("tern ") + c.name;
+  std::vector<char*> args(argv, argv + argc);
+  args[0] = prog.data();
+  try {
+    return c.main(static_cast<int>(args.size()), args.data());
+  } catch (const CLI::CallForHelp& e) {
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "tern %s: %s\n", c.name, e.what());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "tern %s: error: %s\n", c.name, e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "tern %s: error: out of memory\n", c.name);
+    return 1;
+  }
 }
 
 }  // namespace
@@ -47,34 +78,27 @@ int tern_main(int argc, char** argv) {
     return 2;
   }
   const std::string name = argv[1];
+  if (name == "help" && argc >= 3) {
+    // `tern help CMD` is `tern CMD --help`.
+    const Command* c = find_command(argv[2]);
+    if (!c) {
+      std::fprintf(stderr, "tern help: unknown command '%s'\n\n", argv[2]);
+      print_usage(stderr);
+      return 2;
+    }
+    char help_flag[] = "--help";
+    char* help_argv[] = {argv[2], help_flag};
+    return run_command(*c, 2, help_argv);
+  }
   if (name == "--help" || name == "-h" || name == "help") {
     print_usage(stdout);
     return 0;
   }
-  if (name == "--version") {
-    std::printf("tern 0.1.0\n");
+  if (name == "--version" || name == "-v") {
+    std::printf("%s\n", kVersion);
     return 0;
   }
-  for (const auto& c : commands()) {
-    if (name != c.name) continue;
-    std::string prog = std::string("tern ") + c.name;
-    std::vector<char*> args(argv + 1, argv + argc);
-    args[0] = prog.data();
-    try {
-      return c.main(static_cast<int>(args.size()), args.data());
-    } catch (const CLI::CallForHelp& e) {
-      return 0;
-    } catch (const CLI::ParseError& e) {
-      std::fprintf(stderr, "tern %s: %s\n", c.name, e.what());
-      return 2;
-    } catch (const Error& e) {
-      std::fprintf(stderr, "tern %s: error: %s\n", c.name, e.what());
-      return 1;
-    } catch (const std::bad_alloc&) {
-      std::fprintf(stderr, "tern %s: error: out of memory\n", c.name);
-      return 1;
-    }
-  }
+  if (const Command* c = find_command(name)) return run_command(*c, argc - 1, argv + 1);
   std::fprintf(stderr, "tern: unknown command '%s'\n\n", name.c_str());
   print_usage(stderr);
   return 2;

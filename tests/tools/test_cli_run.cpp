@@ -74,8 +74,10 @@ TEST_F(CliStories, JsonReportHasEveryMetric) {
 // the cache's bytes; anything else is a usage error.
 TEST_F(CliStories, KvTypeOptionSetsTheCacheType) {
   const std::string args = "-m " + stories() + " -p \"Once upon a time\" -n 8 --temp 0 -t 2 --ctx 64";
-  const auto f32 = run_json(args);
+  // f16 by default, as in serve (the same seed gives the same text through both).
+  const auto f32 = run_json(args + " --kv-type f32");
   const auto f16 = run_json(args + " --kv-type f16");
+  EXPECT_EQ(run_json(args)["metrics"]["kv_type"], "f16");
   EXPECT_EQ(f32["metrics"]["kv_type"], "f32");
   EXPECT_EQ(f16["metrics"]["kv_type"], "f16");
   EXPECT_EQ(f32["metrics"]["kv_bytes"].get<int64_t>(), 2 * f16["metrics"]["kv_bytes"].get<int64_t>());
