@@ -300,7 +300,9 @@ struct Server::Impl {
     const Tokenizer& tok = backend.tokenizer();
     std::vector<std::vector<int32_t>> prompts;
     if (kind == ApiKind::Chat) {
-      prompts.push_back(tok.encode(cfg.chat_template.apply(r.messages), tok.add_bos_default(), true));
+      // The template's markers are special tokens, the messages' contents only text: a message
+      // cannot close its turn or end the generation by writing "</s>" or "<|im_end|>".
+      prompts.push_back(cfg.chat_template.encode(r.messages, tok, tok.add_bos_default()));
       job->echo.push_back("");
     } else {
       for (size_t i = 0; i < r.prompts.size(); ++i) {
@@ -587,7 +589,7 @@ struct Server::Impl {
     check_model(r.model);
     const Tokenizer& tok = backend.tokenizer();
     std::vector<int32_t> ids;
-    if (r.has_messages) ids = tok.encode(cfg.chat_template.apply(r.messages), r.add_special && tok.add_bos_default(), true);
+    if (r.has_messages) ids = cfg.chat_template.encode(r.messages, tok, r.add_special && tok.add_bos_default());
     else ids = tok.encode(r.text, r.add_special && tok.add_bos_default(), true);
     json j = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", backend.n_ctx()}};
     if (r.with_pieces) {
