@@ -95,14 +95,23 @@ std::vector<Turn> fold_system(const std::vector<ChatMessage>& msgs) {
   return turns;
 }
 
-Pieces render_chatml(const std::vector<ChatMessage>& msgs) {
+// The families whose turns are each a header naming the role, the content and an end
+// marker, with the assistant's header last (the generation prompt).
+struct RoleBlocks {
+  std::string header_open, header_close;  // around the role's name
+  std::string end;                         // after the content
+  bool strip = false;                      // content trimmed of surrounding whitespace
+  std::string assistant_role = "assistant";  // the name the template gives the assistant
+};
+
+Pieces render_role_blocks(const std::vector<Turn>& turns, const RoleBlocks& f) {
   Pieces out;
-  for (const auto& t : to_turns(msgs)) {
-    add_template(out, "<|im_start|>" + t.role + "\n");
-    add_all(out, t.content);
-    add_template(out, "<|im_end|>\n");
+  for (const auto& t : turns) {
+    add_template(out, f.header_open + (t.role == "assistant" ? f.assistant_role : t.role) + f.header_close);
+    add_all(out, f.strip ? strip(t.content) : t.content);
+    add_template(out, f.end);
   }
-  add_template(out, "<|im_start|>assistant\n");
+  add_template(out, f.header_open + f.assistant_role + f.header_close);
   return out;
 }
 
@@ -134,17 +143,6 @@ Pieces render_llama2(const std::vector<ChatMessage>& msgs, const std::string& bo
   return out;
 }
 
-Pieces render_llama3(const std::vector<ChatMessage>& msgs) {
-  Pieces out;
-  for (const auto& t : to_turns(msgs)) {
-    add_template(out, "<|start_header_id|>" + t.role + "<|end_header_id|>\n\n");
-    add_all(out, strip(t.content));
-    add_template(out, "<|eot_id|>");
-  }
-  add_template(out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  return out;
-}
-
 Pieces render_mistral(const std::vector<ChatMessage>& msgs, const std::string& eos) {
   require_alternation(msgs, "Mistral");
   Pieces out;
@@ -161,52 +159,21 @@ Pieces render_mistral(const std::vector<ChatMessage>& msgs, const std::string& e
   return out;
 }
 
-Pieces render_phi3(const std::vector<ChatMessage>& msgs) {
-  Pieces out;
-  for (const auto& t : to_turns(msgs)) {
-    add_template(out, "<|" + t.role + "|>\n");
-    add_all(out, t.content);
-    add_template(out, "<|end|>\n");
-  }
-  add_template(out, "<|assistant|>\n");
-  return out;
-}
-
-Pieces render_zephyr(const std::vector<ChatMessage>& msgs, const std::string& eos) {
-  Pieces out;
-  for (const auto& t : to_turns(msgs)) {
-    add_template(out, "<|" + t.role + "|>\n");
-    add_all(out, t.content);
-    add_template(out, eos + "\n");
-  }
-  add_template(out, "<|assistant|>\n");
-  return out;
-}
-
-Pieces render_gemma(const std::vector<ChatMessage>& msgs) {
-  require_alternation(msgs, "Gemma");
-  Pieces out;
-  for (const auto& t : fold_system(msgs)) {
-    add_template(out, "<start_of_turn>" + (t.role == "assistant" ? std::string("model") : t.role) + "\n");
-    add_all(out, strip(t.content));
-    add_template(out, "<end_of_turn>\n");
-  }
-  add_template(out, "<start_of_turn>model\n");
-  return out;
-}
-
 Pieces render(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
   if (messages.empty()) bad_request("messages", "'messages' must contain at least one message.");
   switch (t.family) {
-    case ChatFamily::ChatML: return render_chatml(messages);
+    case ChatFamily::ChatML: break;
     case ChatFamily::Llama2: return render_llama2(messages, t.bos_text, t.eos_text);
-    case ChatFamily::Llama3: return render_llama3(messages);
+    case ChatFamily::Llama3:
+      return render_role_blocks(to_turns(messages), {"<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", true});
     case ChatFamily::Mistral: return render_mistral(messages, t.eos_text);
-    case ChatFamily::Phi3: return render_phi3(messages);
-    case ChatFamily::Zephyr: return render_zephyr(messages, t.eos_text);
-    case ChatFamily::Gemma: return render_gemma(messages);
+    case ChatFamily::Phi3: return render_role_blocks(to_turns(messages), {"<|", "|>\n", "<|end|>\n"});
+    case ChatFamily::Zephyr: return render_role_blocks(to_turns(messages), {"<|", "|>\n", t.eos_text + "\n"});
+    case ChatFamily::Gemma:
+      require_alternation(messages, "Gemma");
+      return render_role_blocks(fold_system(messages), {"<start_of_turn>", "\n", "<end_of_turn>\n", true, "model"});
   }
-  return render_chatml(messages);
+  return render_role_blocks(to_turns(messages), {"<|im_start|>", "\n", "<|im_end|>\n"});
 }
 
 // The tokenizer's special tokens as Tokenizer::encode(..., parse_special = true) splits them
