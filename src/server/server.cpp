@@ -269,11 +269,18 @@ struct Server::Impl {
 
   // ---- request preparation ---------------------------------------------------------------
 
-  void check_model(const std::string& model) const {
-    if (model.empty() || model == cfg.model_id) return;
+  bool is_served_name(const std::string& model) const {
+    if (model == cfg.model_id) return true;
     for (const auto& n : cfg.model_names)
-      if (model == n) return;
-    throw ApiError(400, "invalid_request_error", "model", "model_not_found",
+      if (model == n) return true;
+    return false;
+  }
+
+  // The "model" of a request: any name while the server has one model and no alias, else
+  // one of its names (404 as OpenAI answers).
+  void check_model(const std::string& model) const {
+    if (model.empty() || !cfg.strict_model_names || is_served_name(model)) return;
+    throw ApiError(404, "invalid_request_error", "model", "model_not_found",
                    str_cat("The model `", model, "` does not exist. This server serves `", cfg.model_id, "`."));
   }
 
@@ -572,10 +579,10 @@ struct Server::Impl {
                         {"max_model_len", backend.n_ctx()}};
     if (!req.path_param.empty()) {
       const std::string id = req.path_param;
-      try {
-        check_model(id);
-      } catch (const ApiError& e) {
-        set_json(res, 404, error_json(e.what(), "invalid_request_error", "model", "model_not_found"));
+      if (!is_served_name(id)) {
+        set_json(res, 404, error_json(str_cat("The model `", id, "` does not exist. This server serves `",
+                                              cfg.model_id, "`."),
+                                      "invalid_request_error", "model", "model_not_found"));
         return;
       }
       set_json(res, 200, model);
@@ -651,9 +658,40 @@ struct Server::Impl {
     return same_secret(key, cfg.api_key);
   }
 
+  bool cors_allows(const std::string& origin) const {
+    for (const auto& o : cfg.cors_origins)
+      if (o == "*" || o == origin) return true;
+    return false;
+  }
+
+  // CORS: the allowed origin's requests get Access-Control-Allow-Origin; a preflight (OPTIONS
+  // with Access-Control-Request-Method) is answered here, before the key is asked for, since
+  // browsers send no Authorization header with it. An origin not allowed gets no CORS
+  // header, so the browser keeps the answer from the page.
+  bool handle_cors(const HttpRequest& req, HttpResponse& res) const {
+    const std::string& origin = req.headers.get("Origin");
+    const bool allowed = !origin.empty() && cors_allows(origin);
+    if (allowed) {
+      const bool any = std::find(cfg.cors_origins.begin(), cfg.cors_origins.end(), "*") != cfg.cors_origins.end();
+      res.headers.set("Access-Control-Allow-Origin", any ? "*" : origin);
+      if (!any) res.headers.set("Vary", "Origin");
+    }
+    if (req.method != "OPTIONS") return false;
+    res.status = 204;
+    res.headers.set("Allow", "GET, HEAD, POST, OPTIONS");
+    if (allowed && req.headers.has("Access-Control-Request-Method")) {
+      res.headers.set("Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS");
+      const std::string& asked = req.headers.get("Access-Control-Request-Headers");
+      res.headers.set("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+      res.headers.set("Access-Control-Max-Age", "600");
+    }
+    return true;
+  }
+
   bool pre_route(const HttpRequest& req, HttpResponse& res) {
     t_counted_by_job = false;  // a request whose logger never ran must not silence this one's
     t_trim_after = false;
+    if (handle_cors(req, res)) return true;
     // /health answers without a key (load balancers probe it); so do the chat page's static
     // files, which hold no data: the page itself asks for the key and sends it with each call.
     const bool open = req.path == "/health" || ((req.method == "GET" || req.method == "HEAD") && is_static_path(req.path));

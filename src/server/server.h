@@ -29,6 +29,13 @@ struct ServerConfig {
   std::string api_key;                  // non-empty: "Authorization: Bearer KEY" required
   std::string model_id = "tern";        // what /v1/models reports
   std::vector<std::string> model_names; // other names accepted in "model" (file name, path)
+  // false (one model, no alias): a request naming any model is served by this one, as
+  // llama.cpp's server does (clients send "gpt-3.5-turbo" by default); true (an alias was
+  // given): a name that is neither model_id nor in model_names is 404 model_not_found.
+  bool strict_model_names = false;
+  // Origins a browser page may call the API from (CORS): exact origins such as
+  // "http://localhost:3000", or "*" for any. Empty: none (same-origin only, the chat page).
+  std::vector<std::string> cors_origins;
   ChatTemplate chat_template;
   ParseLimits limits;
   size_t max_body_bytes = size_t(8) << 20;     // larger bodies: 413

@@ -36,7 +36,11 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--api-key", scfg.api_key,
                  "require 'Authorization: Bearer KEY' on every endpoint but /health and the chat page's files "
                  "(default: $TERN_API_KEY if set)");
-  app.add_option("--alias", alias, "model name reported by /v1/models and accepted in requests (default: file name)");
+  app.add_option("--alias", alias,
+                 "model name reported by /v1/models; with it, requests naming another model get 404 "
+                 "(without it, any name is served by this model, as llama.cpp does)");
+  app.add_option("--cors", scfg.cors_origins,
+                 "origin a browser page may call the API from, e.g. http://localhost:3000, or * for any (repeatable)");
   app.add_option("--chat-template", chat_template,
                  "chatml|llama2|llama3|mistral|phi3|zephyr|gemma, or a file with a Jinja template to recognise "
                  "(default: the model's tokenizer.chat_template, else chatml)");
@@ -109,6 +113,7 @@ int cmd_serve(int argc, char** argv) {
 
   const std::filesystem::path model_path(margs.model);
   scfg.model_id = alias.empty() ? model_path.stem().string() : alias;
+  scfg.strict_model_names = !alias.empty();
   scfg.model_names = {model_path.filename().string(), margs.model};
   std::string note;
   const auto token_text = [&](int32_t id) {

@@ -398,12 +398,67 @@ TEST(HttpErrors, MalformedBodiesGet400WithAnOpenAIErrorObject) {
 }
 
 TEST(HttpErrors, UnknownModel) {
-  Fixture f;
+  // With an alias (strict names) another model's name is 404, as OpenAI answers.
+  ServerConfig cfg;
+  cfg.strict_model_names = true;
+  Fixture f({}, cfg);
   auto r = f.post("/v1/completions", {{"model", "gpt-9"}, {"prompt", "x"}});
-  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(r->status, 404);
   const json e = error_of(r);
   EXPECT_EQ(e["code"], "model_not_found");
   EXPECT_EQ(e["param"], "model");
+  EXPECT_EQ(f.post("/v1/completions", {{"model", "fake-model.gguf"}, {"prompt", "x"}, {"max_tokens", 1}})->status, 200);
+}
+
+TEST(Http, OneModelWithoutAliasServesAnyModelName) {
+  // Clients send "gpt-3.5-turbo" by default; llama.cpp's server ignores the name.
+  Fixture f;
+  const json j = f.post_json("/v1/chat/completions", {{"model", "gpt-3.5-turbo"},
+                                                      {"messages", {{{"role", "user"}, {"content", "U"}}}},
+                                                      {"max_tokens", 2}});
+  EXPECT_EQ(j["model"], "fake-model");
+  EXPECT_EQ(f.client->Get("/v1/models/gpt-3.5-turbo")->status, 404);  // the list names what is served
+}
+
+TEST(HttpProtocol, CorsForAllowedOriginsOnly) {
+  ServerConfig cfg;
+  cfg.api_key = "sekrit";
+  cfg.cors_origins = {"http://app.example"};
+  Fixture f({}, cfg);
+  // Preflight: answered without the key, naming what the page asked for.
+  RawConn c(f.server.port());
+  c.send_all("OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nOrigin: http://app.example\r\n"
+             "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\n\r\n");
+  const std::string pre = c.read_all(2s);
+  EXPECT_EQ(status_of(pre), 204) << pre;
+  EXPECT_NE(pre.find("Access-Control-Allow-Origin: http://app.example\r\n"), std::string::npos) << pre;
+  EXPECT_NE(pre.find("Access-Control-Allow-Headers: authorization, content-type\r\n"), std::string::npos) << pre;
+  EXPECT_NE(pre.find("Access-Control-Allow-Methods: "), std::string::npos) << pre;
+  // The request itself carries the origin back; another origin gets no CORS header at all.
+  auto r = f.client->Get("/v1/models", {{"Authorization", "Bearer sekrit"}, {"Origin", "http://app.example"}});
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
+  EXPECT_EQ(r->get_header_value("Vary"), "Origin");
+  r = f.client->Get("/v1/models", {{"Authorization", "Bearer sekrit"}, {"Origin", "http://evil.example"}});
+  EXPECT_EQ(r->status, 200);
+  EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
+  RawConn e(f.server.port());
+  e.send_all("OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nOrigin: http://evil.example\r\n"
+             "Access-Control-Request-Method: GET\r\n\r\n");
+  EXPECT_EQ(e.read_all(2s).find("Access-Control-Allow"), std::string::npos);
+  // A 401 for a page of an allowed origin is readable by it (the header is on errors too).
+  r = f.client->Get("/v1/models", {{"Origin", "http://app.example"}});
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
+}
+
+TEST(HttpProtocol, CorsWildcard) {
+  ServerConfig cfg;
+  cfg.cors_origins = {"*"};
+  Fixture f({}, cfg);
+  auto r = f.client->Get("/health", {{"Origin", "http://anything.example"}});
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "*");
+  EXPECT_FALSE(r->has_header("Vary"));
 }
 
 TEST(HttpErrors, ContextAndMaxTokensLimits) {

@@ -77,3 +77,43 @@ test("the chat page streams an answer", async () => {
     await browser.close();
   }
 });
+
+test("a page on another origin reaches the API only where --cors allows it", async () => {
+  // run.sh starts the main server with --cors naming the other server's origin, and the
+  // other one without --cors.
+  const other = process.env.TERN_OTHER_URL;
+  assert.ok(other, "TERN_OTHER_URL is set by run.sh");
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+  });
+  try {
+    const page = await browser.newPage();
+    // A call with a bearer key and a JSON body: the browser sends a preflight first.
+    const call = (url) =>
+      page.evaluate(
+        async ([url, key]) => {
+          try {
+            const r = await fetch(url + "/v1/chat/completions", {
+              method: "POST",
+              headers: { Authorization: "Bearer " + key, "Content-Type": "application/json" },
+              body: JSON.stringify({ messages: [{ role: "user", content: "Once" }], max_tokens: 4 }),
+            });
+            return { reached: true, status: r.status, object: (await r.json()).object };
+          } catch (e) {
+            return { reached: false, error: String(e) };
+          }
+        },
+        [url, process.env.TERN_TEST_API_KEY || ""],
+      );
+    await page.goto(other + "/");
+    const allowed = await call(base);
+    assert.deepEqual(allowed, { reached: true, status: 200, object: "chat.completion" }, JSON.stringify(allowed));
+    // From the main server's own page, the other server (no --cors) is out of reach.
+    await page.goto(base + "/");
+    const blocked = await call(other);
+    assert.equal(blocked.reached, false, JSON.stringify(blocked));
+  } finally {
+    await browser.close();
+  }
+});

@@ -217,10 +217,10 @@ test("errors are raised as the client's error classes", async () => {
     (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === "temperature" &&
       e.type === "invalid_request_error",
   );
-  // 400: unknown model.
+  // 404: unknown model (the server has --alias: names are checked).
   await assert.rejects(
     client.chat.completions.create({ model: "gpt-nope", messages: [{ role: "user", content: "x" }] }),
-    (e) => e instanceof OpenAI.BadRequestError && e.code === "model_not_found",
+    (e) => e instanceof OpenAI.NotFoundError && e.status === 404 && e.code === "model_not_found",
   );
   // 400: prompt longer than the context; max_tokens past the context.
   await assert.rejects(

@@ -69,7 +69,16 @@ start_server() {
 
 export TERN_TEST_API_KEY="tern-test-key-$$"
 export TERN_MODEL_ID="stories260K"
-start_server main --api-key "$TERN_TEST_API_KEY" --parallel 8 --ctx 2048
+case "$what" in
+  browser)
+    # A second server whose chat page is the "other origin" of the CORS test; the main server
+    # allows that origin only.
+    start_server other --api-key "$TERN_TEST_API_KEY"
+    export TERN_OTHER_URL="$URL_other"
+    start_server main --api-key "$TERN_TEST_API_KEY" --parallel 8 --ctx 2048 --alias "$TERN_MODEL_ID" --cors "$URL_other"
+    ;;
+  *) start_server main --api-key "$TERN_TEST_API_KEY" --parallel 8 --ctx 2048 --alias "$TERN_MODEL_ID" ;;
+esac
 export TERN_BASE_URL="$URL_main"
 
 case "$what" in
