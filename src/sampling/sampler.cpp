@@ -165,12 +165,18 @@ void SamplingParams::validate() const {
     fail("sampling: presence_penalty must be finite, got ", presence_penalty);
   if (penalty_last_n < -1)
     fail("sampling: penalty_last_n must be >= -1 (-1 = whole history), got ", penalty_last_n);
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) fail("sampling: logit_bias token id must be >= 0, got ", id);
+    if (!(bias >= -100.0f && bias <= 100.0f)) fail("sampling: logit_bias of token ", id, " must be in [-100, 100], got ", bias);
+  }
 }
 
 Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
     : params_(params), n_vocab_(n_vocab), rng_(params.seed) {
   params_.validate();
   if (n_vocab <= 0) fail("sampling: n_vocab must be > 0, got ", n_vocab);
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id >= n_vocab) fail("sampling: logit_bias token id ", id, " is outside the vocabulary [0, ", n_vocab, ")");
   // Sized once here so sample() never allocates, not even on its first call.
   work_.resize(static_cast<size_t>(n_vocab));
   candidates_.resize(static_cast<size_t>(n_vocab));
@@ -221,6 +227,8 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
   // a distribution: drawing from it would return token 0 as if it were the model's answer.
   if (n_nan == n_vocab)
     fail("the model produced NaN for every logit: its weights or activations are not finite, nothing to sample");
+  for (const auto& [id, bias] : params_.logit_bias)
+    work[size_t(id)] = bias <= -100.0f ? k_neg_inf : work[size_t(id)] + bias;
   apply_penalties(history);
 
   if (params_.temperature <= 0.0f) {

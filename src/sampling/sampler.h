@@ -10,6 +10,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tern {
@@ -24,6 +25,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   int32_t penalty_last_n = 64; // window of previous tokens the penalties look at; -1 = all
   uint64_t seed = 0xC0FFEE;
+  // Added to a token's logit before the penalties and the filters (OpenAI's logit_bias), in
+  // [-100, 100]; -100 bans the token outright, +100 all but forces it.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // Throws tern::Error naming the field when a value is out of range (e.g. top_p < 0).
   void validate() const;

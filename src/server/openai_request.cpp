@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -295,11 +296,20 @@ OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& 
   if (const json* v = field(j, "priority")) r.priority = int(get_int(*v, "priority", -1000000, 1000000));
   if (const json* v = field(j, "user")) r.user = get_string(*v, "user");
 
-  // Known OpenAI features this server cannot honour: refuse rather than silently ignore.
+  // {"token id": bias}: the ids are checked against the vocabulary by the server.
   if (const json* v = field(j, "logit_bias")) {
     if (!v->is_object()) wrong_type("logit_bias", "an object", *v);
-    if (!v->empty()) bad_request("logit_bias", "'logit_bias' is not supported by this server.");
+    if (v->size() > 1024) bad_request("logit_bias", "'logit_bias' has more than 1024 entries.");
+    for (const auto& [key, bias] : v->items()) {
+      const bool digits = !key.empty() && key.size() <= 9 &&
+                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!digits) bad_request("logit_bias", "'logit_bias' keys must be token ids (decimal integers), got '", key, "'.");
+      r.sampling.logit_bias.emplace_back(int32_t(std::stol(key)),
+                                         float(get_number(bias, "logit_bias", -100.0, 100.0)));
+    }
   }
+
+  // Known OpenAI features this server cannot honour: refuse rather than silently ignore.
   for (const char* name : {"tools", "functions"}) {
     if (const json* v = field(j, name); v && !(v->is_array() && v->empty()))
       bad_request(name, "'", name, "' (tool calling) is not supported by this server.");

@@ -302,6 +302,9 @@ struct Server::Impl {
     job->req = parse_openai_request(body, kind, cfg.limits);
     OpenAiRequest& r = job->req;
     check_model(r.model);
+    for (const auto& [id, bias] : r.sampling.logit_bias)
+      if (id >= backend.tokenizer().n_vocab())
+        bad_request("logit_bias", "token id ", id, " is outside the vocabulary [0, ", backend.tokenizer().n_vocab(), ").");
     job->meta = {kind, new_response_id(kind), unix_now(), cfg.model_id};
 
     const Tokenizer& tok = backend.tokenizer();

@@ -623,5 +623,30 @@ TEST(SamplerLogprobs, TopLogprobsSortedWithTiesByIdAndConsistent) {
   EXPECT_NEAR(sum, 1.0, 1e-6);
 }
 
+TEST(Sampler, LogitBiasBansAndForces) {
+  const std::vector<float> logits = logits_of({0.1, 0.6, 0.3});
+  const std::vector<int32_t> none;
+  SamplingParams g = greedy();
+  EXPECT_EQ(Sampler(g, 3).sample(logits.data(), none), 1);
+  g.logit_bias = {{1, -100.0f}};  // banned: the next best
+  EXPECT_EQ(Sampler(g, 3).sample(logits.data(), none), 2);
+  g.logit_bias = {{0, 5.0f}};  // log(0.1) + 5 > log(0.6)
+  EXPECT_EQ(Sampler(g, 3).sample(logits.data(), none), 0);
+  // At temperature 1, +100 leaves no room for any other token; -100 never draws the token.
+  SamplingParams t = plain();
+  t.logit_bias = {{0, 100.0f}};
+  Sampler forced(t, 3);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(forced.sample(logits.data(), none), 0);
+  t.logit_bias = {{1, -100.0f}, {2, -100.0f}};
+  Sampler banned(t, 3);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(banned.sample(logits.data(), none), 0);
+  // Out of range: the bias and the id.
+  SamplingParams bad = plain();
+  bad.logit_bias = {{0, 100.5f}};
+  EXPECT_THROW(bad.validate(), Error);
+  bad.logit_bias = {{3, 1.0f}};
+  EXPECT_THROW(Sampler(bad, 3), Error);
+}
+
 }  // namespace
 }  // namespace tern

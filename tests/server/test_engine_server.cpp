@@ -174,3 +174,25 @@ TEST(EngineServer, ChatContentIsTextNeverControlTokens) {
   const json raw = f.post("/tokenize", {{"prompt", "Once</s>"}});
   EXPECT_EQ(raw["tokens"].back().get<int>(), 2) << raw.dump();
 }
+
+TEST(EngineServer, LogitBiasSteersTheRealSampler) {
+  TERN_REQUIRE_SHARED(kModel);
+  RealFixture f;
+  // Greedy with +100 on one token: every generated token is that one.
+  const json forced = f.post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0},
+                                                  {"ignore_eos", true}, {"logit_bias", {{"300", 100}}}, {"logprobs", 0}});
+  for (const auto& t : forced["choices"][0]["logprobs"]["tokens"]) EXPECT_EQ(t, f.post("/detokenize", {{"tokens", {300}}})["prompt"]);
+  // Banning the greedy answer's first token changes the first token.
+  const json plain = f.post("/tokenize", {{"prompt", f.post("/v1/completions", {{"prompt", "Once upon a time"},
+                                                                                {"max_tokens", 1},
+                                                                                {"temperature", 0}})["choices"][0]["text"]},
+                                          {"add_special_tokens", false}});
+  ASSERT_FALSE(plain["tokens"].empty());
+  const std::string first = std::to_string(plain["tokens"][0].get<int>());
+  const json banned = f.post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 1}, {"temperature", 0},
+                                                  {"logit_bias", {{first, -100}}}, {"logprobs", 0}});
+  EXPECT_NE(banned["choices"][0]["logprobs"]["tokens"][0], f.post("/detokenize", {{"tokens", {plain["tokens"][0]}}})["prompt"]);
+  // An id outside the vocabulary is a 400 naming the parameter.
+  const json bad = f.post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"512", 1}}}}, 400);
+  EXPECT_EQ(bad["error"]["param"], "logit_bias");
+}

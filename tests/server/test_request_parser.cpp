@@ -2,6 +2,8 @@
 // malformed one (item 5 of the server issue: invalid JSON, wrong types, out-of-range values).
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <cctype>
 
 #include "server/api_error.h"
@@ -74,6 +76,15 @@ TEST(RequestParser, EveryHonouredField) {
   EXPECT_TRUE(completion(R"({"prompt":"x","echo":true})").echo);
   EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(r.priority, -1);
+}
+
+TEST(RequestParser, LogitBias) {
+  const OpenAiRequest r =
+      parse_openai_request(R"({"prompt":"x","logit_bias":{"5":-100,"17":2.5}})", ApiKind::Completion);
+  ASSERT_EQ(r.sampling.logit_bias.size(), 2u);
+  std::map<int32_t, float> got(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
+  EXPECT_EQ(got[5], -100.0f);
+  EXPECT_EQ(got[17], 2.5f);
 }
 
 TEST(RequestParser, PromptShapes) {
@@ -207,7 +218,9 @@ INSTANTIATE_TEST_SUITE_P(
         // inconsistent or unsupported
         BadCase{R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
         BadCase{R"({"prompt":"x","best_of":3})", "best_of"}, BadCase{R"({"prompt":"x","echo":true,"logprobs":1})", "echo"},
-        BadCase{R"({"prompt":"x","suffix":"s"})", "suffix"}, BadCase{R"({"prompt":"x","logit_bias":{"5":1}})", "logit_bias"},
+        BadCase{R"({"prompt":"x","suffix":"s"})", "suffix"}, BadCase{R"({"prompt":"x","logit_bias":{"x":1}})", "logit_bias"},
+        BadCase{R"({"prompt":"x","logit_bias":{"5":101}})", "logit_bias"}, BadCase{R"({"prompt":"x","logit_bias":{"-1":1}})", "logit_bias"},
+        BadCase{R"({"prompt":"x","logit_bias":{"5":"a"}})", "logit_bias"},
         BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools", ApiKind::Chat},
         BadCase{R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
                 "response_format", ApiKind::Chat},
