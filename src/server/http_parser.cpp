@@ -316,10 +316,8 @@ size_t HttpRequestParser::feed(std::string_view data) {
         break;
       }
       case Phase::ChunkDataEnd:
-        if (!take_line(data, pos, 0, 400, "chunk end", line)) {
-          if (state_ == State::Error) error_message_ = "Malformed chunked body.";
-          return pos;
-        }
+        // The CRLF after a chunk's data: an empty line, so anything longer is malformed.
+        if (!take_line(data, pos, 0, 400, "chunked body's line after a chunk", line)) return pos;
         partial_line_.clear();
         if (!line.empty()) return fail(400, "Malformed chunked body.");
         phase_ = Phase::ChunkSize;

@@ -403,11 +403,26 @@ struct HttpServer::Impl {
     HttpResponse res;
     render_error(res, 503, message);
     res.headers.set("Retry-After", "1");
-    const std::string head = response_head(res, 1, /*keep_alive=*/false, /*head_only=*/false);
-    const std::string all = head + res.body;
+    send_final(fd, res, 1);
+    ::close(fd);
+  }
+
+  // A small answer the loop writes itself (an error, a refusal): one non-blocking send (it
+  // fits the socket's buffer), then the write side shut, so the client reads it to its end.
+  static void send_final(int fd, const HttpResponse& res, int version_minor) {
+    const std::string all = response_head(res, version_minor, /*keep_alive=*/false, /*chunked=*/false) + res.body;
     (void)!::send(fd, all.data(), all.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     ::shutdown(fd, SHUT_WR);
-    ::close(fd);
+  }
+
+  // send_final() on a connection being received, then it lingers: the loop reads and drops
+  // what the client still sends until it closes or the linger time passes.
+  void answer_and_linger(Conn* c, const HttpRequest& req, const HttpResponse& res) {
+    send_final(c->fd, res, req.version_minor);
+    if (logger) logger(req, res);
+    c->lingering = true;
+    c->in.clear();
+    c->linger_until = Clock::now() + seconds(kLingerS);
   }
 
   // At a cap: closes the connection being received (of `peer` only, when given) that is
@@ -489,21 +504,13 @@ struct HttpServer::Impl {
     if (status == 408) stats.requests_timed_out.fetch_add(1);
     HttpResponse res;
     render_error(res, status, message);
-    const HttpRequest& req = c->parser.request();
-    const std::string all = response_head(res, 1, false, false) + res.body;
-    (void)!::send(c->fd, all.data(), all.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    ::shutdown(c->fd, SHUT_WR);
-    if (logger) {
-      HttpRequest logged;
-      logged.method = req.method;
-      logged.path = req.path;
-      logged.remote_addr = c->peer;
-      logged.remote_port = c->peer_port;
-      logger(logged, res);
-    }
-    c->lingering = true;
-    c->in.clear();
-    c->linger_until = Clock::now() + seconds(kLingerS);
+    // What of the request was read, for the log (answered as HTTP/1.1 whatever it was).
+    HttpRequest logged;
+    logged.method = c->parser.request().method;
+    logged.path = c->parser.request().path;
+    logged.remote_addr = c->peer;
+    logged.remote_port = c->peer_port;
+    answer_and_linger(c, logged, res);
   }
 
   void check_deadlines(Clock::time_point now) {
@@ -573,13 +580,7 @@ struct HttpServer::Impl {
     HttpResponse res;
     render_error(res, 503, "The server is busy (every worker is serving). Please retry after a short wait.");
     res.headers.set("Retry-After", "1");
-    const std::string all = response_head(res, req->version_minor, false, false) + res.body;
-    (void)!::send(c->fd, all.data(), all.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    ::shutdown(c->fd, SHUT_WR);
-    if (logger) logger(*req, res);
-    c->lingering = true;
-    c->in.clear();
-    c->linger_until = Clock::now() + seconds(kLingerS);
+    answer_and_linger(c, *req, res);
   }
 
   static std::string response_head(const HttpResponse& res, int version_minor, bool keep_alive, bool chunked,

@@ -41,7 +41,8 @@ int cmd_ppl(int argc, char** argv) {
 
   // Past the positions it was trained on a model's predictions say nothing about it, so its
   // perplexity there is no figure to report. Checked before the session sizes its cache.
-  const int64_t n_ctx_train = read_hparams(*open_model_file(margs.model, margs.tokenizer_bin)).n_ctx_train;
+  std::shared_ptr<const GgufFile> file = open_model_file(margs.model, margs.tokenizer_bin);
+  const int64_t n_ctx_train = read_hparams(*file).n_ctx_train;
   if (app.count("--ctx") == 0) n_ctx = std::max<int64_t>(8, std::min(n_ctx, n_ctx_train));
   if (n_ctx > n_ctx_train)
     fail("--ctx ", n_ctx, " is longer than ", margs.model, "'s training context of ", n_ctx_train,
@@ -49,7 +50,7 @@ int cmd_ppl(int argc, char** argv) {
 
   margs.ctx = n_ctx;
   margs.batch = std::max<int64_t>(margs.batch, n_ctx);  // one forward pass per chunk
-  LoadedSession ls = open_session(margs);
+  LoadedSession ls = open_session(margs, std::move(file));
   const Tokenizer& tok = *ls.tokenizer;
   const bool add_bos = tok.add_bos_default();
   const int64_t t_tok0 = now_ns();

@@ -4,10 +4,8 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/read_file.h"

@@ -32,8 +32,12 @@ void add_kv_type_option(CLI::App& app, std::string& name, KvType default_type) {
 }
 
 LoadedSession open_session(const ModelArgs& args) {
+  return open_session(args, open_model_file(args.model, args.tokenizer_bin));
+}
+
+LoadedSession open_session(const ModelArgs& args, std::shared_ptr<const GgufFile> file) {
   LoadedSession s;
-  s.file = open_model_file(args.model, args.tokenizer_bin);
+  s.file = std::move(file);
   s.tokenizer = Tokenizer::from_gguf(*s.file);
   ContextRequest req;
   req.kv_type = kv_type_from_name(args.kv_type);

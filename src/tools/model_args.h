@@ -44,6 +44,8 @@ struct LoadedSession {
 // Opens the model file (GGUF, or llama2.c .bin + --tokenizer), its tokenizer and a session
 // whose context is --ctx, or the default plan_model_context chooses.
 LoadedSession open_session(const ModelArgs& args);
+// The same over a model file the command has opened already (to read its header first).
+LoadedSession open_session(const ModelArgs& args, std::shared_ptr<const GgufFile> file);
 
 // The memory this process may use: read_memory_info(), capped by $TERN_MEMORY_LIMIT (a size
 // as --kv-memory takes it) when set, for sharing a machine (and for tests).
