@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   googletest libgtest-dev libgmock-dev
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
-  python3 python3-numpy
+  python3 python3-numpy python3-jinja2  # numpy: the oracles; jinja2: the chat-template reference
   chromium  # headless browser for the chat page's test (tests/server/js)
 )
 missing=()

@@ -11,6 +11,7 @@
 #include "core/output_file.h"
 #include "core/stats.h"
 #include "models/model.h"
+#include "models/tensor_names.h"
 
 namespace tern {
 namespace {
@@ -63,18 +64,11 @@ bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == 
 // Names of one layer's tensors.
 struct LayerNames {
   std::string attn_norm, q, k, v, o, ffn_norm, gate, up, down;
-  explicit LayerNames(int64_t il) {
-    const std::string b = "blk." + std::to_string(il) + ".";
-    attn_norm = b + "attn_norm.weight";
-    q = b + "attn_q.weight";
-    k = b + "attn_k.weight";
-    v = b + "attn_v.weight";
-    o = b + "attn_output.weight";
-    ffn_norm = b + "ffn_norm.weight";
-    gate = b + "ffn_gate.weight";
-    up = b + "ffn_up.weight";
-    down = b + "ffn_down.weight";
-  }
+  explicit LayerNames(int64_t il)
+      : attn_norm(tensor_name(Tensor::AttnNorm, il)), q(tensor_name(Tensor::AttnQ, il)),
+        k(tensor_name(Tensor::AttnK, il)), v(tensor_name(Tensor::AttnV, il)), o(tensor_name(Tensor::AttnOutput, il)),
+        ffn_norm(tensor_name(Tensor::FfnNorm, il)), gate(tensor_name(Tensor::FfnGate, il)),
+        up(tensor_name(Tensor::FfnUp, il)), down(tensor_name(Tensor::FfnDown, il)) {}
   std::vector<std::string> linears() const { return {q, k, v, o, gate, up, down}; }
 };
 

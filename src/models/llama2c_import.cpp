@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "models/tensor_names.h"
 
 namespace tern {
 namespace {
@@ -259,20 +260,20 @@ std::vector<uint8_t> llama2c_to_gguf_bytes(const std::string& model_bin,
     for (int64_t x : ne) n *= uint64_t(x);
     w.add_tensor(name, DType::F32, std::move(ne), data, n * 4);
   };
-  add("token_embd.weight", {d, V}, tok_embd);
-  add("output_norm.weight", {d}, rms_final);
-  add("output.weight", {d, V}, wcls);
+  add(tensor_name(Tensor::TokenEmbd), {d, V}, tok_embd);
+  add(tensor_name(Tensor::OutputNorm), {d}, rms_final);
+  add(tensor_name(Tensor::Output), {d, V}, wcls);
   for (uint64_t il = 0; il < L; ++il) {
-    const std::string b = "blk." + std::to_string(il) + ".";
-    add(b + "attn_q.weight", {d, d}, wq + il * dim * dim * 4);
-    add(b + "attn_k.weight", {d, k}, wk + il * kv * dim * 4);
-    add(b + "attn_v.weight", {d, k}, wv + il * kv * dim * 4);
-    add(b + "attn_output.weight", {d, d}, wo + il * dim * dim * 4);
-    add(b + "attn_norm.weight", {d}, rms_att + il * dim * 4);
-    add(b + "ffn_gate.weight", {d, h}, w1 + il * hid * dim * 4);
-    add(b + "ffn_down.weight", {h, d}, w2 + il * dim * hid * 4);
-    add(b + "ffn_up.weight", {d, h}, w3 + il * hid * dim * 4);
-    add(b + "ffn_norm.weight", {d}, rms_ffn + il * dim * 4);
+    const int64_t i = int64_t(il);
+    add(tensor_name(Tensor::AttnQ, i), {d, d}, wq + il * dim * dim * 4);
+    add(tensor_name(Tensor::AttnK, i), {d, k}, wk + il * kv * dim * 4);
+    add(tensor_name(Tensor::AttnV, i), {d, k}, wv + il * kv * dim * 4);
+    add(tensor_name(Tensor::AttnOutput, i), {d, d}, wo + il * dim * dim * 4);
+    add(tensor_name(Tensor::AttnNorm, i), {d}, rms_att + il * dim * 4);
+    add(tensor_name(Tensor::FfnGate, i), {d, h}, w1 + il * hid * dim * 4);
+    add(tensor_name(Tensor::FfnDown, i), {h, d}, w2 + il * dim * hid * 4);
+    add(tensor_name(Tensor::FfnUp, i), {d, h}, w3 + il * hid * dim * 4);
+    add(tensor_name(Tensor::FfnNorm, i), {d}, rms_ffn + il * dim * 4);
   }
   return w.to_bytes();
 }

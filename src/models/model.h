@@ -14,53 +14,41 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
 #include "kernels/matmul.h"
+#include "models/hparams.h"
 #include "ops/attention_iface.h"
 
 namespace tern {
 
-struct HParams {
-  std::string arch;        // general.architecture
-  int64_t n_vocab = 0;
-  int64_t n_ctx_train = 0;
-  int64_t n_embd = 0;
-  int64_t n_layer = 0;
-  int64_t n_head = 0;
-  int64_t n_head_kv = 0;
-  int64_t head_dim = 0;    // n_embd / n_head
-  int64_t n_ff = 0;
-  int64_t n_rot = 0;       // rope dimension count
-  float rope_freq_base = 10000.0f;
-  float rms_eps = 1e-5f;
-
-  int64_t n_embd_kv() const { return n_head_kv * head_dim; }
-};
-
-// K/V storage for every layer: [n_slots, n_head_kv * head_dim] elements of `type` (f32, or
-// IEEE half: llama.cpp's default, half the bytes) for K and for V. Sized once; slots are handed
-// out by whoever owns the cache (runtime or kv/ block tables). New rows are written through
-// store(), which converts to the store's type (round to nearest even, the same bits on every
-// ISA); the attention kernels read the layer arenas k(il) / v(il) with kv_type = type().
+// K/V storage for every layer: layer il holds [n_slots, n_head_kv(il) * head_dim] elements of
+// `type` (f32, or IEEE half: llama.cpp's default, half the bytes) for K and for V. Sized once;
+// slots are handed out by whoever owns the cache (runtime or kv/ block tables). New rows are
+// written through store(), which converts to the store's type (round to nearest even, the same
+// bits on every ISA); the attention kernels read the layer arenas k(il) / v(il) with
+// kv_type = type() and rows of row(il) elements.
 class KvStore {
  public:
   KvStore(const HParams& hp, int64_t n_slots, KvType type = KvType::F32);
   KvType type() const { return type_; }
-  // Layer il's arenas: n_slots rows of row() elements of type().
-  const void* k(int64_t il) const { return data_.data() + (2 * il) * layer_bytes_; }
-  const void* v(int64_t il) const { return data_.data() + (2 * il + 1) * layer_bytes_; }
+  // Layer il's arenas: n_slots rows of row(il) elements of type().
+  const void* k(int64_t il) const { return data_.data() + layer_offset_[size_t(il)]; }
+  const void* v(int64_t il) const { return data_.data() + layer_offset_[size_t(il)] + layer_bytes(il); }
   // K and V of one slot, columns [c0, c0 + n) of its row, in layer il, from f32.
   void store(int64_t il, int64_t slot, int64_t c0, const float* k, const float* v, int64_t n);
   // Copies n slots starting at src to dst, every layer (copy-on-write of a shared block).
   void copy_slots(int64_t src, int64_t dst, int64_t n);
   int64_t n_slots() const { return n_slots_; }
-  int64_t row() const { return row_; }
+  int64_t row(int64_t il = 0) const { return rows_[size_t(il)]; }
   int64_t bytes() const { return int64_t(data_.size()); }
   // Bytes one token takes: K and V, every layer.
   static int64_t bytes_per_token(const HParams& hp, KvType type);
 
  private:
+  int64_t layer_bytes(int64_t il) const { return n_slots_ * rows_[size_t(il)] * elem_bytes_; }
   KvType type_;
-  int64_t n_slots_, row_, elem_bytes_, layer_bytes_;
-  std::vector<uint8_t> data_;  // [n_layer][K, V][n_slots][row] elements of type_
+  int64_t n_slots_, elem_bytes_;
+  std::vector<int64_t> rows_;          // [n_layer] elements per slot and layer
+  std::vector<int64_t> layer_offset_;  // [n_layer] byte offset of the layer's K arena (V follows)
+  std::vector<uint8_t> data_;  // per layer: [K, V][n_slots][row(il)] elements of type_
 };
 
 // "f32" / "f16"; kv_type_from_name throws tern::Error naming the accepted values otherwise.

@@ -1,27 +1,32 @@
 #include "models/registry.h"
 
-#include <cstring>
 #include <string>
 
 #include "core/error.h"
 
 namespace tern {
-namespace {
 
-// Mistral, TinyLlama, Llama 2/3 and llama2.c checkpoints all use general.architecture "llama".
-constexpr ArchEntry kArchitectures[] = {
-    {"llama", make_llama},
-};
+const std::vector<const ArchSpec*>& architectures() {
+  static const std::vector<const ArchSpec*> kAll = {&kArchLlama,  &kArchQwen2,  &kArchQwen2Moe, &kArchQwen3,
+                                                    &kArchQwen3Moe, &kArchPhi3, &kArchGemma2,   &kArchGemma3};
+  return kAll;
+}
 
-}  // namespace
+std::string architecture_list() {
+  std::string known;
+  for (const ArchSpec* a : architectures()) known += std::string(known.empty() ? "" : ", ") + a->name;
+  return known;
+}
+
+const ArchSpec& find_architecture(const std::string& name, const std::string& path) {
+  for (const ArchSpec* a : architectures())
+    if (name == a->name) return *a;
+  fail(path, ": unsupported architecture '", name, "' (tern runs: ", architecture_list(), ")");
+}
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file) {
-  const std::string arch = file->get_string("general.architecture");
-  for (const auto& e : kArchitectures)
-    if (arch == e.arch) return e.make(std::move(file));
-  std::string known;
-  for (const auto& e : kArchitectures) known += std::string(known.empty() ? "" : ", ") + e.arch;
-  fail(file->path(), ": unsupported architecture '", arch, "' (tern runs: ", known, ")");
+  const ArchSpec& spec = find_architecture(file->get_string("general.architecture"), file->path());
+  return make_decoder(spec, std::move(file));
 }
 
 }  // namespace tern

@@ -1,19 +1,13 @@
 #pragma once
-// Architecture registry: general.architecture -> factory. One line per architecture in
-// registry.cpp; each architecture lives in its own file.
+// Building a model from its file: the architecture's spec (models/arch.h) and the shared
+// decoder (models/decoder.cpp).
 #include <memory>
 
+#include "models/arch.h"
 #include "models/model.h"
 
 namespace tern {
 
-using ModelFactory = std::unique_ptr<Model> (*)(std::shared_ptr<const GgufFile>);
-
-struct ArchEntry {
-  const char* arch;
-  ModelFactory make;
-};
-
-std::unique_ptr<Model> make_llama(std::shared_ptr<const GgufFile> file);
+std::unique_ptr<Model> make_decoder(const ArchSpec& spec, std::shared_ptr<const GgufFile> file);
 
 }  // namespace tern

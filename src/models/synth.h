@@ -12,12 +12,27 @@ namespace tern {
 
 struct SynthShape {
   const char* name;
-  int64_t n_embd, n_ff, n_layer, n_head, n_head_kv, n_vocab, n_ctx;
-  float rope_freq_base;
-  bool tied_output;
+  const char* arch = "llama";       // general.architecture (models/arch.h)
+  int64_t n_embd = 0, n_ff = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_vocab = 0, n_ctx = 0;
+  float rope_freq_base = 10000.0f;
+  bool tied_output = false;
+  int64_t head_dim = 0;             // attention.key_length; 0: n_embd / n_head, not written
+  int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+  int64_t n_swa = 0;                // attention.sliding_window (0: not written)
+  float attn_softcap = 0.0f, final_softcap = 0.0f;
+  // Llama 3.1-style rope_freqs.weight (factor 32, low/high frequency factors 1 / 4) for this
+  // original context; 0: none.
+  int64_t llama3_rope_ctx = 0;
+  // > 0: weights N(0, (gain^2 / n_in)) and norm weights 1 + N(0, 0.1^2), biases N(0, 0.1^2)
+  // (tests: decisive logits, every norm and bias visible in the output); 0: weights N(0, 0.02^2)
+  // and norms 1 (benchmarks: the shapes of real models).
+  float init_gain = 0.0f;
 };
 
-// The known shapes ("tinyllama-1.1b", "llama2-7b", "llama3-8b", "qwen2-0.5b", "stories260k").
+// The known shapes: Llama-architecture ones ("stories260k", "tinyllama-1.1b", "llama2-7b",
+// "llama3-8b", "qwen2-0.5b"), real released models of every architecture ("qwen2.5-0.5b",
+// "qwen3-0.6b", "llama3.2-1b", "phi3-mini", "gemma2-2b", "gemma3-1b", "mixtral-mini",
+// "qwen3moe-mini") and tiny ones with each architecture's features for tests ("qwen2-tiny", ...).
 const std::vector<SynthShape>& synth_shapes();
 const SynthShape& find_synth_shape(const std::string& name);  // throws listing the known names
 
@@ -42,7 +57,8 @@ struct SynthReport {
 SynthReport synth_model(const SynthOptions& opts, const std::string& out_path);
 
 // Adds a generated SentencePiece-style ("llama") vocabulary of n_vocab tokens to `w`:
-// <unk>, <s>, </s>, the 256 byte tokens, then single characters and word pieces.
-void add_generated_vocab(GgufWriter& w, int64_t n_vocab);
+// <unk>, <s>, </s>, the 256 byte tokens, then single characters and word pieces, then the
+// `extra_control` tokens (control type) as the last ids.
+void add_generated_vocab(GgufWriter& w, int64_t n_vocab, const std::vector<std::string>& extra_control = {});
 
 }  // namespace tern

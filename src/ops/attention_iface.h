@@ -17,7 +17,11 @@ enum class KvType : int32_t { F32 = 0, F16 = 1 };
 //   out: [n_tokens, n_head * head_dim]     (rows ldo floats apart)
 //   K/V of position p live at k_base + slots[p] * kv_row (same for v), kv_row = n_head_kv*head_dim
 //   elements of kv_type (float or uint16_t half)
-//   new token i sits at position n_past + i and sees positions 0 .. n_past + i.
+//   new token i sits at position n_past + i and sees positions 0 .. n_past + i, or with a
+//   sliding window of `window` positions only n_past + i - window + 1 .. n_past + i (llama.cpp's
+//   rule: a key at distance window or more is masked).
+//   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax
+//   (Gemma 2's attention-logit soft-capping).
 //   GQA: query head h reads KV head h / (n_head / n_head_kv); K/V are never copied per head.
 struct AttentionArgs {
   const float* q;
@@ -35,6 +39,8 @@ struct AttentionArgs {
   int64_t head_dim;
   float scale;  // 1/sqrt(head_dim)
   KvType kv_type = KvType::F32;
+  float softcap = 0.0f;  // 0: none
+  int64_t window = 0;    // 0: the whole context
 };
 
 namespace attn {

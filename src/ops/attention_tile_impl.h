@@ -23,6 +23,7 @@
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
+#include <math.h>  // tanhf: a plain C function, no inline copy compiled for this ISA
 #include <cstdint>
 
 #include "ops/attention_iface.h"
@@ -322,7 +323,10 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   auto q_row = [&](int64_t r) { return a.q + (i0 + r / g) * a.ldq + (kvh * g + r % g) * hd; };
 
   const int64_t last_pos = a.n_past + i1 - 1;  // the tile's last row sees 0..last_pos
-  for (int64_t p0 = 0; p0 <= last_pos; p0 += kB) {
+  // With a sliding window the tile's first row sees nothing before first_pos - window + 1.
+  int64_t p_start = 0;
+  if (a.window > 0 && a.n_past + i0 + 1 > a.window) p_start = (a.n_past + i0 + 1 - a.window) / kB * kB;
+  for (int64_t p0 = p_start; p0 <= last_pos; p0 += kB) {
     const int64_t nb = last_pos + 1 - p0 < kB ? last_pos + 1 - p0 : kB;
     const T* krow[kB];
     for (int64_t j = 0; j < nb; ++j) {
@@ -366,7 +370,19 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
       const int64_t pos = a.n_past + i0 + r / g;
       const int32_t nv = int32_t(pos + 1 - p0 < nb ? pos + 1 - p0 : nb);  // keys this row sees
       float* s = S + r * kB;
-      const V scale = vset1(a.scale);
+      V scale = vset1(a.scale);
+      if (a.window > 0 || a.softcap > 0.0f) {
+        // Keys [p0, p0 + lo) are outside the row's window; soft-capping scales in place first.
+        const int64_t first = a.window > 0 ? pos + 1 - a.window : 0;
+        const int32_t lo = first > p0 ? int32_t(first - p0 < nv ? first - p0 : nv) : 0;
+        if (lo >= nv) continue;  // the whole block is outside the window
+        for (int32_t j = 0; j < nv; ++j) {
+          float x = s[j] * a.scale;
+          if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+          s[j] = j < lo ? neg_inf : x;
+        }
+        scale = vset1(1.0f);
+      }
       V s0 = vkeep_below(vmul(vload(s), scale), 0, nv, neg_inf);
       V s1 = vkeep_below(vmul(vload(s + 16), scale), 16, nv, neg_inf);
       V s2 = vkeep_below(vmul(vload(s + 32), scale), 32, nv, neg_inf);

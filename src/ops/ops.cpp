@@ -119,14 +119,16 @@ void attend_row_t(const AttentionArgs& a, int64_t i, int64_t h, float* acc) {
   const float* q = a.q + i * a.ldq + h * hd;
   float* out = a.out + i * a.ldo + h * hd;
   const int64_t n_ctx = a.n_past + i + 1;
+  const int64_t p_first = a.window > 0 && n_ctx > a.window ? n_ctx - a.window : 0;
   float m = -INFINITY, l = 0.0f;
   std::fill(acc, acc + hd, 0.0f);
-  for (int64_t p = 0; p < n_ctx; ++p) {
+  for (int64_t p = p_first; p < n_ctx; ++p) {
     const int64_t slot = a.slots[p];
     const T* k = k_base + slot * a.kv_row + kvh * hd;
     float s = 0.0f;
     for (int64_t d = 0; d < hd; ++d) s += q[d] * kv_f32(k[d]);
     s *= a.scale;
+    if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
     const T* v = v_base + slot * a.kv_row + kvh * hd;
     if (s > m) {
       // New maximum: rescale what was accumulated so far.
@@ -226,7 +228,7 @@ float* tile_scratch(int64_t floats) {
 void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& pool) {
   if (!isa_supported(isa)) fail("attention variant ", isa_name(isa), " is not supported by this CPU");
   for (const auto& a : seqs) {
-    TERN_ASSERT(a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 && a.head_dim > 0);
+    TERN_ASSERT(a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 && a.head_dim > 0 && a.window >= 0);
   }
   if (isa == Isa::Ref) {
     attention_ref(seqs, pool);

@@ -33,6 +33,39 @@ void rope_table(const int32_t* positions, int64_t n_tokens, int64_t n_rot, float
 void rope_cols_table(float* x, int64_t ldx, const float* cs, int64_t n_tokens, int64_t head_dim,
                      int64_t n_rot, int64_t c0, int64_t c1);
 
+// RoPE with the extensions of llama.cpp's ggml_rope_ext: per-pair frequency factors (Llama 3.x
+// rope_freqs, Phi-3 LongRoPE: the frequency of pair i is divided by freq_factors[i]), linear
+// position scaling (freq_scale = 1 / factor) and YaRN (ext_factor > 0: ramp between
+// interpolated and extrapolated frequencies over the correction dimensions, magnitude scaled).
+struct RopeParams {
+  int64_t n_rot = 0;
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;
+  const float* freq_factors = nullptr;  // [n_rot / 2] or nullptr
+  float ext_factor = 0.0f;
+  float attn_factor = 1.0f;
+  float beta_fast = 32.0f, beta_slow = 1.0f;
+  int64_t n_ctx_orig = 0;
+};
+// cs[t][i] = {cos, sin} (times the YaRN magnitude) of pair i of token t, as rope_table's layout.
+// With no factors, scaling or YaRN: rope_table's values bit for bit.
+void rope_table_ext(const int32_t* positions, int64_t n_tokens, const RopeParams& p, float* cs);
+// The NeoX pair layout (llama.cpp's LLAMA_ROPE_TYPE_NEOX): within each head, element i is
+// rotated with element i + n_rot/2 by pair i's angle, for i < n_rot/2.
+//   x: [n_tokens][ldx], heads of head_dim from column 0; cs from rope_table(_ext)
+void rope_neox_table(float* x, int64_t ldx, const float* cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                     int64_t n_rot);
+// Each head's piece of each row RMS-normalised with the same weight (Qwen3 / Gemma 3 q/k norms).
+//   x: [n_tokens][ldx] in place, weight: [head_dim]
+void rms_norm_heads(float* x, int64_t ldx, const float* weight, int64_t n_tokens, int64_t n_heads,
+                    int64_t head_dim, float eps);
+// y[t][c] += bias[c] for c in [c0, c1), n_tokens rows ldy floats apart.
+void add_bias_cols(float* y, int64_t ldy, const float* bias, int64_t n_tokens, int64_t c0, int64_t c1);
+// out = gelu(gate) * up with the tanh approximation of GELU (GeGLU, Gemma), n elements.
+void geglu(const float* gate, const float* up, float* out, int64_t n);
+// x = cap * tanh(x / cap) elementwise (final-logit soft-capping).
+void softcap_inplace(float* x, int64_t n, float cap);
+
 // out = silu(gate) * up, elementwise over [n_tokens, n_ff] (SwiGLU).
 void swiglu(const float* gate, const float* up, float* out, int64_t n, ThreadPool& pool);
 // out = silu(gate) * up on columns [c0, c1) of n_tokens rows (ld floats apart), on the calling

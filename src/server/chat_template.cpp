@@ -159,8 +159,51 @@ Pieces render_mistral(const std::vector<ChatMessage>& msgs, const std::string& e
   return out;
 }
 
+// The variables HF's apply_chat_template gives a template, for these messages; every string
+// that comes from the request is marked (content, never special tokens).
+jinja::Object jinja_vars(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
+  jinja::Array msgs;
+  for (const ChatMessage& m : messages) {
+    jinja::Object o;
+    o.set("role", jinja::Value(jinja::Text(m.role, true)));
+    o.set("content", jinja::Value(jinja::Text(m.content, true)));
+    msgs.push_back(jinja::Value::object(std::move(o)));
+  }
+  jinja::Object vars;
+  vars.set("messages", jinja::Value::array(std::move(msgs)));
+  vars.set("add_generation_prompt", jinja::Value(true));
+  vars.set("bos_token", jinja::Value(t.bos_text));
+  vars.set("eos_token", jinja::Value(t.eos_text));
+  vars.set("tools", jinja::Value::none());  // the server takes no tools (only "tools": [])
+  return vars;
+}
+
+Pieces render_jinja(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
+  jinja::Text out;
+  try {
+    out = t.jinja->render(jinja_vars(t, messages));
+  } catch (const jinja::TemplateError& e) {
+    if (e.raised()) bad_request("messages", "the model's chat template refuses this conversation: ", e.message());
+    throw ApiError(500, "server_error", "", "", str_cat("the model's chat template failed to render: ", e.what()));
+  }
+  // The server adds BOS while tokenizing; a BOS text the template writes first is dropped.
+  size_t pos = 0;
+  if (!t.bos_text.empty() && out.str().starts_with(t.bos_text) && !out.marked_at(0)) pos = t.bos_text.size();
+  Pieces pieces;
+  for (const auto& [b, e] : out.marks()) {
+    if (e <= pos) continue;
+    const size_t from = std::max(b, pos);
+    add_template(pieces, std::string_view(out.str()).substr(pos, from - pos));
+    add(pieces, std::string_view(out.str()).substr(from, e - from), true);
+    pos = e;
+  }
+  add_template(pieces, std::string_view(out.str()).substr(pos));
+  return pieces;
+}
+
 Pieces render(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
   if (messages.empty()) bad_request("messages", "'messages' must contain at least one message.");
+  if (t.jinja) return render_jinja(t, messages);
   switch (t.family) {
     case ChatFamily::ChatML: break;
     case ChatFamily::Llama2: return render_llama2(messages, t.bos_text, t.eos_text);
@@ -257,6 +300,8 @@ std::optional<ChatFamily> detect_chat_template(std::string_view t) {
   return std::nullopt;
 }
 
+std::string ChatTemplate::name() const { return jinja ? "jinja" : chat_family_name(family); }
+
 std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages) const {
   std::string out;
   for (const Piece& p : render(*this, messages)) out += p.text;
@@ -301,6 +346,32 @@ std::vector<int32_t> ChatTemplate::encode(const std::vector<ChatMessage>& messag
   return out;
 }
 
+namespace {
+
+// The template parsed, and rendered once for a one-message conversation (a template that uses
+// what the engine lacks fails here, at start-up, rather than on every request, and one that
+// leaves the message out is no chat template); null and the reason otherwise. A
+// raise_exception() for that conversation is the template's choice.
+std::shared_ptr<const jinja::Template> try_jinja(const ChatTemplate& base, const std::string& text, std::string& error) {
+  try {
+    auto tmpl = std::make_shared<const jinja::Template>(jinja::Template::parse(text));
+    ChatTemplate probe = base;
+    probe.jinja = tmpl;
+    try {
+      if (probe.apply({{"user", "Hello"}}).find("Hello") == std::string::npos)
+        throw jinja::TemplateError(0, 0, "it leaves the message out of a one-message conversation");
+    } catch (const ApiError& e) {
+      if (e.status() != 400) throw jinja::TemplateError(0, 0, e.what());
+    }
+    return tmpl;
+  } catch (const jinja::TemplateError& e) {
+    error = e.line() > 0 ? e.what() : e.message();
+    return nullptr;
+  }
+}
+
+}  // namespace
+
 ChatTemplate select_chat_template(const std::string& override_spec, const std::string& gguf_template,
                                   const std::string& bos_text, const std::string& eos_text, std::string* note) {
   ChatTemplate t;
@@ -319,24 +390,30 @@ ChatTemplate select_chat_template(const std::string& override_spec, const std::s
       std::ostringstream ss;
       ss << in.rdbuf();
       if (!in && !in.eof()) fail("--chat-template ", override_spec, ": cannot read the file");
-      const auto detected = detect_chat_template(ss.str());
-      if (!detected)
-        fail("--chat-template ", override_spec,
-             ": the template matches no known family (chatml, llama2, llama3, mistral, phi3, zephyr, gemma)");
-      t.family = *detected;
-      why = "detected in " + override_spec;
+      std::string error;
+      t.jinja = try_jinja(t, ss.str(), error);
+      if (!t.jinja) fail("--chat-template ", override_spec, ": ", error);
+      t.family = detect_chat_template(ss.str()).value_or(ChatFamily::ChatML);
+      why = "Jinja from " + override_spec;
     }
   } else if (gguf_template.empty()) {
     t.family = ChatFamily::ChatML;
     why = "the model has no tokenizer.chat_template: default";
-  } else if (auto f = detect_chat_template(gguf_template)) {
-    t.family = *f;
-    why = "detected in the model's tokenizer.chat_template";
   } else {
-    t.family = ChatFamily::ChatML;
-    why = "the model's tokenizer.chat_template matches no known family: default";
+    std::string error;
+    t.jinja = try_jinja(t, gguf_template, error);
+    if (t.jinja) {
+      t.family = detect_chat_template(gguf_template).value_or(ChatFamily::ChatML);
+      why = "the model's tokenizer.chat_template";
+    } else if (auto f = detect_chat_template(gguf_template)) {
+      t.family = *f;
+      why = "the model's tokenizer.chat_template cannot be used (" + error + "); built-in, detected by its markers";
+    } else {
+      t.family = ChatFamily::ChatML;
+      why = "the model's tokenizer.chat_template cannot be used (" + error + ") and matches no known family: default";
+    }
   }
-  if (note) *note = std::string("chat template: ") + chat_family_name(t.family) + " (" + why + ")";
+  if (note) *note = "chat template: " + t.name() + " (" + why + ")";
   return t;
 }
 

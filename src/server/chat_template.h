@@ -1,24 +1,31 @@
 #pragma once
-// Chat templates: messages -> one prompt string, for the common model families.
+// Chat templates: messages -> one prompt string.
 //
-// A GGUF carries its template as Jinja text (tokenizer.chat_template). Rather than embed a
-// Jinja engine, the family is recognised by markers that only that family's template uses
-// (detect_chat_template) and rendered by hand-written code that reproduces what the Jinja
-// renders for plain text conversations with add_generation_prompt = true. The BOS token is
-// never part of the rendered text: the server adds it while tokenizing (add_bos), the same way
-// for every family. The template's other special tokens (<|im_start|>, </s>) are written as
+// A GGUF carries its template as Jinja text (tokenizer.chat_template); the server renders it
+// with tern's Jinja engine (jinja/template.h) as Hugging Face's apply_chat_template does:
+// variables messages (role, content), add_generation_prompt = true, bos_token, eos_token and
+// tools = none. Hand-written renderers of the common families (ChatFamily) remain for models
+// without a template, templates that do not parse or fail on a plain conversation, and
+// --chat-template NAME; they reproduce what those families' Jinja renders for plain text.
+//
+// The BOS token is never part of the rendered text: the server adds it while tokenizing
+// (add_bos), the same way for every template (a BOS text the Jinja writes first is dropped, as
+// llama.cpp does). The template's other special tokens (<|im_start|>, </s>) are written as
 // text; encode() turns those into their tokens and never the contents' text: a message that
 // says "</s>" or "<|im_end|>" is text, as in llama.cpp's server, or a user could close the
-// turn and write the assistant's part (or end the generation) from inside a message.
+// turn and write the assistant's part (or end the generation) from inside a message. The Jinja
+// engine tracks which bytes of its output came from the messages (jinja::Text's marks) for this.
 //
 // A model without a template gets ChatML (what llama.cpp falls back to as well); see
 // docs/server.md.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "jinja/template.h"
 #include "server/openai_request.h"
 #include "tokenizer/tokenizer.h"
 
@@ -36,9 +43,14 @@ struct ChatTemplate {
   ChatFamily family = ChatFamily::ChatML;
   std::string bos_text;  // the tokenizer's BOS piece ("<s>"): opens later turns of Llama-2
   std::string eos_text;  // the tokenizer's EOS piece ("</s>"): closes turns in some families
+  // When set, this Jinja template is rendered; `family` then only says which built-in family
+  // its markers name (ChatML when none), for the log.
+  std::shared_ptr<const jinja::Template> jinja;
+  std::string name() const;  // "jinja" or the family's name
 
   // The prompt for these messages, ending where the assistant's answer starts.
-  // Throws ApiError (400) for a conversation the family cannot express.
+  // Throws ApiError: 400 for a conversation the family cannot express (or that the Jinja
+  // refuses with raise_exception), 500 naming the line and column when the Jinja fails.
   std::string apply(const std::vector<ChatMessage>& messages) const;
 
   // The token ids of apply(messages): special-token texts of the template become their tokens,
@@ -48,11 +60,13 @@ struct ChatTemplate {
   std::vector<int32_t> encode(const std::vector<ChatMessage>& messages, const Tokenizer& tok, bool add_bos) const;
 };
 
-// Template for a model: `override_spec` (a family name, or a file holding a Jinja template,
-// from --chat-template) wins; otherwise the GGUF's template text; otherwise ChatML.
-// Throws tern::Error when the override is neither a family name nor a readable file with a
-// recognised template. An unrecognised GGUF template falls back to ChatML; `note` (optional)
-// receives one line saying which template was chosen and why, for the start-up log.
+// Template for a model: `override_spec` (--chat-template) wins: a family name selects that
+// built-in renderer, anything else is a file holding a Jinja template. Otherwise the GGUF's
+// template text, rendered as Jinja; when it does not parse, or fails to render a one-message
+// conversation, the family its markers name (detect_chat_template), else ChatML. No GGUF
+// template: ChatML. Throws tern::Error when the override is neither a family name nor a readable
+// file with a template that parses. `note` (optional) receives one line saying which template
+// was chosen and why (with the Jinja error when one was set aside), for the start-up log.
 ChatTemplate select_chat_template(const std::string& override_spec, const std::string& gguf_template,
                                   const std::string& bos_text, const std::string& eos_text,
                                   std::string* note = nullptr);

@@ -1,4 +1,4 @@
-// Byte-level BPE ("gpt2" vocabularies): the GPT-2 pre-tokenizer splits the text into words,
+// Byte-level BPE ("gpt2" vocabularies): a regex pre-tokenizer splits the text into words,
 // each word's bytes are mapped to printable code points (GPT-2's bytes_to_unicode), and the
 // word is merged pairwise by merge rank (lowest first, ties leftmost).
 #include <algorithm>
@@ -22,6 +22,29 @@ Kind kind_of(uint32_t cp) {
   }
 }
 
+// The text as code points, with each one's byte offset and regex class.
+struct CodepointText {
+  std::vector<uint32_t> cps;   // [n] code points (U+FFFD for each invalid byte)
+  std::vector<size_t> offs;    // [n + 1] byte offset of each code point, then text.size()
+  std::vector<uint8_t> kinds;  // [n] Kind
+
+  explicit CodepointText(std::string_view text) {
+    cps.reserve(text.size());
+    offs.reserve(text.size() + 1);
+    kinds.reserve(text.size());
+    for (size_t i = 0; i < text.size();) {
+      offs.push_back(i);
+      const uint32_t cp = unicode::next_codepoint(text, i);
+      cps.push_back(cp);
+      kinds.push_back(kind_of(cp));
+    }
+    offs.push_back(text.size());
+  }
+  size_t size() const { return cps.size(); }
+};
+
+uint32_t ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
 }  // namespace
 
 // Hand-written matcher for the regex; at each position the first alternative that matches
@@ -32,20 +55,11 @@ Kind kind_of(uint32_t cp) {
 //      (that character then prefixes the next word, e.g. "  Hello" -> " ", " Hello")
 //   6. \s+: a single whitespace character before a non-space
 void gpt2_pretokenize(std::string_view text, const std::function<void(size_t, size_t)>& emit) {
-  std::vector<uint32_t> cps;   // [n] code points (U+FFFD for each invalid byte)
-  std::vector<size_t> offs;    // [n + 1] byte offset of each code point, then text.size()
-  std::vector<uint8_t> kinds;  // [n]
-  cps.reserve(text.size());
-  offs.reserve(text.size() + 1);
-  kinds.reserve(text.size());
-  for (size_t i = 0; i < text.size();) {
-    offs.push_back(i);
-    const uint32_t cp = unicode::next_codepoint(text, i);
-    cps.push_back(cp);
-    kinds.push_back(kind_of(cp));
-  }
-  offs.push_back(text.size());
-  const size_t n = cps.size();
+  const CodepointText t(text);
+  const std::vector<uint32_t>& cps = t.cps;
+  const std::vector<size_t>& offs = t.offs;
+  const std::vector<uint8_t>& kinds = t.kinds;
+  const size_t n = t.size();
 
   for (size_t i = 0; i < n;) {
     size_t end = i;
@@ -73,7 +87,157 @@ void gpt2_pretokenize(std::string_view text, const std::function<void(size_t, si
   }
 }
 
-BpeTokenizer::BpeTokenizer(VocabData d) : VocabTokenizer(std::move(d)) {
+// Alternatives in order, each greedy, the first that matches wins:
+//   1. ' followed by s t m d / re ve ll, any ASCII case
+//   2. an optional character that is neither \r, \n, a letter nor a number (a space, a
+//      tab, punctuation), then a run of letters
+//   3. a run of 1..max_digits numbers
+//   4. an optional ' ', a run of characters that are neither whitespace, letters nor
+//      numbers, then any \r / \n that follow
+//   5. \s*[\r\n]+: a whitespace run up to and including its last \r or \n
+//   6. \s+(?!\S): a whitespace run without newlines, minus its last character when a
+//      non-space follows
+//   7. \s+: a single whitespace character before a non-space
+void llama3_pretokenize(std::string_view text, size_t max_digits,
+                        const std::function<void(size_t, size_t)>& emit) {
+  const CodepointText t(text);
+  const size_t n = t.size();
+  auto kind = [&](size_t k) { return k < n ? t.kinds[k] : uint8_t(0xFF); };
+  auto is_newline = [&](size_t k) { return t.cps[k] == '\r' || t.cps[k] == '\n'; };
+  for (size_t i = 0; i < n;) {
+    size_t end = i;
+    const uint32_t c = t.cps[i];
+    const uint8_t k = t.kinds[i];
+    if (c == '\'' && i + 1 < n) {  // 1
+      const uint32_t c1 = ascii_lower(t.cps[i + 1]);
+      const uint32_t c2 = i + 2 < n ? ascii_lower(t.cps[i + 2]) : 0;
+      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
+        end = i + 2;
+      else if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
+        end = i + 3;
+    }
+    if (end == i) {  // 2
+      size_t s = i;
+      if (k != kLetter && k != kNumber && !is_newline(i) && kind(i + 1) == kLetter) s = i + 1;
+      if (t.kinds[s] == kLetter) {
+        end = s + 1;
+        while (kind(end) == kLetter) ++end;
+      }
+    }
+    if (end == i && k == kNumber) {  // 3
+      end = i + 1;
+      while (end - i < max_digits && kind(end) == kNumber) ++end;
+    }
+    if (end == i) {  // 4
+      const size_t s = c == ' ' && kind(i + 1) == kOther ? i + 1 : i;
+      if (t.kinds[s] == kOther) {
+        end = s + 1;
+        while (kind(end) == kOther) ++end;
+        while (end < n && is_newline(end)) ++end;
+      }
+    }
+    if (end == i) {  // 5-7: only whitespace is left here
+      size_t j = i, last_newline = n;
+      for (; kind(j) == kSpace; ++j)
+        if (is_newline(j)) last_newline = j;
+      if (last_newline < n)
+        end = last_newline + 1;
+      else if (j < n && j - i >= 2)
+        end = j - 1;
+      else
+        end = j;
+    }
+    emit(t.offs[i], t.offs[end] - t.offs[i]);
+    i = end;
+  }
+}
+
+void pretokenize(PreTokenizer pre, std::string_view text,
+                 const std::function<void(size_t, size_t)>& emit) {
+  switch (pre) {
+    case PreTokenizer::Gpt2:
+      gpt2_pretokenize(text, emit);
+      return;
+    case PreTokenizer::Llama3:
+      llama3_pretokenize(text, 3, emit);
+      return;
+    case PreTokenizer::Qwen2:
+      llama3_pretokenize(text, 1, emit);
+      return;
+    case PreTokenizer::DigitsGpt2: {
+      // Two splits one after the other, as llama.cpp applies its regex list: \p{N} makes
+      // every digit a piece, then GPT-2's regex splits each run between digits on its own.
+      size_t run = 0;
+      auto flush = [&](size_t end) {
+        if (end > run)
+          gpt2_pretokenize(text.substr(run, end - run),
+                           [&](size_t off, size_t len) { emit(run + off, len); });
+      };
+      for (size_t i = 0; i < text.size();) {
+        const size_t start = i;
+        const uint32_t cp = unicode::next_codepoint(text, i);
+        if (unicode::char_class(cp) != unicode::CharClass::Number) continue;
+        flush(start);
+        emit(start, i - start);
+        run = i;
+      }
+      flush(text.size());
+      return;
+    }
+  }
+}
+
+namespace {
+
+struct PreName {
+  const char* name;
+  PreTokenizer pre;
+  bool ignore_merges;
+};
+// llama.cpp's names for the pre-tokenizers tern implements ("" = the key is absent).
+constexpr PreName kPreNames[] = {
+    {"", PreTokenizer::Gpt2, false},           {"default", PreTokenizer::Gpt2, false},
+    {"gpt-2", PreTokenizer::Gpt2, false},      {"phi-2", PreTokenizer::Gpt2, false},
+    {"mpt", PreTokenizer::Gpt2, false},        {"olmo", PreTokenizer::Gpt2, false},
+    {"jais", PreTokenizer::Gpt2, false},       {"roberta-bpe", PreTokenizer::Gpt2, false},
+    {"starcoder", PreTokenizer::DigitsGpt2, false}, {"refact", PreTokenizer::DigitsGpt2, false},
+    {"command-r", PreTokenizer::DigitsGpt2, false}, {"smollm", PreTokenizer::DigitsGpt2, false},
+    {"codeshell", PreTokenizer::DigitsGpt2, false}, {"exaone", PreTokenizer::DigitsGpt2, false},
+    {"minerva-7b", PreTokenizer::DigitsGpt2, false},
+    {"llama3", PreTokenizer::Llama3, true},    {"llama-v3", PreTokenizer::Llama3, true},
+    {"llama-bpe", PreTokenizer::Llama3, true}, {"falcon3", PreTokenizer::Llama3, true},
+    {"dbrx", PreTokenizer::Llama3, false},     {"smaug-bpe", PreTokenizer::Llama3, false},
+    {"qwen2", PreTokenizer::Qwen2, false},     {"deepseek-r1-qwen", PreTokenizer::Qwen2, false},
+    {"stablelm2", PreTokenizer::Qwen2, false}, {"megrez", PreTokenizer::Qwen2, false},
+};
+
+}  // namespace
+
+std::optional<PreTokenizer> pretokenizer_from_name(std::string_view name, bool& ignore_merges) {
+  for (const PreName& p : kPreNames)
+    if (name == p.name) {
+      ignore_merges = p.ignore_merges;
+      return p.pre;
+    }
+  return std::nullopt;
+}
+
+const char* supported_pretokenizer_names() {
+  static const std::string names = [] {
+    std::string s;
+    for (const PreName& p : kPreNames) {
+      if (!*p.name) continue;
+      if (!s.empty()) s += ", ";
+      s += p.name;
+    }
+    return s;
+  }();
+  return names.c_str();
+}
+
+BpeTokenizer::BpeTokenizer(VocabData d)
+    // (pre and ignore_merges are plain values: the move into the base leaves them as they are)
+    : VocabTokenizer(std::move(d)), pre_(d.pre), ignore_merges_(d.ignore_merges) {
   // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68
   // bytes take the code points 256, 257, ... in byte order.
   std::fill(std::begin(cp_to_byte_), std::end(cp_to_byte_), int16_t(-1));
@@ -91,7 +255,7 @@ BpeTokenizer::BpeTokenizer(VocabData d) : VocabTokenizer(std::move(d)) {
 
 void BpeTokenizer::encode_text(std::string_view text, bool, std::vector<int32_t>& out) const {
   std::string mapped, key;  // reused across words
-  gpt2_pretokenize(text, [&](size_t off, size_t len) {
+  pretokenize(pre_, text, [&](size_t off, size_t len) {
     encode_word(text.substr(off, len), mapped, key, out);
   });
 }
@@ -110,6 +274,13 @@ void BpeTokenizer::encode_word(std::string_view word, std::string& mapped, std::
   }
   if (syms.empty()) return;
   syms.back().next = -1;
+  if (ignore_merges_) {
+    const int32_t id = text_piece_id(mapped);
+    if (id >= 0) {
+      out.push_back(id);
+      return;
+    }
+  }
 
   merge_symbols(mapped, syms, [&](std::string_view left, std::string_view right) -> std::optional<double> {
     key.assign(left);

@@ -2,6 +2,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
 #include <variant>
 
@@ -131,7 +132,16 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
     d.types.assign(n_vocab, static_cast<int32_t>(TokenType::Normal));
   }
 
+  bool llama3_defaults = false;  // llama.cpp: Llama 3 vocabularies add BOS unless told not to
   if (!spm) {
+    const GgufValue* pre_v = file.find("tokenizer.ggml.pre");
+    const std::string pre_name = pre_v ? pre_v->as_string(file.path() + ": tokenizer.ggml.pre") : "";
+    const auto pre = detail::pretokenizer_from_name(pre_name, d.ignore_merges);
+    if (!pre)
+      fail(file.path(), ": unsupported pre-tokenizer '", pre_name,
+           "' (tokenizer.ggml.pre; supported: ", detail::supported_pretokenizer_names(), ")");
+    d.pre = *pre;
+    llama3_defaults = d.pre == detail::PreTokenizer::Llama3 && d.ignore_merges;
     const GgufArray* merges = r.array("tokenizer.ggml.merges", MetaReader::Elem::String, true);
     d.merges.reserve(merges->items.size());
     for (size_t i = 0; i < merges->items.size(); ++i) {
@@ -155,7 +165,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
                           "tokenizer.ggml.separator_token_id", "tokenizer.ggml.cls_token_id",
                           "tokenizer.ggml.mask_token_id"})
     r.id(key, -1, n_vocab);  // validated only
-  d.add_bos = r.flag("tokenizer.ggml.add_bos_token", spm) && d.bos >= 0;
+  d.add_bos = r.flag("tokenizer.ggml.add_bos_token", spm || llama3_defaults) && d.bos >= 0;
   d.add_eos = r.flag("tokenizer.ggml.add_eos_token", false) && d.eos >= 0;
   d.add_space_prefix = spm && r.flag("tokenizer.ggml.add_space_prefix", true);
 
@@ -197,6 +207,22 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
     const int32_t id = find_token(d.tokens, text);
     if (id >= 0 && is_special(id)) d.eog.push_back(id);
   }
+  // llama.cpp's model-specific token attribute: Phi-3 (recognised by general.name) drops the
+  // whitespace after its special tokens, except after <unk>, <s> and <|endoftext|>.
+  std::string name = file.get_string("general.name", "");
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+    d.rstrip.assign(n_vocab, 0);
+    for (size_t i = 0; i < n_vocab; ++i) {
+      const auto t = static_cast<TokenType>(d.types[i]);
+      const std::string& text = d.tokens[i];
+      const bool special = t == TokenType::Control || t == TokenType::UserDefined ||
+                           t == TokenType::Unknown || text == "</s>";
+      d.rstrip[i] = special && text != "<unk>" && text != "<s>" && text != "<|endoftext|>";
+    }
+  }
+
   std::sort(d.eog.begin(), d.eog.end());
   d.eog.erase(std::unique(d.eog.begin(), d.eog.end()), d.eog.end());
 
@@ -281,6 +307,7 @@ VocabTokenizer::VocabTokenizer(VocabData d) {
   add_eos_ = d.add_eos;
   add_space_prefix_ = d.add_space_prefix;
   eog_ids_ = std::move(d.eog);
+  rstrip_ = std::move(d.rstrip);
 
   piece_to_id_.reserve(tokens_.size());
   for (size_t i = 0; i < tokens_.size(); ++i) {
@@ -296,6 +323,17 @@ VocabTokenizer::VocabTokenizer(VocabData d) {
   std::stable_sort(special_ids_.begin(), special_ids_.end(), [&](int32_t a, int32_t b) {
     return tokens_[a].size() > tokens_[b].size();
   });
+  special_node_.reserve(special_ids_.size());
+  for (int32_t id : special_ids_) {
+    uint32_t node = 0;
+    for (char c : tokens_[id]) {
+      const uint64_t key = uint64_t(node) << 8 | static_cast<uint8_t>(c);
+      auto [it, added] = trie_edges_.try_emplace(key, trie_nodes_);
+      if (added) ++trie_nodes_;
+      node = it->second;
+    }
+    special_node_.push_back(node);
+  }
 }
 
 void VocabTokenizer::check_id(int32_t id) const {
@@ -305,11 +343,26 @@ void VocabTokenizer::check_id(int32_t id) const {
 
 // Splits the text at special-token texts, longest token first (llama.cpp's order, so that
 // overlapping candidates resolve the same way). User-defined tokens are always split out;
-// control and unknown tokens only when parse_special.
+// control and unknown tokens only when parse_special. A token with the rstrip attribute
+// swallows the whitespace after it.
 std::vector<Fragment> VocabTokenizer::partition(std::string_view text, bool parse_special) const {
   std::vector<Fragment> frags{{-1, 0, text.size()}};
+  if (special_ids_.empty()) return frags;
+  // Which special texts occur at all (a text split out later still occurred in the input).
+  std::vector<uint8_t> occurs(trie_nodes_, 0);
+  for (size_t i = 0; i < text.size(); ++i) {
+    uint32_t node = 0;
+    for (size_t j = i; j < text.size(); ++j) {
+      auto it = trie_edges_.find(uint64_t(node) << 8 | static_cast<uint8_t>(text[j]));
+      if (it == trie_edges_.end()) break;
+      node = it->second;
+      occurs[node] = 1;
+    }
+  }
   std::vector<Fragment> next;
-  for (int32_t id : special_ids_) {
+  for (size_t k = 0; k < special_ids_.size(); ++k) {
+    const int32_t id = special_ids_[k];
+    if (!occurs[special_node_[k]]) continue;
     if (!parse_special && type_of(id) != TokenType::UserDefined) continue;
     const std::string_view needle = tokens_[id];
     next.clear();
@@ -321,11 +374,14 @@ std::vector<Fragment> VocabTokenizer::partition(std::string_view text, bool pars
       }
       const std::string_view s = text.substr(f.off, f.len);
       size_t pos = 0;
-      for (size_t hit; (hit = s.find(needle, pos)) != std::string_view::npos;
-           pos = hit + needle.size()) {
+      const bool rstrip = !rstrip_.empty() && rstrip_[id];
+      for (size_t hit; (hit = s.find(needle, pos)) != std::string_view::npos;) {
         if (hit > pos) next.push_back({-1, f.off + pos, hit - pos});
         next.push_back({id, f.off + hit, needle.size()});
         changed = true;
+        pos = hit + needle.size();
+        if (rstrip)
+          while (pos < s.size() && std::isspace(static_cast<unsigned char>(s[pos]))) ++pos;
       }
       if (pos < s.size()) next.push_back({-1, f.off + pos, s.size() - pos});
     }

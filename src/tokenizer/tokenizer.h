@@ -1,7 +1,8 @@
 #pragma once
 // Tokenizers built from GGUF metadata (tokenizer.ggml.*) or a llama2.c tokenizer.bin.
 //   - "llama": SentencePiece-style BPE over scores, with byte fallback <0xNN>, '▁' for spaces
-//   - "gpt2":  byte-level BPE with merges and the GPT-2 pre-tokenizer regex
+//   - "gpt2":  byte-level BPE with merges and the pre-tokenizer regex tokenizer.ggml.pre names
+//              (GPT-2's, starcoder/refact's digit split, Llama 3's, Qwen2's)
 // Both reproduce llama.cpp's tokenizer test vectors exactly (tests/tokenizer).
 // Immutable after construction; all methods are thread-safe.
 #include <cstdint>

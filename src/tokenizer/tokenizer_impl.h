@@ -15,9 +15,25 @@
 
 namespace tern::detail {
 
+// How a byte-level BPE vocabulary splits text into words before merging
+// (tokenizer.ggml.pre, resolved by from_gguf; see pretokenizer_from_name).
+enum class PreTokenizer : uint8_t {
+  Gpt2,        // GPT-2's regex (gpt-2, mpt, olmo, ... and files without the key)
+  DigitsGpt2,  // every digit on its own, then GPT-2's regex (starcoder, refact, ...)
+  Llama3,      // Llama 3's regex: numbers in groups of up to three digits
+  Qwen2,       // Llama 3's regex with one digit per number (Qwen2, Qwen2.5, Qwen3)
+};
+
 // Everything from_gguf read and validated; ids are -1 when absent.
 struct VocabData {
   std::string model;
+  PreTokenizer pre = PreTokenizer::Gpt2;
+  // BPE: a word that is itself a vocabulary piece is that token, whatever the merges would
+  // make of it (Hugging Face's ignore_merges; llama.cpp sets it for Llama 3).
+  bool ignore_merges = false;
+  // [n_vocab] or empty: 1 where whitespace after the token's text is dropped when the token
+  // is split out of the text (llama.cpp's RSTRIP attribute, set for Phi-3's special tokens).
+  std::vector<uint8_t> rstrip;
   std::vector<std::string> tokens;
   std::vector<float> scores;   // empty or n_vocab
   std::vector<int32_t> types;  // n_vocab (TokenType values)
@@ -64,6 +80,13 @@ class VocabTokenizer : public Tokenizer {
   std::unordered_map<std::string_view, int32_t> piece_to_id_;
   // Control / user-defined / unknown tokens with non-empty text, longest text first.
   std::vector<int32_t> special_ids_;
+  std::vector<uint8_t> rstrip_;  // see VocabData::rstrip
+  // A byte trie over the texts of special_ids_ (node 0 is the root, an edge is keyed by
+  // node << 8 | byte), so that partition() looks for only the texts that occur in its input:
+  // vocabularies such as Gemma's have thousands of added tokens.
+  std::unordered_map<uint64_t, uint32_t> trie_edges_;
+  std::vector<uint32_t> special_node_;  // [special_ids_.size()] trie node of each text
+  uint32_t trie_nodes_ = 1;
 };
 
 // SentencePiece-style BPE over piece scores ("llama").
@@ -85,7 +108,7 @@ class SpmTokenizer final : public VocabTokenizer {
   bool barrier_[128];
 };
 
-// Byte-level BPE with ranked merges and the GPT-2 pre-tokenizer ("gpt2").
+// Byte-level BPE with ranked merges and a regex pre-tokenizer ("gpt2").
 class BpeTokenizer final : public VocabTokenizer {
  public:
   explicit BpeTokenizer(VocabData d);
@@ -99,6 +122,8 @@ class BpeTokenizer final : public VocabTokenizer {
   void encode_word(std::string_view word, std::string& mapped, std::string& key,
                    std::vector<int32_t>& out) const;
 
+  PreTokenizer pre_;
+  bool ignore_merges_;
   std::unordered_map<std::string_view, int32_t> merge_rank_;  // "left right" -> rank
   std::string byte_to_utf8_[256];  // GPT-2 byte -> printable code point, as UTF-8
   int16_t cp_to_byte_[512];        // inverse (all mapped code points are < 512), -1 if none
@@ -108,6 +133,25 @@ class BpeTokenizer final : public VocabTokenizer {
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // and calls emit(offset, length) for each piece, in order, covering every byte.
 void gpt2_pretokenize(std::string_view text, const std::function<void(size_t, size_t)>& emit);
+
+// Splits `text` the way Llama 3's pre-tokenizer regex does (max_digits 3; Qwen2's is the
+// same with max_digits 1):
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+// (contractions case-insensitive for ASCII letters, as llama.cpp spells it).
+void llama3_pretokenize(std::string_view text, size_t max_digits,
+                        const std::function<void(size_t, size_t)>& emit);
+
+// Runs the pre-tokenizer `pre` over `text` (emit as above).
+void pretokenize(PreTokenizer pre, std::string_view text,
+                 const std::function<void(size_t, size_t)>& emit);
+
+// The pre-tokenizer llama.cpp uses for tokenizer.ggml.pre = `name` (empty: the key is
+// absent), or std::nullopt when tern does not implement that one. ignore_merges is set for
+// the names llama.cpp turns it on for.
+std::optional<PreTokenizer> pretokenizer_from_name(std::string_view name, bool& ignore_merges);
+// Comma-separated names pretokenizer_from_name accepts (for error messages and docs).
+const char* supported_pretokenizer_names();
 
 // ---- the pair-merge loop shared by SPM and BPE ----------------------------------------------
 

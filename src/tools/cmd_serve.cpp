@@ -42,8 +42,8 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--cors", scfg.cors_origins,
                  "origin a browser page may call the API from, e.g. http://localhost:3000, or * for any (repeatable)");
   app.add_option("--chat-template", chat_template,
-                 "chatml|llama2|llama3|mistral|phi3|zephyr|gemma, or a file with a Jinja template to recognise "
-                 "(default: the model's tokenizer.chat_template, else chatml)");
+                 "chatml|llama2|llama3|mistral|phi3|zephyr|gemma (a built-in template), or a file with a Jinja "
+                 "template to render (default: the model's tokenizer.chat_template as Jinja, else chatml)");
   app.add_option("--kv-memory", kv_memory,
                  "KV arena size: MiB, or with a unit (512M, 2G); default: ctx x parallel tokens");
   app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block")

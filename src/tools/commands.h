@@ -17,6 +17,7 @@ const std::vector<Command>& commands();
 
 int cmd_run(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
+int cmd_vocab(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_ppl(int argc, char** argv);

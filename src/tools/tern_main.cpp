@@ -12,6 +12,7 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
       {"run", "generate text from a prompt and report TTFT/TBT/throughput/memory", cmd_run},
       {"tokenize", "print the token ids of a text", cmd_tokenize},
+      {"vocab", "write a vocabulary-only GGUF from a Hugging Face tokenizer.json", cmd_vocab},
       {"inspect", "print a GGUF file's metadata, hyper-parameters and tensors", cmd_inspect},
       {"convert", "convert a llama2.c checkpoint + tokenizer to GGUF", cmd_convert},
       {"ppl", "perplexity of a text, computed as llama.cpp's llama-perplexity does", cmd_ppl},

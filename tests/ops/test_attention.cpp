@@ -37,6 +37,8 @@ struct Seq {
   std::vector<float> q, out, k, v;
   std::vector<uint16_t> k16, v16;
   std::vector<int32_t> slots;
+  int64_t window = 0;    // sliding window (0: none)
+  float softcap = 0.0f;  // attention-logit soft-capping (0: none)
 
   Seq(const Shape& s, uint32_t seed, int64_t pad = 3, KvType kt = KvType::F32) : sh(s), kv_type(kt) {
     std::mt19937 rng(seed);
@@ -75,7 +77,7 @@ struct Seq {
                          h ? static_cast<const void*>(k16.data()) : k.data(),
                          h ? static_cast<const void*>(v16.data()) : v.data(), kv_row, slots.data(),
                          sh.n_past, sh.n_tokens, sh.n_head, sh.n_head_kv, sh.head_dim,
-                         1.0f / std::sqrt(float(sh.head_dim)), kv_type};
+                         1.0f / std::sqrt(float(sh.head_dim)), kv_type, softcap, window};
   }
   // The same sequence over an f32 arena (the widened values when this one is f16).
   AttentionArgs args_f32() {
@@ -89,19 +91,21 @@ struct Seq {
   std::vector<double> oracle(int64_t i, int64_t h) const {
     const int64_t hd = sh.head_dim, kvh = h / (sh.n_head / sh.n_head_kv);
     const int64_t n_ctx = sh.n_past + i + 1;
-    std::vector<double> sc(static_cast<size_t>(n_ctx));
+    const int64_t first = window > 0 ? std::max<int64_t>(0, n_ctx - window) : 0;  // keys at distance < window
+    std::vector<double> sc(static_cast<size_t>(n_ctx), 0.0);
     double mx = -1e300;
-    for (int64_t p = 0; p < n_ctx; ++p) {
+    for (int64_t p = first; p < n_ctx; ++p) {
       double d = 0;
       for (int64_t e = 0; e < hd; ++e)
         d += double(q[size_t(i * ldq + h * hd + e)]) * k[size_t(slots[size_t(p)] * kv_row + kvh * hd + e)];
       sc[size_t(p)] = d / std::sqrt(double(hd));
+      if (softcap > 0.0f) sc[size_t(p)] = softcap * std::tanh(sc[size_t(p)] / softcap);
       mx = std::max(mx, sc[size_t(p)]);
     }
     double sum = 0;
-    for (auto& x : sc) sum += (x = std::exp(x - mx));
+    for (int64_t p = first; p < n_ctx; ++p) sum += (sc[size_t(p)] = std::exp(sc[size_t(p)] - mx));
     std::vector<double> o(static_cast<size_t>(hd), 0.0);
-    for (int64_t p = 0; p < n_ctx; ++p)
+    for (int64_t p = first; p < n_ctx; ++p)
       for (int64_t e = 0; e < hd; ++e) o[size_t(e)] += sc[size_t(p)] / sum * v[size_t(slots[size_t(p)] * kv_row + kvh * hd + e)];
     return o;
   }
@@ -164,6 +168,43 @@ TEST(Attention, EveryVariantMatchesTheReferenceAndTheDoubleOracle) {
       }
     }
   }
+}
+
+// Sliding windows (smaller and larger than a 64-key block, crossing block edges) and Gemma 2's
+// soft-capping: every variant matches the double oracle that masks keys at distance >= window
+// and caps scores with c * tanh(s / c); the kv-head entry point gives the same bits.
+TEST(Attention, SlidingWindowAndSoftCapMatchTheOracle) {
+  const Shape shapes[] = {{4, 2, 16, 0, 40}, {4, 2, 16, 100, 1}, {8, 4, 32, 150, 20}, {2, 1, 64, 63, 70}};
+  for (KvType kt : kKvTypes)
+    for (Isa isa : variants())
+      for (const Shape& sh : shapes)
+        for (int64_t window : {int64_t(0), int64_t(1), int64_t(16), int64_t(64), int64_t(100)})
+          for (float cap : {0.0f, 2.0f}) {
+            if (window == 0 && cap == 0.0f) continue;
+            ThreadPool pool(2);
+            Seq a(sh, uint32_t(window * 7 + sh.n_past + 1), 3, kt);
+            a.window = window;
+            a.softcap = cap;
+            Seq b = a;  // the same sequence through attention_kv_head
+            std::vector<AttentionArgs> args = {a.args()};
+            attention_isa(isa, args, pool);
+            for (int64_t i = 0; i < sh.n_tokens; ++i)
+              for (int64_t h = 0; h < sh.n_head; ++h) {
+                const auto o = a.oracle(i, h);
+                for (int64_t e = 0; e < sh.head_dim; ++e)
+                  ASSERT_NEAR(a.out[size_t(i * a.ldo + h * sh.head_dim + e)], o[size_t(e)], 2e-5)
+                      << isa_name(isa) << " window " << window << " cap " << cap << " past " << sh.n_past
+                      << " token " << i << " head " << h;
+              }
+            if (isa == selected_isa()) {
+              const AttentionArgs ab = b.args();
+              for (int64_t kvh = 0; kvh < sh.n_head_kv; ++kvh) attention_kv_head(ab, kvh);
+              for (int64_t i = 0; i < sh.n_tokens * a.ldo; ++i)
+                if (!std::isnan(a.out[size_t(i)])) {
+                  ASSERT_EQ(a.out[size_t(i)], b.out[size_t(i)]) << "kv-head path";
+                }
+            }
+          }
 }
 
 // The same sequence alone, beside others, in one prefill pass, in chunks and token by token:

@@ -54,6 +54,23 @@ TEST(TokenizerVectors, Gpt2) {
   check_vectors(kGpt2Vocab);
 }
 
+// llama.cpp's vectors for the other byte-level vocabularies in ../shared, each naming its
+// pre-tokenizer in tokenizer.ggml.pre: starcoder and refact split digits one by one, mpt uses
+// GPT-2's regex.
+class TokenizerVectorsPre : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TokenizerVectorsPre, MatchesLlamaCpp) {
+  const std::string rel = std::string("tokenizer/llama.cpp-vocab/ggml-vocab-") + GetParam() + ".gguf";
+  REQUIRE_SHARED(rel + ".inp");
+  REQUIRE_SHARED(rel + ".out");
+  REQUIRE_SHARED(rel);
+  check_vectors(rel);
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocabs, TokenizerVectorsPre,
+                         ::testing::Values("starcoder", "refact", "mpt"),
+                         [](const auto& info) { return std::string(info.param); });
+
 TEST(TokenizerVectors, RoundTripSpm) {
   REQUIRE_SHARED(std::string(kSpmVocab) + ".inp");
   REQUIRE_SHARED(kSpmVocab);

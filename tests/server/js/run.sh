@@ -24,18 +24,9 @@ if [ "$what" = browser ]; then
   export CHROMIUM
 fi
 
-# npm ci once per checkout (the contract and browser tests may start together under ctest -j:
-# the lock, outside the tree because npm ci empties node_modules, makes the second wait).
-(
-  flock 9
-  stamp="$here/node_modules/.tern-installed"
-  if [ ! -f "$stamp" ] || [ "$here/package-lock.json" -nt "$stamp" ]; then
-    echo "npm ci in $here"
-    (cd "$here" && npm ci --no-audit --no-fund --loglevel=error) || exit 1
-    touch "$stamp"
-  fi
-) 9>"${TMPDIR:-/tmp}/tern-npm-$(printf '%s' "$here" | cksum | cut -d' ' -f1).lock" ||
-  skip "npm ci failed (is the npm registry reachable?)"
+# npm ci once per checkout (tests/npm_ci_once.sh).
+source "$here/../../npm_ci_once.sh"
+npm_ci_once "$here" || skip "npm ci failed (is the npm registry reachable?)"
 
 work="$(mktemp -d)"
 pids=()

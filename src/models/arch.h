@@ -1,0 +1,57 @@
+#pragma once
+// What distinguishes one architecture from another, as data: each architecture file
+// (models/arch_*.cpp) fills one ArchSpec, and the shared decoder (models/decoder.cpp) composes
+// its blocks from it. Adding an architecture = one file with its spec + its line in
+// arch_registry.cpp (+ tensor names in tensor_names.h if it brings new ones).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/hparams.h"
+
+namespace tern {
+
+class Model;
+
+// How a layer's sliding-window pattern is given (llama.cpp's per-architecture rule).
+enum class SwaPattern {
+  None,       // no sliding-window layers
+  AllLayers,  // every layer, when the file sets attention.sliding_window (Mistral, Phi-3)
+  EveryOther, // layers 0, 2, 4, ... (Gemma 2)
+  FiveToOne,  // layers il % 6 < 5; every sixth is global (Gemma 3)
+};
+
+struct ArchSpec {
+  const char* name;                        // general.architecture
+  const char* family;                      // what people call it ("Qwen2 / Qwen2.5")
+  RopeLayout rope_layout = RopeLayout::Norm;
+  FfnActivation activation = FfnActivation::Silu;
+  bool qkv_bias = false;        // attn_q/k/v.bias required (Qwen2)
+  bool optional_bias = false;   // biases used when present (Llama files may carry them)
+  bool qk_norm = false;         // attn_q_norm / attn_k_norm: RMSNorm of each head before RoPE
+  bool fused_qkv = false;       // attn_qkv holds q, k, v rows (Phi-3)
+  bool fused_gate_up = false;   // ffn_up holds gate rows then up rows (Phi-3)
+  bool post_norms = false;      // post_attention_norm and post_ffw_norm (Gemma 2/3)
+  bool embd_scale = false;      // embeddings times sqrt(n_embd) (Gemma)
+  bool softcaps = false;        // reads attention / final logit soft-capping (Gemma 2)
+  bool gemma_query_scale = false;  // 1/sqrt(n_embd/n_head) for the 27B sizes, else 1/sqrt(head_dim)
+  SwaPattern swa = SwaPattern::None;
+  float swa_rope_base = 0.0f;   // sliding layers' RoPE base (0: the file's)
+  // MoE: Required = every layer routes experts; Optional = when blk.N.ffn_gate_inp exists
+  // (Llama / Mixtral); None = dense.
+  enum class Moe { None, Optional, Required } moe = Moe::None;
+  bool shared_expert = false;   // ffn_*_shexp with a sigmoid gate (Qwen2-MoE)
+  bool expert_norm_topk = true; // renormalise the chosen experts' weights (llama.cpp's norm_w)
+  bool norm_topk_key = false;   // <arch>.expert_weights_norm may override it
+};
+
+// The architectures tern runs, in the order `tern` lists them.
+const std::vector<const ArchSpec*>& architectures();
+// The spec of general.architecture = name; throws naming the file, the name and the list.
+const ArchSpec& find_architecture(const std::string& name, const std::string& path);
+std::string architecture_list();  // "llama, qwen2, ..."
+
+extern const ArchSpec kArchLlama, kArchQwen2, kArchQwen2Moe, kArchQwen3, kArchQwen3Moe, kArchPhi3,
+    kArchGemma2, kArchGemma3;
+
+}  // namespace tern

@@ -1,0 +1,739 @@
+// The decoder every architecture runs (models/arch.h says what each one changes): embeddings
+// (optionally scaled), then per layer
+//   attention block: RMSNorm -> q/k/v (fused or not, optional bias) -> q/k head norms ->
+//                    RoPE (Norm or NeoX, frequency factors, scaling) -> KV store -> attention
+//                    (GQA, sliding window, soft-capping) -> output (+ post-norm) -> residual
+//   FFN block:       RMSNorm -> SwiGLU / GeGLU dense FFN, or routed experts (+ shared expert)
+//                    -> (+ post-norm) -> residual
+// then the output norm, the output projection (tied or not) and final soft-capping.
+//
+// Execution paths: the pooled path (one pool region per operation, work-claiming chunks) runs
+// every architecture; on a single-thread pool it is the serial path. Small dense models with
+// Llama's plain layer also have the phased path (forward_spmd: one pool region for the whole
+// pass), chosen by timing; it gives the pooled path's bits.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+#include "core/huge_buffer.h"
+#include "core/path_chooser.h"
+#include "models/linear.h"
+#include "models/model.h"
+#include "models/registry.h"
+#include "models/tensor_names.h"
+#include "models/weight_loader.h"
+#include "ops/ops.h"
+
+namespace tern {
+namespace {
+
+struct Experts {
+  Linear router;                          // ffn_gate_inp [n_embd -> n_expert]
+  std::vector<Linear> gate, up, down;     // [n_expert] views of the 3-D ffn_*_exps
+  Linear sh_gate, sh_up, sh_down;         // shared expert (Qwen2-MoE)
+  const float* sh_gate_inp = nullptr;     // [n_embd] its sigmoid gate
+};
+
+struct LayerWeights {
+  int64_t n_head = 0, n_head_kv = 0, n_ff = 0;
+  const float* attn_norm = nullptr;       // [n_embd]
+  const float* q_norm = nullptr;          // [head_dim]
+  const float* k_norm = nullptr;          // [head_dim]
+  const float* attn_post_norm = nullptr;  // [n_embd]
+  Linear q, k, v, o;                      // [n_embd -> n_head*head_dim | n_head_kv*head_dim], o back
+  const float* ffn_norm = nullptr;        // [n_embd]
+  const float* ffn_post_norm = nullptr;   // [n_embd]
+  Linear gate, up, down;                  // dense FFN [n_embd -> n_ff], [n_ff -> n_embd]
+  std::unique_ptr<Experts> moe;           // routed FFN instead of the dense one
+};
+
+// TERN_SMALL_MODEL_PATH=phased|serial forces the small-model path (tests, benchmarks); unset
+// or anything else: chosen by timing.
+int small_path_from_env() {
+  const char* v = std::getenv("TERN_SMALL_MODEL_PATH");
+  if (!v) return -1;
+  const std::string s = v;
+  return s == "phased" ? 1 : s == "serial" ? 0 : -1;
+}
+
+// The single-region forward path (forward_spmd) applies up to this size.
+constexpr int64_t kSpmdMaxTokens = 8;
+constexpr int64_t kSpmdMaxEmbd = 1024;
+
+// Epilogue context of the FFN's gate/up matmul: the activation of finished rows.
+struct ActRows {
+  float* gate;        // [n_tokens][ld] receives act(gate) * up
+  const float* up;    // [n_tokens][ld]
+  int64_t ld;
+  FfnActivation act;
+};
+void act_rows_done(const void* ctx, int, int64_t n_tokens, int64_t r0, int64_t r1) {
+  const ActRows& a = *static_cast<const ActRows*>(ctx);
+  if (a.act == FfnActivation::Silu) {
+    swiglu_cols(a.gate, a.up, a.gate, a.ld, n_tokens, r0, r1);
+    return;
+  }
+  for (int64_t t = 0; t < n_tokens; ++t) geglu(a.gate + t * a.ld + r0, a.up + t * a.ld + r0, a.gate + t * a.ld + r0, r1 - r0);
+}
+
+class DecoderModel final : public Model {
+ public:
+  DecoderModel(const ArchSpec& spec, std::shared_ptr<const GgufFile> file) : spec_(spec), file_(std::move(file)) {
+    hp_ = read_hparams(*file_);
+    WeightLoader ld(file_);
+    bind_weights(ld);    // plans: checks every tensor, sums the interleaved bytes
+    ld.start_loading();
+    bind_weights(ld);    // loads: the same tensors, interleaved into one buffer
+    arena_ = ld.take_arena();
+    extra_ = ld.take_extra();
+    for (const auto& t : file_->tensors()) weight_bytes_ += int64_t(t.n_bytes);
+    const auto stream = [&](const Linear& l) {
+      if (l.present())
+        decode_weight_memory_.emplace_back(static_cast<const uint8_t*>(l.w.data), size_t(l.w.n_out * l.w.row_bytes()));
+    };
+    for (const LayerWeights& L : layers_) {
+      for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) stream(*l);
+      if (L.moe) {
+        stream(L.moe->router);
+        for (size_t e = 0; e < L.moe->gate.size(); ++e)
+          for (const Linear* l : {&L.moe->gate[e], &L.moe->up[e], &L.moe->down[e]}) stream(*l);
+        for (const Linear* l : {&L.moe->sh_gate, &L.moe->sh_up, &L.moe->sh_down}) stream(*l);
+      }
+    }
+    stream(output_);
+    plain_ = is_plain();
+  }
+
+  void reserve(int64_t n_tokens) override {
+    if (n_tokens <= max_tokens_) return;
+    max_tokens_ = n_tokens;
+    const auto T = size_t(n_tokens);
+    const size_t E = size_t(hp_.n_embd);
+    int64_t q_max = 0, kv_max = 0, ff_max = std::max(hp_.n_ff, hp_.n_ff_shexp);
+    for (int64_t il = 0; il < hp_.n_layer; ++il) {
+      q_max = std::max(q_max, hp_.n_embd_q(il));
+      kv_max = std::max(kv_max, hp_.n_embd_kv(il));
+    }
+    x_.assign(T * E, 0.0f);
+    xn_.assign(T * E, 0.0f);
+    q_.assign(T * size_t(q_max), 0.0f);
+    k_.assign(T * size_t(kv_max), 0.0f);
+    v_.assign(T * size_t(kv_max), 0.0f);
+    attn_.assign(T * size_t(q_max), 0.0f);
+    gate_.assign(T * size_t(ff_max), 0.0f);
+    up_.assign(T * size_t(ff_max), 0.0f);
+    positions_.assign(T, 0);
+    rope_cs_.assign(T * size_t(hp_.n_rot), 0.0f);
+    rope_cs_swa_.assign(has_swa_rope() ? T * size_t(hp_.n_rot) : 0, 0.0f);
+    out_rows_.assign(T * E, 0.0f);
+    if (hp_.n_expert > 0) {
+      router_.assign(T * size_t(hp_.n_expert), 0.0f);
+      moe_x_.assign(T * E, 0.0f);
+      moe_y_.assign(T * E, 0.0f);
+      moe_out_.assign(T * E, 0.0f);
+      moe_gate_.assign(T * size_t(hp_.n_ff_exp), 0.0f);
+      moe_up_.assign(T * size_t(hp_.n_ff_exp), 0.0f);
+      chosen_.assign(T * size_t(hp_.n_expert_used), 0);
+      chosen_w_.assign(T * size_t(hp_.n_expert_used), 0.0f);
+    }
+  }
+  int64_t max_step_tokens() const override { return max_tokens_; }
+
+  void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) override;
+
+ private:
+  // Binds every tensor the spec asks for (the loader checks names, shapes and types).
+  void bind_weights(WeightLoader& ld);
+  Linear linear(WeightLoader& ld, Tensor t, int64_t il, int64_t n_in, int64_t n_out, bool bias_required,
+                bool bias_optional) {
+    Linear l;
+    l.name = tensor_name(t, il);
+    l.w = ld.matmul(l.name, n_in, n_out);
+    const std::string b = tensor_name(t, il, "bias");
+    if (bias_required) l.bias = ld.vector(b, n_out, "biases");
+    else if (bias_optional) l.bias = ld.optional_vector(b, n_out, "biases");
+    return l;
+  }
+  // Llama's plain layer (what forward_spmd implements).
+  bool is_plain() const;
+  bool has_swa_rope() const { return hp_.rope_freq_base_swa > 0.0f && hp_.rope_freq_base_swa != hp_.rope_freq_base; }
+  RopeParams rope_params(bool swa) const;
+
+  void forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
+  void attention_block(int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
+  void ffn_block(int64_t il, int64_t T, ThreadPool& pool);
+  void moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool);
+  void forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits, ThreadPool& pool);
+  // Final norm and output projection of the rows that need logits (after forward_layers_pooled).
+  void forward_output(std::span<const SeqBatch> seqs, float* logits, ThreadPool& pool);
+  void forward_small_serial(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits);
+  int64_t gather_output_rows(std::span<const SeqBatch> seqs, float* out) const;
+  // matmul_shared_input epilogue of q/k/v (ctx = this): bias, then RoPE (Norm layout) where the
+  // layer needs nothing between them (q/k head norms).
+  static void qkv_rows_done(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1);
+
+  const ArchSpec& spec_;
+  std::shared_ptr<const GgufFile> file_;
+  HugeBuffer arena_;                 // the interleaved copies of the matmul weights
+  std::vector<HugeBuffer> extra_;
+  WeightView tok_embd_;
+  Linear output_;
+  const float* output_norm_ = nullptr;
+  const float* rope_freqs_ = nullptr;  // [n_rot / 2] Llama 3.x frequency factors
+  std::vector<LayerWeights> layers_;
+  bool plain_ = false;
+
+  int64_t max_tokens_ = 0;
+  // Activation scratch, sized by reserve(); T = tokens of the step.
+  std::vector<float> x_;      // [T, n_embd] residual stream
+  std::vector<float> xn_;     // [T, n_embd] normalised input of a block / a block's output
+  std::vector<float> q_;      // [T, n_head * head_dim]
+  std::vector<float> k_;      // [T, n_head_kv * head_dim]
+  std::vector<float> v_;      // [T, n_head_kv * head_dim]
+  std::vector<float> attn_;   // [T, n_head * head_dim] attention output before o
+  std::vector<float> gate_;   // [T, n_ff] (or the shared expert's)
+  std::vector<float> up_;     // [T, n_ff]
+  std::vector<int32_t> positions_;  // [T]
+  std::vector<float> rope_cs_;      // [T][n_rot / 2][2] RoPE cos/sin per token (rope_table)
+  std::vector<float> rope_cs_swa_;  // the same with the sliding layers' base (Gemma 3)
+  std::vector<float> out_rows_;     // [rows needing logits, n_embd]
+  std::vector<float> router_;       // [T, n_expert] router logits, then probabilities
+  std::vector<float> moe_x_;        // [tokens routed to one expert, n_embd]
+  std::vector<float> moe_gate_, moe_up_;  // [those tokens, n_ff_exp]
+  std::vector<float> moe_y_;        // [those tokens, n_embd]
+  std::vector<float> moe_out_;      // [T, n_embd] the experts' weighted sum
+  std::vector<int32_t> chosen_;     // [T, n_expert_used] experts of each token
+  std::vector<float> chosen_w_;     // [T, n_expert_used] their weights
+  std::vector<AttentionArgs> attn_args_;
+  int64_t cur_layer_ = 0;           // the layer qkv_rows_done works for
+  PhasedWork spmd_work_;               // forward_spmd's phases
+  PathChooser spmd_chooser_;           // forward_spmd (1) or this thread alone (0), by timing
+  PathChooser batch_chooser_;          // small models' larger steps: pooled (1) or alone (0)
+  int small_path_forced_ = small_path_from_env();  // -1: choose by timing
+  ThreadPool serial_{1};               // no threads: runs on the caller
+  std::vector<int32_t> phase_units_;   // units per phase of the current pass
+};
+
+void DecoderModel::bind_weights(WeightLoader& ld) {
+  const int64_t E = hp_.n_embd, V = hp_.n_vocab, hd = hp_.head_dim;
+  tok_embd_ = ld.rows(tensor_name(Tensor::TokenEmbd), E, V);
+  output_norm_ = ld.vector(tensor_name(Tensor::OutputNorm), E, "norm weights");
+  if (ld.has(tensor_name(Tensor::Output))) {
+    output_ = Linear{tensor_name(Tensor::Output), ld.matmul(tensor_name(Tensor::Output), E, V)};
+  } else {
+    output_ = Linear{tensor_name(Tensor::TokenEmbd), tok_embd_};  // tied embeddings
+  }
+  rope_freqs_ = ld.optional_vector(tensor_name(Tensor::RopeFreqs), hp_.n_rot / 2, "rope frequency factors");
+  const bool any_bias_optional = spec_.optional_bias;
+  layers_.clear();
+  layers_.resize(size_t(hp_.n_layer));
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    LayerWeights& L = layers_[size_t(il)];
+    L.n_head = hp_.head_count(il);
+    L.n_head_kv = hp_.head_count_kv(il);
+    L.n_ff = hp_.ff_length(il);
+    const int64_t Eq = L.n_head * hd, Ekv = L.n_head_kv * hd;
+    L.attn_norm = ld.vector(tensor_name(Tensor::AttnNorm, il), E, "norm weights");
+    if (spec_.fused_qkv && ld.has(tensor_name(Tensor::AttnQkv, il))) {
+      // Row ranges of one matrix: q rows, then k, then v (each its own view of the file's rows).
+      const std::string n = tensor_name(Tensor::AttnQkv, il);
+      const int64_t rows = Eq + 2 * Ekv;
+      L.q = Linear{n, ld.matmul(n, E, Eq, 0, rows)};
+      L.k = Linear{n, ld.matmul(n, E, Ekv, Eq, rows), nullptr, false};
+      L.v = Linear{n, ld.matmul(n, E, Ekv, Eq + Ekv, rows), nullptr, false};
+    } else {
+      L.q = linear(ld, Tensor::AttnQ, il, E, Eq, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
+      L.k = linear(ld, Tensor::AttnK, il, E, Ekv, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
+      L.v = linear(ld, Tensor::AttnV, il, E, Ekv, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
+    }
+    L.o = linear(ld, Tensor::AttnOutput, il, Eq, E, false, any_bias_optional);
+    if (spec_.qk_norm) {
+      L.q_norm = ld.vector(tensor_name(Tensor::AttnQNorm, il), hd, "norm weights");
+      L.k_norm = ld.vector(tensor_name(Tensor::AttnKNorm, il), hd, "norm weights");
+    }
+    if (spec_.post_norms) {
+      L.attn_post_norm = ld.vector(tensor_name(Tensor::AttnPostNorm, il), E, "norm weights");
+      L.ffn_post_norm = ld.vector(tensor_name(Tensor::FfnPostNorm, il), E, "norm weights");
+    }
+    L.ffn_norm = ld.vector(tensor_name(Tensor::FfnNorm, il), E, "norm weights");
+    const bool routed = spec_.moe == ArchSpec::Moe::Required ||
+                        (spec_.moe == ArchSpec::Moe::Optional && ld.has(tensor_name(Tensor::FfnGateInp, il)));
+    if (routed) {
+      if (hp_.n_expert == 0)
+        fail(file_->path(), ": ", tensor_name(Tensor::FfnGateInp, il), " present but ", hp_.arch,
+             ".expert_count is missing");
+      auto X = std::make_unique<Experts>();
+      const int64_t NE = hp_.n_expert, F = hp_.n_ff_exp;
+      X->router = Linear{tensor_name(Tensor::FfnGateInp, il), ld.matmul(tensor_name(Tensor::FfnGateInp, il), E, NE)};
+      for (int64_t e = 0; e < NE; ++e) {
+        // Experts are not shown to the observer: calibration of 3-D tensors is not supported.
+        const std::string g = tensor_name(Tensor::FfnGateExps, il), u = tensor_name(Tensor::FfnUpExps, il),
+                          d = tensor_name(Tensor::FfnDownExps, il);
+        X->gate.push_back(Linear{g, ld.matmul(g, E, F, 0, F, e, NE), nullptr, false});
+        X->up.push_back(Linear{u, ld.matmul(u, E, F, 0, F, e, NE), nullptr, false});
+        X->down.push_back(Linear{d, ld.matmul(d, F, E, 0, E, e, NE), nullptr, false});
+      }
+      if (spec_.shared_expert) {
+        const int64_t S = hp_.n_ff_shexp;
+        X->sh_gate = linear(ld, Tensor::FfnGateShexp, il, E, S, false, false);
+        X->sh_up = linear(ld, Tensor::FfnUpShexp, il, E, S, false, false);
+        X->sh_down = linear(ld, Tensor::FfnDownShexp, il, S, E, false, false);
+        X->sh_gate_inp = ld.vector(tensor_name(Tensor::FfnGateInpShexp, il), E, "shared expert gates");
+      }
+      L.moe = std::move(X);
+    } else if (spec_.fused_gate_up && !ld.has(tensor_name(Tensor::FfnGate, il))) {
+      const std::string n = tensor_name(Tensor::FfnUp, il);
+      L.gate = Linear{n, ld.matmul(n, E, L.n_ff, 0, 2 * L.n_ff)};
+      L.up = Linear{n, ld.matmul(n, E, L.n_ff, L.n_ff, 2 * L.n_ff), nullptr, false};
+      L.down = linear(ld, Tensor::FfnDown, il, L.n_ff, E, false, false);
+    } else {
+      L.gate = linear(ld, Tensor::FfnGate, il, E, L.n_ff, false, any_bias_optional);
+      L.up = linear(ld, Tensor::FfnUp, il, E, L.n_ff, false, any_bias_optional);
+      L.down = linear(ld, Tensor::FfnDown, il, L.n_ff, E, false, any_bias_optional);
+    }
+  }
+}
+
+bool DecoderModel::is_plain() const {
+  if (spec_.rope_layout != RopeLayout::Norm || spec_.qk_norm || spec_.post_norms || hp_.embd_scale != 0.0f ||
+      hp_.attn_softcap != 0.0f || hp_.final_softcap != 0.0f || hp_.n_swa != 0 || hp_.n_expert != 0 ||
+      rope_freqs_ || hp_.rope_scaling.kind != RopeScaling::Kind::None || hp_.attn_scale != 0.0f ||
+      !hp_.uniform_layers() || hp_.n_embd_q(0) != hp_.n_embd)
+    return false;
+  for (const LayerWeights& L : layers_)
+    if (L.q.bias || L.k.bias || L.v.bias || L.o.bias || L.gate.bias || L.up.bias || L.down.bias || L.moe) return false;
+  return true;
+}
+
+RopeParams DecoderModel::rope_params(bool swa) const {
+  RopeParams p;
+  p.n_rot = hp_.n_rot;
+  p.freq_base = swa && hp_.rope_freq_base_swa > 0.0f ? hp_.rope_freq_base_swa : hp_.rope_freq_base;
+  p.freq_factors = rope_freqs_;
+  // Gemma 3's sliding layers rotate unscaled; the global ones (and every other model's) take
+  // the file's scaling.
+  const bool scaled = !(swa && hp_.rope_freq_base_swa > 0.0f);
+  if (scaled && hp_.rope_scaling.kind != RopeScaling::Kind::None) {
+    p.freq_scale = 1.0f / hp_.rope_scaling.factor;
+    p.ext_factor = hp_.rope_scaling.ext_factor;
+    p.attn_factor = hp_.rope_scaling.attn_factor;
+    p.beta_fast = hp_.rope_scaling.beta_fast;
+    p.beta_slow = hp_.rope_scaling.beta_slow;
+    p.n_ctx_orig = hp_.rope_scaling.n_ctx_orig;
+  }
+  return p;
+}
+
+void DecoderModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
+  const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+  int64_t T = 0;
+  for (const auto& s : seqs) {
+    TERN_ASSERT(int64_t(s.slots.size()) >= s.n_past + int64_t(s.tokens.size()));
+    T += int64_t(s.tokens.size());
+  }
+  if (T == 0) return;
+  TERN_ASSERT_MSG(T <= max_tokens_, "step larger than reserve()");
+
+  // Embedding lookup and positions.
+  {
+    int64_t t = 0;
+    for (const auto& s : seqs)
+      for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
+        const int32_t id = s.tokens[i];
+        TERN_ASSERT_MSG(id >= 0 && id < V, "token id out of range");
+        dequantize_row(tok_embd_, id, x_.data() + t * E);
+        if (hp_.embd_scale != 0.0f)
+          for (int64_t e = 0; e < E; ++e) x_[size_t(t * E + e)] *= hp_.embd_scale;
+        positions_[size_t(t)] = int32_t(s.n_past + int64_t(i));
+      }
+    // The rotations depend on the position only: tabulated once, not per head and layer.
+    rope_table_ext(positions_.data(), T, rope_params(false), rope_cs_.data());
+    if (has_swa_rope()) rope_table_ext(positions_.data(), T, rope_params(true), rope_cs_swa_.data());
+  }
+
+  // Small models decoding a few tokens: each operation is a microsecond or less, so one pool
+  // region per operation (11 per layer) costs more than the work. They run either as one region
+  // for the whole pass in phases (forward_spmd) or on this thread alone; which is faster depends
+  // on how fast the cores hand work to each other (on a VM: where the host puts the vCPUs), so
+  // both are timed and the faster is used (PathChooser; TERN_SMALL_MODEL_PATH=phased|serial
+  // forces one). Bigger steps and models keep the pooled path, whose work-claiming chunks
+  // tolerate a descheduled thread. All three give the same bits.
+  // The step's size for the choosers: the positions it attends to (a long context's attention
+  // pays for the threads' hand-offs where a short one's does not).
+  int64_t attended = 0;
+  for (const auto& s : seqs) attended += s.n_past + int64_t(s.tokens.size());
+  const auto seconds_per_token = [&](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(T);
+  };
+  if (pool.size() > 1 && !observer_ && T <= kSpmdMaxTokens && E <= kSpmdMaxEmbd) {
+    const int path = small_path_forced_ >= 0 ? small_path_forced_ : spmd_chooser_.pick(attended);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (path == 1 && plain_) {
+      forward_spmd(seqs, kv, T, logits, pool);
+      spmd_chooser_.record(1, seconds_per_token(t0));
+      return;
+    }
+    if (path == 1) {  // not Llama's plain layer: the pooled path stands in for the phased one
+      forward_layers_pooled(seqs, kv, T, pool);
+      forward_output(seqs, logits, pool);
+      spmd_chooser_.record(1, seconds_per_token(t0));
+      return;
+    }
+    forward_small_serial(seqs, kv, T, logits);
+    spmd_chooser_.record(0, seconds_per_token(t0));
+    return;
+  }
+  // Their larger steps (prefill): the pooled path, or this thread alone when that is faster (a
+  // 32-token stories260K prefill measured 12-80k tok/s pooled on 2 threads against ~75k alone,
+  // depending on the host's vCPU placement); timed the same way (1 = pooled, 0 = alone).
+  if (pool.size() > 1 && !observer_ && E <= kSpmdMaxEmbd) {
+    const int path = small_path_forced_ >= 0 ? small_path_forced_ : batch_chooser_.pick(attended);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (path == 0) {
+      forward_small_serial(seqs, kv, T, logits);
+      batch_chooser_.record(0, seconds_per_token(t0));
+      return;
+    }
+    forward_layers_pooled(seqs, kv, T, pool);
+    forward_output(seqs, logits, pool);
+    batch_chooser_.record(1, seconds_per_token(t0));
+    return;
+  }
+  forward_layers_pooled(seqs, kv, T, pool);
+  forward_output(seqs, logits, pool);
+}
+
+void DecoderModel::forward_output(std::span<const SeqBatch> seqs, float* logits, ThreadPool& pool) {
+  const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+  // Final norm and output projection only for the rows that need logits.
+  const int64_t rows = gather_output_rows(seqs, out_rows_.data());
+  rms_norm(out_rows_.data(), output_norm_, out_rows_.data(), rows, E, hp_.rms_eps, pool);
+  apply_linear(output_, out_rows_.data(), E, rows, logits, V, pool, observer_);
+  if (hp_.final_softcap > 0.0f) softcap_inplace(logits, rows * V, hp_.final_softcap);
+}
+
+void DecoderModel::qkv_rows_done(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1) {
+  auto* m = static_cast<DecoderModel*>(const_cast<void*>(ctx));
+  const HParams& hp = m->hp_;
+  const LayerWeights& L = m->layers_[size_t(m->cur_layer_)];
+  const Linear& l = target == 0 ? L.q : target == 1 ? L.k : L.v;
+  float* y = target == 0 ? m->q_.data() : target == 1 ? m->k_.data() : m->v_.data();
+  const int64_t ld = l.w.n_out;
+  if (l.bias) add_bias_cols(y, ld, l.bias, n_tokens, r0, r1);
+  if (target < 2 && hp.rope_layout == RopeLayout::Norm && !L.q_norm) {
+    const float* cs = hp.is_swa(m->cur_layer_) && m->has_swa_rope() ? m->rope_cs_swa_.data() : m->rope_cs_.data();
+    rope_cols_table(y, ld, cs, n_tokens, hp.head_dim, hp.n_rot, r0, r1);
+  }
+}
+
+void DecoderModel::forward_small_serial(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits) {
+  forward_layers_pooled(seqs, kv, T, serial_);
+  forward_output(seqs, logits, serial_);
+}
+
+int64_t DecoderModel::gather_output_rows(std::span<const SeqBatch> seqs, float* out) const {
+  const int64_t E = hp_.n_embd;
+  int64_t rows = 0, t = 0;
+  for (const auto& s : seqs) {
+    const int64_t n = int64_t(s.tokens.size());
+    if (s.all_logits) {
+      std::copy_n(x_.data() + t * E, n * E, out + rows * E);
+      rows += n;
+    } else {
+      std::copy_n(x_.data() + (t + n - 1) * E, E, out + rows * E);
+      rows += 1;
+    }
+    t += n;
+  }
+  return rows;
+}
+
+void DecoderModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool) {
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    attention_block(il, seqs, kv, T, pool);
+    ffn_block(il, T, pool);
+  }
+}
+
+void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T,
+                                   ThreadPool& pool) {
+  const LayerWeights& L = layers_[size_t(il)];
+  const int64_t E = hp_.n_embd, hd = hp_.head_dim;
+  const int64_t Eq = L.n_head * hd, Ekv = L.n_head_kv * hd;
+  // q, k and v from one quantized copy of xn = rms_norm(x) in one pool region: each row is
+  // normalised (into xn_) right before it is quantized; biases and (Norm-layout) RoPE are applied
+  // to each chunk of rows as it is produced.
+  cur_layer_ = il;
+  const Linear* qkv[] = {&L.q, &L.k, &L.v};
+  float* const ys[] = {q_.data(), k_.data(), v_.data()};
+  const int64_t lds[] = {Eq, Ekv, Ekv};
+  apply_linears_shared(qkv, ys, lds, x_.data(), E, T, pool, RowsDone{qkv_rows_done, this, false},
+                       InputRmsNorm{L.attn_norm, hp_.rms_eps, xn_.data()}, observer_);
+  // What the epilogue could not do: q/k head norms before RoPE, and the NeoX layout (its pairs
+  // span a head, not a chunk's rows).
+  if (L.q_norm) {
+    rms_norm_heads(q_.data(), Eq, L.q_norm, T, L.n_head, hd, hp_.rms_eps);
+    rms_norm_heads(k_.data(), Ekv, L.k_norm, T, L.n_head_kv, hd, hp_.rms_eps);
+  }
+  const float* cs = hp_.is_swa(il) && has_swa_rope() ? rope_cs_swa_.data() : rope_cs_.data();
+  if (hp_.rope_layout == RopeLayout::Neox) {
+    rope_neox_table(q_.data(), Eq, cs, T, L.n_head, hd, hp_.n_rot);
+    rope_neox_table(k_.data(), Ekv, cs, T, L.n_head_kv, hd, hp_.n_rot);
+  } else if (L.q_norm) {
+    rope_cols_table(q_.data(), Eq, cs, T, hd, hp_.n_rot, 0, Eq);
+    rope_cols_table(k_.data(), Ekv, cs, T, hd, hp_.n_rot, 0, Ekv);
+  }
+
+  // Store the new K/V at their slots (converted to the store's type), then attend per sequence.
+  const void* kc = kv.k(il);
+  const void* vc = kv.v(il);
+  const float scale = hp_.attn_scale != 0.0f ? hp_.attn_scale : 1.0f / std::sqrt(float(hd));
+  const int64_t window = hp_.is_swa(il) ? hp_.n_swa : 0;
+  attn_args_.clear();
+  int64_t t = 0;
+  for (const auto& s : seqs) {
+    const int64_t n = int64_t(s.tokens.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = s.slots[size_t(s.n_past + i)];
+      kv.store(il, slot, 0, k_.data() + (t + i) * Ekv, v_.data() + (t + i) * Ekv, Ekv);
+    }
+    AttentionArgs a{q_.data() + t * Eq, Eq, attn_.data() + t * Eq, Eq, kc, vc, kv.row(il), s.slots.data(), s.n_past, n,
+                    L.n_head, L.n_head_kv, hd, scale, kv.type()};
+    a.softcap = hp_.attn_softcap;
+    a.window = window;
+    attn_args_.push_back(a);
+    t += n;
+  }
+  attention(attn_args_, pool);
+  apply_linear(L.o, attn_.data(), Eq, T, xn_.data(), E, pool, observer_);
+  if (L.attn_post_norm) rms_norm(xn_.data(), L.attn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+  add_inplace(x_.data(), xn_.data(), T * E);
+}
+
+void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
+  const LayerWeights& L = layers_[size_t(il)];
+  const int64_t E = hp_.n_embd;
+  if (L.moe) {
+    rms_norm(x_.data(), L.ffn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+    moe_block(L, T, pool);
+    add_inplace(x_.data(), moe_out_.data(), T * E);
+    return;
+  }
+  // gate and up of xn = rms_norm(x) (normalised as it is quantized, as above), chunk by
+  // chunk, each chunk's activation right after (into gate_).
+  const int64_t F = L.n_ff;
+  const ActRows act{gate_.data(), up_.data(), F, spec_.activation};
+  const Linear* gu[] = {&L.gate, &L.up};
+  float* const ys[] = {gate_.data(), up_.data()};
+  const int64_t lds[] = {F, F};
+  apply_linears_shared(gu, ys, lds, x_.data(), E, T, pool, RowsDone{act_rows_done, &act, true},
+                       InputRmsNorm{L.ffn_norm, hp_.rms_eps, xn_.data()}, observer_);
+  apply_linear(L.down, gate_.data(), F, T, xn_.data(), E, pool, observer_);
+  if (L.ffn_post_norm) rms_norm(xn_.data(), L.ffn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+  add_inplace(x_.data(), xn_.data(), T * E);
+}
+
+// Routed experts over xn_ (normalised): the router's probabilities (softmax or sigmoid), each
+// token's top n_expert_used (ties to the lower index), their weights (renormalised to sum 1
+// where the architecture does); then each expert runs once over the tokens routed to it, so a
+// decode step reads only the chosen experts' bytes. Qwen2-MoE adds a shared expert scaled by
+// sigmoid(xn . gate). Result in moe_out_.
+void DecoderModel::moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool) {
+  const Experts& X = *L.moe;
+  const int64_t E = hp_.n_embd, NE = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
+  apply_linear(X.router, xn_.data(), E, T, router_.data(), NE, pool, observer_);
+  std::vector<int32_t> order(static_cast<size_t>(NE));
+  for (int64_t t = 0; t < T; ++t) {
+    float* p = router_.data() + t * NE;
+    if (hp_.expert_gating == ExpertGating::Softmax) {
+      const float mx = *std::max_element(p, p + NE);
+      float sum = 0.0f;
+      for (int64_t e = 0; e < NE; ++e) sum += (p[e] = std::exp(p[e] - mx));
+      for (int64_t e = 0; e < NE; ++e) p[e] /= sum;
+    } else {
+      for (int64_t e = 0; e < NE; ++e) p[e] = 1.0f / (1.0f + std::exp(-p[e]));
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    float wsum = 0.0f;
+    for (int64_t j = 0; j < K; ++j) wsum += p[order[size_t(j)]];
+    for (int64_t j = 0; j < K; ++j) {
+      chosen_[size_t(t * K + j)] = order[size_t(j)];
+      chosen_w_[size_t(t * K + j)] = hp_.expert_norm_topk ? p[order[size_t(j)]] / wsum : p[order[size_t(j)]];
+    }
+  }
+  std::fill(moe_out_.begin(), moe_out_.begin() + T * E, 0.0f);
+  std::vector<int32_t> rows;   // tokens routed to the expert
+  std::vector<float> weights;  // and their weights
+  for (int64_t e = 0; e < NE; ++e) {
+    rows.clear();
+    weights.clear();
+    for (int64_t i = 0; i < T * K; ++i)
+      if (chosen_[size_t(i)] == e) {
+        rows.push_back(int32_t(i / K));
+        weights.push_back(chosen_w_[size_t(i)]);
+      }
+    if (rows.empty()) continue;
+    const int64_t n = int64_t(rows.size());
+    for (int64_t r = 0; r < n; ++r) std::copy_n(xn_.data() + rows[size_t(r)] * E, E, moe_x_.data() + r * E);
+    const ActRows act{moe_gate_.data(), moe_up_.data(), F, spec_.activation};
+    const Linear* gu[] = {&X.gate[size_t(e)], &X.up[size_t(e)]};
+    float* const ys[] = {moe_gate_.data(), moe_up_.data()};
+    const int64_t lds[] = {F, F};
+    apply_linears_shared(gu, ys, lds, moe_x_.data(), E, n, pool, RowsDone{act_rows_done, &act, true}, InputRmsNorm{},
+                         observer_);
+    apply_linear(X.down[size_t(e)], moe_gate_.data(), F, n, moe_y_.data(), E, pool, observer_);
+    for (int64_t r = 0; r < n; ++r) {
+      float* out = moe_out_.data() + rows[size_t(r)] * E;
+      const float* y = moe_y_.data() + r * E;
+      const float w = weights[size_t(r)];
+      for (int64_t c = 0; c < E; ++c) out[c] += w * y[c];
+    }
+  }
+  if (X.sh_gate_inp) {
+    const int64_t S = hp_.n_ff_shexp;
+    const ActRows act{gate_.data(), up_.data(), S, spec_.activation};
+    const Linear* gu[] = {&X.sh_gate, &X.sh_up};
+    float* const ys[] = {gate_.data(), up_.data()};
+    const int64_t lds[] = {S, S};
+    apply_linears_shared(gu, ys, lds, xn_.data(), E, T, pool, RowsDone{act_rows_done, &act, true}, InputRmsNorm{},
+                         observer_);
+    apply_linear(X.sh_down, gate_.data(), S, T, moe_y_.data(), E, pool, observer_);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xt = xn_.data() + t * E;
+      float dot = 0.0f;
+      for (int64_t c = 0; c < E; ++c) dot += xt[c] * X.sh_gate_inp[c];
+      const float g = 1.0f / (1.0f + std::exp(-dot));
+      float* out = moe_out_.data() + t * E;
+      const float* y = moe_y_.data() + t * E;
+      for (int64_t c = 0; c < E; ++c) out[c] += g * y[c];
+    }
+  }
+}
+
+// One pool region for the whole pass, in phases (PhasedWork: each thread runs its own units and
+// steals a late thread's; a phase starts when the previous one is complete). Per layer:
+//   A  one unit per KV head: its GQA group's q/k/v rows, RoPE, cache writes and attention
+//      (a group needs nothing from the other groups)
+//   B  n_embd rows of o, added into the residual
+//   C  n_ff rows of gate and up, and their SwiGLU
+//   D  n_embd rows of down, added into the residual
+// then the vocab rows of the output. RMSNorm of the (small) residual is recomputed by each
+// thread into its own buffer when it first needs it in a phase, instead of one more phase.
+// Row units start at multiples of 4, the kernels' row tile, so every output equals the pooled
+// path's bit for bit. Llama's plain layer only (is_plain()).
+void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits,
+                                ThreadPool& pool) {
+  const int64_t E = hp_.n_embd, Ekv = hp_.n_embd_kv(), F = hp_.n_ff, V = hp_.n_vocab;
+  const int64_t hd = hp_.head_dim, g = hp_.n_head / hp_.n_head_kv;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  int64_t n_out_rows = 0;
+  for (const auto& s : seqs) n_out_rows += s.all_logits ? int64_t(s.tokens.size()) : 1;
+
+  // One unit per thread and phase (rows a multiple of 4; KV heads): each unit costs a few
+  // calls' set-up, comparable to its arithmetic at this size (stories260K on 2 threads: two
+  // units per thread 48k tok/s, one 51k). A late thread's unit is still taken by the other.
+  const int64_t nth = pool.size();
+  auto rows_per_unit = [&](int64_t n) { return ((n + nth - 1) / nth + 3) / 4 * 4; };
+  const int64_t per_e = rows_per_unit(E), per_f = rows_per_unit(F), per_v = rows_per_unit(V);
+  const int64_t per_kvh = (hp_.n_head_kv + nth - 1) / nth;
+  auto units = [](int64_t n, int64_t per) { return int32_t((n + per - 1) / per); };
+  phase_units_.clear();
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    phase_units_.push_back(units(hp_.n_head_kv, per_kvh));
+    phase_units_.push_back(units(E, per_e));
+    phase_units_.push_back(units(F, per_f));
+    phase_units_.push_back(units(E, per_e));
+  }
+  phase_units_.push_back(units(V, per_v));
+  spmd_work_.reset(phase_units_, pool.size());
+  ThreadPool& serial = serial_;  // no threads: the row-wise ops below run on the calling thread
+
+  pool.run([&](int ith, int) {
+    thread_local std::vector<float> xn;        // [T, n_embd] this thread's normalised residual
+    thread_local std::vector<float> out_rows;  // [n_out_rows, n_embd]
+    xn.resize(size_t(T * E));
+    int normed_for = -1;  // the phase whose input xn holds
+    spmd_work_.run(ith, [&](int phase, int unit) {
+      const int64_t il = phase / 4;
+      if (il == hp_.n_layer) {  // output projection
+        if (normed_for != phase) {
+          out_rows.resize(size_t(n_out_rows * E));
+          gather_output_rows(seqs, out_rows.data());
+          rms_norm(out_rows.data(), output_norm_, out_rows.data(), n_out_rows, E, hp_.rms_eps, serial);
+          normed_for = phase;
+        }
+        const int64_t v0 = unit * per_v;
+        matmul_rows(output_.w, out_rows.data(), E, n_out_rows, logits, V, v0, std::min(V, v0 + per_v));
+        return;
+      }
+      const LayerWeights& L = layers_[size_t(il)];
+      switch (phase % 4) {
+        case 0: {
+          if (normed_for != phase) {
+            rms_norm(x_.data(), L.attn_norm, xn.data(), T, E, hp_.rms_eps, serial);
+            normed_for = phase;
+          }
+          // KV heads [h0, h1): their GQA groups' q rows, their k / v rows
+          const int64_t h0 = unit * per_kvh, h1 = std::min(hp_.n_head_kv, h0 + per_kvh);
+          matmul_rows(L.q.w, xn.data(), E, T, q_.data(), E, h0 * g * hd, h1 * g * hd);
+          matmul_rows(L.k.w, xn.data(), E, T, k_.data(), Ekv, h0 * hd, h1 * hd);
+          matmul_rows(L.v.w, xn.data(), E, T, v_.data(), Ekv, h0 * hd, h1 * hd);
+          rope_cols_table(q_.data(), E, rope_cs_.data(), T, hd, hp_.n_rot, h0 * g * hd, h1 * g * hd);
+          rope_cols_table(k_.data(), Ekv, rope_cs_.data(), T, hd, hp_.n_rot, h0 * hd, h1 * hd);
+          const void* kc = kv.k(il);
+          const void* vc = kv.v(il);
+          int64_t t = 0;
+          for (const auto& s : seqs) {
+            const int64_t n = int64_t(s.tokens.size());
+            for (int64_t i = 0; i < n; ++i) {
+              const int64_t slot = s.slots[size_t(s.n_past + i)];
+              kv.store(il, slot, h0 * hd, k_.data() + (t + i) * Ekv + h0 * hd, v_.data() + (t + i) * Ekv + h0 * hd,
+                       (h1 - h0) * hd);
+            }
+            const AttentionArgs args{q_.data() + t * E, E, attn_.data() + t * E, E, kc, vc, Ekv, s.slots.data(),
+                                     s.n_past, n, hp_.n_head, hp_.n_head_kv, hd, scale, kv.type()};
+            for (int64_t kvh = h0; kvh < h1; ++kvh) attention_kv_head(args, kvh);
+            t += n;
+          }
+          break;
+        }
+        case 1:
+        case 3: {
+          const int64_t e0 = unit * per_e, e1 = std::min(E, e0 + per_e);
+          if (phase % 4 == 1) matmul_rows(L.o.w, attn_.data(), E, T, xn_.data(), E, e0, e1);
+          else matmul_rows(L.down.w, gate_.data(), F, T, xn_.data(), E, e0, e1);
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t e = e0; e < e1; ++e) x_[size_t(t * E + e)] += xn_[size_t(t * E + e)];
+          break;
+        }
+        case 2: {
+          if (normed_for != phase) {
+            rms_norm(x_.data(), L.ffn_norm, xn.data(), T, E, hp_.rms_eps, serial);
+            normed_for = phase;
+          }
+          const int64_t f0 = unit * per_f, f1 = std::min(F, f0 + per_f);
+          matmul_rows(L.gate.w, xn.data(), E, T, gate_.data(), F, f0, f1);
+          matmul_rows(L.up.w, xn.data(), E, T, up_.data(), F, f0, f1);
+          for (int64_t t = 0; t < T; ++t)
+            swiglu(gate_.data() + t * F + f0, up_.data() + t * F + f0, gate_.data() + t * F + f0, f1 - f0, serial);
+          break;
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_decoder(const ArchSpec& spec, std::shared_ptr<const GgufFile> file) {
+  return std::make_unique<DecoderModel>(spec, std::move(file));
+}
+
+}  // namespace tern

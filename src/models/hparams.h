@@ -1,0 +1,80 @@
+#pragma once
+// Hyper-parameters of a decoder-only model, read from GGUF metadata (`<arch>.*` keys as
+// llama.cpp's converter writes them) for every registered architecture (models/arch.h).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+
+namespace tern {
+
+// Pair layout of RoPE (llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX): Norm rotates (2i, 2i+1),
+// NeoX rotates (i, i + n_rot/2).
+enum class RopeLayout { Norm, Neox };
+enum class FfnActivation { Silu, GeluTanh };   // SwiGLU / GeGLU
+enum class ExpertGating { Softmax, Sigmoid };
+
+// Position scaling of RoPE beyond the training context (`<arch>.rope.scaling.*`).
+struct RopeScaling {
+  enum class Kind { None, Linear, Yarn } kind = Kind::None;
+  float factor = 1.0f;          // rope.scaling.factor; freq_scale = 1 / factor
+  int64_t n_ctx_orig = 0;       // rope.scaling.original_context_length
+  float ext_factor = 0.0f;      // YaRN: 1 for yarn (llama.cpp's default), 0 otherwise
+  float attn_factor = 1.0f;     // rope.scaling.attn_factor
+  float beta_fast = 32.0f, beta_slow = 1.0f;
+};
+
+struct HParams {
+  std::string arch;             // general.architecture
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  int64_t n_embd = 0;
+  int64_t n_layer = 0;
+  // Largest over the layers (per-layer values: head_count(il) etc.); a file may give
+  // head_count, head_count_kv and feed_forward_length as one value or one per layer.
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t n_ff = 0;
+  std::vector<int64_t> n_head_per_layer, n_head_kv_per_layer, n_ff_per_layer;  // [n_layer]
+  int64_t head_dim = 0;         // attention.key_length, else n_embd / n_head
+  int64_t n_rot = 0;            // rope.dimension_count
+  RopeLayout rope_layout = RopeLayout::Norm;
+  float rope_freq_base = 10000.0f;
+  float rope_freq_base_swa = 0.0f;  // sliding-window layers' base (Gemma 3: 10000); 0: the same
+  RopeScaling rope_scaling;
+  float rms_eps = 1e-5f;
+
+  int64_t n_swa = 0;                // attention.sliding_window (0: none)
+  std::vector<uint8_t> swa_layers;  // [n_layer] 1 where the layer attends through the window
+  float attn_softcap = 0.0f;        // attention.logit_softcapping (0: none)
+  float final_softcap = 0.0f;       // final_logit_softcapping (0: none)
+  float attn_scale = 0.0f;          // query scale; 0: 1 / sqrt(head_dim)
+  float embd_scale = 0.0f;          // token embeddings multiplied by this (Gemma: sqrt(n_embd)); 0: none
+
+  // Mixture of experts (0 experts: a dense FFN).
+  int64_t n_expert = 0, n_expert_used = 0;
+  int64_t n_ff_exp = 0;             // expert_feed_forward_length (else feed_forward_length)
+  int64_t n_ff_shexp = 0;           // expert_shared_feed_forward_length (0: no shared expert)
+  ExpertGating expert_gating = ExpertGating::Softmax;
+  bool expert_norm_topk = true;     // the chosen experts' weights renormalised to sum 1
+
+  // Per layer; an HParams built by hand without the per-layer arrays has n_head etc. everywhere.
+  int64_t head_count(int64_t il) const { return n_head_per_layer.empty() ? n_head : n_head_per_layer[size_t(il)]; }
+  int64_t head_count_kv(int64_t il) const {
+    return n_head_kv_per_layer.empty() ? n_head_kv : n_head_kv_per_layer[size_t(il)];
+  }
+  int64_t ff_length(int64_t il) const { return n_ff_per_layer.empty() ? n_ff : n_ff_per_layer[size_t(il)]; }
+  bool is_swa(int64_t il) const { return n_swa > 0 && !swa_layers.empty() && swa_layers[size_t(il)] != 0; }
+  int64_t n_embd_q(int64_t il) const { return head_count(il) * head_dim; }
+  int64_t n_embd_kv(int64_t il) const { return head_count_kv(il) * head_dim; }
+  int64_t n_embd_kv() const { return n_head_kv * head_dim; }  // the widest layer's
+  bool uniform_layers() const;  // every layer has the same head counts and FFN width
+};
+
+// Reads the hyper-parameters of a GGUF model of any registered architecture; throws naming
+// the file and key for missing, malformed or inconsistent values, and the supported
+// architectures for an unknown one.
+HParams read_hparams(const GgufFile& file);
+
+}  // namespace tern

@@ -1,0 +1,33 @@
+#pragma once
+// The seam every linear layer of every architecture goes through: a weight (a matrix, or a
+// row range of one: a fused q/k/v or gate/up matrix's part, one expert of a 3-D tensor, later a
+// tensor-parallel shard), an optional bias, and the name observers and adapters key on. The
+// calibration observer sees each layer's input here, once.
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "kernels/matmul.h"
+#include "models/model.h"
+
+namespace tern {
+
+struct Linear {
+  std::string name;             // GGUF tensor the weight comes from ("blk.3.attn_q.weight")
+  WeightView w;                 // [n_in -> n_out]
+  const float* bias = nullptr;  // [n_out] or nullptr
+  bool observed = true;         // shown to a ForwardObserver (not: the parts of a fused tensor after its first)
+  bool present() const { return w.data != nullptr; }
+};
+
+// y = x W^T (+ bias).   x: [n_tokens][ldx] (n_in used), y: [n_tokens][ldy] (n_out written)
+void apply_linear(const Linear& l, const float* x, int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
+                  ThreadPool& pool, ForwardObserver* observer);
+// Several linears over one input (matmul_shared_input: the input quantized once, one pool region,
+// with its fused RMSNorm prologue and row epilogue); biases are for the epilogue to add. The
+// observer sees the (normalised) input once per observed linear, after the call.
+void apply_linears_shared(std::span<const Linear* const> ls, std::span<float* const> ys, std::span<const int64_t> ldys,
+                          const float* x, int64_t ldx, int64_t n_tokens, ThreadPool& pool, const RowsDone& done,
+                          const InputRmsNorm& norm, ForwardObserver* observer);
+
+}  // namespace tern

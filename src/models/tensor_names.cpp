@@ -1,0 +1,65 @@
+#include "models/tensor_names.h"
+
+#include "core/error.h"
+
+namespace tern {
+namespace {
+
+struct NameRow {
+  Tensor tensor;
+  const char* stem;
+  bool per_layer;
+};
+
+constexpr NameRow kNames[] = {
+    {Tensor::TokenEmbd, "token_embd", false},
+    {Tensor::OutputNorm, "output_norm", false},
+    {Tensor::Output, "output", false},
+    {Tensor::RopeFreqs, "rope_freqs", false},
+    {Tensor::AttnNorm, "attn_norm", true},
+    {Tensor::AttnQ, "attn_q", true},
+    {Tensor::AttnK, "attn_k", true},
+    {Tensor::AttnV, "attn_v", true},
+    {Tensor::AttnQkv, "attn_qkv", true},
+    {Tensor::AttnOutput, "attn_output", true},
+    {Tensor::AttnQNorm, "attn_q_norm", true},
+    {Tensor::AttnKNorm, "attn_k_norm", true},
+    {Tensor::AttnPostNorm, "post_attention_norm", true},
+    {Tensor::FfnNorm, "ffn_norm", true},
+    {Tensor::FfnGate, "ffn_gate", true},
+    {Tensor::FfnUp, "ffn_up", true},
+    {Tensor::FfnDown, "ffn_down", true},
+    {Tensor::FfnPostNorm, "post_ffw_norm", true},
+    {Tensor::FfnGateInp, "ffn_gate_inp", true},
+    {Tensor::FfnGateExps, "ffn_gate_exps", true},
+    {Tensor::FfnUpExps, "ffn_up_exps", true},
+    {Tensor::FfnDownExps, "ffn_down_exps", true},
+    {Tensor::FfnGateInpShexp, "ffn_gate_inp_shexp", true},
+    {Tensor::FfnGateShexp, "ffn_gate_shexp", true},
+    {Tensor::FfnUpShexp, "ffn_up_shexp", true},
+    {Tensor::FfnDownShexp, "ffn_down_shexp", true},
+};
+
+const NameRow& row(Tensor t) {
+  for (const NameRow& r : kNames)
+    if (r.tensor == t) return r;
+  TERN_ASSERT_MSG(false, "tensor missing from the name table");
+  return kNames[0];
+}
+
+}  // namespace
+
+const char* tensor_stem(Tensor t) { return row(t).stem; }
+bool tensor_per_layer(Tensor t) { return row(t).per_layer; }
+
+std::string tensor_name(Tensor t, int64_t il, const char* suffix) {
+  const NameRow& r = row(t);
+  TERN_ASSERT_MSG(r.per_layer == (il >= 0), "layer index given for a global tensor or missing for a layer's");
+  std::string s = r.per_layer ? "blk." + std::to_string(il) + "." : std::string();
+  s += r.stem;
+  s += '.';
+  s += suffix;
+  return s;
+}
+
+}  // namespace tern

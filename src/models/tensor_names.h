@@ -1,0 +1,46 @@
+#pragma once
+// The one table of GGUF tensor names (llama.cpp's, src/llama-arch.cpp), used by the loader,
+// `tern synth`, the llama2.c import and compress/. Per-layer names are "blk.<il>.<stem>.weight"
+// (or ".bias").
+#include <cstdint>
+#include <string>
+
+namespace tern {
+
+enum class Tensor {
+  TokenEmbd,      // token_embd          [n_embd, n_vocab]
+  OutputNorm,     // output_norm         [n_embd]
+  Output,         // output              [n_embd, n_vocab]   (absent: tied to token_embd)
+  RopeFreqs,      // rope_freqs          [n_rot / 2]         (Llama 3.x frequency factors)
+  AttnNorm,       // blk.N.attn_norm     [n_embd]
+  AttnQ,          // blk.N.attn_q        [n_embd, n_head * head_dim]
+  AttnK,          // blk.N.attn_k        [n_embd, n_head_kv * head_dim]
+  AttnV,          // blk.N.attn_v        [n_embd, n_head_kv * head_dim]
+  AttnQkv,        // blk.N.attn_qkv      [n_embd, (n_head + 2 n_head_kv) * head_dim]  (Phi-3)
+  AttnOutput,     // blk.N.attn_output   [n_head * head_dim, n_embd]
+  AttnQNorm,      // blk.N.attn_q_norm   [head_dim]          (Qwen3, Gemma 3)
+  AttnKNorm,      // blk.N.attn_k_norm   [head_dim]
+  AttnPostNorm,   // blk.N.post_attention_norm [n_embd]      (Gemma 2/3)
+  FfnNorm,        // blk.N.ffn_norm      [n_embd]
+  FfnGate,        // blk.N.ffn_gate      [n_embd, n_ff]
+  FfnUp,          // blk.N.ffn_up        [n_embd, n_ff]      (Phi-3: [n_embd, 2 n_ff], gate then up)
+  FfnDown,        // blk.N.ffn_down      [n_ff, n_embd]
+  FfnPostNorm,    // blk.N.post_ffw_norm [n_embd]            (Gemma 2/3)
+  FfnGateInp,     // blk.N.ffn_gate_inp  [n_embd, n_expert]  (router)
+  FfnGateExps,    // blk.N.ffn_gate_exps [n_embd, n_ff_exp, n_expert]
+  FfnUpExps,      // blk.N.ffn_up_exps   [n_embd, n_ff_exp, n_expert]
+  FfnDownExps,    // blk.N.ffn_down_exps [n_ff_exp, n_embd, n_expert]
+  FfnGateInpShexp,// blk.N.ffn_gate_inp_shexp [n_embd]       (Qwen2-MoE shared expert's gate)
+  FfnGateShexp,   // blk.N.ffn_gate_shexp [n_embd, n_ff_shexp]
+  FfnUpShexp,     // blk.N.ffn_up_shexp   [n_embd, n_ff_shexp]
+  FfnDownShexp,   // blk.N.ffn_down_shexp [n_ff_shexp, n_embd]
+};
+
+// The stem of a tensor's name ("attn_q", "token_embd").
+const char* tensor_stem(Tensor t);
+// Whether the tensor belongs to a layer (named blk.<il>.<stem>).
+bool tensor_per_layer(Tensor t);
+// "token_embd.weight", "blk.3.attn_q.weight", "blk.3.attn_q.bias".
+std::string tensor_name(Tensor t, int64_t il = -1, const char* suffix = "weight");
+
+}  // namespace tern

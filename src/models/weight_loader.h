@@ -1,0 +1,62 @@
+#pragma once
+// Finds, checks and maps a model's tensors: shapes against the hyper-parameters (errors name
+// the file, the tensor and both shapes), types against the kernels, values for NaN/Inf; and
+// gives matmul weights the layout the kernels read fastest (kernels/matmul.h interleave16).
+//
+// A model binds its weights twice: first with a planning loader (checks everything, copies
+// nothing, adds up the interleaved bytes), then with the loading one, which puts every
+// interleaved copy into one 2 MiB-aligned buffer (one buffer per tensor, each rounded up to
+// whole huge pages, made TinyLlama Q4_0's peak RSS 911 MB instead of 627).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/huge_buffer.h"
+#include "gguf/gguf.h"
+#include "kernels/matmul.h"
+
+namespace tern {
+
+class WeightLoader {
+ public:
+  explicit WeightLoader(std::shared_ptr<const GgufFile> file) : file_(std::move(file)) {}
+
+  // Ends the planning pass: from now on matmul() interleaves into the planned buffer.
+  void start_loading();
+
+  bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
+  // A 2-D tensor used by row lookups (embeddings): as stored.   [n_in, n_out]
+  WeightView rows(const std::string& name, int64_t n_in, int64_t n_out);
+  // A matmul weight, rows [row0, row0 + n_out) of `name`, which must be [n_in, rows_total]
+  // (2-D) or, with n_expert > 0, expert `expert` of [n_in, rows_total, n_expert] (3-D).
+  WeightView matmul(const std::string& name, int64_t n_in, int64_t n_out, int64_t row0 = 0, int64_t rows_total = -1,
+                    int64_t expert = -1, int64_t n_expert = 0);
+  // An f32 vector (norm weight, bias, frequency factors) of n elements.
+  // `what` names the kind in errors ("norm weights must be f32").
+  const float* vector(const std::string& name, int64_t n, const char* what = "vectors");
+  const float* optional_vector(const std::string& name, int64_t n, const char* what = "vectors") {
+    return has(name) ? vector(name, n, what) : nullptr;
+  }
+
+  const GgufFile& file() const { return *file_; }
+
+ private:
+  const GgufTensorInfo& tensor(const std::string& name) const;
+  void check_once(const GgufTensorInfo& t);  // type and values, once per tensor
+
+  std::shared_ptr<const GgufFile> file_;
+  bool loading_ = false;
+  size_t planned_ = 0;                   // interleaved bytes the plan found
+  HugeBuffer arena_;
+  size_t arena_used_ = 0;
+  std::vector<HugeBuffer> extra_;        // any copy the plan did not count (cannot happen)
+  std::vector<const GgufTensorInfo*> checked_;
+
+ public:
+  // The buffers keep the interleaved copies alive: the model moves them out after loading.
+  HugeBuffer take_arena() { return std::move(arena_); }
+  std::vector<HugeBuffer> take_extra() { return std::move(extra_); }
+};
+
+}  // namespace tern

@@ -1,0 +1,208 @@
+// Every architecture (models/arch.h) on its tiny synth shape: the ragged forward over a slot
+// mapping gives the same logits whether a sequence comes as one prefill, in chunks, or a token
+// at a time next to another sequence (sliding windows crossed, experts routed per token); and
+// files whose hyper-parameters and tensors disagree are refused naming the key or tensor.
+// (Logits against llama.cpp and a float64 numpy implementation: tests/py/test_arch_*.py.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "models/arch.h"
+#include "models/model.h"
+#include "models/synth.h"
+
+namespace tern {
+namespace {
+
+const char* const kTinyShapes[] = {"llama3-tiny", "mixtral-tiny", "qwen2-tiny", "qwen2moe-tiny", "qwen3-tiny",
+                                   "qwen3moe-tiny", "phi3-tiny", "gemma2-tiny", "gemma3-tiny"};
+
+std::string synth_file(const std::string& shape) {
+  const std::string path = ::testing::TempDir() + "tern_arch_" + shape + "_" + std::to_string(::getpid()) + ".gguf";
+  SynthOptions o;
+  o.shape = shape;
+  synth_model(o, path);
+  return path;
+}
+
+std::shared_ptr<const GgufFile> open_file(const std::string& path) {
+  return std::make_shared<const GgufFile>(GgufFile::open(path));
+}
+
+// Logits of every position of `ids` (sequence A) with sequence B decoding beside it, fed in
+// steps of `chunk` tokens (B gets one token per step), through scattered KV slots.
+std::vector<float> logits_in_steps(Model& model, const std::vector<int32_t>& ids, int64_t chunk, int n_threads) {
+  const int64_t V = model.hparams().n_vocab, n = int64_t(ids.size());
+  model.reserve(chunk + 1);
+  ThreadPool pool(n_threads);
+  KvStore kv(model.hparams(), 2 * n + 8, KvType::F32);
+  std::vector<int32_t> slots_a, slots_b, b_ids;
+  for (int64_t i = 0; i < n; ++i) {
+    slots_a.push_back(int32_t(2 * n + 7 - 2 * i));  // descending, interleaved with B's
+    slots_b.push_back(int32_t(2 * i));
+    b_ids.push_back(int32_t((7 * i + 3) % V));
+  }
+  std::vector<float> out;
+  int64_t past_b = 0;
+  for (int64_t p = 0; p < n; p += chunk) {
+    const int64_t m = std::min(chunk, n - p);
+    SeqBatch s[2];
+    s[0] = {p, std::span<const int32_t>(ids.data() + p, size_t(m)), std::span<const int32_t>(slots_a.data(), size_t(p + m)), true};
+    s[1] = {past_b, std::span<const int32_t>(b_ids.data() + past_b, 1), std::span<const int32_t>(slots_b.data(), size_t(past_b + 1)), false};
+    std::vector<float> logits(size_t((m + 1) * V));
+    model.forward(s, kv, logits.data(), pool);
+    out.insert(out.end(), logits.begin(), logits.begin() + m * V);
+    ++past_b;
+  }
+  return out;
+}
+
+TEST(Architectures, EveryShapeLoadsAndNamesItsArchitecture) {
+  for (const char* shape : kTinyShapes) {
+    SCOPED_TRACE(shape);
+    const std::string path = synth_file(shape);
+    LoadedModel m{open_file(path), nullptr};
+    m.model = load_model(m.file);
+    const SynthShape& sh = find_synth_shape(shape);
+    EXPECT_EQ(m.model->hparams().arch, sh.arch);
+    EXPECT_EQ(m.model->hparams().head_dim, sh.head_dim > 0 ? sh.head_dim : sh.n_embd / sh.n_head);
+    EXPECT_EQ(m.model->hparams().n_expert, sh.n_expert);
+    std::remove(path.c_str());
+  }
+}
+
+TEST(Architectures, PrefillChunksAndDecodeGiveTheSameLogits) {
+  std::vector<int32_t> ids = {1};
+  for (int i = 0; i < 39; ++i) ids.push_back(int32_t(3 + (i * 37) % 500));  // 40 positions: past the 16-token windows
+  for (const char* shape : kTinyShapes) {
+    SCOPED_TRACE(shape);
+    const std::string path = synth_file(shape);
+    auto file = open_file(path);
+    auto model = load_model(file);
+    const std::vector<float> whole = logits_in_steps(*model, ids, 40, 1);
+    float scale = 0.0f;
+    for (float x : whole) {
+      ASSERT_TRUE(std::isfinite(x));
+      scale = std::max(scale, std::fabs(x));
+    }
+    ASSERT_GT(scale, 1.0f);  // decisive logits, not a model whose output is ~0
+    for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(16)})
+      for (int n_threads : {1, 2}) {
+        auto m2 = load_model(file);
+        const std::vector<float> got = logits_in_steps(*m2, ids, chunk, n_threads);
+        ASSERT_EQ(got.size(), whole.size());
+        float err = 0.0f;
+        for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::fabs(got[i] - whole[i]));
+        EXPECT_LE(err, 1e-4f * scale) << "chunk " << chunk << ", " << n_threads << " threads";
+      }
+    std::remove(path.c_str());
+  }
+}
+
+// Rewrites a tiny synth file through `edit` and returns the error of loading it.
+std::string load_error(const std::string& shape, const std::function<void(const GgufFile&, GgufWriter&)>& edit) {
+  const std::string path = synth_file(shape);
+  auto src = open_file(path);
+  GgufWriter w(3);
+  edit(*src, w);
+  auto bytes = std::make_shared<std::vector<uint8_t>>(w.to_bytes());
+  std::remove(path.c_str());
+  try {
+    auto file = std::make_shared<const GgufFile>(GgufFile::parse(bytes, bytes->data(), bytes->size(), "edited.gguf"));
+    load_model(file);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void copy_all(const GgufFile& s, GgufWriter& w) {
+  for (const auto& [k, v] : s.metadata()) w.set(k, v);
+  for (const auto& t : s.tensors()) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+}
+
+GgufValue u32_array(std::vector<uint32_t> xs) {
+  std::vector<GgufValue> items;
+  for (uint32_t x : xs) items.push_back(GgufValue::u32(x));
+  return GgufValue::array(GgufType::U32, std::move(items));
+}
+
+TEST(Architectures, PerLayerArraysAreReadAndChecked) {
+  // One value per layer, equal to the scalar: loads.
+  EXPECT_EQ(load_error("qwen2-tiny", [](const GgufFile& s, GgufWriter& w) {
+              copy_all(s, w);
+              w.set("qwen2.attention.head_count_kv", u32_array({2, 2}));
+              w.set("qwen2.feed_forward_length", u32_array({128, 128}));
+            }),
+            "(no error)");
+  // A layer whose head count the tensors do not have: the tensor is named.
+  std::string e = load_error("qwen2-tiny", [](const GgufFile& s, GgufWriter& w) {
+    copy_all(s, w);
+    w.set("qwen2.attention.head_count_kv", u32_array({2, 1}));
+  });
+  EXPECT_NE(e.find("blk.1.attn_k.weight: expected 64 x 16, file has 64 x 32"), std::string::npos) << e;
+  e = load_error("qwen2-tiny", [](const GgufFile& s, GgufWriter& w) {
+    copy_all(s, w);
+    w.set("qwen2.feed_forward_length", u32_array({128, 128, 128}));
+  });
+  EXPECT_NE(e.find("qwen2.feed_forward_length has 3 values for 2 layers"), std::string::npos) << e;
+}
+
+TEST(Architectures, ExpertCountsMustMatchTheTensors) {
+  std::string e = load_error("qwen3moe-tiny", [](const GgufFile& s, GgufWriter& w) {
+    copy_all(s, w);
+    w.set("qwen3moe.expert_count", GgufValue::u32(4));
+  });
+  EXPECT_NE(e.find("blk.0.ffn_gate_inp.weight: expected 64 x 4, file has 64 x 8"), std::string::npos) << e;
+  e = load_error("qwen3moe-tiny", [](const GgufFile& s, GgufWriter& w) {
+    copy_all(s, w);
+    w.set("qwen3moe.expert_used_count", GgufValue::u32(9));
+  });
+  EXPECT_NE(e.find("expert_used_count 9 must be in 1..expert_count 8"), std::string::npos) << e;
+  e = load_error("mixtral-tiny", [](const GgufFile& s, GgufWriter& w) {
+    for (const auto& [k, v] : s.metadata())
+      if (k != "llama.expert_count") w.set(k, v);
+    for (const auto& t : s.tensors()) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+  });
+  EXPECT_NE(e.find("blk.0.ffn_gate_inp.weight present but llama.expert_count is missing"), std::string::npos) << e;
+  e = load_error("qwen2moe-tiny", [](const GgufFile& s, GgufWriter& w) {
+    copy_all(s, w);
+    w.set("qwen2moe.expert_feed_forward_length", GgufValue::u32(32));
+  });
+  EXPECT_NE(e.find("blk.0.ffn_gate_exps.weight: expected 64 x 32 x 4, file has 64 x 64 x 4"), std::string::npos) << e;
+}
+
+TEST(Architectures, FusedAndHeadShapesAreChecked) {
+  std::string e = load_error("phi3-tiny", [](const GgufFile& s, GgufWriter& w) {
+    copy_all(s, w);
+    w.set("phi3.attention.head_count_kv", GgufValue::u32(2));
+  });
+  EXPECT_NE(e.find("blk.0.attn_qkv.weight: expected 64 x 128, file has 64 x 192"), std::string::npos) << e;
+  e = load_error("qwen3-tiny", [](const GgufFile& s, GgufWriter& w) {
+    copy_all(s, w);
+    w.set("qwen3.attention.key_length", GgufValue::u32(16));
+    w.set("qwen3.attention.value_length", GgufValue::u32(16));
+  });
+  EXPECT_NE(e.find("blk.0.attn_q.weight: expected 64 x 64, file has 64 x 128"), std::string::npos) << e;
+  e = load_error("gemma3-tiny", [](const GgufFile& s, GgufWriter& w) {
+    copy_all(s, w);
+    w.set("gemma3.attention.value_length", GgufValue::u32(16));
+  });
+  EXPECT_NE(e.find("attention.value_length 16 differs from key_length 32"), std::string::npos) << e;
+}
+
+TEST(Architectures, UnsupportedArchitectureListsTheSupportedOnes) {
+  const std::string e = load_error("qwen2-tiny", [](const GgufFile& s, GgufWriter& w) {
+    copy_all(s, w);
+    w.set("general.architecture", GgufValue::string("rwkv6"));
+  });
+  EXPECT_NE(e.find("unsupported architecture 'rwkv6' (tern runs: " + architecture_list() + ")"), std::string::npos) << e;
+  for (const char* a : {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"})
+    EXPECT_NE(architecture_list().find(a), std::string::npos) << a;
+}
+
+}  // namespace
+}  // namespace tern

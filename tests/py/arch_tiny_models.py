@@ -1,0 +1,327 @@
+"""Tiny random GGUF models for every architecture tern supports, written the way llama.cpp's
+convert_hf_to_gguf.py writes real ones (key names, tensor names, ggml dimension order, tied or
+untied output, F32 tensors).  An independent writer: shares no code with tern's `tern synth`.
+
+What it checks: nothing by itself; it feeds the numpy oracle (arch_np.py), the llama.cpp peer
+(tests/models/peer/peer_logits.mjs) and the tern harnesses (test_arch_*.py).
+
+Run:
+    python3 tests/py/arch_tiny_models.py --list
+    python3 tests/py/arch_tiny_models.py --shape gemma3-tiny -o /tmp/g3.gguf
+    python3 tests/py/arch_tiny_models.py --all -o /tmp/tiny      # one NAME.gguf per shape
+
+Shapes (all f32, vocab 320 SPM-style with byte tokens, 2-6 layers, GQA):
+    qwen2-tiny     q/k/v biases, tied output
+    qwen2moe-tiny  4 experts top-2 (no renorm) + shared expert with sigmoid gate, q/k/v biases
+    qwen3-tiny     key_length 32 != n_embd/n_head, per-head q_norm/k_norm, tied output
+    qwen3moe-tiny  4 experts top-2 (renormalised), expert_feed_forward_length, q/k norm
+    llama3-tiny    rope_freqs.weight (Llama-3 frequency factors), rope NORM, untied
+    mixtral-tiny   arch llama, 4 experts top-2 (renormalised)
+    phi3-tiny      fused attn_qkv, fused ffn_up (gate half first), untied, sliding_window 16
+                   (which llama.cpp ignores: phi3 SWA is disabled there)
+    gemma2-tiny    3 layers: sliding (even) / global (odd), window 8, attn + final softcaps,
+                   post-attention / post-ffw norms, key_length 32, GeGLU, tied
+    gemma3-tiny    6 layers: 0-4 local (window 8, rope base 10000, no scaling), 5 global
+                   (freq_base 1e6, linear rope scaling x8), q/k norms, no softcaps, tied,
+                   key_length 16 != n_embd/n_head 32, MQA (1 kv head)
+Weights are scaled so that logits are decisive (top-1 minus top-2 > 0.01 at ~97-100% of
+positions) and greedy continuations do not just repeat one token.  The phi3 vocabulary holds
+<|endoftext|>: llama.cpp looks it up whenever general.name contains "phi3".
+"""
+import argparse
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+GGUF_ALIGN = 32
+
+# GGUF value types
+T_U32, T_I32, T_F32, T_BOOL, T_STR, T_ARR = 4, 5, 6, 7, 8, 9
+
+
+# ----------------------------------------------------------------------------- GGUF writing
+def _gguf_str(s):
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def _gguf_value(t, v):
+    if t == T_U32:
+        return struct.pack("<I", v)
+    if t == T_I32:
+        return struct.pack("<i", v)
+    if t == T_F32:
+        return struct.pack("<f", v)
+    if t == T_BOOL:
+        return struct.pack("<?", v)
+    if t == T_STR:
+        return _gguf_str(v)
+    raise ValueError(t)
+
+
+def write_gguf(path, kvs, tensors):
+    """kvs: list of (key, type, value) where value of an array is (elem_type, list).
+    tensors: list of (name, numpy array). The numpy shape is the reverse of ggml's ne."""
+    out = bytearray(b"GGUF")
+    out += struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    for k, t, v in kvs:
+        out += _gguf_str(k) + struct.pack("<I", t)
+        if t == T_ARR:
+            et, items = v
+            out += struct.pack("<IQ", et, len(items))
+            for it in items:
+                out += _gguf_value(et, it)
+        else:
+            out += _gguf_value(t, v)
+    blobs, off = [], 0
+    for name, arr in tensors:
+        a = np.ascontiguousarray(arr, dtype="<f4")
+        ne = list(reversed(a.shape))
+        out += _gguf_str(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        out += struct.pack("<IQ", 0, off)  # type 0 = F32
+        b = a.tobytes()
+        pad = (-len(b)) % GGUF_ALIGN
+        blobs.append(b + b"\0" * pad)
+        off += len(b) + pad
+    out += b"\0" * ((-len(out)) % GGUF_ALIGN)
+    for b in blobs:
+        out += b
+    with open(path, "wb") as f:
+        f.write(out)
+
+
+# ----------------------------------------------------------------------------- vocabulary
+def spm_vocab(n_vocab, gemma=False, extra_control=()):
+    """A SentencePiece-style ('llama' tokenizer model) vocabulary: specials, the 256 byte
+    tokens <0x00>..<0xFF> (llama.cpp needs <0x0A> for the newline token), then whole pieces."""
+    if gemma:  # gemma's order: pad, eos, bos, unk
+        specials = [("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<unk>", 2)]
+        ids = dict(pad=0, eos=1, bos=2, unk=3)
+    else:
+        specials = [("<unk>", 2), ("<s>", 3), ("</s>", 3)]
+        ids = dict(unk=0, bos=1, eos=2)
+    specials += [(s, 3) for s in extra_control]
+    toks = [s for s, _ in specials]
+    types = [ty for _, ty in specials]
+    for b in range(256):
+        toks.append(f"<0x{b:02X}>")
+        types.append(6)  # BYTE
+    letters = "etaoinshrdlcumwfgypbvkjxqz"
+    pieces = ["\u2581"] + ["\u2581" + c for c in letters] + list(letters)
+    pieces += ["th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te"]
+    for p in pieces:
+        if len(toks) >= n_vocab:
+            break
+        toks.append(p)
+        types.append(1)
+    k = 0
+    while len(toks) < n_vocab:  # filler pieces
+        toks.append(f"\u2581w{k}")
+        types.append(1)
+        k += 1
+    scores = [0.0] * len(specials) + [-1000.0] * 256 + [-float(i) for i in range(len(toks) - len(specials) - 256)]
+    return toks, scores, types, ids
+
+
+# ----------------------------------------------------------------------------- shapes
+SHAPES = {
+    "qwen2-tiny": dict(arch="qwen2", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128,
+                       rope_base=1e6, eps=1e-6, qkv_bias=True, tied=True, ctx=512),
+    "qwen2moe-tiny": dict(arch="qwen2moe", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128,
+                          n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64,
+                          rope_base=1e6, eps=1e-6, qkv_bias=True, tied=False, ctx=512),
+    "qwen3-tiny": dict(arch="qwen3", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=32, n_ff=128,
+                       rope_base=1e6, eps=1e-6, qk_norm=True, tied=True, ctx=512),
+    "qwen3moe-tiny": dict(arch="qwen3moe", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=32, n_ff=128,
+                          n_expert=4, n_expert_used=2, n_ff_exp=32,
+                          rope_base=1e6, eps=1e-6, qk_norm=True, tied=False, ctx=512),
+    "llama3-tiny": dict(arch="llama", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128,
+                        rope_base=500000.0, eps=1e-5, tied=False, ctx=512,
+                        llama3_rope=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, orig_ctx=64)),
+    "mixtral-tiny": dict(arch="llama", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=64,
+                         n_expert=4, n_expert_used=2, rope_base=1e6, eps=1e-5, tied=False, ctx=512),
+    "phi3-tiny": dict(arch="phi3", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128,
+                      rope_base=10000.0, eps=1e-5, tied=False, ctx=4096, sliding_window=16),
+    "gemma2-tiny": dict(arch="gemma2", n_embd=64, n_layer=3, n_head=4, n_head_kv=2, head_dim=32, n_ff=128,
+                        rope_base=10000.0, eps=1e-6, tied=True, ctx=512, sliding_window=8,
+                        attn_softcap=8.0, final_softcap=15.0),
+    "gemma3-tiny": dict(arch="gemma3", n_embd=64, n_layer=6, n_head=2, n_head_kv=1, head_dim=16, n_ff=96,
+                        rope_base=1e6, eps=1e-6, qk_norm=True, tied=True, ctx=512, sliding_window=8,
+                        rope_linear=8.0),
+}
+N_VOCAB = 320
+
+
+def llama3_rope_factors(base, dim, factor, low_freq_factor, high_freq_factor, orig_ctx):
+    """As LlamaModel.generate_extra_tensors in convert_hf_to_gguf.py computes rope_freqs."""
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    low_wl, high_wl = orig_ctx / low_freq_factor, orig_ctx / high_freq_factor
+    out = []
+    for f in freqs:
+        wl = 2 * math.pi / f
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            s = (orig_ctx / wl - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1 / ((1 - s) / factor + s))
+    return np.array(out, dtype=np.float32)
+
+
+def build(shape, seed=None):
+    """Return (kvs, tensors) for one shape."""
+    c = SHAPES[shape]
+    arch = c["arch"]
+    rng = np.random.default_rng(seed if seed is not None else sum(map(ord, shape)))
+    E, L, H, Hkv, F = c["n_embd"], c["n_layer"], c["n_head"], c["n_head_kv"], c["n_ff"]
+    hd = c.get("head_dim", E // H)
+    V = N_VOCAB
+    gemma = arch.startswith("gemma")
+    # weights: inputs are RMS-normalised, so std g/sqrt(n_in) gives outputs of std ~g
+    def w(n_out, n_in, g=1.0):
+        return (rng.standard_normal((n_out, n_in)) * g / math.sqrt(n_in)).astype(np.float32)
+
+    def norm(n):  # GGUF norm weights (for gemma these hold 1 + w, as the converter writes them)
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    # llama.cpp looks up "<|endoftext|>" when general.name contains "phi3" (as a real Phi-3 vocab has)
+    toks, scores, types, sid = spm_vocab(V, gemma=gemma,
+                                         extra_control=("<|endoftext|>", "<|end|>") if arch == "phi3" else ())
+    a = arch
+    kvs = [("general.architecture", T_STR, arch),
+           ("general.name", T_STR, shape),
+           ("general.file_type", T_U32, 0),
+           (f"{a}.context_length", T_U32, c["ctx"]),
+           (f"{a}.embedding_length", T_U32, E),
+           (f"{a}.block_count", T_U32, L),
+           (f"{a}.feed_forward_length", T_U32, F),
+           (f"{a}.attention.head_count", T_U32, H),
+           (f"{a}.attention.head_count_kv", T_U32, Hkv),
+           (f"{a}.attention.layer_norm_rms_epsilon", T_F32, c["eps"])]
+    if arch != "gemma2":  # the Gemma2 converter writes no rope.freq_base (llama.cpp default 10000)
+        kvs.append((f"{a}.rope.freq_base", T_F32, c["rope_base"]))
+    if "head_dim" in c:
+        kvs += [(f"{a}.attention.key_length", T_U32, hd), (f"{a}.attention.value_length", T_U32, hd)]
+    if arch in ("llama", "phi3"):
+        kvs.append((f"{a}.rope.dimension_count", T_U32, hd))
+    if arch == "llama":
+        kvs.append((f"{a}.vocab_size", T_U32, V))
+    if "n_expert" in c:
+        kvs += [(f"{a}.expert_count", T_U32, c["n_expert"]), (f"{a}.expert_used_count", T_U32, c["n_expert_used"])]
+    if "n_ff_exp" in c:
+        kvs.append((f"{a}.expert_feed_forward_length", T_U32, c["n_ff_exp"]))
+    if "n_ff_shexp" in c:
+        kvs.append((f"{a}.expert_shared_feed_forward_length", T_U32, c["n_ff_shexp"]))
+    if "sliding_window" in c:
+        kvs.append((f"{a}.attention.sliding_window", T_U32, c["sliding_window"]))
+    if "attn_softcap" in c:
+        kvs += [(f"{a}.attn_logit_softcapping", T_F32, c["attn_softcap"]),
+                (f"{a}.final_logit_softcapping", T_F32, c["final_softcap"])]
+    if "rope_linear" in c:
+        kvs += [(f"{a}.rope.scaling.type", T_STR, "linear"), (f"{a}.rope.scaling.factor", T_F32, c["rope_linear"])]
+    kvs += [("tokenizer.ggml.model", T_STR, "llama"),
+            ("tokenizer.ggml.tokens", T_ARR, (T_STR, toks)),
+            ("tokenizer.ggml.scores", T_ARR, (T_F32, scores)),
+            ("tokenizer.ggml.token_type", T_ARR, (T_I32, types)),
+            ("tokenizer.ggml.bos_token_id", T_U32, sid["bos"]),
+            ("tokenizer.ggml.eos_token_id", T_U32, sid["eos"]),
+            ("tokenizer.ggml.unknown_token_id", T_U32, sid["unk"]),
+            ("tokenizer.ggml.add_bos_token", T_BOOL, True),
+            ("tokenizer.ggml.add_eos_token", T_BOOL, False)]
+    if "pad" in sid:
+        kvs.append(("tokenizer.ggml.padding_token_id", T_U32, sid["pad"]))
+
+    T = []
+    g_res = c.get("g_res", 2.0)  # residual-branch gain: layers, not the input embedding, decide the next token
+    emb_std = c.get("emb_std", 0.1 if c["tied"] else 1.0)
+    T.append(("token_embd.weight", (rng.standard_normal((V, E)) * emb_std).astype(np.float32)))
+    if "llama3_rope" in c:
+        r = c["llama3_rope"]
+        T.append(("rope_freqs.weight", llama3_rope_factors(c["rope_base"], hd, r["factor"], r["low_freq_factor"],
+                                                            r["high_freq_factor"], r["orig_ctx"])))
+    for il in range(L):
+        p = f"blk.{il}."
+        T.append((p + "attn_norm.weight", norm(E)))
+        gq = 1.6
+        if arch == "phi3":  # fused q|k|v rows
+            T.append((p + "attn_qkv.weight", np.concatenate([w(H * hd, E, gq), w(Hkv * hd, E, gq), w(Hkv * hd, E)], 0)))
+        else:
+            T.append((p + "attn_q.weight", w(H * hd, E, gq)))
+            T.append((p + "attn_k.weight", w(Hkv * hd, E, gq)))
+            T.append((p + "attn_v.weight", w(Hkv * hd, E)))
+        if c.get("qkv_bias"):
+            T.append((p + "attn_q.bias", (0.3 * rng.standard_normal(H * hd)).astype(np.float32)))
+            T.append((p + "attn_k.bias", (0.3 * rng.standard_normal(Hkv * hd)).astype(np.float32)))
+            T.append((p + "attn_v.bias", (0.3 * rng.standard_normal(Hkv * hd)).astype(np.float32)))
+        if c.get("qk_norm"):
+            T.append((p + "attn_q_norm.weight", norm(hd)))
+            T.append((p + "attn_k_norm.weight", norm(hd)))
+        T.append((p + "attn_output.weight", w(E, H * hd, g_res)))
+        if gemma:
+            T.append((p + "post_attention_norm.weight", norm(E)))
+        T.append((p + "ffn_norm.weight", norm(E)))
+        if "n_expert" in c:
+            NE = c["n_expert"]
+            Fe = c.get("n_ff_exp", F)
+            T.append((p + "ffn_gate_inp.weight", w(NE, E, 2.0)))
+            # numpy [n_expert, n_ff, n_embd] == ggml ne [n_embd, n_ff, n_expert]
+            T.append((p + "ffn_gate_exps.weight", np.stack([w(Fe, E) for _ in range(NE)])))
+            T.append((p + "ffn_down_exps.weight", np.stack([w(E, Fe, g_res) for _ in range(NE)])))
+            T.append((p + "ffn_up_exps.weight", np.stack([w(Fe, E) for _ in range(NE)])))
+            if "n_ff_shexp" in c:
+                Fs = c["n_ff_shexp"]
+                T.append((p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(E) / math.sqrt(E)).astype(np.float32)))
+                T.append((p + "ffn_gate_shexp.weight", w(Fs, E)))
+                T.append((p + "ffn_down_shexp.weight", w(E, Fs, g_res)))
+                T.append((p + "ffn_up_shexp.weight", w(Fs, E)))
+        elif arch == "phi3":  # fused gate|up rows: the first n_ff rows are the gate
+            T.append((p + "ffn_up.weight", np.concatenate([w(F, E), w(F, E)], 0)))
+            T.append((p + "ffn_down.weight", w(E, F, g_res)))
+        else:
+            T.append((p + "ffn_gate.weight", w(F, E)))
+            T.append((p + "ffn_up.weight", w(F, E)))
+            T.append((p + "ffn_down.weight", w(E, F, g_res)))
+        if gemma:  # a smaller ffn branch: ggml's fp16 GELU table then moves llama.cpp's logits less
+            T.append((p + "post_ffw_norm.weight", 0.5 * norm(E)))
+    # tied output: small embeddings (so a token does not just predict itself) and a large output norm
+    T.append(("output_norm.weight", norm(E) * (5.0 if c["tied"] else 1.0)))
+    if not c["tied"]:
+        T.append(("output.weight", w(V, E, 3.0)))
+    return kvs, T
+
+
+def write_shape(shape, path, seed=None):
+    kvs, tensors = build(shape, seed)
+    write_gguf(path, kvs, tensors)
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape")
+    ap.add_argument("--all", action="store_true")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("-o", "--out")
+    args = ap.parse_args()
+    if args.list:
+        print("\n".join(SHAPES))
+        return 0
+    if args.all:
+        os.makedirs(args.out, exist_ok=True)
+        for s in SHAPES:
+            p = write_shape(s, os.path.join(args.out, s + ".gguf"))
+            print(p, os.path.getsize(p))
+        return 0
+    if not args.shape or not args.out:
+        ap.error("--shape NAME -o FILE (or --all -o DIR, or --list)")
+    write_shape(args.shape, args.out)
+    print(args.out, os.path.getsize(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
