@@ -385,8 +385,7 @@ class Parser {
       for (;;) {
         std::string end;
         n->kids.push_back(parse_body({"elif", "else", "endif"}, end));
-        toks_ = &segs_[si_].tokens;
-        ti_ = 1;
+        enter_tag();
         if (end == "elif") {
           n->conds.push_back(parse_expr());
           expect_end();
@@ -396,10 +395,7 @@ class Parser {
           ++si_;
           std::string end2;
           n->kids.push_back(parse_body({"endif"}, end2));
-          toks_ = &segs_[si_].tokens;
-          ti_ = 1;
-          expect_end();
-          ++si_;
+          finish_tag();
           break;
         } else {
           expect_end();
@@ -430,17 +426,11 @@ class Parser {
       open_.push_back({"for", kw.line});
       std::string end;
       n->kids.push_back(parse_body({"else", "endfor"}, end));
-      toks_ = &segs_[si_].tokens;
-      ti_ = 1;
-      expect_end();
-      ++si_;
+      finish_tag();
       if (end == "else") {
         std::string end2;
         n->kids.push_back(parse_body({"endfor"}, end2));
-        toks_ = &segs_[si_].tokens;
-        ti_ = 1;
-        expect_end();
-        ++si_;
+        finish_tag();
       }
       open_.pop_back();
       return n;
@@ -471,10 +461,7 @@ class Parser {
       open_.push_back({"set", kw.line});
       std::string end;
       n->kids.push_back(parse_body({"endset"}, end));
-      toks_ = &segs_[si_].tokens;
-      ti_ = 1;
-      expect_end();
-      ++si_;
+      finish_tag();
       open_.pop_back();
       return n;
     }
@@ -499,10 +486,7 @@ class Parser {
       open_.push_back({"macro", kw.line});
       std::string end;
       n->kids.push_back(parse_body({"endmacro"}, end));
-      toks_ = &segs_[si_].tokens;
-      ti_ = 1;
-      expect_end();
-      ++si_;
+      finish_tag();
       open_.pop_back();
       return n;
     }
@@ -520,10 +504,7 @@ class Parser {
       open_.push_back({"generation", kw.line});
       std::string end;
       NodePtr body = parse_body({"endgeneration"}, end);
-      toks_ = &segs_[si_].tokens;
-      ti_ = 1;
-      expect_end();
-      ++si_;
+      finish_tag();
       open_.pop_back();
       return body;
     }
@@ -895,6 +876,18 @@ class Parser {
   }
   void expect_op(const char* op) {
     if (!accept_op(op)) err(peek(), str_cat("expected '", op, "'", peek().type == Tok::End ? " before the tag's end" : str_cat(", got '", peek().text, "'")));
+  }
+  // After parse_body stopped at a tag that closes or continues a block: read that tag's tokens,
+  // past its keyword.
+  void enter_tag() {
+    toks_ = &segs_[si_].tokens;
+    ti_ = 1;
+  }
+  // The same for a tag with nothing after its keyword (endfor, else, ...): checked and consumed.
+  void finish_tag() {
+    enter_tag();
+    expect_end();
+    ++si_;
   }
   void expect_end() {
     if (peek().type != Tok::End) err(peek(), str_cat("expected the end of the tag, got '", peek().text, "'"));
