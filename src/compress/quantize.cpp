@@ -159,6 +159,9 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
       r.reason = "kept (--keep)";
     } else if (t.ne.size() < 2 || !ends_with(t.name, "weight")) {
       r.reason = "1-D: kept";
+    } else if (ends_with(t.name, ".ffn_gate_inp.weight")) {
+      // The MoE router: small, and its logits pick the experts (llama-quantize keeps it too).
+      r.reason = "router: kept";
     } else {
       auto [type, why] = default_tensor_type(src, t, opts);
       want = type;

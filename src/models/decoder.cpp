@@ -134,10 +134,12 @@ class DecoderModel final : public Model {
     if (hp_.n_expert > 0) {
       router_.assign(T * size_t(hp_.n_expert), 0.0f);
       moe_x_.assign(T * E, 0.0f);
-      moe_y_.assign(T * E, 0.0f);
       moe_out_.assign(T * E, 0.0f);
-      moe_gate_.assign(T * size_t(hp_.n_ff_exp), 0.0f);
-      moe_up_.assign(T * size_t(hp_.n_ff_exp), 0.0f);
+      // One decode token's chosen experts side by side: at least n_expert_used rows.
+      const size_t rows = std::max(T, size_t(hp_.n_expert_used));
+      moe_y_.assign(rows * E, 0.0f);
+      moe_gate_.assign(rows * size_t(hp_.n_ff_exp), 0.0f);
+      moe_up_.assign(rows * size_t(hp_.n_ff_exp), 0.0f);
       chosen_.assign(T * size_t(hp_.n_expert_used), 0);
       chosen_w_.assign(T * size_t(hp_.n_expert_used), 0.0f);
     }
@@ -168,6 +170,9 @@ class DecoderModel final : public Model {
   void attention_block(int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
   void ffn_block(int64_t il, int64_t T, ThreadPool& pool);
   void moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool);
+  void moe_decode_token(const Experts& X, ThreadPool& pool);
+  void experts_over_tokens(const Experts& X, int64_t T, ThreadPool& pool);
+  void shared_expert(const Experts& X, int64_t T, ThreadPool& pool);
   void forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits, ThreadPool& pool);
   // Final norm and output projection of the rows that need logits (after forward_layers_pooled).
   void forward_output(std::span<const SeqBatch> seqs, float* logits, ThreadPool& pool);
@@ -209,6 +214,7 @@ class DecoderModel final : public Model {
   std::vector<float> moe_out_;      // [T, n_embd] the experts' weighted sum
   std::vector<int32_t> chosen_;     // [T, n_expert_used] experts of each token
   std::vector<float> chosen_w_;     // [T, n_expert_used] their weights
+  std::vector<MatmulTarget> moe_targets_;  // a decode token's experts' gate and up
   std::vector<AttentionArgs> attn_args_;
   int64_t cur_layer_ = 0;           // the layer qkv_rows_done works for
   PhasedWork spmd_work_;               // forward_spmd's phases
@@ -545,7 +551,7 @@ void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
 // sigmoid(xn . gate). Result in moe_out_.
 void DecoderModel::moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool) {
   const Experts& X = *L.moe;
-  const int64_t E = hp_.n_embd, NE = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
+  const int64_t E = hp_.n_embd, NE = hp_.n_expert, K = hp_.n_expert_used;
   apply_linear(X.router, xn_.data(), E, T, router_.data(), NE, pool, observer_);
   std::vector<int32_t> order(static_cast<size_t>(NE));
   for (int64_t t = 0; t < T; ++t) {
@@ -569,6 +575,17 @@ void DecoderModel::moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool)
     }
   }
   std::fill(moe_out_.begin(), moe_out_.begin() + T * E, 0.0f);
+  if (T == 1 && !observer_ && K <= 64) {  // (no model uses more than 64 experts per token)
+    moe_decode_token(X, pool);
+  } else {
+    experts_over_tokens(X, T, pool);
+  }
+  if (X.sh_gate_inp) shared_expert(X, T, pool);
+}
+
+// A step's tokens grouped by expert: each routed expert runs once over its tokens.
+void DecoderModel::experts_over_tokens(const Experts& X, int64_t T, ThreadPool& pool) {
+  const int64_t E = hp_.n_embd, NE = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
   std::vector<int32_t> rows;   // tokens routed to the expert
   std::vector<float> weights;  // and their weights
   for (int64_t e = 0; e < NE; ++e) {
@@ -596,7 +613,12 @@ void DecoderModel::moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool)
       for (int64_t c = 0; c < E; ++c) out[c] += w * y[c];
     }
   }
-  if (X.sh_gate_inp) {
+}
+
+// Qwen2-MoE's shared expert over every token, scaled by sigmoid(xn . gate), added to moe_out_.
+void DecoderModel::shared_expert(const Experts& X, int64_t T, ThreadPool& pool) {
+  const int64_t E = hp_.n_embd;
+  {
     const int64_t S = hp_.n_ff_shexp;
     const ActRows act{gate_.data(), up_.data(), S, spec_.activation};
     const Linear* gu[] = {&X.sh_gate, &X.sh_up};
@@ -614,6 +636,54 @@ void DecoderModel::moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool)
       const float* y = moe_y_.data() + t * E;
       for (int64_t c = 0; c < E; ++c) out[c] += g * y[c];
     }
+  }
+}
+
+// One decode token: its n_expert_used experts all read the same row, so their gate and up
+// matrices are one shared-input matmul (one region, the row quantized once; each expert's
+// activation applied as its rows finish) and their down matrices one more region over all
+// their rows, instead of two regions per expert. Bytes read: the chosen experts' only.
+struct ExpertsAct {
+  float* gate;      // [K][F] receives act(gate) * up
+  const float* up;  // [K][F]
+  int64_t F, K;
+  FfnActivation act;
+};
+void experts_act_done(const void* ctx, int, int64_t, int64_t r0, int64_t r1) {
+  const ExpertsAct& a = *static_cast<const ExpertsAct*>(ctx);
+  const ActRows one{a.gate, a.up, a.F, a.act};
+  act_rows_done(&one, -1, a.K, r0, r1);  // the K experts' rows are K "tokens" of F
+}
+
+void DecoderModel::moe_decode_token(const Experts& X, ThreadPool& pool) {
+  const int64_t E = hp_.n_embd, K = hp_.n_expert_used, F = hp_.n_ff_exp;
+  std::vector<MatmulTarget>& targets = moe_targets_;
+  targets.clear();
+  for (int64_t j = 0; j < K; ++j) {
+    const size_t e = size_t(chosen_[size_t(j)]);
+    targets.push_back(MatmulTarget{X.gate[e].w, moe_gate_.data() + j * F, F});
+    targets.push_back(MatmulTarget{X.up[e].w, moe_up_.data() + j * F, F});
+  }
+  const ExpertsAct act{moe_gate_.data(), moe_up_.data(), F, K, spec_.activation};
+  matmul_shared_input(targets, xn_.data(), E, 1, pool, RowsDone{experts_act_done, &act, true});
+  // The downs: K x n_embd rows in blocks of 64 (multiples of the kernels' 4-row tile).
+  constexpr int64_t kRows = 64;
+  const int64_t per_expert = (E + kRows - 1) / kRows;
+  pool.for_chunks(K * per_expert, [&](int64_t c, int) {
+    const int64_t j = c / per_expert, r0 = (c % per_expert) * kRows, r1 = std::min(E, r0 + kRows);
+    matmul_rows(X.down[size_t(chosen_[size_t(j)])].w, moe_gate_.data() + j * F, F, 1, moe_y_.data() + j * E, E, r0, r1);
+  });
+  // Summed in expert order, as experts_over_tokens does: the same bits for a token either way.
+  int32_t order[64];
+  TERN_ASSERT(K <= 64);
+  for (int64_t j = 0; j < K; ++j) order[j] = int32_t(j);
+  std::sort(order, order + K, [&](int32_t a, int32_t b) { return chosen_[size_t(a)] < chosen_[size_t(b)]; });
+  float* out = moe_out_.data();
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t j = order[i];
+    const float w = chosen_w_[size_t(j)];
+    const float* y = moe_y_.data() + j * E;
+    for (int64_t c = 0; c < E; ++c) out[c] += w * y[c];
   }
 }
 

@@ -19,12 +19,18 @@ namespace {
 
 // Bytes a decode step streams: every weight once, except the embedding table, of which only
 // one row is read (unless it doubles as the output projection).
+// Bytes one decode step reads: every tensor but an untied embedding (one row of it), and of a
+// mixture of experts' 3-D ffn_*_exps tensors only the routed experts' share (a token takes
+// expert_used_count of expert_count equal-sized experts per layer).
 int64_t bytes_read_per_token(const GgufFile& f) {
   int64_t bytes = 0;
   const bool tied = f.find_tensor("output.weight") == nullptr;
+  const std::string a = f.get_string("general.architecture", "llama") + ".";
+  const uint64_t n_expert = f.get_uint(a + "expert_count", 0), n_used = f.get_uint(a + "expert_used_count", 0);
   for (const auto& t : f.tensors()) {
     if (t.name == "token_embd.weight" && !tied) continue;
-    bytes += int64_t(t.n_bytes);
+    const bool routed = n_expert > 0 && t.ne.size() == 3 && t.name.find("_exps.") != std::string::npos;
+    bytes += routed ? int64_t(t.n_bytes / n_expert * n_used) : int64_t(t.n_bytes);
   }
   return bytes;
 }

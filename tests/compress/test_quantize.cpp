@@ -129,6 +129,19 @@ TEST(Quantize, KeepLeavesMatchingTensorsAlone) {
   EXPECT_EQ(tensor_of(rep, "blk.0.attn_output.weight")["type"], "q8_0");
 }
 
+// A mixture of experts: the router (ffn_gate_inp) stays as it is, as llama-quantize keeps it; the
+// 3-D expert tensors are quantized like any matrix; the result runs.
+TEST(Quantize, MoeRouterIsKeptAndExpertsQuantized) {
+  const std::string src = temp_path("mixtral-tiny-f32.gguf"), out = temp_path("mixtral-tiny-q8.gguf");
+  std::string o;
+  ASSERT_EQ(run_command(std::string(TERN_BINARY) + " synth --shape mixtral-tiny -o " + src, &o), 0) << o;
+  const auto rep = quantize_json(src + " " + out + " --type q8_0");
+  EXPECT_EQ(tensor_of(rep, "blk.0.ffn_gate_inp.weight")["type"], "f32");
+  EXPECT_EQ(tensor_of(rep, "blk.0.ffn_gate_inp.weight")["reason"], "router: kept");
+  EXPECT_EQ(tensor_of(rep, "blk.1.ffn_up_exps.weight")["type"], "q8_0");
+  ASSERT_EQ(run_command(std::string(TERN_BINARY) + " run -m " + out + " -p hello -n 4 --temp 0", &o), 0) << o;
+}
+
 class QuantizeStories : public ::testing::Test {
  protected:
   void SetUp() override {

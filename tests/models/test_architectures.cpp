@@ -32,9 +32,10 @@ std::shared_ptr<const GgufFile> open_file(const std::string& path) {
   return std::make_shared<const GgufFile>(GgufFile::open(path));
 }
 
-// Logits of every position of `ids` (sequence A) with sequence B decoding beside it, fed in
-// steps of `chunk` tokens (B gets one token per step), through scattered KV slots.
-std::vector<float> logits_in_steps(Model& model, const std::vector<int32_t>& ids, int64_t chunk, int n_threads) {
+// Logits of every position of `ids` (sequence A) with sequence B decoding beside it (unless
+// alone), fed in steps of `chunk` tokens (B gets one token per step), through scattered KV slots.
+std::vector<float> logits_in_steps(Model& model, const std::vector<int32_t>& ids, int64_t chunk, int n_threads,
+                                   bool alone = false) {
   const int64_t V = model.hparams().n_vocab, n = int64_t(ids.size());
   model.reserve(chunk + 1);
   ThreadPool pool(n_threads);
@@ -53,7 +54,7 @@ std::vector<float> logits_in_steps(Model& model, const std::vector<int32_t>& ids
     s[0] = {p, std::span<const int32_t>(ids.data() + p, size_t(m)), std::span<const int32_t>(slots_a.data(), size_t(p + m)), true};
     s[1] = {past_b, std::span<const int32_t>(b_ids.data() + past_b, 1), std::span<const int32_t>(slots_b.data(), size_t(past_b + 1)), false};
     std::vector<float> logits(size_t((m + 1) * V));
-    model.forward(s, kv, logits.data(), pool);
+    model.forward(std::span<const SeqBatch>(s, alone ? 1 : 2), kv, logits.data(), pool);
     out.insert(out.end(), logits.begin(), logits.begin() + m * V);
     ++past_b;
   }
@@ -89,10 +90,11 @@ TEST(Architectures, PrefillChunksAndDecodeGiveTheSameLogits) {
       scale = std::max(scale, std::fabs(x));
     }
     ASSERT_GT(scale, 1.0f);  // decisive logits, not a model whose output is ~0
-    for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(16)})
+    // (chunk 1 alone: one-token decode steps, the experts' decode path)
+    for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(16), int64_t(-1)})
       for (int n_threads : {1, 2}) {
         auto m2 = load_model(file);
-        const std::vector<float> got = logits_in_steps(*m2, ids, chunk, n_threads);
+        const std::vector<float> got = logits_in_steps(*m2, ids, std::max<int64_t>(1, chunk), n_threads, chunk < 0);
         ASSERT_EQ(got.size(), whole.size());
         float err = 0.0f;
         for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::fabs(got[i] - whole[i]));
