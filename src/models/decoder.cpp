@@ -8,9 +8,9 @@
 // then the output norm, the output projection (tied or not) and final soft-capping.
 //
 // Execution paths: the pooled path (one pool region per operation, work-claiming chunks) runs
-// every architecture; on a single-thread pool it is the serial path. Small dense models with
-// Llama's plain layer also have the phased path (forward_spmd: one pool region for the whole
-// pass), chosen by timing; it gives the pooled path's bits.
+// every architecture; on a single-thread pool it is the serial path. Small dense models without
+// post-norms (Llama, Qwen2/3, Phi-3 layers) also have the phased path (forward_spmd: one pool
+// region for the whole pass), chosen by timing; it gives the pooled path's bits.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -67,13 +67,17 @@ constexpr int64_t kSpmdMaxEmbd = 1024;
 
 // Epilogue context of the FFN's gate/up matmul: the activation of finished rows.
 struct ActRows {
-  float* gate;        // [n_tokens][ld] receives act(gate) * up
-  const float* up;    // [n_tokens][ld]
+  float* gate;        // [n_tokens][ld] receives act(gate + gate_bias) * (up + up_bias)
+  float* up;          // [n_tokens][ld]
   int64_t ld;
   FfnActivation act;
+  const float* gate_bias = nullptr;  // [ld] or nullptr
+  const float* up_bias = nullptr;
 };
 void act_rows_done(const void* ctx, int, int64_t n_tokens, int64_t r0, int64_t r1) {
   const ActRows& a = *static_cast<const ActRows*>(ctx);
+  if (a.gate_bias) add_bias_cols(a.gate, a.ld, a.gate_bias, n_tokens, r0, r1);
+  if (a.up_bias) add_bias_cols(a.up, a.ld, a.up_bias, n_tokens, r0, r1);
   if (a.act == FfnActivation::Silu) {
     swiglu_cols(a.gate, a.up, a.gate, a.ld, n_tokens, r0, r1);
     return;
@@ -106,7 +110,7 @@ class DecoderModel final : public Model {
       }
     }
     stream(output_);
-    plain_ = is_plain();
+    phased_ = is_phased_capable();
   }
 
   void reserve(int64_t n_tokens) override {
@@ -161,8 +165,8 @@ class DecoderModel final : public Model {
     else if (bias_optional) l.bias = ld.optional_vector(b, n_out, "biases");
     return l;
   }
-  // Llama's plain layer (what forward_spmd implements).
-  bool is_plain() const;
+  // Whether forward_spmd implements this model's layer (dense, no post-norms, uniform layers).
+  bool is_phased_capable() const;
   bool has_swa_rope() const { return hp_.rope_freq_base_swa > 0.0f && hp_.rope_freq_base_swa != hp_.rope_freq_base; }
   RopeParams rope_params(bool swa) const;
 
@@ -191,7 +195,7 @@ class DecoderModel final : public Model {
   const float* output_norm_ = nullptr;
   const float* rope_freqs_ = nullptr;  // [n_rot / 2] Llama 3.x frequency factors
   std::vector<LayerWeights> layers_;
-  bool plain_ = false;
+  bool phased_ = false;
 
   int64_t max_tokens_ = 0;
   // Activation scratch, sized by reserve(); T = tokens of the step.
@@ -305,15 +309,11 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
   }
 }
 
-bool DecoderModel::is_plain() const {
-  if (spec_.rope_layout != RopeLayout::Norm || spec_.qk_norm || spec_.post_norms || hp_.embd_scale != 0.0f ||
-      hp_.attn_softcap != 0.0f || hp_.final_softcap != 0.0f || hp_.n_swa != 0 || hp_.n_expert != 0 ||
-      rope_freqs_ || hp_.rope_scaling.kind != RopeScaling::Kind::None || hp_.attn_scale != 0.0f ||
-      !hp_.uniform_layers() || hp_.n_embd_q(0) != hp_.n_embd)
-    return false;
-  for (const LayerWeights& L : layers_)
-    if (L.q.bias || L.k.bias || L.v.bias || L.o.bias || L.gate.bias || L.up.bias || L.down.bias || L.moe) return false;
-  return true;
+bool DecoderModel::is_phased_capable() const {
+  // forward_spmd splits every block into row units; a post-norm needs a whole row of a block's
+  // output before the residual (one more phase), and experts are chosen per token: those
+  // architectures take the pooled path in its place.
+  return !spec_.post_norms && hp_.n_expert == 0 && hp_.uniform_layers();
 }
 
 RopeParams DecoderModel::rope_params(bool swa) const {
@@ -379,12 +379,12 @@ void DecoderModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* l
   if (pool.size() > 1 && !observer_ && T <= kSpmdMaxTokens && E <= kSpmdMaxEmbd) {
     const int path = small_path_forced_ >= 0 ? small_path_forced_ : spmd_chooser_.pick(attended);
     const auto t0 = std::chrono::steady_clock::now();
-    if (path == 1 && plain_) {
+    if (path == 1 && phased_) {
       forward_spmd(seqs, kv, T, logits, pool);
       spmd_chooser_.record(1, seconds_per_token(t0));
       return;
     }
-    if (path == 1) {  // not Llama's plain layer: the pooled path stands in for the phased one
+    if (path == 1) {  // post-norms or experts: the pooled path stands in for the phased one
       forward_layers_pooled(seqs, kv, T, pool);
       forward_output(seqs, logits, pool);
       spmd_chooser_.record(1, seconds_per_token(t0));
@@ -533,7 +533,7 @@ void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
   // gate and up of xn = rms_norm(x) (normalised as it is quantized, as above), chunk by
   // chunk, each chunk's activation right after (into gate_).
   const int64_t F = L.n_ff;
-  const ActRows act{gate_.data(), up_.data(), F, spec_.activation};
+  const ActRows act{gate_.data(), up_.data(), F, spec_.activation, L.gate.bias, L.up.bias};
   const Linear* gu[] = {&L.gate, &L.up};
   float* const ys[] = {gate_.data(), up_.data()};
   const int64_t lds[] = {F, F};
@@ -645,7 +645,7 @@ void DecoderModel::shared_expert(const Experts& X, int64_t T, ThreadPool& pool) 
 // their rows, instead of two regions per expert. Bytes read: the chosen experts' only.
 struct ExpertsAct {
   float* gate;      // [K][F] receives act(gate) * up
-  const float* up;  // [K][F]
+  float* up;        // [K][F]
   int64_t F, K;
   FfnActivation act;
 };
@@ -700,9 +700,9 @@ void DecoderModel::moe_decode_token(const Experts& X, ThreadPool& pool) {
 // path's bit for bit. Llama's plain layer only (is_plain()).
 void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits,
                                 ThreadPool& pool) {
-  const int64_t E = hp_.n_embd, Ekv = hp_.n_embd_kv(), F = hp_.n_ff, V = hp_.n_vocab;
+  const int64_t E = hp_.n_embd, Eq = hp_.n_embd_q(0), Ekv = hp_.n_embd_kv(), F = hp_.n_ff, V = hp_.n_vocab;
   const int64_t hd = hp_.head_dim, g = hp_.n_head / hp_.n_head_kv;
-  const float scale = 1.0f / std::sqrt(float(hd));
+  const float scale = hp_.attn_scale != 0.0f ? hp_.attn_scale : 1.0f / std::sqrt(float(hd));
   int64_t n_out_rows = 0;
   for (const auto& s : seqs) n_out_rows += s.all_logits ? int64_t(s.tokens.size()) : 1;
 
@@ -739,8 +739,10 @@ void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int
           rms_norm(out_rows.data(), output_norm_, out_rows.data(), n_out_rows, E, hp_.rms_eps, serial);
           normed_for = phase;
         }
-        const int64_t v0 = unit * per_v;
-        matmul_rows(output_.w, out_rows.data(), E, n_out_rows, logits, V, v0, std::min(V, v0 + per_v));
+        const int64_t v0 = unit * per_v, v1 = std::min(V, v0 + per_v);
+        matmul_rows(output_.w, out_rows.data(), E, n_out_rows, logits, V, v0, v1);
+        if (hp_.final_softcap > 0.0f)
+          for (int64_t r = 0; r < n_out_rows; ++r) softcap_inplace(logits + r * V + v0, v1 - v0, hp_.final_softcap);
         return;
       }
       const LayerWeights& L = layers_[size_t(il)];
@@ -752,11 +754,26 @@ void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int
           }
           // KV heads [h0, h1): their GQA groups' q rows, their k / v rows
           const int64_t h0 = unit * per_kvh, h1 = std::min(hp_.n_head_kv, h0 + per_kvh);
-          matmul_rows(L.q.w, xn.data(), E, T, q_.data(), E, h0 * g * hd, h1 * g * hd);
-          matmul_rows(L.k.w, xn.data(), E, T, k_.data(), Ekv, h0 * hd, h1 * hd);
-          matmul_rows(L.v.w, xn.data(), E, T, v_.data(), Ekv, h0 * hd, h1 * hd);
-          rope_cols_table(q_.data(), E, rope_cs_.data(), T, hd, hp_.n_rot, h0 * g * hd, h1 * g * hd);
-          rope_cols_table(k_.data(), Ekv, rope_cs_.data(), T, hd, hp_.n_rot, h0 * hd, h1 * hd);
+          const int64_t q0 = h0 * g * hd, q1 = h1 * g * hd, k0 = h0 * hd, k1 = h1 * hd;
+          matmul_rows(L.q.w, xn.data(), E, T, q_.data(), Eq, q0, q1);
+          matmul_rows(L.k.w, xn.data(), E, T, k_.data(), Ekv, k0, k1);
+          matmul_rows(L.v.w, xn.data(), E, T, v_.data(), Ekv, k0, k1);
+          // The pooled path's steps on these heads' columns: biases, head norms, RoPE.
+          if (L.q.bias) add_bias_cols(q_.data(), Eq, L.q.bias, T, q0, q1);
+          if (L.k.bias) add_bias_cols(k_.data(), Ekv, L.k.bias, T, k0, k1);
+          if (L.v.bias) add_bias_cols(v_.data(), Ekv, L.v.bias, T, k0, k1);
+          if (L.q_norm) {
+            rms_norm_heads(q_.data() + q0, Eq, L.q_norm, T, (h1 - h0) * g, hd, hp_.rms_eps);
+            rms_norm_heads(k_.data() + k0, Ekv, L.k_norm, T, h1 - h0, hd, hp_.rms_eps);
+          }
+          const float* cs = hp_.is_swa(il) && has_swa_rope() ? rope_cs_swa_.data() : rope_cs_.data();
+          if (hp_.rope_layout == RopeLayout::Neox) {
+            rope_neox_table(q_.data() + q0, Eq, cs, T, (h1 - h0) * g, hd, hp_.n_rot);
+            rope_neox_table(k_.data() + k0, Ekv, cs, T, h1 - h0, hd, hp_.n_rot);
+          } else {
+            rope_cols_table(q_.data(), Eq, cs, T, hd, hp_.n_rot, q0, q1);
+            rope_cols_table(k_.data(), Ekv, cs, T, hd, hp_.n_rot, k0, k1);
+          }
           const void* kc = kv.k(il);
           const void* vc = kv.v(il);
           int64_t t = 0;
@@ -767,8 +784,10 @@ void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int
               kv.store(il, slot, h0 * hd, k_.data() + (t + i) * Ekv + h0 * hd, v_.data() + (t + i) * Ekv + h0 * hd,
                        (h1 - h0) * hd);
             }
-            const AttentionArgs args{q_.data() + t * E, E, attn_.data() + t * E, E, kc, vc, Ekv, s.slots.data(),
-                                     s.n_past, n, hp_.n_head, hp_.n_head_kv, hd, scale, kv.type()};
+            AttentionArgs args{q_.data() + t * Eq, Eq, attn_.data() + t * Eq, Eq, kc, vc, Ekv, s.slots.data(),
+                               s.n_past, n, hp_.n_head, hp_.n_head_kv, hd, scale, kv.type()};
+            args.softcap = hp_.attn_softcap;
+            args.window = hp_.is_swa(il) ? hp_.n_swa : 0;
             for (int64_t kvh = h0; kvh < h1; ++kvh) attention_kv_head(args, kvh);
             t += n;
           }
@@ -777,8 +796,9 @@ void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int
         case 1:
         case 3: {
           const int64_t e0 = unit * per_e, e1 = std::min(E, e0 + per_e);
-          if (phase % 4 == 1) matmul_rows(L.o.w, attn_.data(), E, T, xn_.data(), E, e0, e1);
-          else matmul_rows(L.down.w, gate_.data(), F, T, xn_.data(), E, e0, e1);
+          const Linear& l = phase % 4 == 1 ? L.o : L.down;
+          matmul_rows(l.w, phase % 4 == 1 ? attn_.data() : gate_.data(), phase % 4 == 1 ? Eq : F, T, xn_.data(), E, e0, e1);
+          if (l.bias) add_bias_cols(xn_.data(), E, l.bias, T, e0, e1);
           for (int64_t t = 0; t < T; ++t)
             for (int64_t e = e0; e < e1; ++e) x_[size_t(t * E + e)] += xn_[size_t(t * E + e)];
           break;
@@ -791,8 +811,8 @@ void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int
           const int64_t f0 = unit * per_f, f1 = std::min(F, f0 + per_f);
           matmul_rows(L.gate.w, xn.data(), E, T, gate_.data(), F, f0, f1);
           matmul_rows(L.up.w, xn.data(), E, T, up_.data(), F, f0, f1);
-          for (int64_t t = 0; t < T; ++t)
-            swiglu(gate_.data() + t * F + f0, up_.data() + t * F + f0, gate_.data() + t * F + f0, f1 - f0, serial);
+          const ActRows act{gate_.data(), up_.data(), F, spec_.activation, L.gate.bias, L.up.bias};
+          act_rows_done(&act, -1, T, f0, f1);
           break;
         }
       }

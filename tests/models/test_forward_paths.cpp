@@ -21,10 +21,11 @@ namespace {
 
 using tern::testing::shared_path;
 
-std::string synth_path(DType type) {
-  const std::string path = ::testing::TempDir() + "tern_paths_" + dtype_name(type) + "_" + std::to_string(::getpid()) + ".gguf";
+std::string synth_path(DType type, const std::string& shape = "stories260k") {
+  const std::string path =
+      ::testing::TempDir() + "tern_paths_" + shape + "_" + dtype_name(type) + "_" + std::to_string(::getpid()) + ".gguf";
   SynthOptions o;
-  o.shape = "stories260k";
+  o.shape = shape;
   o.type = type;
   synth_model(o, path);
   return path;
@@ -99,6 +100,20 @@ TEST(ForwardPaths, PhasedPassEqualsPooledPassSynthetic) {
     expect_same_bits(open_model_file(path), dtype_name(type));
     std::remove(path.c_str());
   }
+}
+
+// Every architecture's tiny shape: the phased pass implements the dense layers without
+// post-norms (biases, q/k head norms, NeoX RoPE, rope_freqs, sliding windows, fused q/k/v and
+// gate/up, GeGLU, soft-caps) with the pooled pass's bits; Gemma's post-norms and the experts
+// take the pooled path in its place, with the same bits too. f32 and q8_0 weights.
+TEST(ForwardPaths, PhasedPassEqualsPooledPassEveryArchitecture) {
+  for (const char* shape : {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "phi3-tiny", "gemma2-tiny", "gemma3-tiny",
+                            "mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny"})
+    for (DType type : {DType::F32, DType::Q8_0}) {
+      const std::string path = synth_path(type, shape);
+      expect_same_bits(open_model_file(path), (std::string(shape) + " " + dtype_name(type)).c_str());
+      std::remove(path.c_str());
+    }
 }
 
 }  // namespace

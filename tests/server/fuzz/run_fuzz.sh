@@ -3,6 +3,7 @@
 # libFuzzer + ASan + UBSan:
 #   tests/server/fuzz/run_fuzz.sh [SECONDS=60]          (the OpenAI request parser)
 #   tests/server/fuzz/run_fuzz.sh SECONDS http          (the HTTP/1.x request parser)
+#   tests/server/fuzz/run_fuzz.sh SECONDS jinja         (the Jinja engine on template text)
 # Needs clang with libFuzzer (Debian's clang). Not part of CTest (it is open-ended); the
 # deterministic FuzzParser.* tests in test_server always run.
 set -euo pipefail
@@ -21,9 +22,18 @@ if [ "${2:-}" = http ]; then
   printf '\7POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n0\r\nT: 1\r\n\r\n' >"$out/http_corpus/seed3"
   exec "$out/fuzz_http_parser" -max_total_time="$secs" -max_len=4096 -print_final_stats=1 "$out/http_corpus"
 fi
+jinja_srcs=("$root"/src/jinja/*.cpp)
+if [ "${2:-}" = jinja ]; then
+  mkdir -p "$out/jinja_corpus"
+  clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$root/src" \
+    "$root/tests/server/fuzz/fuzz_jinja.cpp" "${jinja_srcs[@]}" "$root/src/core/error.cpp" -o "$out/fuzz_jinja"
+  # Seeds: the real chat templates of tests/jinja/templates.
+  for f in "$root"/tests/jinja/templates/*.jinja; do cp "$f" "$out/jinja_corpus/"; done
+  exec "$out/fuzz_jinja" -max_total_time="$secs" -max_len=8192 -print_final_stats=1 "$out/jinja_corpus"
+fi
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$root/src" \
   "$root/tests/server/fuzz/fuzz_request_parser.cpp" "$root/src/server/openai_request.cpp" \
-  "$root/src/server/chat_template.cpp" "$root/src/sampling/sampler.cpp" "$root/src/core/error.cpp" \
+  "$root/src/server/chat_template.cpp" "${jinja_srcs[@]}" "$root/src/sampling/sampler.cpp" "$root/src/core/error.cpp" \
   -o "$out/fuzz_request_parser"
 # Seeds: one valid request of each shape (first byte: 0 completions, 1 chat).
 printf '\0{"model":"m","prompt":"Once upon a time","max_tokens":16,"temperature":0.7,"top_p":0.9,"n":2,"stop":["\\n","end"],"seed":1,"logprobs":2,"stream":true,"stream_options":{"include_usage":true},"user":"u"}' >"$out/corpus/seed1"
