@@ -689,15 +689,15 @@ void DecoderModel::moe_decode_token(const Experts& X, ThreadPool& pool) {
 
 // One pool region for the whole pass, in phases (PhasedWork: each thread runs its own units and
 // steals a late thread's; a phase starts when the previous one is complete). Per layer:
-//   A  one unit per KV head: its GQA group's q/k/v rows, RoPE, cache writes and attention
-//      (a group needs nothing from the other groups)
+//   A  one unit per KV head: its GQA group's q/k/v rows, their biases, head norms and RoPE,
+//      cache writes and attention (a group needs nothing from the other groups)
 //   B  n_embd rows of o, added into the residual
-//   C  n_ff rows of gate and up, and their SwiGLU
+//   C  n_ff rows of gate and up, and their SwiGLU / GeGLU
 //   D  n_embd rows of down, added into the residual
 // then the vocab rows of the output. RMSNorm of the (small) residual is recomputed by each
 // thread into its own buffer when it first needs it in a phase, instead of one more phase.
 // Row units start at multiples of 4, the kernels' row tile, so every output equals the pooled
-// path's bit for bit. Llama's plain layer only (is_plain()).
+// path's bit for bit. Dense layers without post-norms (is_phased_capable()).
 void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits,
                                 ThreadPool& pool) {
   const int64_t E = hp_.n_embd, Eq = hp_.n_embd_q(0), Ekv = hp_.n_embd_kv(), F = hp_.n_ff, V = hp_.n_vocab;
