@@ -1,7 +1,5 @@
 #include "models/weight_loader.h"
 
-#include <algorithm>
-
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -23,8 +21,7 @@ const GgufTensorInfo& WeightLoader::tensor(const std::string& name) const {
 }
 
 void WeightLoader::check_once(const GgufTensorInfo& t) {
-  if (std::find(checked_.begin(), checked_.end(), &t) != checked_.end()) return;
-  checked_.push_back(&t);
+  if (!checked_.insert(&t).second) return;
   if (!loading_) check_weights_finite(file_->path(), t);
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "core/huge_buffer.h"
@@ -51,7 +52,7 @@ class WeightLoader {
   HugeBuffer arena_;
   size_t arena_used_ = 0;
   std::vector<HugeBuffer> extra_;        // any copy the plan did not count (cannot happen)
-  std::vector<const GgufTensorInfo*> checked_;
+  std::unordered_set<const GgufTensorInfo*> checked_;  // a 3-D expert tensor is bound once per expert
 
  public:
   // The buffers keep the interleaved copies alive: the model moves them out after loading.

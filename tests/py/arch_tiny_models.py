@@ -300,6 +300,43 @@ def write_shape(shape, path, seed=None):
     return path
 
 
+
+# ---- shared by the harnesses (test_arch_numpy_oracle.py, test_arch_llamacpp_peer.py) -------------
+
+# tern's tiny synth shapes, one per architecture (the same names as SHAPES above).
+TEST_SHAPES = ["qwen2-tiny", "qwen2moe-tiny", "qwen3-tiny", "qwen3moe-tiny", "llama3-tiny", "mixtral-tiny",
+               "phi3-tiny", "gemma2-tiny", "gemma3-tiny"]
+
+
+def find_tern():
+    """$TERN_BINARY, else tern on PATH, else the release build beside the tests; None if absent."""
+    import shutil
+    here = os.path.dirname(os.path.abspath(__file__))
+    t = os.environ.get("TERN_BINARY")
+    if t:
+        return t if (os.path.exists(t) or shutil.which(t)) else None
+    for c in (shutil.which("tern"), os.path.join(here, "../../build/release/tern")):
+        if c and os.path.exists(c):
+            return os.path.abspath(c)
+    return None
+
+
+def make_model(tern, shape, path):
+    """`tern synth --shape SHAPE` (tern None: skipped), else this writer. Returns "tern synth" or
+    "python writer (why)"."""
+    import subprocess
+    why = "not asked"
+    if tern:
+        try:
+            r = subprocess.run([tern, "synth", "--shape", shape, "-o", path, "-t", "2"], capture_output=True, text=True)
+            if r.returncode == 0 and os.path.exists(path):
+                return "tern synth"
+            why = "tern synth failed: " + ((r.stderr or r.stdout).strip().splitlines() or ["?"])[-1][:80]
+        except OSError as e:
+            why = str(e)
+    write_shape(shape, path)
+    return "python writer (%s)" % why
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape")

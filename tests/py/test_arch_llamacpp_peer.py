@@ -43,9 +43,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from arch_np import arch_logits, log_softmax, read_gguf  # noqa: E402
 import arch_tiny_models  # noqa: E402
+from arch_tiny_models import find_tern, make_model  # noqa: E402
 
-SHAPES = ["qwen2-tiny", "qwen2moe-tiny", "qwen3-tiny", "qwen3moe-tiny", "llama3-tiny", "mixtral-tiny",
-          "phi3-tiny", "gemma2-tiny", "gemma3-tiny"]
+SHAPES = arch_tiny_models.TEST_SHAPES
 PEER_JS = os.path.join(HERE, "../models/peer/peer_logits.mjs")
 PEER_DIR = os.environ.get("PEER_DIR", os.path.expanduser("~/.cache/llamacpp-peer"))
 N_GEN = 64
@@ -57,30 +57,8 @@ def tol_for(arch):
     return 3e-3 if arch.startswith("gemma") else 1e-3
 
 
-def find_tern():
-    t = os.environ.get("TERN_BINARY")
-    if t:
-        return t if (os.path.exists(t) or shutil.which(t)) else None
-    for c in (shutil.which("tern"), os.path.join(HERE, "../../build/release/tern")):
-        if c and os.path.exists(c):
-            return os.path.abspath(c)
-    return None
-
-
 def last_line(r):
     return ((r.stderr or r.stdout or "").strip().splitlines() or ["no output"])[-1][:160]
-
-
-def make_model(tern, shape, path):
-    if tern:
-        try:
-            r = subprocess.run([tern, "synth", "--shape", shape, "-o", path, "-t", "2"], capture_output=True, text=True)
-            if r.returncode == 0 and os.path.exists(path):
-                return "tern synth"
-        except OSError:
-            pass
-    arch_tiny_models.write_shape(shape, path)
-    return "python writer"
 
 
 def peer(path, prompts, text=None):

@@ -16,7 +16,6 @@ Exit:  0 all passed, 1 a failure (tern wrong, or tern cannot load the file), 77 
        (no numpy, no tern binary).
 """
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,33 +30,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from arch_np import arch_logits, read_gguf  # noqa: E402
 import arch_tiny_models  # noqa: E402
+from arch_tiny_models import find_tern, make_model  # noqa: E402
 
-SHAPES = ["qwen2-tiny", "qwen2moe-tiny", "qwen3-tiny", "qwen3moe-tiny", "llama3-tiny", "mixtral-tiny",
-          "phi3-tiny", "gemma2-tiny", "gemma3-tiny"]
+SHAPES = arch_tiny_models.TEST_SHAPES
 TOL = 1e-4
-
-
-def find_tern():
-    t = os.environ.get("TERN_BINARY")
-    if t:
-        return t if (os.path.exists(t) or shutil.which(t)) else None
-    for c in (shutil.which("tern"), os.path.join(HERE, "../../build/release/tern")):
-        if c and os.path.exists(c):
-            return os.path.abspath(c)
-    return None
-
-
-def make_model(tern, shape, path):
-    """tern synth, else the python writer. Returns which writer made the file."""
-    try:
-        r = subprocess.run([tern, "synth", "--shape", shape, "-o", path, "-t", "2"], capture_output=True, text=True)
-        why = ((r.stderr or r.stdout).strip().splitlines() or ["?"])[-1][:80]
-        if r.returncode == 0 and os.path.exists(path):
-            return "tern synth"
-    except OSError as e:
-        why = str(e)
-    arch_tiny_models.write_shape(shape, path)
-    return "python writer (tern synth failed: %s)" % why
 
 
 def ids_for(meta, n=48):

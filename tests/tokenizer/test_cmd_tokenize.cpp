@@ -16,27 +16,9 @@ namespace {
 using test::file_exists;
 using test::shared_path;
 
-struct RunResult {
-  int exit_code;
-  std::string out;  // stdout only
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-RunResult run_tern(const std::string& args) {
-  const std::string cmd = quote(TERN_BINARY) + " tokenize " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::RunResult;
+std::string quote(const std::string& s) { return test::shell_quote(s); }
+RunResult run_tern(const std::string& args) { return test::run_tern_args("tokenize " + args, /*merge_stderr=*/false); }
 
 const std::string kSpm = "tokenizer/llama.cpp-vocab/ggml-vocab-llama-spm.gguf";
 const std::string kGpt2 = "tokenizer/llama.cpp-vocab/ggml-vocab-gpt-2.gguf";

@@ -12,33 +12,16 @@
 
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_test_util.h"
 
 namespace tern {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int exit_code;
-  std::string out;  // stdout and stderr
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-RunResult run_tern(const std::string& args) {
-  const std::string cmd = quote(TERN_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::RunResult;
+std::string quote(const std::string& s) { return test::shell_quote(s); }
+RunResult run_tern(const std::string& args) { return test::run_tern_args(args, /*merge_stderr=*/true); }
 
 class CmdVocab : public ::testing::Test {
  protected:

@@ -9,10 +9,18 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_test_util.h"
 #include "tokenizer/tokenizer_impl.h"
 
 namespace tern {
 namespace {
+
+using test::gguf_floats;
+using test::gguf_ints;
+using test::gguf_strings;
+GgufValue strings(const std::vector<std::string>& v) { return gguf_strings(v); }
+GgufValue ints(const std::vector<int32_t>& v) { return gguf_ints(v); }
+std::unique_ptr<Tokenizer> build(const GgufWriter& w) { return test::tokenizer_from(w, "test.gguf"); }
 
 using detail::PreTokenizer;
 
@@ -84,22 +92,7 @@ TEST(Pretokenizer, Names) {
 
 // ---- tokenizers built from small vocabularies ------------------------------------------------
 
-GgufValue strings(const std::vector<std::string>& v) {
-  std::vector<GgufValue> items;
-  for (const auto& s : v) items.push_back(GgufValue::string(s));
-  return GgufValue::array(GgufType::STRING, std::move(items));
-}
-GgufValue ints(const std::vector<int32_t>& v) {
-  std::vector<GgufValue> items;
-  for (int32_t x : v) items.push_back(GgufValue::i32(x));
-  return GgufValue::array(GgufType::I32, std::move(items));
-}
 
-std::unique_ptr<Tokenizer> build(const GgufWriter& w) {
-  auto bytes = std::make_shared<std::vector<uint8_t>>(w.to_bytes());
-  const GgufFile f = GgufFile::parse(bytes, bytes->data(), bytes->size(), "test.gguf");
-  return Tokenizer::from_gguf(f);
-}
 
 // Byte-level: the printable ASCII bytes stand for themselves ('Ġ' is the space).
 GgufWriter bpe_writer(const std::string& pre) {

@@ -10,33 +10,22 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_test_util.h"
 
 namespace tern {
 namespace {
 
-GgufValue strings(const std::vector<std::string>& v) {
-  std::vector<GgufValue> items;
-  for (const auto& s : v) items.push_back(GgufValue::string(s));
-  return GgufValue::array(GgufType::STRING, std::move(items));
-}
+using test::gguf_floats;
+using test::gguf_ints;
+using test::gguf_strings;
+GgufValue strings(const std::vector<std::string>& v) { return gguf_strings(v); }
+GgufValue ints(const std::vector<int32_t>& v) { return gguf_ints(v); }
+std::unique_ptr<Tokenizer> build(const GgufWriter& w) { return test::tokenizer_from(w); }
+GgufValue floats(const std::vector<float>& v) { return gguf_floats(v); }
 
-GgufValue floats(const std::vector<float>& v) {
-  std::vector<GgufValue> items;
-  for (float x : v) items.push_back(GgufValue::f32(x));
-  return GgufValue::array(GgufType::F32, std::move(items));
-}
 
-GgufValue ints(const std::vector<int32_t>& v) {
-  std::vector<GgufValue> items;
-  for (int32_t x : v) items.push_back(GgufValue::i32(x));
-  return GgufValue::array(GgufType::I32, std::move(items));
-}
 
-std::unique_ptr<Tokenizer> build(const GgufWriter& w) {
-  auto bytes = std::make_shared<std::vector<uint8_t>>(w.to_bytes());
-  const GgufFile file = GgufFile::parse(bytes, bytes->data(), bytes->size(), "mem.gguf");
-  return Tokenizer::from_gguf(file);
-}
+
 
 // <unk> <s> </s> ▁ a b c ab bc; "bc" outscores "ab".
 GgufWriter spm_writer() {

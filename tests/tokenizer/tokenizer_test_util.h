@@ -1,5 +1,8 @@
 #pragma once
 // Helpers shared by the tokenizer tests: fixture paths and llama.cpp's vector-file format.
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +57,53 @@ inline std::vector<std::vector<int32_t>> read_vector_outputs(const std::string& 
 inline std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   const GgufFile file = GgufFile::open(path);
   return Tokenizer::from_gguf(file);
+}
+
+// GGUF array values for hand-built vocabularies.
+inline GgufValue gguf_strings(const std::vector<std::string>& v) {
+  std::vector<GgufValue> items;
+  for (const auto& s : v) items.push_back(GgufValue::string(s));
+  return GgufValue::array(GgufType::STRING, std::move(items));
+}
+inline GgufValue gguf_floats(const std::vector<float>& v) {
+  std::vector<GgufValue> items;
+  for (float x : v) items.push_back(GgufValue::f32(x));
+  return GgufValue::array(GgufType::F32, std::move(items));
+}
+inline GgufValue gguf_ints(const std::vector<int32_t>& v) {
+  std::vector<GgufValue> items;
+  for (int32_t x : v) items.push_back(GgufValue::i32(x));
+  return GgufValue::array(GgufType::I32, std::move(items));
+}
+
+// The tokenizer of an in-memory GGUF written by `w` (`name`: the file name errors give).
+inline std::unique_ptr<Tokenizer> tokenizer_from(const GgufWriter& w, const char* name = "mem.gguf") {
+  auto bytes = std::make_shared<std::vector<uint8_t>>(w.to_bytes());
+  const GgufFile file = GgufFile::parse(bytes, bytes->data(), bytes->size(), name);
+  return Tokenizer::from_gguf(file);
+}
+
+// `s` as one single-quoted shell word.
+inline std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct RunResult {
+  int exit_code;
+  std::string out;  // stdout (and stderr with merge_stderr)
+};
+// Runs `tern ARGS` (the binary under test) through the shell.
+inline RunResult run_tern_args(const std::string& args, bool merge_stderr) {
+  const std::string cmd = shell_quote(TERN_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 }  // namespace tern::test
