@@ -7,6 +7,7 @@ packages=(
   googletest libgtest-dev libgmock-dev
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   python3 python3-numpy python3-jinja2  # numpy: the oracles; jinja2: the chat-template reference
+  python3-torch libopenblas0-pthread    # the training oracle and speed peer (OpenBLAS: torch's fast BLAS)
   chromium  # headless browser for the chat page's test (tests/server/js)
 )
 missing=()

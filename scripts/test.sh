@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds tern and runs the whole test suite: the release build under CTest, then the
-# malformed-input, tokenizer, sampling and model tests and the server's adversarial suite
+# malformed-input, tokenizer, sampling, model and training tests and the server's adversarial suite
 # again under AddressSanitizer + UndefinedBehaviorSanitizer. Tests that need ../shared skip
 # with a message when it is absent.
 set -euo pipefail
@@ -14,10 +14,10 @@ ctest --preset release -j "$jobs"
 
 if [ "${TERN_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake --preset debug
-  asan_targets=(test_gguf test_tokenizer test_sampling test_models test_server_adversarial)
+  asan_targets=(test_gguf test_tokenizer test_sampling test_models test_train test_server_adversarial)
   cmake --build --preset debug -j "$jobs" --target tern "${asan_targets[@]}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   # Only the binaries built above: select their tests by label (one label per layer).
   # server_adversarial: the ASan/UBSan `tern serve` under the adversarial suite.
-  ctest --test-dir build/debug -j "$jobs" --output-on-failure -L "^(gguf|tokenizer|sampling|models|server_adversarial)$"
+  ctest --test-dir build/debug -j "$jobs" --output-on-failure -L "^(gguf|tokenizer|sampling|models|train|server_adversarial)$"
 fi

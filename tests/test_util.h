@@ -17,6 +17,15 @@ inline std::string shared_path(const std::string& rel) {
   return base + "/" + rel;
 }
 
+// A real trained model for tests that need one but not its particular outputs: stories260K from
+// ../shared when it is there, else the repository's own default model (models/tern-stories.gguf,
+// trained by tern), so that these tests also run on a machine without ../shared.
+inline std::string real_model_path() {
+  const std::string shared = shared_path("models/stories260K.gguf");
+  if (std::filesystem::exists(shared)) return shared;
+  return std::string(TERN_SOURCE_DIR) + "/models/tern-stories.gguf";
+}
+
 inline std::string read_file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;

@@ -28,6 +28,8 @@ int cmd_quantize(int argc, char** argv);
 int cmd_compare(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_bench_serve(int argc, char** argv);
+int cmd_train(int argc, char** argv);
+int cmd_distill(int argc, char** argv);
 
 // Entry point shared by main() and tests: dispatches argv[1] to its command.
 int tern_main(int argc, char** argv);

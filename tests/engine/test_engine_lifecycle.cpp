@@ -24,8 +24,7 @@ using tern::testing::Sink;
 class EngineLifecycle : public ::testing::Test {
  protected:
   void SetUp() override {
-    TERN_REQUIRE_SHARED("models/stories260K.gguf");
-    file_ = open_model_file(shared_path("models/stories260K.gguf"));
+    file_ = open_model_file(tern::testing::real_model_path());
     tok_ = Tokenizer::from_gguf(*file_);
   }
   EngineConfig config() const {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <iostream>
 #include <sstream>
@@ -62,10 +63,10 @@ Reference read_reference(size_t prompt_len) {
   for (const auto& rel : {kModel, kBin, kTok, kRef})                                                    \
     if (!std::filesystem::exists(shared_path(rel))) GTEST_SKIP() << "missing " << shared_path(rel)
 
-// Runs llama.cpp's greedy decode on `gguf` and checks it against the reference run.
-void expect_llamacpp_matches_reference(const std::string& script, const std::string& gguf) {
+// llama.cpp's greedy decode of "Once upon a time" (n tokens) on `gguf`: the JSON the peer prints.
+void llamacpp_greedy(const std::string& script, const std::string& gguf, int n, nlohmann::json* j) {
   std::vector<std::string> argv = {"node", script, "--model", gguf, "--greedy", "Once upon a time",
-                                   "--n", std::to_string(kNew), "--bos"};
+                                   "--n", std::to_string(n), "--bos"};
   if (have_program("timeout")) argv.insert(argv.begin(), {"timeout", "300"});
   const RunResult r = run_program(argv);
   ASSERT_EQ(r.exit_code, 0) << "llama.cpp failed to load/run " << gguf << ":\n" << r.err << r.out;
@@ -74,12 +75,18 @@ void expect_llamacpp_matches_reference(const std::string& script, const std::str
   std::stringstream ss(r.out);
   for (std::string line; std::getline(ss, line);)
     if (!line.empty()) last = line;
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(last);
+    *j = nlohmann::json::parse(last);
   } catch (const std::exception& e) {
     FAIL() << "peer output is not JSON: " << r.out;
   }
+}
+
+// Runs llama.cpp's greedy decode on `gguf` and checks it against the reference run.
+void expect_llamacpp_matches_reference(const std::string& script, const std::string& gguf) {
+  nlohmann::json j;
+  llamacpp_greedy(script, gguf, kNew, &j);
+  if (::testing::Test::HasFatalFailure()) return;
   const Reference ref = read_reference(5);
   ASSERT_EQ(ref.prompt, (std::vector<int>{1, 403, 407, 261, 378}));
   ASSERT_EQ(ref.next.size(), size_t(kNew));
@@ -113,6 +120,34 @@ TEST(LlamaCppPeer, LoadsARelaidOutFile) {
   ASSERT_EQ(check.alignment(), 64u);
   ASSERT_EQ(check.tensors().front().name, src.tensors().back().name);
   expect_llamacpp_matches_reference(script, out);
+}
+
+// A checkpoint `tern train` writes (here: stories260K continued for 0 steps, so the weights are
+// the reference run's) loads in llama.cpp and gives the reference tokens.
+TEST(LlamaCppPeer, LoadsATernTrainCheckpoint) {
+  REQUIRE_PEER();
+  TempDir dir;
+  const std::string data = dir.file("d.txt"), out = dir.file("trained.gguf");
+  { std::ofstream(data) << "Once upon a time there was a cat. The cat sat on the mat all day long and was happy.\n"; }
+  const RunResult r = run_tern({"train", "-m", shared_path(kModel), "--data", data, "--ctx", "8", "--batch", "1",
+                                "--steps", "0", "-q", "-o", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_llamacpp_matches_reference(script, out);
+}
+
+// The default model tern trained (models/tern-stories.gguf, Q8_0): llama.cpp's greedy tokens
+// equal tern's.
+TEST(LlamaCppPeer, RunsTheDefaultModelAsTernDoes) {
+  REQUIRE_PEER();
+  const std::string model = std::string(TERN_SOURCE_DIR) + "/models/tern-stories.gguf";
+  nlohmann::json peer;
+  llamacpp_greedy(script, model, 24, &peer);
+  if (HasFatalFailure()) return;
+  const RunResult r = run_tern({"run", "-m", model, "-p", "Once upon a time", "-n", "24", "--temp", "0", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json ours = nlohmann::json::parse(r.out);
+  EXPECT_EQ(peer["prompt_ids"], ours["prompt_ids"]);
+  EXPECT_EQ(peer["ids"], ours["ids"]) << "llama.cpp: " << peer["text"] << "\ntern: " << ours["text"];
 }
 
 }  // namespace

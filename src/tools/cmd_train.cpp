@@ -1,0 +1,61 @@
+// tern train: trains a Llama-architecture model on text, from a new shape (--vocab-from plus
+// --n-embd ...) or from a GGUF (-m); checkpoints are GGUF files that `tern run` and llama.cpp load.
+// docs/training.md has the options, the data packing and the figures.
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sys/stat.h>
+
+#include "core/error.h"
+#include "core/output_file.h"
+#include "core/stats.h"
+#include "core/thread_pool.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+#include "tools/progress.h"
+#include "tools/train_args.h"
+#include "train/trainer.h"
+
+namespace tern {
+
+int cmd_train(int argc, char** argv) {
+  CLI::App app{"Train a Llama-architecture model on text (a new shape, or continue a GGUF)"};
+  TrainArgs a;
+  add_train_args(app, a, /*distill=*/false);
+  std::string dump_grads;
+  app.add_option("--dump-grads", dump_grads,
+                 "write the gradients of the first micro-batch at the initial weights to this GGUF and exit "
+                 "(tensor names of the model, plus train.loss)");
+  if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+
+  TrainSetup s = setup_training(app, a, "tern train", !dump_grads.empty());
+  if (!dump_grads.empty()) {
+    check_output_not_input(dump_grads, {a.model, a.vocab_from, a.data});
+    train::ForwardBackward& fb = s.trainer->forward_backward();
+    std::vector<float> g(size_t(s.model.n_params()), 0.0f);
+    std::vector<int32_t> batch(size_t(a.cfg.n_seq * (a.cfg.n_ctx + 1)));
+    s.data_sampler->batch(0, a.cfg.n_seq, batch.data());
+    fb.prepare(s.model);
+    const float loss = float(fb.forward_backward(s.model, batch.data(), g.data(), 1.0f));
+    GgufWriter w(3);
+    w.set("general.architecture", GgufValue::string("tern-gradients"));
+    for (const auto& p : s.model.params)
+      w.add_tensor(p.name, DType::F32, p.ne, g.data() + p.offset, uint64_t(p.size) * 4);
+    w.add_tensor("train.loss", DType::F32, {1}, &loss, 4);
+    w.write(dump_grads);
+    std::fprintf(stderr, "tern train: loss %.6f; gradients of %lld parameters written to %s\n", double(loss),
+                 static_cast<long long>(s.model.n_params()), dump_grads.c_str());
+    return 0;
+  }
+  return run_training(s, a, "tern train");
+}
+
+}  // namespace tern

@@ -1,0 +1,50 @@
+#pragma once
+// What `tern train` and `tern distill` share: their options, building the model, data and
+// trainer from them, and running the loop with the progress bar, the JSON lines, Ctrl-C and the
+// final report.
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "core/thread_pool.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
+#include "train/trainer.h"
+
+namespace tern {
+
+struct TrainArgs {
+  std::string model, vocab_from, data, val, out;
+  train::ModelShape shape;        // new models: --n-embd ... (n_vocab from --vocab-from)
+  int64_t n_ctx = 0;              // --ctx (0: 256, capped by a loaded model's context)
+  int64_t tokens = 0;             // --tokens (alternative to --steps)
+  bool tied = false, no_shuffle = false, json = false, resume = false, add_eos = false, quiet = false;
+  int threads = 0;
+  train::TrainConfig cfg;
+  float min_lr = -1.0f;           // < 0: lr / 10
+  int64_t warmup = -1;            // < 0: steps / 20, at most 1000
+};
+
+void add_train_args(CLI::App& app, TrainArgs& a, bool distill);
+
+struct TrainSetup {
+  std::unique_ptr<GgufFile> vocab_file;  // tokenizer.* source (and the model, with -m / --resume)
+  std::unique_ptr<Tokenizer> tokenizer;
+  train::TrainModel model;
+  train::TokenStream data, val;
+  std::unique_ptr<train::WindowSampler> data_sampler, val_sampler;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<train::Trainer> trainer;
+};
+
+// Validates the options (clear errors before any slow work), loads or initialises the model,
+// tokenizes the data, checks the output paths and, with --resume, restores the checkpoint.
+// `extra_text` is more training text (documents separated by blank lines: distill's teacher
+// samples), tokenized with the student's tokenizer after --data.
+TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& cmd, bool no_steps_needed,
+                          const std::string* extra_text = nullptr);
+
+// Runs the loop; returns the exit code (130 after Ctrl-C, with the checkpoint written).
+int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd);
+
+}  // namespace tern

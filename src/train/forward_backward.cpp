@@ -1,0 +1,201 @@
+#include "train/forward_backward.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "train/attention.h"
+#include "train/gemm.h"
+#include "train/ops.h"
+
+namespace tern::train {
+namespace {
+
+// y[n][out] = x[n][in] W^T, with W^T given as wt [in][out]; accumulate adds to y.
+void linear_forward(ThreadPool* pool, int64_t n, int64_t in, int64_t out, const float* x, const float* wt, float* y,
+                    bool accumulate) {
+  gemm(pool, false, n, out, in, x, in, wt, out, y, out, accumulate);
+}
+
+// dx[n][in] (+)= dy[n][out] W[out][in];  dw[out][in] += dy^T x.
+void linear_backward(ThreadPool* pool, int64_t n, int64_t in, int64_t out, const float* x, const float* w,
+                     const float* dy, float* dx, bool accumulate_dx, float* dw) {
+  gemm(pool, false, n, in, out, dy, out, w, in, dx, in, accumulate_dx);
+  gemm(pool, true, out, in, n, dy, out, x, in, dw, in, true);
+}
+
+void resize(std::vector<float>& v, int64_t n) { v.assign(size_t(n), 0.0f); }
+
+}  // namespace
+
+ForwardBackward::ForwardBackward(const ModelShape& shape, int64_t n_seq, int64_t n_ctx, ThreadPool* pool)
+    : shape_(shape), n_seq_(n_seq), n_ctx_(n_ctx), n_tok_(n_seq * n_ctx), pool_(pool) {
+  if (n_seq <= 0 || n_ctx <= 0) fail("training batch: need at least one sequence of one token (got ", n_seq, " x ", n_ctx, ")");
+  const int64_t N = n_tok_, E = shape.n_embd, hd = shape.head_dim();
+  const int64_t qw = shape.n_head * hd, kvw = shape.n_head_kv * hd, F = shape.n_ff;
+  inputs_.assign(size_t(N), 0);
+  targets_.assign(size_t(N), 0);
+  acts_.resize(size_t(shape.n_layer));
+  for (auto& a : acts_) {
+    resize(a.x, N * E);
+    resize(a.h1, N * E);
+    resize(a.rstd1, N);
+    resize(a.q, N * qw);
+    resize(a.k, N * kvw);
+    resize(a.v, N * kvw);
+    resize(a.o, N * qw);
+    resize(a.lse, N * shape.n_head);
+    resize(a.x_mid, N * E);
+    resize(a.h2, N * E);
+    resize(a.rstd2, N);
+    resize(a.gate, N * F);
+    resize(a.up, N * F);
+    resize(a.gate_sig, N * F);
+    resize(a.act, N * F);
+  }
+  resize(x_final_, N * E);
+  resize(h_final_, N * E);
+  resize(rstd_final_, N);
+  resize(logits_, N * shape.n_vocab);
+  resize(dx_, N * E);
+  resize(dh_, N * E);
+  resize(dq_, N * qw);
+  resize(dk_, N * kvw);
+  resize(dv_, N * kvw);
+  resize(do_, N * qw);
+  resize(dact_, N * F);
+  resize(dgate_, N * F);
+  resize(dup_, N * F);
+}
+
+void ForwardBackward::prepare(const TrainModel& m) {
+  if (!m.shape.same_architecture(shape_)) fail("training batch: the model's shape changed (", m.shape.describe(), ")");
+  // Every matrix the forward multiplies by: the layers' and the output (token_embd when tied).
+  weight_t_offset_.assign(m.params.size(), -1);
+  int64_t total = 0;
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const ParamInfo& p = m.params[i];
+    if (p.ne.size() != 2) continue;
+    if (p.offset == m.tok_embd && !m.shape.tied_output) continue;  // only gathered from
+    weight_t_offset_[i] = total;
+    total += p.size;
+  }
+  if (int64_t(weights_t_.size()) != total) weights_t_.assign(size_t(total), 0.0f);
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    if (weight_t_offset_[i] < 0) continue;
+    const ParamInfo& p = m.params[i];
+    // W [out = ne[1]][in = ne[0]] -> W^T [in][out]
+    transpose(pool_, p.ne[1], p.ne[0], m.data.data() + p.offset, p.ne[0], weights_t_.data() + weight_t_offset_[i],
+              p.ne[1]);
+  }
+}
+
+void ForwardBackward::forward(const TrainModel& m, const int32_t* windows) {
+  if (weight_t_offset_.size() != m.params.size()) fail("training batch: prepare() was not called");
+  const int64_t N = n_tok_, E = shape_.n_embd, hd = shape_.head_dim(), V = shape_.n_vocab;
+  const int64_t qw = shape_.n_head * hd, kvw = shape_.n_head_kv * hd, F = shape_.n_ff;
+  for (int64_t s = 0; s < n_seq_; ++s) {
+    const int32_t* w = windows + s * (n_ctx_ + 1);
+    for (int64_t t = 0; t < n_ctx_; ++t) {
+      if (w[t] < 0 || w[t] >= V || w[t + 1] < -1 || w[t + 1] >= V)
+        fail("training batch: token id ", w[t] < 0 || w[t] >= V ? w[t] : w[t + 1], " outside the vocabulary of ", V);
+      inputs_[size_t(s * n_ctx_ + t)] = w[t];
+      targets_[size_t(s * n_ctx_ + t)] = w[t + 1];
+    }
+  }
+  // The transposed copy of a parameter by its data offset.
+  auto wt = [&](int64_t offset) {
+    for (size_t i = 0; i < m.params.size(); ++i)
+      if (m.params[i].offset == offset && weight_t_offset_[i] >= 0) return weights_t_.data() + weight_t_offset_[i];
+    fail("training batch: no transposed copy of the weight at ", offset);
+  };
+  const float* P = m.data.data();
+  const AttentionShape as{n_seq_, n_ctx_, shape_.n_head, shape_.n_head_kv, hd, float(1.0 / std::sqrt(double(hd)))};
+
+  embedding_forward<float>(pool_, N, E, inputs_.data(), P + m.tok_embd, acts_[0].x.data());
+  for (int64_t il = 0; il < shape_.n_layer; ++il) {
+    LayerActs& a = acts_[size_t(il)];
+    const LayerOffsets& l = m.layers[size_t(il)];
+    rmsnorm_forward<float>(pool_, N, E, a.x.data(), P + l.attn_norm, shape_.rms_eps, a.h1.data(), a.rstd1.data());
+    linear_forward(pool_, N, E, qw, a.h1.data(), wt(l.wq), a.q.data(), false);
+    linear_forward(pool_, N, E, kvw, a.h1.data(), wt(l.wk), a.k.data(), false);
+    linear_forward(pool_, N, E, kvw, a.h1.data(), wt(l.wv), a.v.data(), false);
+    rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head, hd, shape_.rope_freq_base, a.q.data(), false);
+    rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head_kv, hd, shape_.rope_freq_base, a.k.data(), false);
+    attention_forward(pool_, as, a.q.data(), a.k.data(), a.v.data(), a.o.data(), a.lse.data());
+    std::memcpy(a.x_mid.data(), a.x.data(), size_t(N * E) * sizeof(float));
+    linear_forward(pool_, N, qw, E, a.o.data(), wt(l.wo), a.x_mid.data(), true);
+    rmsnorm_forward<float>(pool_, N, E, a.x_mid.data(), P + l.ffn_norm, shape_.rms_eps, a.h2.data(), a.rstd2.data());
+    linear_forward(pool_, N, E, F, a.h2.data(), wt(l.w_gate), a.gate.data(), false);
+    linear_forward(pool_, N, E, F, a.h2.data(), wt(l.w_up), a.up.data(), false);
+    swiglu_forward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.act.data(), a.gate_sig.data());
+    float* next = il + 1 < shape_.n_layer ? acts_[size_t(il + 1)].x.data() : x_final_.data();
+    std::memcpy(next, a.x_mid.data(), size_t(N * E) * sizeof(float));
+    linear_forward(pool_, N, F, E, a.act.data(), wt(l.w_down), next, true);
+  }
+  rmsnorm_forward<float>(pool_, N, E, x_final_.data(), P + m.output_norm, shape_.rms_eps, h_final_.data(),
+                         rstd_final_.data());
+  linear_forward(pool_, N, E, V, h_final_.data(), wt(m.output), logits_.data(), false);
+}
+
+double ForwardBackward::forward_loss(const TrainModel& m, const int32_t* windows) {
+  forward(m, windows);
+  return cross_entropy_loss<float>(pool_, n_tok_, shape_.n_vocab, logits_.data(), targets_.data()) / double(n_tok_);
+}
+
+double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* windows, float* g, float grad_scale,
+                                         const LossFn* loss_fn) {
+  forward(m, windows);
+  const int64_t N = n_tok_, E = shape_.n_embd, hd = shape_.head_dim(), V = shape_.n_vocab;
+  const int64_t qw = shape_.n_head * hd, kvw = shape_.n_head_kv * hd, F = shape_.n_ff;
+  const float scale = grad_scale / float(N);
+  const double loss_sum =
+      loss_fn != nullptr ? (*loss_fn)(logits_.data(), targets_.data(), N, V, scale)
+                         : cross_entropy_fused<float>(pool_, N, V, logits_.data(), targets_.data(), scale);
+  const float* P = m.data.data();
+  const AttentionShape as{n_seq_, n_ctx_, shape_.n_head, shape_.n_head_kv, hd, float(1.0 / std::sqrt(double(hd)))};
+
+  // logits = h_final W_out^T
+  linear_backward(pool_, N, E, V, h_final_.data(), P + m.output, logits_.data(), dh_.data(), false, g + m.output);
+  rmsnorm_backward<float>(pool_, N, E, x_final_.data(), P + m.output_norm, rstd_final_.data(), dh_.data(), dx_.data(),
+                          g + m.output_norm, false);
+  for (int64_t il = shape_.n_layer - 1; il >= 0; --il) {
+    LayerActs& a = acts_[size_t(il)];
+    const LayerOffsets& l = m.layers[size_t(il)];
+    // x_out = x_mid + act W_down^T (dx_ holds d x_out)
+    linear_backward(pool_, N, F, E, a.act.data(), P + l.w_down, dx_.data(), dact_.data(), false, g + l.w_down);
+    swiglu_backward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.gate_sig.data(), dact_.data(), dgate_.data(),
+                           dup_.data());
+    linear_backward(pool_, N, E, F, a.h2.data(), P + l.w_gate, dgate_.data(), dh_.data(), false, g + l.w_gate);
+    linear_backward(pool_, N, E, F, a.h2.data(), P + l.w_up, dup_.data(), dh_.data(), true, g + l.w_up);
+    rmsnorm_backward<float>(pool_, N, E, a.x_mid.data(), P + l.ffn_norm, a.rstd2.data(), dh_.data(), dx_.data(),
+                            g + l.ffn_norm, true);
+    // x_mid = x + o W_o^T (dx_ holds d x_mid)
+    linear_backward(pool_, N, qw, E, a.o.data(), P + l.wo, dx_.data(), do_.data(), false, g + l.wo);
+    attention_backward(pool_, as, a.q.data(), a.k.data(), a.v.data(), a.o.data(), a.lse.data(), do_.data(), dq_.data(),
+                       dk_.data(), dv_.data());
+    rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head, hd, shape_.rope_freq_base, dq_.data(), true);
+    rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head_kv, hd, shape_.rope_freq_base, dk_.data(), true);
+    linear_backward(pool_, N, E, qw, a.h1.data(), P + l.wq, dq_.data(), dh_.data(), false, g + l.wq);
+    linear_backward(pool_, N, E, kvw, a.h1.data(), P + l.wk, dk_.data(), dh_.data(), true, g + l.wk);
+    linear_backward(pool_, N, E, kvw, a.h1.data(), P + l.wv, dv_.data(), dh_.data(), true, g + l.wv);
+    rmsnorm_backward<float>(pool_, N, E, a.x.data(), P + l.attn_norm, a.rstd1.data(), dh_.data(), dx_.data(),
+                            g + l.attn_norm, true);
+  }
+  embedding_backward<float>(pool_, N, E, V, inputs_.data(), dx_.data(), g + m.tok_embd);
+  return loss_sum / double(N);
+}
+
+double ForwardBackward::flops_per_batch() const {
+  const double E = double(shape_.n_embd), hd = double(shape_.head_dim()), F = double(shape_.n_ff);
+  const double qw = double(shape_.n_head) * hd, kvw = double(shape_.n_head_kv) * hd, V = double(shape_.n_vocab);
+  const double L = double(shape_.n_layer), T = double(n_ctx_);
+  const double mac_per_token = L * (E * (qw + 2 * kvw) + qw * E + 3 * E * F) + E * V;
+  // Attention: q.k and p.v forward, four products backward (not counting the recompute), over
+  // the causal half.
+  const double attn_mac_per_seq = L * double(shape_.n_head) * hd * T * (T + 1) / 2.0 * 6.0;
+  return 2.0 * (3.0 * mac_per_token * double(n_tok_) + attn_mac_per_seq * double(n_seq_));
+}
+
+}  // namespace tern::train

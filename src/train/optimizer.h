@@ -1,0 +1,52 @@
+#pragma once
+// AdamW (Loshchilov & Hutter: weight decay decoupled from the gradient), the learning-rate
+// schedule (linear warm-up, then cosine decay to min_lr) and gradient clipping by global norm,
+// with PyTorch's semantics (torch.optim.AdamW, torch.nn.utils.clip_grad_norm_), so that a run
+// can be checked step by step against PyTorch.
+#include <cstdint>
+#include <vector>
+
+#include "train/model.h"
+
+namespace tern {
+class ThreadPool;
+}
+
+namespace tern::train {
+
+struct OptimizerConfig {
+  float lr = 1e-3f, min_lr = 1e-4f;
+  int64_t warmup = 0;          // steps of linear warm-up
+  int64_t total_steps = 1;     // the cosine reaches min_lr here
+  float weight_decay = 0.1f;   // on matrices only (ParamInfo::decay)
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float clip = 1.0f;           // max global L2 norm of the gradient; 0: no clipping
+};
+
+// The learning rate of step `step` (0-based).
+double learning_rate(const OptimizerConfig& c, int64_t step);
+
+// The global L2 norm of g (in double, in a fixed order: the same bits for any thread count).
+double global_norm(const float* g, int64_t n);
+
+class AdamW {
+ public:
+  AdamW(const OptimizerConfig& config, int64_t n_params);
+
+  // One update of `model` from gradient g (scaled by the clip factor first when its norm exceeds
+  // config.clip). `step` is the 0-based index of this update (it sets the learning rate and the
+  // bias corrections). Returns the norm before clipping.
+  double step(TrainModel& model, float* g, int64_t step, ThreadPool* pool);
+
+  // State, for checkpoints.
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+  const OptimizerConfig& config() const { return config_; }
+  void set_config(const OptimizerConfig& c) { config_ = c; }
+
+ private:
+  OptimizerConfig config_;
+  std::vector<float> m_, v_;
+};
+
+}  // namespace tern::train

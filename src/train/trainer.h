@@ -1,0 +1,109 @@
+#pragma once
+// The training loop: micro-batches with gradient accumulation, AdamW, validation, checkpoints
+// and resume.
+//
+// A checkpoint is two GGUF files written through temporary files and renames (a crash never
+// leaves a half-written one): OUT (the model: loads in `tern run` and llama.cpp; it carries
+// `tern.train.step`) and OUT.optim (AdamW's moments `<tensor>.adam_m` / `.adam_v`, the step and
+// the run's settings). Resuming restores the weights and moments bit for bit, and the data order
+// and learning rate are functions of (seed, step), so the losses after a resume equal those of
+// an uninterrupted run on the same machine and thread count.
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "train/data.h"
+#include "train/forward_backward.h"
+#include "train/model.h"
+#include "train/optimizer.h"
+
+namespace tern {
+class ThreadPool;
+}
+
+namespace tern::train {
+
+struct TrainConfig {
+  int64_t n_seq = 8;          // sequences per micro-batch (--batch)
+  int64_t n_ctx = 256;        // tokens per sequence (--ctx)
+  int64_t grad_accum = 1;     // micro-batches per optimizer step
+  int64_t steps = 100;        // total optimizer steps of the run (the schedule's length)
+  int64_t stop_after = 0;     // > 0: stop after this many steps in this invocation (checkpoint written)
+  OptimizerConfig opt;
+  uint64_t seed = 42;
+  bool shuffle = true;
+  int64_t val_every = 0;      // steps between validations (0: never; the last step always validates)
+  int64_t val_windows = 64;   // windows of the validation stream used (0: all)
+  int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end / on stop)
+  std::string out_path;       // checkpoint (model) path; OUT.optim beside it
+};
+
+struct StepLog {
+  int64_t step = 0;           // optimizer steps completed (1-based)
+  double loss = 0.0;          // mean over the step's micro-batches, before the update
+  double lr = 0.0, grad_norm = 0.0;
+  double tok_s = 0.0;         // training tokens per second of this step
+  double elapsed_s = 0.0;     // since the run started
+  std::optional<double> val_loss;
+  bool checkpointed = false;
+};
+
+struct TrainResult {
+  int64_t first_step = 0, last_step = 0;  // steps run in this invocation: (first, last]
+  double tokens = 0.0, seconds = 0.0;
+  double train_seconds = 0.0;  // in the steps themselves (no validation, no checkpoints)
+  std::optional<double> final_val_loss;
+  bool interrupted = false;
+};
+
+// The optimizer state file beside a checkpoint.
+std::string optimizer_state_path(const std::string& model_path);
+
+class Trainer {
+ public:
+  // vocab: the GGUF whose tokenizer.* keys the checkpoints carry.
+  Trainer(TrainModel& model, const GgufFile& vocab, TrainConfig cfg, ThreadPool* pool);
+
+  // Restores AdamW's state and the step from OUT.optim (the model must already hold OUT's
+  // weights). Throws tern::Error when the files do not belong together or the shape differs.
+  void resume(const GgufFile& optim_state, int64_t model_step);
+  int64_t step() const { return step_; }
+
+  // Custom loss on the logits (distillation); called for each micro-batch after before_batch.
+  void set_loss(LossFn loss) { loss_ = std::move(loss); }
+  void set_before_batch(std::function<void(const int32_t* windows, int64_t n_seq, int64_t n_ctx)> f) {
+    before_batch_ = std::move(f);
+  }
+
+  // Trains until cfg.steps (or stop_after more steps, or *stop becomes true: then the checkpoint
+  // is written and result.interrupted is set). on_step sees every step. A non-finite loss or
+  // gradient stops with a tern::Error that names the step and the last checkpoint kept.
+  TrainResult run(WindowSampler& data, WindowSampler* val, const std::function<void(const StepLog&)>& on_step,
+                  const std::atomic<bool>* stop);
+
+  // Mean cross-entropy over the sampler's first val_windows windows (all when 0).
+  double validate(WindowSampler& val);
+
+  // Writes the checkpoint pair for the current step.
+  void save_checkpoint();
+
+  ForwardBackward& forward_backward() { return fb_; }
+
+ private:
+  TrainModel& model_;
+  const GgufFile& vocab_;
+  TrainConfig cfg_;
+  ThreadPool* pool_;
+  ForwardBackward fb_;
+  AdamW opt_;
+  std::vector<float> grads_;
+  std::vector<int32_t> batch_;
+  int64_t step_ = 0;
+  int64_t last_checkpoint_step_ = -1;
+  LossFn loss_;
+  std::function<void(const int32_t*, int64_t, int64_t)> before_batch_;
+};
+
+}  // namespace tern::train

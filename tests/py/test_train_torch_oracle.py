@@ -1,0 +1,255 @@
+"""test_train_torch_oracle.py: `tern train` against an independent PyTorch implementation
+(tests/py/train_torch_ref.py) of the same model, data packing and AdamW loop.
+
+  (a) gradients. `tern train --dump-grads G.gguf` writes d(loss)/d(tensor) of the first micro-batch
+      at the initial weights (tensors named as the model's, F32) and `train.loss`. Torch float64
+      autograd on the same windows must give the loss within 1e-4 relative and, for every tensor,
+      ||g_tern - g_torch|| / ||g_torch|| <= 1e-4. Two models: stories260K.gguf (ctx 64, batch 4),
+      and a fresh GQA/odd-shape model (n_embd 48, 2 layers, 6 heads, 2 kv heads, n_ff 100) written
+      by `tern train --vocab-from ... --steps 0 -o INIT.gguf` (ctx 32, batch 4), and a tied-output
+      multi-query one (n_embd 40, 1 layer, 5 heads, 1 kv head, n_ff 72, --tied; ctx 24, batch 3).
+  (b) the loss curve. 50 AdamW steps (batch 4, grad-accum 2, ctx 64, warmup 5 + cosine to min-lr,
+      weight decay 0.1 on 2-D tensors, betas 0.9/0.95, clip 1.0, --no-shuffle) from stories260K:
+      torch float32 from the same weights and data order must give every step's loss within
+      1e-3 * max(1, |loss|) (absolute below loss 1, relative above), the same lr (1e-6 relative),
+      and a grad_norm within 1e-2 relative; the written model's tensors must be within 1e-2
+      (||w_tern - w_torch|| / ||w_torch||, per tensor) of torch's final parameters.
+
+Data: the first 120 blank-line-separated documents (about 40 stories) of ../shared/data/tinystories/tinystories_val.txt.
+Run:   TERN_BINARY=build/release/tern /usr/bin/python3 tests/py/test_train_torch_oracle.py
+       [--only grads|curve] [--keep DIR] [--dtype float64]   (--dtype: the curve's torch precision)
+Exit:  0 passed, 1 failed, 77 skipped (no torch, no ../shared model, or no `tern train`).
+About 20-40 s on 2 cores.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import torch
+except ImportError as e:
+    print(f"SKIP: {e} (use Debian's /usr/bin/python3 with python3-torch)")
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import train_torch_ref as R  # noqa: E402
+from gguf_np import read_gguf  # noqa: E402
+
+SHARED = os.environ.get("TERN_SHARED_DIR", os.path.join(HERE, "../../../shared"))
+TERN = os.environ.get("TERN_BINARY", "tern")
+MODEL = os.path.join(SHARED, "models/stories260K.gguf")
+VAL = os.path.join(SHARED, "data/tinystories/tinystories_val.txt")
+N_DOCS = 120  # blank-line-separated paragraphs: about 40 stories
+THREADS = "2"
+
+GRAD_TOL = 1e-4
+LOSS_TOL_A = 1e-4
+CURVE_TOL = 1e-3
+GNORM_TOL = 1e-2
+FINAL_TOL = 1e-2
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r
+
+
+def write_data(path):
+    docs = R.split_documents(open(VAL, "rb").read())[:N_DOCS]
+    with open(path, "wb") as f:
+        f.write(b"\n\n".join(docs) + b"\n")
+
+
+def windows_for(model, data, T):
+    S = R.token_stream(TERN, model, open(data, "rb").read())
+    return R.make_windows(S, T), len(S)
+
+
+def check_grads(label, model, data, T, B, d):
+    out = os.path.join(d, f"grads_{label}.gguf")
+    run([TERN, "train", "-m", model, "--data", data, "--ctx", str(T), "--batch", str(B), "--no-shuffle",
+         "-t", THREADS, "--dump-grads", out, "-o", os.path.join(d, f"unused_{label}.gguf")])
+    _, tg = read_gguf(out)
+    hp, _, P = R.load_model(model, torch.float64)
+    windows, n_tok = windows_for(model, data, T)
+    mb = R.micro_batch(windows, 0, B)
+    loss, G = R.grads(hp, P, mb)
+    print(f"[grads {label}] {hp}; {n_tok} tokens, {windows.shape[0]} windows of {T}; batch {B}")
+    fails = 0
+    if "train.loss" not in tg:
+        print(f"FAIL [grads {label}] no train.loss tensor in {out}")
+        fails += 1
+    else:
+        tl = float(np.asarray(tg["train.loss"]).reshape(-1)[0])
+        rel = abs(tl - loss) / abs(loss)
+        ok = rel <= LOSS_TOL_A
+        fails += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} [grads {label}] loss tern {tl:.8f} torch {loss:.8f} rel {rel:.3g}")
+    extra = sorted(set(tg) - set(G) - {"train.loss"})
+    missing = sorted(set(G) - set(tg))
+    if extra or missing:
+        print(f"FAIL [grads {label}] tensor names differ: missing {missing} extra {extra}")
+        fails += 1
+    print(f"  {'tensor':28s} {'shape':>12s} {'rel L2':>10s} {'max rel':>10s} {'|g| torch':>10s}")
+    worst = 0.0
+    for n in G:
+        if n not in tg:
+            continue
+        gt = G[n].numpy()
+        gg = np.asarray(tg[n], dtype=np.float64)
+        if gg.shape != gt.shape:
+            print(f"FAIL [grads {label}] {n}: shape {gg.shape}, want {gt.shape}")
+            fails += 1
+            continue
+        nrm = np.linalg.norm(gt)
+        rel = np.linalg.norm(gg - gt) / max(nrm, 1e-30)
+        mrel = np.abs(gg - gt).max() / max(np.abs(gt).max(), 1e-30)  # max |diff| over max |g|
+        worst = max(worst, rel)
+        bad = rel > GRAD_TOL
+        fails += bad
+        print(f"  {n:28s} {str(gt.shape):>12s} {rel:10.3g} {mrel:10.3g} {nrm:10.3g}{'  FAIL' if bad else ''}")
+    print(f"{'ok  ' if fails == 0 else 'FAIL'} [grads {label}] worst tensor rel L2 error {worst:.3g} "
+          f"(bound {GRAD_TOL:g})")
+    return fails
+
+
+def parse_steps(stdout):
+    recs = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            o = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(o, dict) and "step" in o:
+            recs.append(o)
+    return recs
+
+
+def check_curve(data, d, dtype):
+    T, B, A, steps = 64, 4, 2, 50
+    opt = dict(lr=1e-3, min_lr=1e-4, warmup=5, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8, clip=1.0)
+    out = os.path.join(d, "out.gguf")
+    cmd = [TERN, "train", "-m", MODEL, "--data", data, "--ctx", str(T), "--batch", str(B), "--grad-accum", str(A),
+           "--steps", str(steps), "--lr", "1e-3", "--min-lr", "1e-4", "--warmup", "5", "--weight-decay", "0.1",
+           "--beta1", "0.9", "--beta2", "0.95", "--eps", "1e-8", "--clip", "1.0", "--no-shuffle", "--json",
+           "-t", THREADS, "-o", out]
+    r = run(cmd)
+    got = parse_steps(r.stdout)
+    hp, _, P = R.load_model(MODEL, dtype)
+    windows, n_tok = windows_for(MODEL, data, T)
+    want = R.train(hp, P, windows, steps, B, A, **opt)
+    print(f"[curve] {n_tok} tokens, {windows.shape[0]} windows of {T}; {steps} steps x {A} x {B}; torch {dtype}")
+    fails = 0
+    if [g["step"] for g in got] != list(range(1, steps + 1)):
+        print(f"FAIL [curve] tern printed steps {[g['step'] for g in got]}, want 1..{steps}")
+        fails += 1
+    by_step = {g["step"]: g for g in got}
+    worst_loss = worst_lr = worst_gn = 0.0
+    print(f"  {'step':>4s} {'loss tern':>10s} {'loss torch':>10s} {'diff':>9s} {'lr tern':>10s} {'gnorm tern':>10s} "
+          f"{'gnorm torch':>11s}")
+    for w in want:
+        g = by_step.get(w["step"])
+        if g is None:
+            continue
+        dl = abs(g["loss"] - w["loss"]) / max(1.0, abs(w["loss"]))
+        dlr = abs(g["lr"] - w["lr"]) / w["lr"]
+        dgn = abs(g["grad_norm"] - w["grad_norm"]) / max(w["grad_norm"], 1e-12)
+        worst_loss, worst_lr, worst_gn = max(worst_loss, dl), max(worst_lr, dlr), max(worst_gn, dgn)
+        bad = dl > CURVE_TOL or dlr > 1e-6 or dgn > GNORM_TOL
+        fails += bad
+        if bad or w["step"] <= 3 or w["step"] % 10 == 0:
+            print(f"  {w['step']:4d} {g['loss']:10.6f} {w['loss']:10.6f} {dl:9.2e} {g['lr']:10.3e} "
+                  f"{g['grad_norm']:10.5f} {w['grad_norm']:11.5f}{'  FAIL' if bad else ''}")
+    print(f"{'ok  ' if worst_loss <= CURVE_TOL else 'FAIL'} [curve] max loss diff {worst_loss:.3g} "
+          f"(|d| / max(1, |loss|), bound {CURVE_TOL:g}); max lr rel diff {worst_lr:.3g}; "
+          f"max grad_norm rel diff {worst_gn:.3g} (bound {GNORM_TOL:g})")
+    if got:
+        tok_s = [g.get("tok_s") for g in got if g.get("tok_s") is not None]
+        if tok_s:
+            print(f"  tern tok_s median {np.median(tok_s):.0f}")
+    _, tw = read_gguf(out)
+    worst_w = 0.0
+    worst_name = ""
+    for n, p in P.items():
+        if n not in tw:
+            print(f"FAIL [curve] {n} missing from {out}")
+            fails += 1
+            continue
+        a = p.detach().double().numpy()
+        b = np.asarray(tw[n], dtype=np.float64)
+        if a.shape != b.shape:
+            print(f"FAIL [curve] {n}: shape {b.shape}, want {a.shape}")
+            fails += 1
+            continue
+        rel = np.linalg.norm(b - a) / np.linalg.norm(a)
+        if rel > worst_w:
+            worst_w, worst_name = rel, n
+    ok = worst_w <= FINAL_TOL
+    fails += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} [curve] final weights: max per-tensor rel L2 diff {worst_w:.3g} ({worst_name}; "
+          f"bound {FINAL_TOL:g})")
+    return fails
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=["grads", "curve"])
+    ap.add_argument("--keep", help="work in this directory and keep its files")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    a = ap.parse_args()
+    if not os.path.exists(MODEL) or not os.path.exists(VAL):
+        print(f"SKIP: missing {MODEL} or {VAL}")
+        return 77
+    try:
+        h = subprocess.run([TERN, "train", "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"SKIP: cannot run {TERN}: {e}")
+        return 77
+    if h.returncode != 0:
+        print(f"SKIP: `{TERN} train --help` failed (no train command yet)")
+        return 77
+    torch.set_num_threads(1)  # robust on a loaded 2-core machine (OpenMP spinning); tern gets -t 2
+    d = a.keep or tempfile.mkdtemp(prefix="tern_train_oracle_")
+    os.makedirs(d, exist_ok=True)
+    fails = 0
+    try:
+        data = os.path.join(d, "data.txt")
+        write_data(data)
+        if a.only in (None, "grads"):
+            fails += check_grads("stories260K", MODEL, data, 64, 4, d)
+            init = os.path.join(d, "init_gqa.gguf")
+            run([TERN, "train", "--vocab-from", MODEL, "--n-embd", "48", "--n-layer", "2", "--n-head", "6",
+                 "--n-head-kv", "2", "--n-ff", "100", "--ctx", "32", "--steps", "0", "--seed", "3", "-t", THREADS,
+                 "--data", data, "-o", init])
+            fails += check_grads("gqa-48x2", init, data, 32, 4, d)
+            # tied output (token_embd's gradient sums both uses) and multi-query attention
+            init = os.path.join(d, "init_mqa_tied.gguf")
+            run([TERN, "train", "--vocab-from", MODEL, "--n-embd", "40", "--n-layer", "1", "--n-head", "5",
+                 "--n-head-kv", "1", "--n-ff", "72", "--tied", "--ctx", "24", "--steps", "0", "--seed", "5",
+                 "-t", THREADS, "--data", data, "-o", init])
+            fails += check_grads("mqa-tied-40x1", init, data, 24, 3, d)
+        if a.only in (None, "curve"):
+            fails += check_curve(data, d, torch.float64 if a.dtype == "float64" else torch.float32)
+    except RuntimeError as e:
+        print(f"FAIL: {e}")
+        fails += 1
+    finally:
+        if not a.keep:
+            shutil.rmtree(d, ignore_errors=True)
+    print("passed" if fails == 0 else f"FAILED ({fails} checks)")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
