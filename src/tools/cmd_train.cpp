@@ -1,26 +1,14 @@
 // tern train: trains a Llama-architecture model on text, from a new shape (--vocab-from plus
 // --n-embd ...) or from a GGUF (-m); checkpoints are GGUF files that `tern run` and llama.cpp load.
 // docs/training.md has the options, the data packing and the figures.
-#include <unistd.h>
-
-#include <atomic>
-#include <cmath>
-#include <csignal>
 #include <cstdio>
-#include <memory>
-#include <nlohmann/json.hpp>
-#include <optional>
-#include <sys/stat.h>
+#include <string>
+#include <vector>
 
-#include "core/error.h"
 #include "core/output_file.h"
-#include "core/stats.h"
-#include "core/thread_pool.h"
 #include "gguf/gguf.h"
-#include "tokenizer/tokenizer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
-#include "tools/progress.h"
 #include "tools/train_args.h"
 #include "train/trainer.h"
 

@@ -1,7 +1,6 @@
 #include "tools/train_args.h"
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
