@@ -120,9 +120,9 @@ bool reads_interleaved(Isa isa, DType type) {
          (isa == Isa::Avx2 || isa == Isa::Avx512);
 }
 
-// Elements per block of an interleavable type (float types: a step of the 4-row tiles).
+// Elements per block of an interleavable type (float types: one element, any row length).
 int64_t interleave_block(DType type) {
-  if (dtype_is_float(type)) return 8;
+  if (dtype_is_float(type)) return 1;
   return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K
              ? kQK_K
              : 32;
@@ -142,11 +142,14 @@ void require_interleave_kernels(Isa isa, const WeightView& w) {
 // 4 builds in fast minutes): 8 chunks per thread Q4_0 0.80-0.87, 4: 0.875-0.88, 2: 0.91-0.92,
 // 1: 0.93; Q8_0 4: 0.93-0.94, 2: 0.96-0.98, 1: 0.96. Two keep some of the slack for a thread
 // that is late.
-int64_t rows_per_chunk(int64_t n_out, int n_threads, int64_t n_tokens) {
+// Float weights take multiples of 32 rows: their tiles are 16-row groups (decode) and 32-row
+// panels (prefill, AVX-512), which a chunk boundary inside would compute twice.
+int64_t rows_per_chunk(int64_t n_out, int n_threads, int64_t n_tokens, DType type) {
   if (n_threads <= 1) return n_out;
   const int64_t chunks_per_thread = n_tokens == 1 ? 2 : 4;
+  const int64_t granule = dtype_is_float(type) ? 32 : 4;
   int64_t per = (n_out + chunks_per_thread * n_threads - 1) / (chunks_per_thread * n_threads);
-  per = (per + 3) / 4 * 4;
+  per = (per + granule - 1) / granule * granule;
   return per < 16 ? 16 : per;
 }
 
@@ -226,8 +229,10 @@ bool want_interleave16(const WeightView& w) {
 }
 
 bool interleave16_for(Isa isa, const WeightView& w) {
-  return reads_interleaved(isa, w.type) && !w.interleaved16 && w.n_out > 0 && w.n_out % 16 == 0 &&
-         w.n_in % interleave_block(w.type) == 0;
+  // Float weights: any row count from one group on (the rows past the last whole group stay
+  // as stored, after the groups).
+  const bool rows_ok = dtype_is_float(w.type) ? w.n_out >= 16 : w.n_out > 0 && w.n_out % 16 == 0;
+  return reads_interleaved(isa, w.type) && !w.interleaved16 && rows_ok && w.n_in % interleave_block(w.type) == 0;
 }
 
 namespace {
@@ -357,16 +362,18 @@ void deinterleave_q4_k(const uint8_t* p, int64_t i, BlockQ4_K& blk, bool q5_layo
 
 void interleave16(const WeightView& w, uint8_t* dst) {
   const int64_t block = interleave_block(w.type);
-  TERN_ASSERT(w.n_out % 16 == 0 && w.n_in % block == 0);
   const int64_t blk = dtype_row_bytes(w.type, block), group_blk = 16 * blk;
   const int64_t nb = w.n_in / block, rb = w.row_bytes();
   const auto* src = static_cast<const uint8_t*>(w.data);
-  if (dtype_is_float(w.type)) {  // per 4 rows, step b: the 4 rows' elements 8b..8b+7 one after another
-    for (int64_t r = 0; r < w.n_out; r += 4)
-      for (int64_t b = 0; b < nb; ++b)
-        for (int64_t i = 0; i < 4; ++i) std::memcpy(dst + (r * nb + 4 * b + i) * blk, src + (r + i) * rb + b * blk, size_t(blk));
+  if (dtype_is_float(w.type)) {  // per group of 16 rows, per k: the 16 rows' elements; the tail rows as stored
+    const int64_t grouped = w.n_out / 16 * 16;
+    for (int64_t g = 0; g < grouped; g += 16)
+      for (int64_t k = 0; k < w.n_in; ++k)
+        for (int64_t i = 0; i < 16; ++i) std::memcpy(dst + g * rb + (16 * k + i) * blk, src + (g + i) * rb + k * blk, size_t(blk));
+    std::memcpy(dst + grouped * rb, src + grouped * rb, size_t((w.n_out - grouped) * rb));
     return;
   }
+  TERN_ASSERT(w.n_out % 16 == 0 && w.n_in % block == 0);
   for (int64_t g = 0; g < w.n_out / 16; ++g)
     for (int64_t b = 0; b < nb; ++b)
       for (int64_t i = 0; i < 16; ++i) {
@@ -406,8 +413,14 @@ void deinterleave16_row(const WeightView& w, int64_t row, uint8_t* dst) {
   const int64_t blk = dtype_row_bytes(w.type, block), group_blk = 16 * blk;
   const int64_t nb = w.n_in / block;
   if (dtype_is_float(w.type)) {
-    const auto* quad = static_cast<const uint8_t*>(w.data) + (row / 4) * 4 * nb * blk;
-    for (int64_t b = 0; b < nb; ++b) std::memcpy(dst + b * blk, quad + (4 * b + row % 4) * blk, size_t(blk));
+    const int64_t rb = w.row_bytes();
+    const auto* base = static_cast<const uint8_t*>(w.data);
+    if (row >= w.n_out / 16 * 16) {  // a tail row, as stored
+      std::memcpy(dst, base + row * rb, size_t(rb));
+      return;
+    }
+    const uint8_t* group = base + (row / 16) * 16 * rb;
+    for (int64_t k = 0; k < w.n_in; ++k) std::memcpy(dst + k * blk, group + (16 * k + row % 16) * blk, size_t(blk));
     return;
   }
   const auto* group = static_cast<const uint8_t*>(w.data) + (row / 16) * nb * group_blk;
@@ -511,7 +524,7 @@ void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, 
                             t.w.n_out, x_in, ldx, act, lay, n_tokens, t.y, t.ldy, t.w.interleaved16});
     scratch_bytes = std::max(scratch_bytes, kt.scratch_bytes(t.w.type, t.w.n_in));
     if (done.joint_rows && k > 0) continue;  // joint chunks: one list over the common rows
-    const int64_t per = rows_per_chunk(t.w.n_out, pool.size(), n_tokens);
+    const int64_t per = rows_per_chunk(t.w.n_out, pool.size(), n_tokens, t.w.type);
     for (int64_t r0 = 0; r0 < t.w.n_out; r0 += per)
       chunks.push_back(Chunk{done.joint_rows ? -1 : int32_t(k), r0, std::min(t.w.n_out, r0 + per)});
   }

@@ -13,7 +13,9 @@
 // Quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) multiply activations quantized on the fly to
 // 8 bits per block (Q8_0 / Q8_K, as llama.cpp does), so results differ from the f32 oracle
 // matmul_ref by that rounding (~0.5% of the magnitude of the result). Float weights (F32,
-// F16, BF16) use f32 arithmetic throughout.
+// F16, BF16) use f32 arithmetic throughout, one FMA per element in k order into one sum per
+// output (acc = fma(W[o][k], x[t][k], acc)): the same bits on every variant, batch size,
+// thread count and row range.
 #include <cstdint>
 #include <span>
 
@@ -27,7 +29,7 @@ struct WeightView {
   int64_t n_in = 0;    // ne[0]
   int64_t n_out = 0;   // ne[1]
   const void* data = nullptr;
-  // Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K (by 16) and F32 / F16 / BF16 (by 4):
+  // Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K and F32 / F16 / BF16 (by 16):
   // the rows interleaved at load time (interleave16 below) for the AVX2 / AVX-512 kernels,
   // instead of one row after another.
   bool interleaved16 = false;
@@ -61,10 +63,12 @@ struct WeightView {
 // Q6_K (AVX2 kernels only): 16 x 210 bytes: d[16] at 0; at 32 + 32p + 2i row i's scales 2p and
 // 2p + 1; at 288 + 192 (8n + k) three 64-byte pieces: bytes 4i..4i+3 of each are row i's ql bytes
 // 64n + 4k.., ql bytes 64n + 32 + 4k.. and qh bytes 32n + 4k.. (n = 0, 1; k = 0..7).
-// F32 / F16 / BF16 per 4 rows, per 8-element step b: the 4 rows' elements 8b..8b+7 one after
-// another (a step of the 4-row FMA tiles is one contiguous piece; n_in % 8 == 0).
+// F32 / F16 / BF16 per group of 16 rows, per element k: the 16 rows' elements k (one vector
+// of 16 outputs at one k, what the float tiles multiply by a broadcast activation); any n_in;
+// the n_out % 16 rows after the last whole group stay as stored, where they were.
 // Whether this process would use them: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or a float type with the AVX2 or
-// AVX-512 kernels selected, Q6_K with the AVX2 ones, Q2_K / Q3_K with the AVX-512 ones; n_out % 16 == 0; TERN_REPACK not "0".
+// AVX-512 kernels selected, Q6_K with the AVX2 ones, Q2_K / Q3_K with the AVX-512 ones; n_out % 16 == 0
+// (float types: n_out >= 16); TERN_REPACK not "0".
 bool want_interleave16(const WeightView& w);
 // Writes w (rows, one after another) interleaved into dst (w.n_out * row_bytes bytes).
 void interleave16(const WeightView& w, uint8_t* dst);
@@ -76,7 +80,7 @@ void matmul(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, 
 
 // Output rows [r0, r1) only (y's other columns untouched), on the calling thread alone: for
 // callers that split the rows across threads themselves. Equal to matmul's rows bit for bit
-// when r0 is a multiple of 4 (the kernels' row tile).
+// when r0 is a multiple of 4 (the kernels' row tile; float weights: any r0).
 void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                  int64_t ldy, int64_t r0, int64_t r1);
 

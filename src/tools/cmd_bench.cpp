@@ -1,5 +1,6 @@
 // tern bench: llama-bench-style prompt processing (pp) and generation (tg) throughput,
-// medians over repetitions after a warm-up, with the memory-bandwidth roofline for decode.
+// medians over repetitions after a warm-up, with the memory-bandwidth roofline for decode and,
+// with --roofline, the compute roofline for prefill (tools/compute_probe.h).
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -8,6 +9,7 @@
 #include "core/stats.h"
 #include "kernels/matmul.h"
 #include "tools/bandwidth_probe.h"
+#include "tools/compute_probe.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
@@ -35,6 +37,30 @@ int64_t bytes_read_per_token(const GgufFile& f) {
   return bytes;
 }
 
+// Multiply-adds x 2 of one prompt token: every weight of the layers once (of a mixture of
+// experts' routed tensors the used share), the attention's QK^T and PV over the average
+// context of an n_prompt-token prompt; the output projection runs for the last token only.
+double flops_per_prompt_token(const GgufFile& f, const HParams& hp, int64_t n_prompt) {
+  const std::string a = f.get_string("general.architecture", "llama") + ".";
+  const uint64_t n_expert = f.get_uint(a + "expert_count", 0), n_used = f.get_uint(a + "expert_used_count", 0);
+  double weights = 0;
+  for (const auto& t : f.tensors()) {
+    if (t.name.rfind("blk.", 0) != 0 || t.ne.size() < 2) continue;
+    double n = 1;
+    for (int64_t d : t.ne) n *= double(d);
+    const bool routed = n_expert > 0 && t.ne.size() == 3 && t.name.find("_exps.") != std::string::npos;
+    weights += routed ? n / double(n_expert) * double(n_used) : n;
+  }
+  const double avg_ctx = double(n_prompt + 1) / 2;
+  return 2 * weights + 4.0 * avg_ctx * double(hp.n_layer * hp.n_head * hp.head_dim);
+}
+
+// Which compute peak bounds a type's prefill: the float types' GEMMs are FP32 FMAs, the
+// quantized types' integer dot products of 8-bit activations.
+const char* compute_peak_for(const std::string& type) {
+  return type == "f32" || type == "f16" || type == "bf16" ? "fp32_fma" : "int8_dot";
+}
+
 std::string model_type_name(const GgufFile& f) {
   // The type most of the bytes are stored in (what llama-bench prints as the model type).
   std::vector<std::pair<int64_t, DType>> by_type;
@@ -55,7 +81,7 @@ int cmd_bench(int argc, char** argv) {
   margs.add_to(app, /*with_ctx=*/false);
   int64_t n_prompt = 512, n_gen = 128;
   int reps = 5;
-  bool json = false, no_bandwidth = false;
+  bool json = false, no_bandwidth = false, roofline = false;
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens of the pp test (0: skip)")->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(1) << 16));
   app.add_option("-n,--n-gen", n_gen, "generated tokens of the tg test (0: skip)")->capture_default_str()
@@ -63,6 +89,9 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("-r,--reps", reps, "repetitions (the median is reported)")->capture_default_str()
       ->check(CLI::Range(1, 1000));
   app.add_flag("--no-bandwidth", no_bandwidth, "skip the memory-bandwidth probe");
+  app.add_flag("--roofline", roofline,
+               "also measure the compute peaks (FP32 FMA, BF16 dot, int8 dot) on the same threads and report pp "
+               "as a share of the one its type runs on");
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   if (n_prompt == 0 && n_gen == 0) fail("nothing to measure: -p and -n are both 0");
@@ -139,12 +168,22 @@ int cmd_bench(int argc, char** argv) {
   }
   progress.finish();
   if (probe && n_gen == 0) bw_runs.push_back(probe->measure(5));
+  std::vector<ComputePeak> peaks;
+  if (roofline) peaks = measure_compute_peaks(s.pool());
   const double bw = bw_runs.empty() ? 0.0 : percentile(bw_runs, 50);
   const double pp_med = percentile(pp, 50), tg_med = percentile(tg, 50);
   const double roofline_tok_s = bw > 0 ? bw * 1e9 / double(per_token) : 0.0;
   const double roofline_pct = pct_runs.empty() ? 0.0 : percentile(pct_runs, 50);
   const int64_t weight_bytes = s.model().weight_bytes();
   const std::string type = model_type_name(s.file());
+  // pp against the compute roofline: achieved ops/s over the peak of the instruction the type's
+  // GEMM runs on.
+  const double pp_flops_per_token = n_prompt > 0 ? flops_per_prompt_token(s.file(), s.hparams(), n_prompt) : 0.0;
+  const ComputePeak* pp_peak = nullptr;
+  for (const ComputePeak& c : peaks)
+    if (c.name == compute_peak_for(type) && c.gops > 0) pp_peak = &c;
+  const double pp_gflops = pp_med * pp_flops_per_token / 1e9;
+  const double pp_compute_pct = pp_peak ? 100.0 * pp_gflops / pp_peak->gops : 0.0;
   if (json) {
     nlohmann::json j = {{"model", margs.model},
                         {"type", type},
@@ -166,6 +205,19 @@ int cmd_bench(int argc, char** argv) {
                         {"tg_roofline_pct", roofline_pct},
                         {"tg_roofline_pct_runs", pct_runs},
                         {"peak_rss_bytes", peak_rss_bytes()}};
+    if (roofline) {
+      nlohmann::json pj = nlohmann::json::array();
+      for (const ComputePeak& c : peaks) {
+        nlohmann::json e = {{"name", c.name}, {"instruction", c.instruction}, {"gops", c.gops}};
+        if (!c.missing.empty()) e["missing"] = c.missing;
+        pj.push_back(e);
+      }
+      j["compute_peaks"] = pj;
+      j["pp_flops_per_token"] = pp_flops_per_token;
+      j["pp_gflops"] = pp_gflops;
+      j["pp_compute_peak"] = pp_peak ? pp_peak->name : "";
+      j["pp_compute_pct"] = pp_compute_pct;
+    }
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -183,6 +235,20 @@ int cmd_bench(int argc, char** argv) {
                 bw, format_bytes(per_token).c_str(), roofline_tok_s, roofline_pct);
   else if (bw > 0)
     std::printf("\nmemory read bandwidth %.1f GB/s\n", bw);
+  if (roofline) {
+    std::printf("\n| compute peak (%d threads) | instruction | G op/s |\n|---|---|---|\n", s.pool().size());
+    for (const ComputePeak& c : peaks) {
+      if (c.missing.empty()) std::printf("| %s | %s | %.1f |\n", c.name.c_str(), c.instruction.c_str(), c.gops);
+      else std::printf("| %s | - | not measured: %s |\n", c.name.c_str(), c.missing.c_str());
+    }
+    if (n_prompt > 0 && pp_peak)
+      std::printf("\npp%lld does %.2f GFLOP per token -> %.1f GFLOP/s = %.1f%% of the %s peak\n",
+                  static_cast<long long>(n_prompt), pp_flops_per_token / 1e9, pp_gflops, pp_compute_pct,
+                  pp_peak->name.c_str());
+    else if (n_prompt > 0)
+      std::printf("\npp%lld: no %s peak on this CPU to compare with\n", static_cast<long long>(n_prompt),
+                  compute_peak_for(type));
+  }
   return 0;
 }
 

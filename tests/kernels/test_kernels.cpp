@@ -140,6 +140,7 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
   const auto rb = reorder_bounds(w, x, ldx, c.n_tokens);
 
   std::vector<float> y_ref_isa;
+  const bool exact = dtype_is_float(c.type);
   // Compares a variant's y with the oracle and (but for the reference kernels' own) with theirs.
   const auto check = [&](const std::vector<float>& y, bool is_ref) {
     int n_bad = 0;
@@ -154,6 +155,11 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
         if (!(std::fabs(double(y[k]) - y_oracle[k]) <= ob[kb]) && n_bad++ < 3)
           ADD_FAILURE() << "vs oracle at t " << t << " o " << o << ": " << y[k] << " vs "
                         << y_oracle[k] << " (bound " << ob[kb] << ")";
+        // Float weights: one FMA per element in k order on every variant (kernels/matmul.h),
+        // so the reference kernels' bits exactly.
+        if (!is_ref && exact && !(y[k] == y_ref_isa[k]) && n_bad++ < 3)
+          ADD_FAILURE() << "vs ref kernels (bit for bit) at t " << t << " o " << o << ": " << y[k] << " vs "
+                        << y_ref_isa[k];
         if (!is_ref && !(std::fabs(double(y[k]) - y_ref_isa[k]) <= rb[kb]) && n_bad++ < 3)
           ADD_FAILURE() << "vs ref kernels at t " << t << " o " << o << ": " << y[k] << " vs "
                         << y_ref_isa[k] << " (bound " << rb[kb] << ")";
@@ -239,6 +245,9 @@ TEST_P(KernelsVsReference, LargerShapes) {
     check_case({t, 1024, 200, 70}, pool, seed++);
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
+  // Float prefill: K blocks of 256 with a ragged last one, more than one 256-token block,
+  // interleaved groups followed by tail rows (53 = 3 x 16 + 5).
+  for (DType t : kFloatTypes) check_case({t, 600, 53, 300}, pool, seed++);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, KernelsVsReference, ::testing::Values(1, 2),
@@ -298,7 +307,7 @@ TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
   }
 }
 
-// Float rows interleaved by 4 (kernels/matmul.h) give the bits of the rows as stored on either
+// Float rows interleaved per 16-row group and element (kernels/matmul.h) give the bits of the rows as stored on either
 // ISA (the same FMAs in the same order), for rows ranges that start anywhere as well. Q4_0 /
 // Q8_0 rows interleaved by 16 give the bits of the rows as stored on AVX-512 (the K-quants' and
 // Q4_1 / Q5_0 / Q5_1's interleaved tiles differ from their stored rows' in float order:
@@ -377,7 +386,7 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
               ASSERT_EQ(one[size_t(r)], inter[size_t(t * n_out + r)]) << "token " << t << " alone, row " << r;
           }
           if (selected_isa() != isa) continue;
-          const int64_t step = is_float ? 10 : 12;  // floats: ranges inside 4-row tiles too
+          const int64_t step = is_float ? 10 : 12;  // floats: ranges inside 16-row groups too
           for (int64_t r0 = 0; r0 < n_out; r0 += step) {  // ranges across group boundaries
             const int64_t r1 = std::min(n_out, r0 + step);
             std::vector<float> part(inter.size(), NAN);

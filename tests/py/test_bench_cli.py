@@ -67,6 +67,40 @@ with tempfile.TemporaryDirectory() as d:
     check(rc == 0 and len(j["bandwidth_runs"]) == 1 and j["bandwidth_gb_s"] > 0 and j["tg_roofline_pct_runs"] == [],
           "pp only: one bandwidth probe, no share")
 
+    # --roofline: the three compute probes, each measured or named as missing by what this CPU
+    # reports (/proc/cpuinfo), and pp as a share of the FP32 FMA peak (an f32 model).
+    rc, out, err = bench("-p", "8", "-n", "0", "-r", "2", "--roofline")
+    j = json.loads(out) if rc == 0 else {}
+    check(rc == 0, f"--roofline runs (rc {rc}: {err.strip()[:200]})")
+    peaks = {p["name"]: p for p in j.get("compute_peaks", [])}
+    check(sorted(peaks) == ["bf16_dot", "fp32_fma", "int8_dot"], f"three compute probes ({sorted(peaks)})")
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    for name, p in peaks.items():
+        if "missing" in p:
+            check(p["gops"] == 0 and "this CPU has no" in p["missing"], f"{name} not measured: {p['missing']}")
+        else:
+            check(p["gops"] > 0 and p["instruction"], f"{name} = {p['gops']:.1f} G op/s ({p['instruction']})")
+    if flags:
+        check(("missing" in peaks.get("bf16_dot", {})) == ("avx512_bf16" not in flags),
+              "bf16_dot is measured exactly when the CPU has avx512_bf16")
+        check(("missing" in peaks.get("fp32_fma", {})) == ("fma" not in flags), "fp32_fma measured when the CPU has FMA")
+    check(j.get("pp_compute_peak") == "fp32_fma", f"an f32 model's pp is measured against fp32_fma ({j.get('pp_compute_peak')})")
+    if "missing" not in peaks.get("fp32_fma", {"missing": 1}):
+        check(close(j["pp_gflops"], j["pp_tok_s"] * j["pp_flops_per_token"] / 1e9), "pp GFLOP/s = pp tok/s x flops per token")
+        check(close(j["pp_compute_pct"], 100 * j["pp_gflops"] / peaks["fp32_fma"]["gops"]), "pp share = GFLOP/s / peak")
+    # stories260k: 5 layers of q, o (64 x 64), k, v (64 x 32), gate, up, down (64 x 172); an
+    # 8-token prompt's attention over 4.5 positions on average, 8 heads of 8.
+    weights = 5 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 172)
+    check(close(j.get("pp_flops_per_token", 0), 2 * weights + 4 * 4.5 * 5 * 8 * 8),
+          f"flops per prompt token ({j.get('pp_flops_per_token')})")
+
     rc, out, err = bench("-p", "0", "-n", "0")
     check(rc != 0 and "nothing to measure" in err, f"-p 0 -n 0 is an error (rc {rc}: {err.strip()[:120]})")
 

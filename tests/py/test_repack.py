@@ -6,8 +6,9 @@ boundary of its int8 grid: measured, one such flip at position 8 moved Q8_0's lo
 their largest; a wrong layout moves them by their whole size). stories260K requantized to Q8_0
 and Q4_0 by tern (its 64-wide projections and output are interleaved; the 172-wide FFN rows are
 not: 172 rows is not a multiple of 16), and to Q4_1 / Q5_0 / Q5_1, whose interleaved tiles sum
-in another order on either ISA (within that noise too); and in F16 and F32, whose 64-wide projections are
-interleaved by 4 rows, bit for bit with either ISA. TERN_REPACK is read once per process, hence one
+in another order on either ISA (within that noise too); and in F16 and F32, whose matrices are
+interleaved per group of 16 rows and per element (the 172-row FFN weights too: 10 groups and 12 rows as
+stored), bit for bit with either ISA (and with the reference kernels: one FMA chain per output). TERN_REPACK is read once per process, hence one
 `tern logits` run per setting.
 Exit code 77 = skipped (no ../shared, no tern binary, or no SIMD variant on this CPU)."""
 import os

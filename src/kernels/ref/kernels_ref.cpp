@@ -219,22 +219,23 @@ float dot_q6_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd
   return s;
 }
 
+// One FMA per element, in order (the float arithmetic of every variant: x86/tiles_float.h).
 float dot_float(DType t, const uint8_t* w, int64_t n_in, const float* x) {
   float s = 0.0f;
   switch (t) {
     case DType::F32: {
       const auto* p = reinterpret_cast<const float*>(w);
-      for (int64_t i = 0; i < n_in; ++i) s += p[i] * x[i];
+      for (int64_t i = 0; i < n_in; ++i) s = std::fma(p[i], x[i], s);
       break;
     }
     case DType::F16: {
       const auto* p = reinterpret_cast<const uint16_t*>(w);
-      for (int64_t i = 0; i < n_in; ++i) s += fp16_to_f32(p[i]) * x[i];
+      for (int64_t i = 0; i < n_in; ++i) s = std::fma(fp16_to_f32(p[i]), x[i], s);
       break;
     }
     case DType::BF16: {
       const auto* p = reinterpret_cast<const uint16_t*>(w);
-      for (int64_t i = 0; i < n_in; ++i) s += bf16_to_f32(p[i]) * x[i];
+      for (int64_t i = 0; i < n_in; ++i) s = std::fma(bf16_to_f32(p[i]), x[i], s);
       break;
     }
     default:

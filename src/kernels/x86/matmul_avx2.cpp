@@ -1,7 +1,9 @@
 // AVX2 + FMA + F16C kernel table: the register tiles of x86_common.h with pmaddubsw / pmaddwd
 // integer dot products (4 rows x 2 tokens, 16 registers); for Q4_0 / Q8_0 the 4-row tiles
-// below, which fold the rows' integer sums together before the float work.
+// below, which fold the rows' integer sums together before the float work. Float weights:
+// tiles_float.h.
 #include "kernels/x86/x86_common.h"
+#include "kernels/x86/tiles_float.h"
 
 namespace tern::kern {
 namespace {
@@ -565,14 +567,14 @@ void avx2_quantize(const ActLayout& lay, DType, const float* x, int64_t ldx, int
   quantize_rows(lay, x, ldx, n_in, t0, t1, act);
 }
 
-int64_t avx2_scratch_bytes(DType, int64_t) { return 0; }
+int64_t avx2_scratch_bytes(DType type, int64_t) {
+  return type == DType::F32 || type == DType::F16 || type == DType::BF16 ? float_scratch_bytes<Avx2Vec>() : 0;
+}
 
-void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
+void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
+  if (a.type == DType::F32 || a.type == DType::F16 || a.type == DType::BF16) return gemm_float<Avx2Vec>(a, r0, r1, scratch);
   if (a.interleaved16) {
     switch (a.type) {
-      case DType::F32: return gemm_float<LoadF32, OpsAvx2::kMaxTokens>(a, r0, r1);
-      case DType::F16: return gemm_float<LoadF16, OpsAvx2::kMaxTokens>(a, r0, r1);
-      case DType::BF16: return gemm_float<LoadBF16, OpsAvx2::kMaxTokens>(a, r0, r1);
       case DType::Q4_0: return gemm_interleaved<RowLanesQ32<true>>(a, r0, r1);
       case DType::Q8_0: return gemm_interleaved<RowLanesQ32<false>>(a, r0, r1);
       case DType::Q4_1: return gemm_interleaved<RowLanesQ32x<DType::Q4_1>>(a, r0, r1);
@@ -584,9 +586,6 @@ void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
     }
   }
   switch (a.type) {
-    case DType::F32: gemm_float<LoadF32, OpsAvx2::kMaxTokens>(a, r0, r1); break;
-    case DType::F16: gemm_float<LoadF16, OpsAvx2::kMaxTokens>(a, r0, r1); break;
-    case DType::BF16: gemm_float<LoadBF16, OpsAvx2::kMaxTokens>(a, r0, r1); break;
     case DType::Q4_0:
     case DType::Q8_0: gemm_q32(a, r0, r1); break;
     default: gemm_int_classic<OpsAvx2>(a, rows_view(a), r0, r1); break;

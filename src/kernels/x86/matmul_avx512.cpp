@@ -7,11 +7,10 @@
 //  - quantized weights, full 16-token groups (K-quants: from 12 tokens) up to prefill: the
 //    token-lane GEMM below, 16 tokens per zmm; the K-quants' tokens of a last partial group
 //    too small to pay for its padding go to the classic tiles;
-//  - float weights: the FMA tiles of x86_common.h, 4 rows x 4 tokens. BF16 weights convert
-//    to f32 (a shift) rather than using AVX512-BF16's vdpbf16ps: that needs activations rounded
-//    to bf16 and, on Zen 4, measured no faster than FMA (44 vs 47 GMAC/s per core at 128
-//    tokens), so AVX512-BF16 is not required either.
+//  - float weights: tiles_float.h (one FMA chain per output, vectors across outputs: 12-token
+//    x 32-row panel tiles for prefill, groups read directly for decode).
 #include "kernels/x86/x86_common.h"
+#include "kernels/x86/tiles_float.h"
 
 namespace tern::kern {
 namespace {
@@ -1303,6 +1302,8 @@ int64_t avx512_scratch_bytes(DType type, int64_t n_in) {
              round_up64(kFusedRows * (n_in / 32) * int64_t(sizeof(BlockQ8_0)));
     case DType::Q3_K: case DType::Q4_K: case DType::Q6_K:
       return kTileRows * lanes_prep_row_bytes(n_in);
+    case DType::F32: case DType::F16: case DType::BF16:
+      return float_scratch_bytes<Avx512Vec>();
     default:
       return 0;
   }
@@ -1320,15 +1321,13 @@ void avx512_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
     }
     return;
   }
-  if (a.interleaved16 && !dtype_is_float(a.type)) return gemm_interleaved(a, rows_view(a), r0, r1);
+  if (a.type == DType::F32 || a.type == DType::F16 || a.type == DType::BF16) return gemm_float<Avx512Vec>(a, r0, r1, scratch);
+  if (a.interleaved16) return gemm_interleaved(a, rows_view(a), r0, r1);
   switch (a.type) {
     case DType::Q4_0:
     case DType::Q8_0:
       gemm_q32_rows(a, rows_view(a), r0, r1);
       break;
-    case DType::F32: gemm_float<LoadF32, OpsAvx512::kMaxTokens>(a, r0, r1); break;
-    case DType::F16: gemm_float<LoadF16, OpsAvx512::kMaxTokens>(a, r0, r1); break;
-    case DType::BF16: gemm_float<LoadBF16, OpsAvx512::kMaxTokens>(a, r0, r1); break;
     default: gemm_int_classic<OpsAvx512>(a, rows_view(a), r0, r1); break;
   }
 }
