@@ -100,10 +100,16 @@ Scratch& caller_scratch() {
   return s;
 }
 
-// The activation layout a weight's kernel reads: interleaved weights take Rows at any size.
+// The activation layout a weight's kernel reads: interleaved weights take Rows at any size
+// (BF16's pairs for the BF16 dot either way).
 ActLayout effective_layout(const KernelTable& kt, const WeightView& w, int64_t n_tokens) {
-  return w.interleaved16 ? kern::act_rows_layout(w.type, w.n_in, n_tokens) : kt.act_layout(w.type, w.n_in, n_tokens);
+  const ActLayout l = kt.act_layout(w.type, w.n_in, n_tokens);
+  if (l.kind == ActKind::BF16Pairs) return l;
+  return w.interleaved16 ? kern::act_rows_layout(w.type, w.n_in, n_tokens) : l;
 }
+
+// BF16 rows with an even n_in are interleaved by pairs of elements (matmul.h).
+bool bf16_pairs(const WeightView& w) { return w.type == DType::BF16 && w.n_in % 2 == 0; }
 
 // Which variants read weights interleaved (matmul.h): both SIMD tables for Q4_0, Q8_0, Q4_1,
 // Q5_0, Q5_1, Q4_K, Q5_K and the float types; the AVX2 one for Q6_K too, the AVX-512 one for Q2_K
@@ -179,6 +185,26 @@ Isa selected_isa() {
 }
 
 const char* active_isa() { return isa_name(selected_isa()); }
+
+bool isa_bf16_dot(Isa isa, DType type, int64_t n_in) {
+  return isa == Isa::Avx512 && type == DType::BF16 && n_in % 2 == 0 && isa_supported(Isa::Avx512) &&
+         kern::bf16_dot_enabled();
+}
+
+namespace kern {
+bool bf16_dot_enabled() {
+  static const bool on = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    const char* e = std::getenv("TERN_BF16_DOT");
+    return __builtin_cpu_supports("avx512bf16") && !(e && std::string(e) == "0");
+#else
+    return false;
+#endif
+  }();
+  return on;
+}
+}  // namespace kern
 
 bool isa_has_kernel(Isa isa, DType type) { return table_of(isa).has_kernel(type); }
 
@@ -365,11 +391,13 @@ void interleave16(const WeightView& w, uint8_t* dst) {
   const int64_t blk = dtype_row_bytes(w.type, block), group_blk = 16 * blk;
   const int64_t nb = w.n_in / block, rb = w.row_bytes();
   const auto* src = static_cast<const uint8_t*>(w.data);
-  if (dtype_is_float(w.type)) {  // per group of 16 rows, per k: the 16 rows' elements; the tail rows as stored
+  if (dtype_is_float(w.type)) {  // per group of 16 rows, per k (BF16: pair of k): the 16 rows' elements; the tail rows as stored
     const int64_t grouped = w.n_out / 16 * 16;
+    const int64_t e = bf16_pairs(w) ? 2 : 1, piece = e * blk;  // elements, bytes of a row's piece
     for (int64_t g = 0; g < grouped; g += 16)
-      for (int64_t k = 0; k < w.n_in; ++k)
-        for (int64_t i = 0; i < 16; ++i) std::memcpy(dst + g * rb + (16 * k + i) * blk, src + (g + i) * rb + k * blk, size_t(blk));
+      for (int64_t k = 0; k < w.n_in; k += e)
+        for (int64_t i = 0; i < 16; ++i)
+          std::memcpy(dst + g * rb + (16 * k + e * i) * blk, src + (g + i) * rb + k * blk, size_t(piece));
     std::memcpy(dst + grouped * rb, src + grouped * rb, size_t((w.n_out - grouped) * rb));
     return;
   }
@@ -420,7 +448,9 @@ void deinterleave16_row(const WeightView& w, int64_t row, uint8_t* dst) {
       return;
     }
     const uint8_t* group = base + (row / 16) * 16 * rb;
-    for (int64_t k = 0; k < w.n_in; ++k) std::memcpy(dst + k * blk, group + (16 * k + row % 16) * blk, size_t(blk));
+    const int64_t e = bf16_pairs(w) ? 2 : 1;
+    for (int64_t k = 0; k < w.n_in; k += e)
+      std::memcpy(dst + k * blk, group + (16 * k + e * (row % 16)) * blk, size_t(e * blk));
     return;
   }
   const auto* group = static_cast<const uint8_t*>(w.data) + (row / 16) * nb * group_blk;

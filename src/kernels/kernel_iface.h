@@ -32,7 +32,19 @@ namespace tern::kern {
 // one vector lane is one token; `stride` is then the bytes of one 16-token group. They hold
 // the first lane_tokens tokens (the last group padded); the remaining tokens, too few to fill
 // a group profitably, follow at tail_offset in the Rows layout (tail_stride, off_d, off_sum).
-enum class ActKind : uint8_t { None, Q8_0Rows, Q8_KRows, Q8_0Lanes, Q8_KLanes };
+//
+//   BF16Pairs, per token (BF16 weights on CPUs with AVX512-BF16, n_in even; x86/tiles_float.h):
+//       n_in / 2 dwords, dword p = bf16(x[2p]) | bf16(x[2p+1]) << 16 (round to nearest even,
+//       as vcvtne2ps2bf16), the operand vdpbf16ps broadcasts; stride padded by 64 bytes past
+//       a multiple of 64 so that a tile's token rows do not share L1 sets.
+enum class ActKind : uint8_t { None, Q8_0Rows, Q8_KRows, Q8_0Lanes, Q8_KLanes, BF16Pairs };
+
+// The BF16Pairs layout for n_tokens tokens of n_in (even) elements.
+struct ActLayout;
+ActLayout bf16_pairs_layout(int64_t n_in, int64_t n_tokens);
+// Whether BF16 weights multiply bf16-rounded activations with vdpbf16ps (AVX-512 table): the
+// CPU has AVX512-BF16 and TERN_BF16_DOT is not "0". Read once per process.
+bool bf16_dot_enabled();
 
 // A plain aggregate (no member initialisers) so that ISA code constructing one calls no
 // function; value-initialise it: ActLayout l{};

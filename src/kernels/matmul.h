@@ -65,7 +65,9 @@ struct WeightView {
 // 64n + 4k.., ql bytes 64n + 32 + 4k.. and qh bytes 32n + 4k.. (n = 0, 1; k = 0..7).
 // F32 / F16 / BF16 per group of 16 rows, per element k: the 16 rows' elements k (one vector
 // of 16 outputs at one k, what the float tiles multiply by a broadcast activation); any n_in;
-// the n_out % 16 rows after the last whole group stay as stored, where they were.
+// the n_out % 16 rows after the last whole group stay as stored, where they were. BF16 with an
+// even n_in per pair of elements (2p, 2p + 1) instead: 16 dwords, dword i = row i's elements 2p
+// | 2p + 1 << 16 (the operand of vdpbf16ps; the FMA tiles split a dword by a shift and a mask).
 // Whether this process would use them: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or a float type with the AVX2 or
 // AVX-512 kernels selected, Q6_K with the AVX2 ones, Q2_K / Q3_K with the AVX-512 ones; n_out % 16 == 0
 // (float types: n_out >= 16); TERN_REPACK not "0".
@@ -141,6 +143,12 @@ const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);
 // The variant matmul() uses (best supported unless TERN_FORCE_ISA says otherwise).
 Isa selected_isa();
+// Whether variant `isa` multiplies weights of `type` (rows of n_in) by activations rounded to
+// bf16, with AVX512-BF16's vdpbf16ps (products exact in f32, as llama.cpp's BF16 path): BF16
+// weights, even n_in, the AVX-512 variant on a CPU with AVX512-BF16, TERN_BF16_DOT not "0".
+// Those results differ from the f32-activation ones by that rounding (<= 2^-9 relative per
+// activation); every other float path is the exact FMA chain above.
+bool isa_bf16_dot(Isa isa, DType type, int64_t n_in);
 // Runs one specific variant; throws tern::Error when the CPU cannot run it.
 void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens,
                 float* y, int64_t ldy, ThreadPool& pool);

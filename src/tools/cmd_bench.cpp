@@ -55,9 +55,11 @@ double flops_per_prompt_token(const GgufFile& f, const HParams& hp, int64_t n_pr
   return 2 * weights + 4.0 * avg_ctx * double(hp.n_layer * hp.n_head * hp.head_dim);
 }
 
-// Which compute peak bounds a type's prefill: the float types' GEMMs are FP32 FMAs, the
-// quantized types' integer dot products of 8-bit activations.
-const char* compute_peak_for(const std::string& type) {
+// Which compute peak bounds a type's prefill: the float types' GEMMs are FP32 FMAs (BF16's
+// the BF16 dot where the kernels use it: kernels/matmul.h isa_bf16_dot), the quantized types'
+// integer dot products of 8-bit activations.
+const char* compute_peak_for(const std::string& type, int64_t n_embd) {
+  if (type == "bf16" && isa_bf16_dot(selected_isa(), DType::BF16, n_embd)) return "bf16_dot";
   return type == "f32" || type == "f16" || type == "bf16" ? "fp32_fma" : "int8_dot";
 }
 
@@ -181,7 +183,7 @@ int cmd_bench(int argc, char** argv) {
   const double pp_flops_per_token = n_prompt > 0 ? flops_per_prompt_token(s.file(), s.hparams(), n_prompt) : 0.0;
   const ComputePeak* pp_peak = nullptr;
   for (const ComputePeak& c : peaks)
-    if (c.name == compute_peak_for(type) && c.gops > 0) pp_peak = &c;
+    if (c.name == compute_peak_for(type, s.hparams().n_embd) && c.gops > 0) pp_peak = &c;
   const double pp_gflops = pp_med * pp_flops_per_token / 1e9;
   const double pp_compute_pct = pp_peak ? 100.0 * pp_gflops / pp_peak->gops : 0.0;
   if (json) {
@@ -247,7 +249,7 @@ int cmd_bench(int argc, char** argv) {
                   pp_peak->name.c_str());
     else if (n_prompt > 0)
       std::printf("\npp%lld: no %s peak on this CPU to compare with\n", static_cast<long long>(n_prompt),
-                  compute_peak_for(type));
+                  compute_peak_for(type, s.hparams().n_embd));
   }
   return 0;
 }

@@ -314,7 +314,31 @@ ActLayout act_rows_layout(DType weight_type, int64_t n_in, int64_t n_tokens) {
   return l;
 }
 
+ActLayout bf16_pairs_layout(int64_t n_in, int64_t n_tokens) {
+  ActLayout l{};
+  l.kind = ActKind::BF16Pairs;
+  l.token_granule = 1;
+  l.stride = round_up(n_in * 2, 64) + 64;
+  l.bytes = l.stride * n_tokens;
+  return l;
+}
+
 void quantize_row_ref(const ActLayout& lay, const float* x, int64_t n_in, uint8_t* row) {
+  if (lay.kind == ActKind::BF16Pairs) {  // bf16 elements in order: dword p = x[2p] | x[2p+1] << 16
+    for (int64_t i = 0; i < n_in; ++i) {
+      // vcvtne2ps2bf16: round to nearest even, denormal inputs as zeros (DAZ), quiet NaNs.
+      float v = x[i];
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      if ((u & 0x7f800000u) == 0) {
+        u &= 0x80000000u;
+        std::memcpy(&v, &u, 4);
+      }
+      const uint16_t h = f32_to_bf16(v);
+      std::memcpy(row + 2 * i, &h, 2);
+    }
+    return;
+  }
   auto* qs = reinterpret_cast<int8_t*>(row);
   auto* d = reinterpret_cast<float*>(row + lay.off_d);
   if (lay.kind == ActKind::Q8_0Rows)

@@ -8,7 +8,8 @@
 //    token-lane GEMM below, 16 tokens per zmm; the K-quants' tokens of a last partial group
 //    too small to pay for its padding go to the classic tiles;
 //  - float weights: tiles_float.h (one FMA chain per output, vectors across outputs: 12-token
-//    x 32-row panel tiles for prefill, groups read directly for decode).
+//    x 32-row panel tiles for prefill, groups read directly for decode; BF16 on CPUs with
+//    AVX512-BF16 by vdpbf16ps on bf16-rounded activations, in the same tiles).
 #include "kernels/x86/x86_common.h"
 #include "kernels/x86/tiles_float.h"
 
@@ -1263,6 +1264,7 @@ void gemm_q32_rows(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1)
 // Full groups go to lanes; a last partial group too when it has enough tokens, else its tokens
 // form a Rows tail for the classic tiles.
 ActLayout avx512_act_layout(DType type, int64_t n_in, int64_t n_tokens) {
+  if (type == DType::BF16 && n_in % 2 == 0 && bf16_dot_enabled()) return bf16_pairs_layout(n_in, n_tokens);
   ActLayout l = act_rows_layout(type, n_in, n_tokens);
   if (l.kind == ActKind::None) return l;
   // Token-lane kernels exist for Q4_0 / Q8_0 / Q5_0 / Q3_K / Q4_K / Q6_K; the other formats run
@@ -1287,7 +1289,9 @@ ActLayout avx512_act_layout(DType type, int64_t n_in, int64_t n_tokens) {
 
 void avx512_quantize(const ActLayout& lay, DType, const float* x, int64_t ldx, int64_t n_in,
                      int64_t, int64_t t0, int64_t t1, uint8_t* act) {
-  if (lay.kind == ActKind::Q8_0Lanes || lay.kind == ActKind::Q8_KLanes)
+  if (lay.kind == ActKind::BF16Pairs)
+    quantize_bf16_pairs(lay, x, ldx, n_in, t0, t1, act);
+  else if (lay.kind == ActKind::Q8_0Lanes || lay.kind == ActKind::Q8_KLanes)
     quantize_lanes(lay, x, ldx, n_in, t0, t1, act);
   else
     quantize_rows(lay, x, ldx, n_in, t0, t1, act);

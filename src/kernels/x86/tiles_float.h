@@ -45,6 +45,14 @@ struct Avx2Vec {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  // kLanes dwords of bf16 pairs: the low halves (element 2p) / the high ones (2p + 1) as f32.
+  static V pair_lo(const uint8_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 16));
+  }
+  static V pair_hi(const uint8_t* p) {
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                                                _mm256_set1_epi32(int(0xFFFF0000u))));
+  }
   // Lanes [lo, hi) of y (the others untouched, never read or written).
   static __m256i mask(int lo, int hi) {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -74,6 +82,10 @@ struct Avx512Vec {
   static V from_bf16(const uint8_t* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static V pair_lo(const uint8_t* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16)); }
+  static V pair_hi(const uint8_t* p) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(int(0xFFFF0000u))));
   }
   using Mask = __mmask16;
   static Mask mask(int lo, int hi) {
@@ -147,8 +159,18 @@ void pack_panel(const GemmArgs& a, int64_t p, int64_t k0, int64_t kc, float* pan
   for (int s = 0; s < NR / kGroupRows; ++s) {
     const int64_t q = p + s * kGroupRows;  // the slot's first row
     if (q % kGroupRows == 0 && q / kGroupRows < whole_groups) {
-      // group q / 16: per k its 16 elements, contiguous
+      // group q / 16: per k its 16 elements, contiguous (BF16, even n_in: per pair of k, whose
+      // byte offsets are the same; k0 and kc are then even)
       const uint8_t* g = a.w + q * a.row_bytes + k0 * kGroupRows * eb;
+      if (T == DType::BF16 && a.n_in % 2 == 0) {
+        for (int64_t k = 0; k < kc; k += 2)
+          for (int v = 0; v < kGroupRows / P::kLanes; ++v) {
+            const uint8_t* pv = g + (k * kGroupRows + 2 * v * P::kLanes) * eb;
+            P::store(panel + k * NR + s * kGroupRows + v * P::kLanes, P::pair_lo(pv));
+            P::store(panel + (k + 1) * NR + s * kGroupRows + v * P::kLanes, P::pair_hi(pv));
+          }
+        continue;
+      }
       for (int64_t k = 0; k < kc; ++k)
         for (int v = 0; v < kGroupRows / P::kLanes; ++v)
           P::store(panel + k * NR + s * kGroupRows + v * P::kLanes, load_w<P, T>(g + (k * kGroupRows + v * P::kLanes) * eb));
@@ -255,18 +277,43 @@ void direct_tile(const GemmArgs& a, int64_t g, int64_t t, int64_t r0, int64_t r1
   const uint8_t* w = a.w + g * kGroupRows * a.row_bytes;
   const int64_t gstride = kGroupRows * a.row_bytes;
   const float* x = a.x + t * a.ldx;
-  for (int64_t k = 0; k < a.n_in; ++k) {
-    typename P::V wv[G * VG];
-    for (int gg = 0; gg < G; ++gg) {
-      const uint8_t* piece = w + gg * gstride + k * step;
-      // One line ahead of each group's stream every 64 bytes: G streams in flight.
-      if ((k * step) % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(piece) + 1024, _MM_HINT_T0);
-      for (int v = 0; v < VG; ++v) wv[gg * VG + v] = load_w<P, T>(piece + v * P::kLanes * eb);
+  if (T == DType::BF16 && a.n_in % 2 == 0) {  // pairs of k: each dword split by a shift and a mask
+    for (int64_t k = 0; k < a.n_in; k += 2) {
+      for (int gg = 0; gg < G; ++gg) {
+        const uint8_t* piece = w + gg * gstride + k * step;
+        _mm_prefetch(reinterpret_cast<const char*>(piece) + 1024, _MM_HINT_T0);
+        for (int v = 0; v < VG; ++v) {
+          const uint8_t* pv = piece + 2 * v * P::kLanes * eb;
+          const typename P::V lo = P::pair_lo(pv), hi = P::pair_hi(pv);
+          for (int tt = 0; tt < TN; ++tt) {
+            typename P::V& ac = acc[tt][gg * VG + v];
+            ac = P::fma(lo, P::bcast(x + tt * a.ldx + k), ac);
+            ac = P::fma(hi, P::bcast(x + tt * a.ldx + k + 1), ac);
+          }
+        }
+      }
     }
-    for (int tt = 0; tt < TN; ++tt) {
-      const typename P::V xv = P::bcast(x + tt * a.ldx + k);
-      for (int j = 0; j < G * VG; ++j) acc[tt][j] = P::fma(wv[j], xv, acc[tt][j]);
+  } else
+  {
+    // The k steps of one 64-byte line of each group (F16 / BF16 2, F32 1) per iteration, with one
+    // prefetch a line ahead of each group's stream (G streams in flight); the rest after.
+    constexpr int64_t kPerLine = 64 / step > 0 ? 64 / step : 1;
+    const auto one_k = [&](int64_t k) {
+      typename P::V wv[G * VG];
+      for (int gg = 0; gg < G; ++gg)
+        for (int v = 0; v < VG; ++v) wv[gg * VG + v] = load_w<P, T>(w + gg * gstride + k * step + v * P::kLanes * eb);
+      for (int tt = 0; tt < TN; ++tt) {
+        const typename P::V xv = P::bcast(x + tt * a.ldx + k);
+        for (int j = 0; j < G * VG; ++j) acc[tt][j] = P::fma(wv[j], xv, acc[tt][j]);
+      }
+    };
+    int64_t k = 0;
+    for (; k + kPerLine <= a.n_in; k += kPerLine) {
+      for (int gg = 0; gg < G; ++gg)
+        _mm_prefetch(reinterpret_cast<const char*>(w + gg * gstride + k * step) + 1024, _MM_HINT_T0);
+      for (int64_t u = 0; u < kPerLine; ++u) one_k(k + u);
     }
+    for (; k < a.n_in; ++k) one_k(k);
   }
   for (int gg = 0; gg < G; ++gg)
     for (int v = 0; v < VG; ++v) {
@@ -302,6 +349,196 @@ void direct_tokens(const GemmArgs& a, int64_t g0, int64_t g1, int64_t t, int64_t
   for (int64_t g = g0; g < g1; g += G) direct_tile_n<P, T, TN>(g1 - g < G ? int(g1 - g) : G, a, g, t, r0, r1);
 }
 
+// --- BF16 weights by the BF16 dot (AVX512-BF16: vdpbf16ps) ------------------------------
+//
+// With activations rounded to bf16 (ActKind::BF16Pairs, converted once per matmul by the
+// table's quantize), one vdpbf16ps multiplies 16 rows' pairs of weights (the pair-interleaved
+// groups, matmul.h) by one token's broadcast pair and adds both exact products into the 16
+// rows' f32 sums: 32 multiply-adds per instruction, twice the FMA tiles' rate. Every tile
+// (decode groups, prefill panels, rows as stored packed into pairs) runs the same instruction
+// on the same pairs in the same order, so a token's bits do not depend on its batch, the thread
+// count or the row range either.
+#ifdef __AVX512BF16__
+
+inline __m512 dot_pairs(__m512 acc, __m512i w, __m512i x) {
+  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(w), reinterpret_cast<__m512bh&>(x));
+}
+inline __m512i bcast_pair(const uint8_t* p) {
+  int32_t d;
+  std::memcpy(&d, p, 4);
+  return _mm512_set1_epi32(d);
+}
+
+// Tokens [t, t + TN) x groups [g, g + G), the whole row.
+template <int TN, int G>
+void dot_direct_tile(const GemmArgs& a, int64_t g, int64_t t, int64_t r0, int64_t r1) {
+  __m512 acc[TN][G];
+  for (auto& at : acc)
+    for (auto& v : at) v = _mm512_setzero_ps();
+  const uint8_t* w = a.w + g * kGroupRows * a.row_bytes;
+  const int64_t gstride = kGroupRows * a.row_bytes, xs = a.act_layout.stride;
+  const uint8_t* x = a.act + t * xs;
+  const int64_t n_pairs = a.n_in / 2;
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    __m512i wv[G];
+    for (int gg = 0; gg < G; ++gg) {
+      const uint8_t* piece = w + gg * gstride + p * 64;
+      _mm_prefetch(reinterpret_cast<const char*>(piece) + 1024, _MM_HINT_T0);
+      wv[gg] = _mm512_loadu_si512(piece);
+    }
+    for (int tt = 0; tt < TN; ++tt) {
+      const __m512i xv = bcast_pair(x + tt * xs + 4 * p);
+      for (int gg = 0; gg < G; ++gg) acc[tt][gg] = dot_pairs(acc[tt][gg], wv[gg], xv);
+    }
+  }
+  for (int gg = 0; gg < G; ++gg) {
+    const int64_t o = (g + gg) * kGroupRows;
+    const int lo = r0 > o ? int(r0 - o) : 0;
+    const int hi = r1 - o < kGroupRows ? int(r1 - o) : kGroupRows;
+    if (hi <= 0 || lo >= kGroupRows) continue;
+    for (int tt = 0; tt < TN; ++tt) {
+      float* yp = a.y + (t + tt) * a.ldy + o;
+      if (lo == 0 && hi == kGroupRows) _mm512_storeu_ps(yp, acc[tt][gg]);
+      else _mm512_mask_storeu_ps(yp, Avx512Vec::mask(lo, hi), acc[tt][gg]);
+    }
+  }
+}
+
+template <int TN, int G = direct_groups<Avx512Vec, TN>()>
+void dot_direct_tile_n(int n_groups, const GemmArgs& a, int64_t g, int64_t t, int64_t r0, int64_t r1) {
+  if (n_groups == G) return dot_direct_tile<TN, G>(a, g, t, r0, r1);
+  if constexpr (G > 1) return dot_direct_tile_n<TN, G - 1>(n_groups, a, g, t, r0, r1);
+}
+
+template <int TN>
+void dot_direct_tokens(const GemmArgs& a, int64_t g0, int64_t g1, int64_t t, int64_t r0, int64_t r1) {
+  constexpr int G = direct_groups<Avx512Vec, TN>();
+  for (int64_t g = g0; g < g1; g += G) dot_direct_tile_n<TN>(g1 - g < G ? int(g1 - g) : G, a, g, t, r0, r1);
+}
+
+// M tokens x 32 rows over n_pairs pairs: the two 16-row slots' pairs at b[0] / b[1], bs bytes
+// from one pair to the next; the tokens' pairs at x, xs bytes apart.
+template <int M>
+void dot_panel_tile(const uint8_t* const b[2], int64_t bs, int64_t n_pairs, const uint8_t* x, int64_t xs, float* y,
+                    int64_t ldy, bool load_c, const TileMask<Avx512Vec>& tm) {
+  __m512 acc[M][2];
+  for (int i = 0; i < M; ++i)
+    for (int v = 0; v < 2; ++v) {
+      if (!load_c) acc[i][v] = _mm512_setzero_ps();
+      else if (tm.full) acc[i][v] = _mm512_loadu_ps(y + i * ldy + 16 * v);
+      else acc[i][v] = _mm512_maskz_loadu_ps(tm.m[v], y + i * ldy + 16 * v);
+    }
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    const __m512i b0 = _mm512_loadu_si512(b[0] + p * bs), b1 = _mm512_loadu_si512(b[1] + p * bs);
+    for (int i = 0; i < M; ++i) {
+      const __m512i xv = bcast_pair(x + i * xs + 4 * p);
+      acc[i][0] = dot_pairs(acc[i][0], b0, xv);
+      acc[i][1] = dot_pairs(acc[i][1], b1, xv);
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int v = 0; v < 2; ++v) {
+      if (tm.full) _mm512_storeu_ps(y + i * ldy + 16 * v, acc[i][v]);
+      else _mm512_mask_storeu_ps(y + i * ldy + 16 * v, tm.m[v], acc[i][v]);
+    }
+}
+
+template <int M = Avx512Vec::kMr>
+void dot_panel_tile_n(int m, const uint8_t* const b[2], int64_t bs, int64_t n_pairs, const uint8_t* x, int64_t xs,
+                      float* y, int64_t ldy, bool load_c, const TileMask<Avx512Vec>& tm) {
+  if (m == M) return dot_panel_tile<M>(b, bs, n_pairs, x, xs, y, ldy, load_c, tm);
+  if constexpr (M > 1) return dot_panel_tile_n<M - 1>(m, b, bs, n_pairs, x, xs, y, ldy, load_c, tm);
+}
+
+// Rows [r0, r1) from 32-row panels starting at p0, all tokens. A slot that is a whole
+// interleaved group is read where it is; other rows (as stored) are packed into pairs in the
+// scratch (32 dwords per pair; rows past n_out zero).
+void dot_panels(const GemmArgs& a, int64_t p0, int64_t r0, int64_t r1, uint8_t* scratch) {
+  constexpr int NR = 32;
+  const int64_t whole_groups = a.interleaved16 ? a.n_out / kGroupRows : 0;
+  const int64_t xs = a.act_layout.stride;
+  for (int64_t tb = 0; tb < a.n_tokens; tb += kTokenBlock) {
+    const int64_t te = tb + kTokenBlock < a.n_tokens ? tb + kTokenBlock : a.n_tokens;
+    for (int64_t k0 = 0; k0 < a.n_in; k0 += kKc) {
+      const int64_t n_pairs = (a.n_in - k0 < kKc ? a.n_in - k0 : kKc) / 2;
+      for (int64_t p = p0; p < r1; p += NR) {
+        const uint8_t* b[2];
+        int64_t bs = 64;
+        bool packed = false;
+        for (int s = 0; s < 2; ++s) {
+          const int64_t q = p + s * kGroupRows;
+          if (q % kGroupRows == 0 && q / kGroupRows < whole_groups) {
+            b[s] = a.w + q * a.row_bytes + k0 * kGroupRows * 2;
+            continue;
+          }
+          packed = true;
+          for (int j = 0; j < kGroupRows; ++j) {
+            const int64_t row = q + j;
+            uint8_t* col = scratch + 4 * (s * kGroupRows + j);
+            for (int64_t pp = 0; pp < n_pairs; ++pp) {
+              if (row < a.n_out) std::memcpy(col + pp * 4 * NR, a.w + row * a.row_bytes + (k0 + 2 * pp) * 2, 4);
+              else std::memset(col + pp * 4 * NR, 0, 4);
+            }
+          }
+          b[s] = scratch + 4 * s * kGroupRows;
+        }
+        if (packed) {  // one stride for both slots: a group slot beside a packed one is copied too
+          for (int s = 0; s < 2; ++s) {
+            if (b[s] == scratch + 4 * s * kGroupRows) continue;
+            for (int64_t pp = 0; pp < n_pairs; ++pp) std::memcpy(scratch + pp * 4 * NR + 4 * s * kGroupRows, b[s] + pp * 64, 64);
+            b[s] = scratch + 4 * s * kGroupRows;
+          }
+          bs = 4 * NR;
+        }
+        const int lo = r0 > p ? int(r0 - p) : 0;
+        const int hi = r1 - p < NR ? int(r1 - p) : NR;
+        const TileMask<Avx512Vec> tm(lo, hi);
+        for (int64_t t = tb; t < te; t += Avx512Vec::kMr) {
+          const int m = te - t < Avx512Vec::kMr ? int(te - t) : Avx512Vec::kMr;
+          dot_panel_tile_n(m, b, bs, n_pairs, a.act + t * xs + k0 * 2, xs, a.y + t * a.ldy + p, a.ldy, k0 > 0, tm);
+        }
+      }
+    }
+  }
+}
+
+void gemm_bf16_dot(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
+  const int64_t grouped = a.interleaved16 ? a.n_out / kGroupRows * kGroupRows : 0;
+  if (a.n_tokens > kDirectTokens || r0 >= grouped)
+    return dot_panels(a, r0 < grouped ? r0 / kGroupRows * kGroupRows : r0, r0, r1, scratch);
+  const int64_t g0 = r0 / kGroupRows;
+  const int64_t g1 = (r1 < grouped ? r1 + kGroupRows - 1 : grouped) / kGroupRows;
+  int64_t t = 0;
+  for (; t + 4 <= a.n_tokens; t += 4) dot_direct_tokens<4>(a, g0, g1, t, r0, r1);
+  switch (a.n_tokens - t) {
+    case 3: dot_direct_tokens<3>(a, g0, g1, t, r0, r1); break;
+    case 2: dot_direct_tokens<2>(a, g0, g1, t, r0, r1); break;
+    case 1: dot_direct_tokens<1>(a, g0, g1, t, r0, r1); break;
+    default: break;
+  }
+  if (r1 > grouped) dot_panels(a, grouped, grouped, r1, scratch);
+}
+
+// Tokens [t0, t1) of x rounded to bf16 pairs (vcvtne2ps2bf16: nearest even, denormals as zero).
+void quantize_bf16_pairs(const ActLayout& lay, const float* x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1,
+                         uint8_t* act) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* xr = x + t * ldx;
+    uint8_t* row = act + t * lay.stride;
+    for (int64_t i = 0; i < n_in; i += 32) {
+      const int64_t n = n_in - i < 32 ? n_in - i : 32;
+      const __mmask16 m0 = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+      const __mmask16 m1 = n >= 32 ? __mmask16(0xFFFF) : n <= 16 ? __mmask16(0) : __mmask16((1u << (n - 16)) - 1);
+      const __m512 lo = _mm512_maskz_loadu_ps(m0, xr + i), hi = _mm512_maskz_loadu_ps(m1, xr + i + 16);
+      const __m512bh h = _mm512_cvtne2ps_pbh(hi, lo);
+      const __mmask32 mb = n >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << n) - 1);
+      _mm512_mask_storeu_epi16(row + 2 * i, mb, reinterpret_cast<const __m512i&>(h));
+    }
+  }
+}
+
+#endif  // __AVX512BF16__
+
 // --- the driver ----------------------------------------------------------------------------
 
 template <class P, DType T>
@@ -330,6 +567,9 @@ void gemm_float_rows(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch
 
 template <class P>
 void gemm_float(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
+#ifdef __AVX512BF16__
+  if (a.act_layout.kind == ActKind::BF16Pairs) return gemm_bf16_dot(a, r0, r1, scratch);
+#endif
   switch (a.type) {
     case DType::F32: return gemm_float_rows<P, DType::F32>(a, r0, r1, scratch);
     case DType::F16: return gemm_float_rows<P, DType::F16>(a, r0, r1, scratch);
