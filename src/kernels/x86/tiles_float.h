@@ -193,8 +193,7 @@ void pack_panel(const GemmArgs& a, int64_t p, int64_t k0, int64_t kc, float* pan
 // stride of kXStride floats: the rows themselves are usually a power of two of bytes apart
 // (2048 floats), so a tile's 12 broadcast streams would all fall into the same few L1 sets.
 constexpr int64_t kXStride = kKc + 16;
-template <class P>
-void pack_acts(const GemmArgs& a, int64_t t0, int64_t t1, int64_t k0, int64_t kc, float* xp) {
+inline void pack_acts(const GemmArgs& a, int64_t t0, int64_t t1, int64_t k0, int64_t kc, float* xp) {
   for (int64_t t = t0; t < t1; ++t) std::memcpy(xp + (t - t0) * kXStride, a.x + t * a.ldx + k0, size_t(kc) * sizeof(float));
 }
 
@@ -248,7 +247,7 @@ void gemm_panels(const GemmArgs& a, int64_t p0, int64_t r0, int64_t r1, int64_t 
     const int64_t te = tb + kTokenBlock < t1 ? tb + kTokenBlock : t1;
     for (int64_t k0 = 0; k0 < a.n_in; k0 += kKc) {
       const int64_t kc = a.n_in - k0 < kKc ? a.n_in - k0 : kKc;
-      pack_acts<P>(a, tb, te, k0, kc, xp);
+      pack_acts(a, tb, te, k0, kc, xp);
       for (int64_t p = p0; p < r1; p += NR) {
         pack_panel<P, T>(a, p, k0, kc, panel);
         const int lo = r0 > p ? int(r0 - p) : 0;
@@ -293,8 +292,7 @@ void direct_tile(const GemmArgs& a, int64_t g, int64_t t, int64_t r0, int64_t r1
         }
       }
     }
-  } else
-  {
+  } else {
     // The k steps of one 64-byte line of each group (F16 / BF16 2, F32 1) per iteration, with one
     // prefetch a line ahead of each group's stream (G streams in flight); the rest after.
     constexpr int64_t kPerLine = 64 / step > 0 ? 64 / step : 1;
