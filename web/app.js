@@ -159,7 +159,7 @@ async function send(text) {
           tLast = now;
           nChunks++;
           answer += piece;
-          textEl.textContent = answer;
+          window.ternMarkdown.renderInto(textEl, answer);
           div.scrollIntoView({ block: "end" });
         }
         if (c.finish_reason) m.finish = c.finish_reason;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -34,6 +35,32 @@ int64_t kv_bytes_per_token(const GgufFile& file, KvType type) {
   return KvStore::bytes_per_token(read_hparams(file), type);
 }
 
+const char* pooling_name(Pooling p) {
+  switch (p) {
+    case Pooling::Model: return "model";
+    case Pooling::None: return "none";
+    case Pooling::Mean: return "mean";
+    case Pooling::Cls: return "cls";
+    case Pooling::Last: return "last";
+  }
+  return "?";
+}
+
+Pooling pooling_from_name(const std::string& name) {
+  for (Pooling p : {Pooling::Model, Pooling::None, Pooling::Mean, Pooling::Cls, Pooling::Last})
+    if (name == pooling_name(p)) return p;
+  fail("unknown pooling '", name, "' (expected mean, last, cls, none or model)");
+}
+
+Pooling model_pooling(const HParams& hp) {
+  // llama.cpp's enum llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank.
+  switch (hp.pooling_type) {
+    case 2: return Pooling::Cls;
+    case 3: return Pooling::Last;
+    default: return Pooling::Mean;
+  }
+}
+
 namespace {
 
 double ms_between(int64_t t0_ns, int64_t t1_ns) { return double(t1_ns - t0_ns) / 1e6; }
@@ -57,9 +84,12 @@ struct Engine::Impl {
     double ttft_ms = 0;
     std::vector<double> tbt_ms;
     bool finished = false;
+    std::unique_ptr<TokenConstraint> constraint;  // this completion's grammar state, when constrained
 
-    Completion(Request* r, int i, const SamplingParams& sp, int32_t n_vocab, const Tokenizer& tok)
-        : req(r), index(i), sampler(sp, n_vocab), decoder(tok) {}
+    Completion(Request* r, int i, const SamplingParams& sp, int32_t n_vocab, const Tokenizer& tok,
+               const TokenConstraint* prototype)
+        : req(r), index(i), sampler(sp, n_vocab), decoder(tok),
+          constraint(prototype ? prototype->clone() : nullptr) {}
   };
 
   struct Request {
@@ -74,6 +104,13 @@ struct Engine::Impl {
     int n_unfinished = 0;         // of the n completions
     FinishReason last_reason = FinishReason::None;
     std::vector<std::unique_ptr<Completion>> completions;  // [1] before the fork, [n] after
+    // Embedding requests (params.embedding.enabled): the pooling state over the prompt
+    // positions [0, n_pooled) computed so far (a chunked prefill adds its chunks in order; a
+    // recompute after preemption skips the positions already pooled).
+    Pooling pooling = Pooling::Mean;  // resolved (never Model)
+    int64_t n_pooled = 0;
+    std::vector<double> emb_sum;      // [n_embd] Mean: the sum of the rows
+    std::vector<float> emb_rows;      // Cls / Last: [n_embd] the row; None: [n_prompt, n_embd]
   };
 
   struct Pending {
@@ -121,6 +158,9 @@ struct Engine::Impl {
   std::vector<int32_t> slot_buf;      // slots of every scheduled seq, back to back
   std::vector<size_t> slot_off;       // [n_seqs + 1] offsets into slot_buf
   std::vector<float> logits;          // [n_seqs, n_vocab] one row per scheduled seq
+  std::vector<float> masked_row;      // [n_vocab] a row with a completion's constraint applied
+  std::vector<float> hidden;          // [tokens of the step's embedding seqs, n_embd]
+  std::vector<int64_t> hidden_off;    // [n_seqs] row of each seq's first token in `hidden`, or -1
   std::vector<SeqId> failed_seqs;
   RequestOutput out;                  // what callbacks receive
 
@@ -132,7 +172,10 @@ struct Engine::Impl {
   void apply_abort(uint64_t id);
   bool run_step();
   void on_sampled(SeqId seq, const float* row);
+  int32_t draw(Completion& c, const float* row);
   void emit(Completion& c, int32_t id, const float* row);
+  void pool_hidden(Completion& c, int64_t n_past, int64_t n_tokens, const float* rows);
+  void finish_embedding(Completion& c);
   void finish(Completion& c, FinishReason reason, const std::string& error = {});
   void finish_request(Request& r, FinishReason reason, const std::string& error = {});
   void deliver(Request& r);
@@ -203,7 +246,13 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
 
 void Engine::Impl::validate(const RequestParams& p) const {
   if (p.prompt_ids.empty()) fail("the prompt has no tokens");
-  if (int64_t(p.prompt_ids.size()) + 1 > n_ctx)
+  if (p.embedding.enabled) {
+    // Nothing is generated: the prompt may fill the context.
+    if (int64_t(p.prompt_ids.size()) > n_ctx)
+      fail("the input has ", p.prompt_ids.size(), " tokens but the context holds ", n_ctx);
+    if (p.n != 1) fail("an embedding request has n = 1, got ", p.n);
+    if (p.constraint) fail("an embedding request samples nothing: it takes no constraint");
+  } else if (int64_t(p.prompt_ids.size()) + 1 > n_ctx)
     fail("the prompt has ", p.prompt_ids.size(), " tokens but the context holds ", n_ctx,
          " (prompt + at least one generated token)");
   for (size_t i = 0; i < p.prompt_ids.size(); ++i)
@@ -245,11 +294,17 @@ void Engine::Impl::admit(Pending& p) {
   if (r->params.max_tokens > 0) r->max_new = std::min(r->max_new, r->params.max_tokens);
   r->n_unfinished = r->params.n;
   const SeqId seq = next_seq++;
-  auto c = std::make_unique<Completion>(r.get(), 0, r->params.sampling, int32_t(n_vocab), *tok);
+  auto c = std::make_unique<Completion>(r.get(), 0, r->params.sampling, int32_t(n_vocab), *tok,
+                                        r->params.constraint.get());
   c->seq = seq;
   by_seq[seq] = c.get();
   r->completions.push_back(std::move(c));
-  sched->add(seq, r->params.prompt_ids, r->params.priority);
+  if (r->params.embedding.enabled)
+    r->pooling = r->params.embedding.pooling == Pooling::Model ? model_pooling(model->hparams())
+                                                              : r->params.embedding.pooling;
+  // A cached prefix has K/V but no hidden states: an embedding request computes its whole
+  // prompt (its recompute after a preemption too; pool_hidden() skips what it already pooled).
+  sched->add(seq, r->params.prompt_ids, r->params.priority, /*prefix_lookup=*/!r->params.embedding.enabled);
   requests[r->id] = std::move(r);
 }
 
@@ -296,11 +351,21 @@ bool Engine::Impl::run_step() {
     }
   }
   slot_off.push_back(slot_buf.size());
+  const int64_t n_embd = model->hparams().n_embd;
+  hidden_off.clear();
+  int64_t n_hidden = 0;  // rows of `hidden` the step's embedding seqs take
+  for (const ScheduledSeq& e : plan.seqs) {
+    const bool emb = by_seq.at(e.id)->req->params.embedding.enabled;
+    hidden_off.push_back(emb ? n_hidden : -1);
+    if (emb) n_hidden += e.n_tokens;
+  }
+  if (hidden.size() < size_t(n_hidden * n_embd)) hidden.resize(size_t(n_hidden * n_embd));
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& e = plan.seqs[i];
     SeqBatch sb;
     sb.n_past = e.n_past;
     sb.tokens = sched->tokens(e.id).subspan(size_t(e.n_past), size_t(e.n_tokens));
+    if (hidden_off[i] >= 0) sb.hidden = hidden.data() + hidden_off[i] * n_embd;
     sb.slots = std::span<const int32_t>(slot_buf.data() + slot_off[i], slot_off[i + 1] - slot_off[i]);
     sb.all_logits = false;
     batch.push_back(sb);
@@ -328,8 +393,15 @@ bool Engine::Impl::run_step() {
   // (Requests may finish while we walk the plan; the plan itself stays valid.)
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& e = plan.seqs[i];
-    if (!e.sample) continue;
     if (!by_seq.count(e.id)) continue;
+    if (hidden_off[i] >= 0) {
+      // An embedding request: its chunk's hidden states are pooled; at its prompt's end it is done.
+      Completion& c = *by_seq.at(e.id);
+      pool_hidden(c, e.n_past, e.n_tokens, hidden.data() + hidden_off[i] * n_embd);
+      if (e.sample && by_seq.count(e.id)) finish_embedding(c);
+      continue;
+    }
+    if (!e.sample) continue;
     on_sampled(e.id, logits.data() + i * size_t(n_vocab));
   }
   update_snapshot();
@@ -345,7 +417,7 @@ void Engine::Impl::on_sampled(SeqId seq, const float* row) {
       for (int i = 1; i < r.params.n; ++i) {
         SamplingParams sp = r.params.sampling;
         sp.seed += uint64_t(i);  // distinct draws per completion, reproducible from the seed
-        auto child = std::make_unique<Completion>(&r, i, sp, int32_t(n_vocab), *tok);
+        auto child = std::make_unique<Completion>(&r, i, sp, int32_t(n_vocab), *tok, r.params.constraint.get());
         child->seq = next_seq++;
         sched->fork(seq, child->seq);
         by_seq[child->seq] = child.get();
@@ -360,15 +432,100 @@ void Engine::Impl::on_sampled(SeqId seq, const float* row) {
       const uint64_t rid = r.id;
       for (int i = 0; i < n; ++i) {
         if (!requests.count(rid)) break;
-        if (!cs[i]->finished) emit(*cs[i], cs[i]->sampler.sample(row, sched->tokens(cs[i]->seq)), row);
+        if (!cs[i]->finished) emit(*cs[i], draw(*cs[i], row), row);
       }
       return;
     }
     r.forked = true;
-    emit(*c, c->sampler.sample(row, sched->tokens(seq)), row);
+    emit(*c, draw(*c, row), row);
   } catch (const std::exception& ex) {
     if (requests.count(r.id)) finish_request(r, FinishReason::Error, ex.what());
   }
+}
+
+// Adds the hidden states of prompt positions [n_past, n_past + n_tokens) (rows: [n_tokens,
+// n_embd]) to an embedding request's pooling state. Positions already pooled (a recompute after
+// preemption that restarts before n_pooled) are skipped, so each position counts once, in order.
+void Engine::Impl::pool_hidden(Completion& c, int64_t n_past, int64_t n_tokens, const float* rows) {
+  Request& r = *c.req;
+  const int64_t E = model->hparams().n_embd, n_prompt = int64_t(r.params.prompt_ids.size());
+  if (n_past > r.n_pooled) {
+    // Positions [n_pooled, n_past) were never seen: only a cached prefix could skip them, and
+    // embedding requests never match one (admit()).
+    finish_request(r, FinishReason::Error,
+                   str_cat("embedding: prompt positions ", r.n_pooled, "..", n_past - 1, " have no hidden states"));
+    return;
+  }
+  if (r.n_pooled == 0) {
+    if (r.pooling == Pooling::Mean) r.emb_sum.assign(size_t(E), 0.0);
+    r.emb_rows.assign(size_t(r.pooling == Pooling::None ? n_prompt * E : E), 0.0f);
+  }
+  for (int64_t p = r.n_pooled; p < n_past + n_tokens; ++p) {
+    const float* row = rows + (p - n_past) * E;
+    switch (r.pooling) {
+      case Pooling::Mean:
+        for (int64_t k = 0; k < E; ++k) r.emb_sum[size_t(k)] += double(row[k]);
+        break;
+      case Pooling::Cls:
+        if (p == 0) std::copy_n(row, E, r.emb_rows.data());
+        break;
+      case Pooling::Last:
+        if (p == n_prompt - 1) std::copy_n(row, E, r.emb_rows.data());
+        break;
+      case Pooling::None:
+        std::copy_n(row, E, r.emb_rows.data() + p * E);
+        break;
+      case Pooling::Model:
+        TERN_ASSERT(false);
+    }
+  }
+  r.n_pooled = std::max(r.n_pooled, n_past + n_tokens);
+}
+
+// The prompt of an embedding request is computed: its vector goes out in the final output.
+void Engine::Impl::finish_embedding(Completion& c) {
+  Request& r = *c.req;
+  const int64_t E = model->hparams().n_embd, n_prompt = int64_t(r.params.prompt_ids.size());
+  if (r.n_pooled != n_prompt) {
+    finish_request(r, FinishReason::Error, str_cat("embedding: ", r.n_pooled, " of ", n_prompt, " positions pooled"));
+    return;
+  }
+  std::vector<float>& v = out.embedding;
+  if (r.pooling == Pooling::Mean) {
+    v.resize(size_t(E));
+    for (int64_t k = 0; k < E; ++k) v[size_t(k)] = float(r.emb_sum[size_t(k)] / double(n_prompt));
+  } else {
+    v = std::move(r.emb_rows);
+  }
+  if (r.params.embedding.normalize) {
+    // L2 per row (one row unless Pooling::None), in double; a zero row stays zero.
+    for (size_t r0 = 0; r0 < v.size(); r0 += size_t(E)) {
+      double ss = 0;
+      for (int64_t k = 0; k < E; ++k) ss += double(v[r0 + size_t(k)]) * double(v[r0 + size_t(k)]);
+      if (ss > 0) {
+        const double inv = 1.0 / std::sqrt(ss);
+        for (int64_t k = 0; k < E; ++k) v[r0 + size_t(k)] = float(double(v[r0 + size_t(k)]) * inv);
+      }
+    }
+  }
+  r.emb_sum = {};
+  r.emb_rows = {};
+  c.ttft_ms = ms_between(r.arrival_ns, now_ns());
+  out.tokens.clear();
+  out.text.clear();
+  finish(c, FinishReason::Stop);
+}
+
+// Samples completion c's next token from its logits row; a constrained completion samples from a
+// copy of the row with the disallowed tokens at -inf (the row itself is shared by the n
+// completions of a prompt and reported unmasked in logprobs) and advances its constraint.
+int32_t Engine::Impl::draw(Completion& c, const float* row) {
+  if (!c.constraint) return c.sampler.sample(row, sched->tokens(c.seq));
+  masked_row.assign(row, row + n_vocab);
+  c.constraint->apply(masked_row.data(), int32_t(n_vocab));
+  const int32_t id = c.sampler.sample(masked_row.data(), sched->tokens(c.seq));
+  c.constraint->accept(id);
+  return id;
 }
 
 // One new token of completion c: stream it, decide whether it ends the completion.
@@ -403,6 +560,9 @@ void Engine::Impl::emit(Completion& c, int32_t id, const float* row) {
       reason = FinishReason::Stop;
     }
   }
+  // A constrained completion whose match can no longer be extended ends here (its only allowed
+  // next token would be end-of-generation).
+  if (reason == FinishReason::None && c.constraint && c.constraint->is_dead()) reason = FinishReason::Stop;
   if (reason == FinishReason::None && c.n_generated >= r.max_new) reason = FinishReason::Length;
   if (reason == FinishReason::None) {
     const size_t safe = c.text.size() - stop_holdback(c.text, p.stop);
@@ -464,6 +624,7 @@ void Engine::Impl::finish(Completion& c, FinishReason reason, const std::string&
   out.tokens.clear();
   out.text.clear();
   out.metrics = RequestMetrics{};
+  std::vector<float>().swap(out.embedding);  // a Pooling::None output may be large
   retire_if_done(r);
 }
 
@@ -473,7 +634,7 @@ void Engine::Impl::finish_request(Request& r, FinishReason reason, const std::st
   if (!r.forked && r.params.n > 1) {
     // The other completions never started: they end with the first, on their own index.
     for (int i = 1; i < r.params.n; ++i) {
-      auto c = std::make_unique<Completion>(&r, i, r.params.sampling, int32_t(n_vocab), *tok);
+      auto c = std::make_unique<Completion>(&r, i, r.params.sampling, int32_t(n_vocab), *tok, nullptr);
       r.completions.push_back(std::move(c));
     }
     r.forked = true;
@@ -594,5 +755,7 @@ EngineMetrics Engine::metrics() const {
 const EngineConfig& Engine::config() const { return impl_->cfg; }
 int64_t Engine::n_ctx() const { return impl_->n_ctx; }
 const Tokenizer& Engine::tokenizer() const { return *impl_->tok; }
+int64_t Engine::n_embd() const { return impl_->model->hparams().n_embd; }
+Pooling Engine::default_pooling() const { return model_pooling(impl_->model->hparams()); }
 
 }  // namespace tern

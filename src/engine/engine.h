@@ -19,6 +19,7 @@
 
 #include "gguf/gguf.h"
 #include "models/model.h"
+#include "sampling/constraint.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -44,6 +45,33 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "
 // --kv-memory buys in tokens. Throws tern::Error on a file without llama-style hyper-parameters.
 int64_t kv_bytes_per_token(const GgufFile& model_file, KvType type);
 
+// How an embedding request pools its prompt's hidden states (llama.cpp's pooling types).
+//   Model: the file's `<arch>.pooling_type` (1 mean, 2 cls, 3 last), else Mean (any other value,
+//          or none: a decoder model is no sentence-embedding model by declaration);
+//   Mean:  the average over every prompt token;
+//   Cls:   the first token's (for a decoder with BOS, the BOS state: the same for every prompt);
+//   Last:  the last token's (what a causal model has seen the whole prompt at);
+//   None:  no pooling: every token's hidden state, [n_prompt, n_embd] (tern embed --hidden-states).
+enum class Pooling { Model, None, Mean, Cls, Last };
+const char* pooling_name(Pooling p);  // "model", "none", "mean", "cls", "last"
+// Throws tern::Error naming the accepted values for anything else.
+Pooling pooling_from_name(const std::string& name);
+// The pooling a file declares (`<arch>.pooling_type`), Mean when it declares none of mean,
+// cls or last. Never Pooling::Model.
+Pooling model_pooling(const HParams& hp);
+
+// An embedding request: the prompt is prefilled like any other (batched with the other
+// requests' steps, in chunks of the step's token budget), nothing is sampled, and the request's
+// one (final) output carries the pooled hidden states in RequestOutput::embedding with
+// FinishReason::Stop. The hidden states are the last layer's after the output norm (what
+// llama.cpp returns for a decoder model). Embedding requests never reuse cached prefix blocks
+// (a cached block has K/V but no hidden states).
+struct EmbeddingParams {
+  bool enabled = false;
+  Pooling pooling = Pooling::Model;
+  bool normalize = true;  // L2-normalised (each row, with Pooling::None)
+};
+
 struct RequestParams {
   std::vector<int32_t> prompt_ids;   // already tokenized (BOS included if wanted); not empty
   int64_t max_tokens = 16;           // tokens to generate; clipped to the context
@@ -54,6 +82,12 @@ struct RequestParams {
   int priority = 0;                  // lower runs first among waiting requests; FCFS within a priority
   int n = 1;                         // completions of this prompt (OpenAI `n`): the prompt is
                                      // computed once and its KV blocks shared copy-on-write
+  // Constrained decoding (a grammar, a JSON schema, a forced tool call): the state at the start
+  // of the output; each completion samples with its own clone(). Null: unconstrained.
+  std::shared_ptr<const TokenConstraint> constraint;
+  // enabled: an embedding request (max_tokens, sampling, stop, n_logprobs are not used; n must
+  // be 1, no constraint; the prompt may fill the whole context).
+  EmbeddingParams embedding;
 };
 
 struct GeneratedToken {
@@ -83,6 +117,9 @@ struct RequestOutput {
   FinishReason finish_reason = FinishReason::None;
   std::string error;                   // with FinishReason::Error
   RequestMetrics metrics;              // filled when finished
+  // An embedding request's final output (FinishReason::Stop): [n_embd], or [n_prompt, n_embd]
+  // row-major with Pooling::None. Empty otherwise.
+  std::vector<float> embedding;
 };
 using OutputCallback = std::function<void(const RequestOutput&)>;
 
@@ -121,6 +158,8 @@ class Engine {
   const EngineConfig& config() const;
   int64_t n_ctx() const;
   const Tokenizer& tokenizer() const;
+  int64_t n_embd() const;             // length of an embedding request's vector
+  Pooling default_pooling() const;    // what Pooling::Model means for this model (model_pooling)
 
  private:
   struct Impl;

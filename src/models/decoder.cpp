@@ -5,7 +5,8 @@
 //                    (GQA, sliding window, soft-capping) -> output (+ post-norm) -> residual
 //   FFN block:       RMSNorm -> SwiGLU / GeGLU dense FFN, or routed experts (+ shared expert)
 //                    -> (+ post-norm) -> residual
-// then the output norm, the output projection (tied or not) and final soft-capping.
+// then the output norm, the output projection (tied or not) and final soft-capping. A sequence
+// may also ask for its tokens' hidden states after the output norm (SeqBatch::hidden).
 //
 // Execution paths: the pooled path (one pool region per operation, work-claiming chunks) runs
 // every architecture; on a single-thread pool it is the serial path. Small dense models without
@@ -170,6 +171,8 @@ class DecoderModel final : public Model {
   bool has_swa_rope() const { return hp_.rope_freq_base_swa > 0.0f && hp_.rope_freq_base_swa != hp_.rope_freq_base; }
   RopeParams rope_params(bool swa) const;
 
+  // forward() less the hidden states: the chosen path's layers and logits.
+  void forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool);
   void forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
   void attention_block(int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
   void ffn_block(int64_t il, int64_t T, ThreadPool& pool);
@@ -336,6 +339,20 @@ RopeParams DecoderModel::rope_params(bool swa) const {
 }
 
 void DecoderModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
+  forward_logits(seqs, kv, logits, pool);
+  // Every path leaves the last layer's residual stream in x_ ([T, n_embd]): the hidden states
+  // asked for are its rows through the output norm (the same rms_norm_row as the logits' rows,
+  // so logits = hidden x output^T on every path).
+  const int64_t E = hp_.n_embd;
+  int64_t t = 0;
+  for (const auto& s : seqs) {
+    const int64_t n = int64_t(s.tokens.size());
+    if (s.hidden && n > 0) rms_norm(x_.data() + t * E, output_norm_, s.hidden, n, E, hp_.rms_eps, serial_);
+    t += n;
+  }
+}
+
+void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
   const int64_t E = hp_.n_embd, V = hp_.n_vocab;
   int64_t T = 0;
   for (const auto& s : seqs) {

@@ -64,6 +64,7 @@ HParams read_hparams(const GgufFile& f) {
   hp.n_ctx_train = int64_t(f.get_uint(a + "context_length", 2048));
   hp.rope_freq_base = float(f.get_float(a + "rope.freq_base", 10000.0));
   hp.rms_eps = float(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  if (f.has(a + "pooling_type")) hp.pooling_type = int64_t(f.get_uint(a + "pooling_type"));
   if (!f.has(a + "attention.key_length") && hp.head_count(0) > 0 && hp.n_embd % hp.head_count(0) != 0)
     fail(p, ": ", a, "attention.head_count ", hp.head_count(0), " does not divide embedding_length ", hp.n_embd);
   for (int64_t il = 0; il < hp.n_layer; ++il) {

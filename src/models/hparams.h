@@ -51,6 +51,10 @@ struct HParams {
   float final_softcap = 0.0f;       // final_logit_softcapping (0: none)
   float attn_scale = 0.0f;          // query scale; 0: 1 / sqrt(head_dim)
   float embd_scale = 0.0f;          // token embeddings multiplied by this (Gemma: sqrt(n_embd)); 0: none
+  // `<arch>.pooling_type` as the file gives it (llama.cpp's numbering: 0 none, 1 mean, 2 cls,
+  // 3 last, 4 rank), -1 when absent: how an embedding model pools its hidden states
+  // (engine/engine.h, EmbeddingParams).
+  int64_t pooling_type = -1;
 
   // Mixture of experts (0 experts: a dense FFN).
   int64_t n_expert = 0, n_expert_used = 0;

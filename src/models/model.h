@@ -70,6 +70,11 @@ struct SeqBatch {
   std::span<const int32_t> tokens;    // new tokens, at positions n_past .. n_past+n-1
   std::span<const int32_t> slots;     // KV slot of every position 0 .. n_past+n-1
   bool all_logits = false;            // logits for every new token (perplexity) or the last only
+  // When set: receives the final hidden state of every new token, [n_tokens, n_embd] f32: the
+  // residual stream after the output norm, before the output projection (what llama.cpp's
+  // embeddings of a decoder model are; logits = softcap(hidden x output^T)). Besides the
+  // logits, which are computed as usual; written on every forward path, the same bits on each.
+  float* hidden = nullptr;
 };
 
 // Rows of logits a step produces: sum over seqs of (all_logits ? n_tokens : 1).
@@ -87,8 +92,9 @@ class Model {
   const std::vector<std::span<const uint8_t>>& decode_weight_memory() const { return decode_weight_memory_; }
 
   // Runs one step. logits: [n_logit_rows(seqs), n_vocab], rows in the order of `seqs`.
-  // Writes the new tokens' K/V into `kv` at their slots. max_tokens of the scratch bounds
-  // the total new tokens of a step (see reserve()).
+  // Writes the new tokens' K/V into `kv` at their slots, and the hidden states of the
+  // sequences that ask for them (SeqBatch::hidden). max_tokens of the scratch bounds the total
+  // new tokens of a step (see reserve()).
   virtual void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits,
                        ThreadPool& pool) = 0;
   // Sizes the activation scratch for steps of up to n_tokens new tokens (allocates once).

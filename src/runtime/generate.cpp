@@ -1,5 +1,7 @@
 #include "runtime/generate.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/stats.h"
 
@@ -20,6 +22,8 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
   Sampler sampler(opts.sampling, int32_t(V));
   StreamDecoder decoder(tok);
   std::vector<int32_t> history = prompt_ids;
+  std::unique_ptr<TokenConstraint> constraint = opts.constraint ? opts.constraint->clone() : nullptr;
+  std::vector<float> masked(constraint ? size_t(V) : 0);  // [n_vocab] the logits row, constrained
   std::string full;     // all generated text so far (before stop trimming)
   size_t emitted = 0;   // bytes of `full` already given to on_text
 
@@ -36,7 +40,19 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
       r.finish_reason = "interrupted";
       break;
     }
-    const int32_t id = sampler.sample(logits, history);
+    int32_t id;
+    if (constraint) {
+      const int64_t tc = now_ns();
+      std::copy(logits, logits + V, masked.begin());
+      constraint->apply(masked.data(), int32_t(V));
+      r.metrics.constraint_ms += double(now_ns() - tc) / 1e6;
+      id = sampler.sample(masked.data(), history);
+      const int64_t ta = now_ns();
+      constraint->accept(id);
+      r.metrics.constraint_ms += double(now_ns() - ta) / 1e6;
+    } else {
+      id = sampler.sample(logits, history);
+    }
     const int64_t t_tok = now_ns();
     if (n == 0) {
       r.metrics.ttft_ms = double(t_tok - t0) / 1e6;
@@ -46,7 +62,7 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     t_last = t_tok;
     r.ids.push_back(id);
     history.push_back(id);
-    if (!opts.ignore_eos && tok.is_eog(id)) {
+    if ((!opts.ignore_eos || constraint) && tok.is_eog(id)) {
       r.finish_reason = "stop";
       break;
     }
@@ -63,6 +79,14 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     if (on_text && safe > emitted) {
       on_text(full.substr(emitted, safe - emitted));
       emitted = safe;
+    }
+    if (constraint && constraint->is_dead()) {
+      // The grammar is complete and nothing may follow: flush the held text and stop.
+      full += decoder.flush();
+      if (on_text && full.size() > emitted) on_text(full.substr(emitted));
+      emitted = full.size();
+      r.finish_reason = "stop";
+      break;
     }
     if (n + 1 == limit) break;
     if (session.n_past() + 1 > session.n_ctx()) break;  // context full: finish as "length"

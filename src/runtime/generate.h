@@ -3,10 +3,12 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/session.h"
+#include "sampling/constraint.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,6 +22,11 @@ struct GenerateOptions {
   // When set and true, generation stops before the next token with finish_reason
   // "interrupted" (tern run's Ctrl-C: a signal handler sets it).
   const std::atomic<bool>* interrupt = nullptr;
+  // When set, every token is sampled from the logits this constraint allows (a grammar or a
+  // JSON schema, grammar/grammar_constraint.h). generate() advances its own clone(), so the
+  // prototype is never modified and may serve several runs. Generation ends with "stop" on an
+  // end-of-generation token or once the constraint is_dead() (nothing may follow).
+  std::shared_ptr<const TokenConstraint> constraint;
 };
 
 struct GenerateMetrics {
@@ -31,6 +38,7 @@ struct GenerateMetrics {
   double prefill_ms = 0;
   double prefill_tok_s = 0;
   double decode_tok_s = 0;          // (n_generated - 1) / sum(tbt)
+  double constraint_ms = 0;         // time in the constraint's apply() + accept(), all tokens
 };
 
 struct GenerateResult {

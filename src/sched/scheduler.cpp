@@ -39,13 +39,14 @@ void Scheduler::erase_from(std::vector<Seq*>& v, Seq* s) {
   v.erase(it);
 }
 
-void Scheduler::add(SeqId id, std::span<const int32_t> prompt, int priority) {
+void Scheduler::add(SeqId id, std::span<const int32_t> prompt, int priority, bool prefix_lookup) {
   TERN_ASSERT(!prompt.empty());
   TERN_ASSERT_MSG(!seqs_.count(id), "sequence id already in use");
   TERN_ASSERT(!planned_);
   Seq& s = seqs_[id];
   s.id = id;
   s.priority = priority;
+  s.prefix_lookup = prefix_lookup;
   s.order = next_order_++;
   s.tokens.assign(prompt.begin(), prompt.end());
   insert_sorted(waiting_, &s);
@@ -162,7 +163,7 @@ const StepPlan& Scheduler::schedule() {
   while (plan_.preempted.empty() && !waiting_.empty() && budget_ > 0 &&
          int64_t(running_.size()) < cfg_.max_running) {
     Seq& s = *waiting_.front();
-    if (s.table.blocks.empty()) kv_.match_prefix(s.table, s.tokens);
+    if (s.table.blocks.empty() && s.prefix_lookup) kv_.match_prefix(s.table, s.tokens);
     const int64_t remaining = int64_t(s.tokens.size()) - s.table.n_computed;
     TERN_ASSERT(remaining > 0);
     const int64_t reserve_for_running = running_.empty() ? 0 : cfg_.watermark_blocks;

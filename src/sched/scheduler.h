@@ -56,7 +56,10 @@ class Scheduler {
   Scheduler(const SchedulerConfig& cfg, KvCacheManager& kv);
 
   // A new waiting sequence with its prompt (not empty). priority: lower runs first.
-  void add(SeqId id, std::span<const int32_t> prompt, int priority = 0);
+  // prefix_lookup false: the sequence never starts from cached blocks (it computes its whole
+  // prompt, e.g. an embedding request, which needs every position's hidden state); its own full
+  // blocks are still published for others.
+  void add(SeqId id, std::span<const int32_t> prompt, int priority = 0, bool prefix_lookup = true);
   // child starts running right away with the tokens and (shared) blocks of parent, which must
   // be running with nothing left to compute: the n completions of one prompt.
   void fork(SeqId parent, SeqId child);
@@ -96,6 +99,7 @@ class Scheduler {
     bool running = false;
     int32_t plan_index = -1;       // entry in plan_ this step, or -1
     int64_t n_preempted = 0;
+    bool prefix_lookup = true;     // may start from cached prefix blocks (add())
     std::vector<int32_t> tokens;   // prompt + generated
     BlockTable table;
   };

@@ -159,14 +159,60 @@ Pieces render_mistral(const std::vector<ChatMessage>& msgs, const std::string& e
   return out;
 }
 
-// The variables HF's apply_chat_template gives a template, for these messages; every string
-// that comes from the request is marked (content, never special tokens).
-jinja::Object jinja_vars(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
+// A tool as HF's templates get it: {"type": "function", "function": {name, description, parameters}}.
+nlohmann::ordered_json tool_json(const ToolDef& d) {
+  nlohmann::ordered_json fn = nlohmann::ordered_json::object();
+  fn["name"] = d.name;
+  if (!d.description.empty()) fn["description"] = d.description;
+  fn["parameters"] = d.parameters;
+  return {{"type", "function"}, {"function", std::move(fn)}};
+}
+
+// JSON text as Python's json.dumps writes it (", " and ": "), the way templates' tojson shows
+// arguments; text that is not JSON is returned as it is.
+std::string python_json_text(const std::string& text) {
+  const auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return text;
+  return jinja::to_json(jinja::from_json(j), -1);
+}
+
+// A JSON document as a template value, every string marked (it came from the request).
+jinja::Value request_value(const nlohmann::ordered_json& j) { return jinja::from_json(j, /*mark=*/true); }
+
+jinja::Value marked(const std::string& s) { return jinja::Value(jinja::Text(s, true)); }
+
+// The variables HF's apply_chat_template gives a template, for these messages and tools; every
+// string that comes from the request is marked (content, never special tokens). Messages carry
+// what OpenAI's do, in HF's shape: content a string ("" when null), tool_calls [{id, type,
+// function: {name, arguments}}] with the arguments as an object (as HF's templates expect and llama.cpp passes them), and
+// tool_call_id and name for role "tool". Tools: [{type: "function", function: {name,
+// description, parameters}}], or none.
+jinja::Object jinja_vars(const ChatTemplate& t, const std::vector<ChatMessage>& messages,
+                         const std::vector<ToolDef>& tools) {
   jinja::Array msgs;
   for (const ChatMessage& m : messages) {
     jinja::Object o;
-    o.set("role", jinja::Value(jinja::Text(m.role, true)));
-    o.set("content", jinja::Value(jinja::Text(m.content, true)));
+    o.set("role", marked(m.role));
+    // A null content beside tool_calls is "" to the template, as llama.cpp passes it: Qwen's
+    // templates test `'</think>' in message.content`, which fails on none.
+    o.set("content", marked(m.content));
+    if (!m.tool_calls.empty()) {
+      jinja::Array calls;
+      for (const ToolCall& c : m.tool_calls) {
+        jinja::Object fn;
+        fn.set("name", marked(c.name));
+        const auto args = nlohmann::ordered_json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+        fn.set("arguments", args.is_discarded() ? marked(c.arguments) : request_value(args));
+        jinja::Object call;
+        call.set("id", marked(c.id));
+        call.set("type", marked("function"));
+        call.set("function", jinja::Value::object(std::move(fn)));
+        calls.push_back(jinja::Value::object(std::move(call)));
+      }
+      o.set("tool_calls", jinja::Value::array(std::move(calls)));
+    }
+    if (m.role == "tool") o.set("tool_call_id", marked(m.tool_call_id));
+    if (!m.name.empty()) o.set("name", marked(m.name));
     msgs.push_back(jinja::Value::object(std::move(o)));
   }
   jinja::Object vars;
@@ -174,14 +220,20 @@ jinja::Object jinja_vars(const ChatTemplate& t, const std::vector<ChatMessage>& 
   vars.set("add_generation_prompt", jinja::Value(true));
   vars.set("bos_token", jinja::Value(t.bos_text));
   vars.set("eos_token", jinja::Value(t.eos_text));
-  vars.set("tools", jinja::Value::none());  // the server takes no tools (only "tools": [])
+  if (tools.empty()) {
+    vars.set("tools", jinja::Value::none());
+  } else {
+    jinja::Array list;
+    for (const ToolDef& d : tools) list.push_back(request_value(tool_json(d)));
+    vars.set("tools", jinja::Value::array(std::move(list)));
+  }
   return vars;
 }
 
-Pieces render_jinja(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
+Pieces render_jinja(const ChatTemplate& t, const std::vector<ChatMessage>& messages, const std::vector<ToolDef>& tools) {
   jinja::Text out;
   try {
-    out = t.jinja->render(jinja_vars(t, messages));
+    out = t.jinja->render(jinja_vars(t, messages, tools));
   } catch (const jinja::TemplateError& e) {
     if (e.raised()) bad_request("messages", "the model's chat template refuses this conversation: ", e.message());
     throw ApiError(500, "server_error", "", "", str_cat("the model's chat template failed to render: ", e.what()));
@@ -201,9 +253,58 @@ Pieces render_jinja(const ChatTemplate& t, const std::vector<ChatMessage>& messa
   return pieces;
 }
 
-Pieces render(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
+// The generic scheme (ChatTemplate::jinja_tools false): tools described in the system message,
+// calls and results written into plain messages, in hermes' syntax (generic_tools_prompt).
+std::vector<ChatMessage> generic_tool_messages(const std::vector<ChatMessage>& in, const std::vector<ToolDef>& tools) {
+  std::vector<ChatMessage> out;
+  if (!tools.empty()) {
+    const std::string block = generic_tools_prompt(tools);
+    if (!in.empty() && in[0].role == "system") out.push_back({"system", in[0].content + "\n\n" + block});
+    else out.push_back({"system", block});
+  }
+  for (size_t i = (!tools.empty() && !in.empty() && in[0].role == "system") ? 1 : 0; i < in.size(); ++i) {
+    const ChatMessage& m = in[i];
+    if (m.role == "tool") {
+      std::string block = "<tool_response>\n" + m.content + "\n</tool_response>";
+      if (i > 0 && in[i - 1].role == "tool") out.back().content += "\n" + block;
+      else out.push_back({"user", std::move(block)});
+      continue;
+    }
+    if (m.tool_calls.empty()) {
+      // A user message right after tool results joins their turn: families that need the
+      // roles to alternate see one user turn.
+      if (m.role == "user" && i > 0 && in[i - 1].role == "tool") out.back().content += "\n\n" + m.content;
+      else out.push_back({m.role, m.content});
+      continue;
+    }
+    std::string content = m.content;
+    for (const ToolCall& c : m.tool_calls) {
+      if (!content.empty()) content += "\n";
+      content += "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + python_json_text(c.arguments) +
+                 "}\n</tool_call>";
+    }
+    out.push_back({m.role, std::move(content)});
+  }
+  return out;
+}
+
+bool uses_tools(const std::vector<ChatMessage>& messages, const std::vector<ToolDef>& tools) {
+  return !tools.empty() || std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) {
+           return m.role == "tool" || !m.tool_calls.empty();
+         });
+}
+
+Pieces render_plain(const ChatTemplate& t, const std::vector<ChatMessage>& messages);
+
+Pieces render(const ChatTemplate& t, const std::vector<ChatMessage>& messages, const std::vector<ToolDef>& tools) {
   if (messages.empty()) bad_request("messages", "'messages' must contain at least one message.");
-  if (t.jinja) return render_jinja(t, messages);
+  if (t.jinja && t.jinja_tools) return render_jinja(t, messages, tools);
+  if (uses_tools(messages, tools)) return render_plain(t, generic_tool_messages(messages, tools));
+  return render_plain(t, messages);
+}
+
+Pieces render_plain(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
+  if (t.jinja) return render_jinja(t, messages, {});
   switch (t.family) {
     case ChatFamily::ChatML: break;
     case ChatFamily::Llama2: return render_llama2(messages, t.bos_text, t.eos_text);
@@ -302,15 +403,15 @@ std::optional<ChatFamily> detect_chat_template(std::string_view t) {
 
 std::string ChatTemplate::name() const { return jinja ? "jinja" : chat_family_name(family); }
 
-std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages) const {
+std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, const std::vector<ToolDef>& tools) const {
   std::string out;
-  for (const Piece& p : render(*this, messages)) out += p.text;
+  for (const Piece& p : render(*this, messages, tools)) out += p.text;
   return out;
 }
 
 std::vector<int32_t> ChatTemplate::encode(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
-                                          bool add_bos) const {
-  const Pieces pieces = render(*this, messages);
+                                          bool add_bos, const std::vector<ToolDef>& tools) const {
+  const Pieces pieces = render(*this, messages, tools);
   const std::vector<int32_t> specials = special_tokens(tok);
   std::vector<int32_t> out;
   if (add_bos) {
@@ -370,6 +471,21 @@ std::shared_ptr<const jinja::Template> try_jinja(const ChatTemplate& base, const
   }
 }
 
+// Whether the Jinja shows tools: rendered with a probe tool, its name must appear.
+bool jinja_renders_tools(const ChatTemplate& t) {
+  ChatTemplate probe = t;
+  probe.jinja_tools = true;
+  ToolDef tool;
+  tool.name = "tern_probe_tool_q7x";
+  tool.description = "probe";
+  tool.parameters = {{"type", "object"}, {"properties", nlohmann::ordered_json::object()}};
+  try {
+    return probe.apply({{"user", "Hello"}}, {tool}).find(tool.name) != std::string::npos;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 ChatTemplate select_chat_template(const std::string& override_spec, const std::string& gguf_template,
@@ -377,7 +493,7 @@ ChatTemplate select_chat_template(const std::string& override_spec, const std::s
   ChatTemplate t;
   t.bos_text = bos_text;
   t.eos_text = eos_text;
-  std::string why;
+  std::string why, jinja_text;
   if (!override_spec.empty()) {
     if (auto f = chat_family_from_name(override_spec)) {
       t.family = *f;
@@ -391,7 +507,8 @@ ChatTemplate select_chat_template(const std::string& override_spec, const std::s
       ss << in.rdbuf();
       if (!in && !in.eof()) fail("--chat-template ", override_spec, ": cannot read the file");
       std::string error;
-      t.jinja = try_jinja(t, ss.str(), error);
+      jinja_text = ss.str();
+      t.jinja = try_jinja(t, jinja_text, error);
       if (!t.jinja) fail("--chat-template ", override_spec, ": ", error);
       t.family = detect_chat_template(ss.str()).value_or(ChatFamily::ChatML);
       why = "Jinja from " + override_spec;
@@ -401,6 +518,7 @@ ChatTemplate select_chat_template(const std::string& override_spec, const std::s
     why = "the model has no tokenizer.chat_template: default";
   } else {
     std::string error;
+    jinja_text = gguf_template;
     t.jinja = try_jinja(t, gguf_template, error);
     if (t.jinja) {
       t.family = detect_chat_template(gguf_template).value_or(ChatFamily::ChatML);
@@ -413,7 +531,11 @@ ChatTemplate select_chat_template(const std::string& override_spec, const std::s
       why = "the model's tokenizer.chat_template cannot be used (" + error + ") and matches no known family: default";
     }
   }
-  if (note) *note = "chat template: " + t.name() + " (" + why + ")";
+  if (t.jinja) t.jinja_tools = jinja_renders_tools(t);
+  t.tool_format = t.jinja_tools ? detect_tool_format(jinja_text) : ToolFormat::Generic;
+  if (note)
+    *note = str_cat("chat template: ", t.name(), " (", why, "); tool calls: ", tool_format_name(t.tool_format),
+                    t.jinja_tools ? "" : " (tools described in the system message)");
   return t;
 }
 

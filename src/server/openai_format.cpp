@@ -1,5 +1,6 @@
 #include "server/openai_format.h"
 
+#include <algorithm>
 #include <random>
 
 namespace tern::server {
@@ -25,6 +26,38 @@ json usage_json(const Usage& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
+json timings_json(const RequestMetrics& m) {
+  const int64_t prompt_n = m.n_prompt - m.n_cached_prompt;
+  // Prefill: from the first step that scheduled the request to its first token.
+  const double prompt_ms = std::max(0.0, m.ttft_ms - m.queue_ms);
+  double predicted_ms = 0;
+  for (double t : m.tbt_ms) predicted_ms += t;
+  const int64_t predicted_n = m.n_generated;
+  auto per_token = [](double ms, int64_t n) { return n > 0 ? ms / double(n) : 0.0; };
+  auto per_second = [](double ms, int64_t n) { return ms > 0 ? 1e3 * double(n) / ms : 0.0; };
+  // The first generated token comes out of the prefill step; the decode rate is over the
+  // gaps that follow it (n - 1 tokens), as tern bench and llama.cpp's tg count it.
+  const int64_t decoded = std::max<int64_t>(predicted_n - 1, 0);
+  return {{"cache_n", m.n_cached_prompt},
+          {"prompt_n", prompt_n},
+          {"prompt_ms", prompt_ms},
+          {"prompt_per_token_ms", per_token(prompt_ms, prompt_n)},
+          {"prompt_per_second", per_second(prompt_ms, prompt_n)},
+          {"predicted_n", predicted_n},
+          {"predicted_ms", predicted_ms},
+          {"predicted_per_token_ms", per_token(predicted_ms, decoded)},
+          {"predicted_per_second", per_second(predicted_ms, decoded)}};
+}
+
+std::string system_fingerprint_of(const std::string& configuration) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across runs and machines
+  for (unsigned char c : configuration) h = (h ^ c) * 1099511628211ull;
+  static const char* hex = "0123456789abcdef";
+  std::string fp = "fp_";
+  for (int i = 15; i >= 0; --i) fp += hex[(h >> (4 * i)) & 15];
+  return fp;
+}
+
 namespace {
 
 json bytes_of(const std::string& s) {
@@ -35,7 +68,9 @@ json bytes_of(const std::string& s) {
 
 json base(const ResponseMeta& m, bool chunk) {
   const char* object = m.kind == ApiKind::Chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
-  return {{"id", m.id}, {"object", object}, {"created", m.created}, {"model", m.model}};
+  json j = {{"id", m.id}, {"object", object}, {"created", m.created}, {"model", m.model}};
+  if (!m.system_fingerprint.empty()) j["system_fingerprint"] = m.system_fingerprint;
+  return j;
 }
 
 }  // namespace
@@ -74,7 +109,17 @@ json completion_response(const ResponseMeta& meta, const std::vector<ChoiceResul
   json arr = json::array();
   for (const auto& c : choices) {
     json lp = with_logprobs ? logprobs_json(meta.kind, c.tokens, tok) : json(nullptr);
-    if (meta.kind == ApiKind::Chat) {
+    if (meta.kind == ApiKind::Chat && !c.tool_calls.empty()) {
+      json calls = json::array();
+      for (const auto& call : c.tool_calls) calls.push_back(tool_call_json(call));
+      // OpenAI's shape: content null unless the model also wrote text beside its calls.
+      arr.push_back({{"index", c.index},
+                     {"message",
+                      {{"role", "assistant"}, {"content", c.text.empty() ? json(nullptr) : json(c.text)},
+                       {"refusal", nullptr}, {"tool_calls", calls}}},
+                     {"logprobs", lp},
+                     {"finish_reason", "tool_calls"}});
+    } else if (meta.kind == ApiKind::Chat) {
       arr.push_back({{"index", c.index},
                      {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},
                      {"logprobs", lp},
@@ -86,6 +131,15 @@ json completion_response(const ResponseMeta& meta, const std::vector<ChoiceResul
   }
   j["choices"] = arr;
   j["usage"] = usage_json(usage);
+  if (meta.timings && !choices.empty()) {
+    // One object per response, as llama.cpp's: the prompt's figures once, every choice's tokens.
+    RequestMetrics m = choices[0].metrics;
+    for (size_t i = 1; i < choices.size(); ++i) {
+      m.n_generated += choices[i].metrics.n_generated;
+      m.tbt_ms.insert(m.tbt_ms.end(), choices[i].metrics.tbt_ms.begin(), choices[i].metrics.tbt_ms.end());
+    }
+    j["timings"] = timings_json(m);
+  }
   return j;
 }
 
@@ -107,16 +161,47 @@ json text_chunk(const ResponseMeta& meta, int index, const std::string& text, co
   return j;
 }
 
-json finish_chunk(const ResponseMeta& meta, int index, FinishReason reason, bool include_usage) {
+json finish_chunk(const ResponseMeta& meta, int index, FinishReason reason, bool include_usage,
+                  const RequestMetrics* metrics, bool tool_calls) {
   json j = base(meta, true);
   if (meta.kind == ApiKind::Chat)
     j["choices"] = json::array({{{"index", index}, {"delta", json::object()}, {"logprobs", nullptr},
-                                 {"finish_reason", openai_finish_reason(reason)}}});
+                                 {"finish_reason", tool_calls ? "tool_calls" : openai_finish_reason(reason)}}});
   else
     j["choices"] = json::array({{{"index", index}, {"text", ""}, {"logprobs", nullptr},
                                  {"finish_reason", openai_finish_reason(reason)}}});
   if (include_usage) j["usage"] = nullptr;
+  if (meta.timings && metrics) j["timings"] = timings_json(*metrics);
   return j;
+}
+
+json tool_call_json(const ToolCall& call) {
+  return {{"id", call.id}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+}
+
+namespace {
+json tool_delta_chunk(const ResponseMeta& meta, int index, json call_delta, bool include_usage) {
+  json j = base(meta, true);
+  j["choices"] = json::array({{{"index", index},
+                               {"delta", {{"tool_calls", json::array({std::move(call_delta)})}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
+  if (include_usage) j["usage"] = nullptr;
+  return j;
+}
+}  // namespace
+
+json tool_call_start_chunk(const ResponseMeta& meta, int index, int call_index, const std::string& id,
+                           const std::string& name, bool include_usage) {
+  return tool_delta_chunk(
+      meta, index,
+      {{"index", call_index}, {"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", ""}}}},
+      include_usage);
+}
+
+json tool_call_arguments_chunk(const ResponseMeta& meta, int index, int call_index, const std::string& fragment,
+                               bool include_usage) {
+  return tool_delta_chunk(meta, index, {{"index", call_index}, {"function", {{"arguments", fragment}}}}, include_usage);
 }
 
 json usage_chunk(const ResponseMeta& meta, const Usage& usage) {

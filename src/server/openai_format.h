@@ -20,6 +20,10 @@ struct ResponseMeta {
   std::string id;       // "cmpl-..." / "chatcmpl-..."
   int64_t created = 0;  // unix seconds
   std::string model;
+  // OpenAI's system_fingerprint: names the serving configuration (tern's build, the model
+  // file, the K/V type), so a client can tell when the same seed may give another answer.
+  std::string system_fingerprint;
+  bool timings = true;  // llama.cpp's "timings" object on responses and final stream chunks
 };
 
 struct Usage {
@@ -33,6 +37,9 @@ struct ChoiceResult {
   int index = 0;
   std::string text;
   std::vector<GeneratedToken> tokens;  // kept only when logprobs were asked for
+  // Chat with tools: the calls parsed out of the answer (text then holds the content outside
+  // them); non-empty makes the finish reason "tool_calls".
+  std::vector<ToolCall> tool_calls;
   int64_t n_tokens = 0;
   bool finished = false;
   FinishReason finish = FinishReason::None;
@@ -46,6 +53,13 @@ const char* openai_finish_reason(FinishReason r);
 std::string new_response_id(ApiKind kind);
 
 nlohmann::json usage_json(const Usage& u);
+
+// llama.cpp's server "timings" object for one completion: prompt_n (prompt tokens computed,
+// the cached ones excluded), cache_n, prompt_ms, predicted_n, predicted_ms and the
+// per-token / per-second rates of both.
+nlohmann::json timings_json(const RequestMetrics& m);
+// "fp_" + 16 hex digits of a hash of the configuration text.
+std::string system_fingerprint_of(const std::string& configuration);
 
 // Logprobs of `tokens` in the endpoint's shape: completions
 // {tokens, token_logprobs, top_logprobs, text_offset}, chat {content: [{token, logprob, bytes,
@@ -62,7 +76,19 @@ nlohmann::json completion_response(const ResponseMeta& meta, const std::vector<C
 nlohmann::json role_chunk(const ResponseMeta& meta, int index, bool include_usage);  // chat only
 nlohmann::json text_chunk(const ResponseMeta& meta, int index, const std::string& text,
                           const nlohmann::json& logprobs, bool include_usage);
-nlohmann::json finish_chunk(const ResponseMeta& meta, int index, FinishReason reason, bool include_usage);
+// `metrics` (optional) adds the completion's timings when meta.timings is set; `tool_calls`
+// makes the finish reason "tool_calls" (the answer called tools).
+nlohmann::json finish_chunk(const ResponseMeta& meta, int index, FinishReason reason, bool include_usage,
+                            const RequestMetrics* metrics = nullptr, bool tool_calls = false);
+// A streamed tool call, as OpenAI streams them: the call's first delta carries its id, type
+// and function name (arguments ""), later deltas fragments of its arguments (id and name
+// absent); clients join the fragments by `call_index`.
+nlohmann::json tool_call_start_chunk(const ResponseMeta& meta, int index, int call_index, const std::string& id,
+                                     const std::string& name, bool include_usage);
+nlohmann::json tool_call_arguments_chunk(const ResponseMeta& meta, int index, int call_index,
+                                         const std::string& fragment, bool include_usage);
+// {"id", "type": "function", "function": {"name", "arguments"}} of a message's tool_calls.
+nlohmann::json tool_call_json(const ToolCall& call);
 nlohmann::json usage_chunk(const ResponseMeta& meta, const Usage& usage);
 
 // "data: {json}\n\n"; invalid UTF-8 (never produced by the decoder, but cheap to guard)

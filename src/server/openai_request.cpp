@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "server/api_error.h"
 
 namespace tern::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -142,9 +143,229 @@ std::string message_content(const json& v, const std::string& param, const std::
   wrong_type(param, "a string or an array of content parts", v);
 }
 
+std::string index_param(const std::string& base, size_t i) { return base + "[" + std::to_string(i) + "]"; }
+
+// A JSON schema's shape, checked far enough that a schema the grammar engine or a template
+// would choke on is refused here with the path of the offending keyword: the keywords OpenAI's
+// structured outputs use, with the types JSON Schema gives them.
+void check_schema(const json& s, const std::string& param, int depth = 0) {
+  if (depth > 48) bad_request(param, "'", param, "' nests too deeply.");
+  if (s.is_boolean()) return;
+  if (!s.is_object()) bad_request(param, "Invalid schema for '", param, "': a schema must be an object (or a boolean), got ",
+                                  s.type_name(), ".");
+  static const std::set<std::string> types = {"string", "number", "integer", "boolean", "object", "array", "null"};
+  const auto check_type_name = [&](const json& t, const std::string& p) {
+    if (!t.is_string() || !types.count(t.get<std::string>()))
+      bad_request(p, "Invalid schema for '", p, "': ", t.dump(), " is not a JSON schema type (string, number, integer,"
+                  " boolean, object, array, null).");
+  };
+  for (const auto& [key, v] : s.items()) {
+    const std::string p = param + "." + key;
+    if (key == "type") {
+      if (v.is_array()) {
+        if (v.empty()) bad_request(p, "Invalid schema for '", p, "': an empty list of types.");
+        for (size_t i = 0; i < v.size(); ++i) check_type_name(v[i], index_param(p, i));
+      } else {
+        check_type_name(v, p);
+      }
+    } else if (key == "properties" || key == "$defs" || key == "definitions" || key == "patternProperties") {
+      if (!v.is_object()) bad_request(p, "Invalid schema for '", p, "': expected an object, got ", v.type_name(), ".");
+      for (const auto& [name, sub] : v.items()) check_schema(sub, p + "." + name, depth + 1);
+    } else if (key == "items" || key == "additionalProperties" || key == "not" || key == "contains" ||
+               key == "additionalItems" || key == "propertyNames") {
+      if (key == "items" && v.is_array()) {
+        for (size_t i = 0; i < v.size(); ++i) check_schema(v[i], index_param(p, i), depth + 1);
+      } else {
+        check_schema(v, p, depth + 1);
+      }
+    } else if (key == "anyOf" || key == "oneOf" || key == "allOf" || key == "prefixItems") {
+      if (!v.is_array() || v.empty())
+        bad_request(p, "Invalid schema for '", p, "': expected a non-empty array of schemas.");
+      for (size_t i = 0; i < v.size(); ++i) check_schema(v[i], index_param(p, i), depth + 1);
+    } else if (key == "required") {
+      if (!v.is_array()) bad_request(p, "Invalid schema for '", p, "': expected an array of property names.");
+      for (size_t i = 0; i < v.size(); ++i)
+        if (!v[i].is_string()) bad_request(index_param(p, i), "Invalid schema for '", index_param(p, i), "': expected a string.");
+    } else if (key == "enum") {
+      if (!v.is_array()) bad_request(p, "Invalid schema for '", p, "': expected an array.");
+    } else if (key == "$ref" || key == "pattern" || key == "format") {
+      if (!v.is_string()) bad_request(p, "Invalid schema for '", p, "': expected a string.");
+    } else if (key == "minLength" || key == "maxLength" || key == "minItems" || key == "maxItems" ||
+               key == "minProperties" || key == "maxProperties") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0)
+        bad_request(p, "Invalid schema for '", p, "': expected a non-negative integer.");
+    } else if (key == "minimum" || key == "maximum" || key == "exclusiveMinimum" || key == "exclusiveMaximum" ||
+               key == "multipleOf") {
+      if (!v.is_number()) bad_request(p, "Invalid schema for '", p, "': expected a number.");
+    }
+  }
+}
+
+// Brackets outside strings nest at most max_depth deep (JSON text inside a string escapes the
+// body's pre-scan, and the templates walk the arguments recursively).
+bool depth_within(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+// "arguments" of a call in the history: JSON text of an object (an object is taken as well).
+std::string call_arguments(const json& v, const std::string& param, int max_depth) {
+  if (v.is_object()) return v.dump();
+  const std::string& text = get_string(v, param);
+  if (!depth_within(text, max_depth)) bad_request(param, "'", param, "' nests deeper than ", max_depth, " levels.");
+  const json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.is_object())
+    bad_request(param, "'", param, "' must be the JSON text of an object (the function's arguments).");
+  return text;
+}
+
+std::vector<ToolCall> parse_history_tool_calls(const json& v, const std::string& param, const ParseLimits& limits) {
+  if (!v.is_array()) wrong_type(param, "an array", v);
+  if (v.size() > limits.max_tool_calls)
+    bad_request(param, "at most ", limits.max_tool_calls, " tool calls in one message, got ", v.size(), ".");
+  std::vector<ToolCall> calls;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = index_param(param, i);
+    const json& c = v[i];
+    if (!c.is_object()) wrong_type(p, "an object", c);
+    ToolCall call;
+    if (const json* id = field(c, "id")) call.id = get_string(*id, p + ".id");
+    else bad_request(p + ".id", "Missing required parameter: '", p, ".id'.");
+    if (const json* t = field(c, "type"); t && get_string(*t, p + ".type") != "function")
+      bad_request(p + ".type", "Invalid value for '", p, ".type': only 'function' is supported.");
+    const json* f = field(c, "function");
+    if (!f) bad_request(p + ".function", "Missing required parameter: '", p, ".function'.");
+    if (!f->is_object()) wrong_type(p + ".function", "an object", *f);
+    const json* name = field(*f, "name");
+    if (!name) bad_request(p + ".function.name", "Missing required parameter: '", p, ".function.name'.");
+    call.name = get_string(*name, p + ".function.name");
+    const json* args = field(*f, "arguments");
+    if (!args) bad_request(p + ".function.arguments", "Missing required parameter: '", p, ".function.arguments'.");
+    call.arguments = call_arguments(*args, p + ".function.arguments", limits.max_json_depth);
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
+std::vector<ToolDef> parse_tools(const json& v, const ParseLimits& limits) {
+  if (!v.is_array()) wrong_type("tools", "an array", v);
+  if (v.size() > limits.max_tools) bad_request("tools", "at most ", limits.max_tools, " tools, got ", v.size(), ".");
+  std::vector<ToolDef> tools;
+  std::set<std::string> names;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = index_param("tools", i);
+    const json& t = v[i];
+    if (!t.is_object()) wrong_type(p, "an object", t);
+    if (const json* type = field(t, "type"); type && get_string(*type, p + ".type") != "function")
+      bad_request(p + ".type", "Invalid value for '", p, ".type': only 'function' tools are supported.");
+    const json* f = field(t, "function");
+    if (!f) bad_request(p + ".function", "Missing required parameter: '", p, ".function'.");
+    if (!f->is_object()) wrong_type(p + ".function", "an object", *f);
+    ToolDef d;
+    const json* name = field(*f, "name");
+    if (!name) bad_request(p + ".function.name", "Missing required parameter: '", p, ".function.name'.");
+    d.name = get_string(*name, p + ".function.name");
+    if (!valid_tool_name(d.name))
+      bad_request(p + ".function.name", "Invalid '", p, ".function.name': '", d.name,
+                  "' does not match ^[a-zA-Z0-9_-]{1,64}$.");
+    if (!names.insert(d.name).second)
+      bad_request(p + ".function.name", "Duplicate tool name '", d.name, "' ('", p, ".function.name').");
+    if (const json* desc = field(*f, "description")) d.description = get_string(*desc, p + ".function.description");
+    if (const json* params = field(*f, "parameters")) {
+      if (!params->is_object()) wrong_type(p + ".function.parameters", "an object (a JSON schema)", *params);
+      check_schema(*params, p + ".function.parameters");
+      d.parameters = *params;
+    } else {
+      d.parameters = json{{"type", "object"}, {"properties", json::object()}};
+    }
+    if (const json* strict = field(*f, "strict")) d.strict = get_bool(*strict, p + ".function.strict");
+    tools.push_back(std::move(d));
+  }
+  return tools;
+}
+
+ToolChoice parse_tool_choice(const json& v, const std::vector<ToolDef>& tools) {
+  ToolChoice c;
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    if (s == "none") c.mode = ToolChoiceMode::None;
+    else if (s == "auto") c.mode = ToolChoiceMode::Auto;
+    else if (s == "required") c.mode = ToolChoiceMode::Required;
+    else bad_request("tool_choice", "Invalid value for 'tool_choice': '", s, "'. Supported values are: 'none', 'auto',"
+                     " 'required' and {\"type\": \"function\", \"function\": {\"name\": ...}}.");
+  } else if (v.is_object()) {
+    if (const json* t = field(v, "type"); !t || get_string(*t, "tool_choice.type") != "function")
+      bad_request("tool_choice.type", "Invalid value for 'tool_choice.type': expected 'function'.");
+    const json* f = field(v, "function");
+    if (!f) bad_request("tool_choice.function", "Missing required parameter: 'tool_choice.function'.");
+    if (!f->is_object()) wrong_type("tool_choice.function", "an object", *f);
+    const json* name = field(*f, "name");
+    if (!name) bad_request("tool_choice.function.name", "Missing required parameter: 'tool_choice.function.name'.");
+    c.mode = ToolChoiceMode::Named;
+    c.name = get_string(*name, "tool_choice.function.name");
+    if (std::none_of(tools.begin(), tools.end(), [&](const ToolDef& d) { return d.name == c.name; }))
+      bad_request("tool_choice", "Invalid value for 'tool_choice': no function named '", c.name, "' in 'tools'.");
+  } else {
+    wrong_type("tool_choice", "a string or an object", v);
+  }
+  if (tools.empty() && c.mode != ToolChoiceMode::None)
+    bad_request("tool_choice", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.");
+  return c;
+}
+
+ResponseFormat parse_response_format(const json& v) {
+  if (!v.is_object()) wrong_type("response_format", "an object", v);
+  const json* t = field(v, "type");
+  if (!t) bad_request("response_format.type", "Missing required parameter: 'response_format.type'.");
+  const std::string& type = get_string(*t, "response_format.type");
+  ResponseFormat f;
+  if (type == "text") return f;
+  if (type == "json_object") {
+    f.kind = ResponseFormatKind::JsonObject;
+    return f;
+  }
+  if (type != "json_schema")
+    bad_request("response_format.type", "Invalid value for 'response_format.type': '", type,
+                "'. Supported values are: 'text', 'json_object' and 'json_schema'.");
+  f.kind = ResponseFormatKind::JsonSchema;
+  const json* js = field(v, "json_schema");
+  if (!js) bad_request("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.");
+  if (!js->is_object()) wrong_type("response_format.json_schema", "an object", *js);
+  if (const json* name = field(*js, "name")) {
+    f.name = get_string(*name, "response_format.json_schema.name");
+    if (!valid_tool_name(f.name))
+      bad_request("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': '", f.name,
+                  "' does not match ^[a-zA-Z0-9_-]{1,64}$.");
+  }
+  if (const json* d = field(*js, "description")) (void)get_string(*d, "response_format.json_schema.description");
+  if (const json* schema = field(*js, "schema")) {
+    if (!schema->is_object()) wrong_type("response_format.json_schema.schema", "an object (a JSON schema)", *schema);
+    check_schema(*schema, "response_format.json_schema.schema");
+    f.schema = *schema;
+  } else {
+    f.schema = json::object();
+  }
+  if (const json* strict = field(*js, "strict")) f.strict = get_bool(*strict, "response_format.json_schema.strict");
+  return f;
+}
+
 }  // namespace
 
-nlohmann::json parse_json_object(std::string_view body, int max_depth) {
+json parse_json_object(std::string_view body, int max_depth) {
   // Depth pre-scan: brackets outside strings. Escapes inside strings are skipped so "\"" does
   // not end a string early.
   int depth = 0;
@@ -184,20 +405,48 @@ std::vector<ChatMessage> parse_messages(const json& v, const ParseLimits& limits
     if (!role) bad_request(p + ".role", "Missing required parameter: '", p, ".role'.");
     std::string r = get_string(*role, p + ".role");
     if (r == "developer") r = "system";
-    if (r != "system" && r != "user" && r != "assistant")
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
       bad_request(p + ".role", "Invalid value for '", p, ".role': '", r,
-                  "'. Supported values are: 'system', 'developer', 'user' and 'assistant'.");
-    if (const json* tc = field(m, "tool_calls"); tc && !(tc->is_array() && tc->empty()))
-      bad_request(p + ".tool_calls", "tool calls are not supported by this server.");
+                  "'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.");
+    ChatMessage msg;
+    msg.role = r;
+    if (const json* tc = field(m, "tool_calls")) {
+      if (r != "assistant") bad_request(p + ".tool_calls", "only assistant messages have 'tool_calls' ('", p, "').");
+      msg.tool_calls = parse_history_tool_calls(*tc, p + ".tool_calls", limits);
+    }
+    if (r == "tool") {
+      // OpenAI requires the id, and a tool message must answer the calls of the assistant
+      // message before it (after other tool messages).
+      const json* id = field(m, "tool_call_id");
+      if (!id) bad_request(p + ".tool_call_id", "Missing required parameter: '", p, ".tool_call_id'.");
+      msg.tool_call_id = get_string(*id, p + ".tool_call_id");
+      size_t k = out.size();
+      while (k > 0 && out[k - 1].role == "tool") --k;
+      if (k == 0 || out[k - 1].tool_calls.empty())
+        bad_request(p + ".role", "Invalid parameter: messages with role 'tool' must be a response to a preceding message"
+                    " with 'tool_calls' ('", p, "').");
+      if (const json* name = field(m, "name")) msg.name = get_string(*name, p + ".name");
+    }
     auto c = m.find("content");
-    if (c == m.end()) bad_request(p + ".content", "Missing required parameter: '", p, ".content'.");
-    out.push_back({r, message_content(*c, p + ".content", r)});
+    if (c == m.end() || c->is_null()) {
+      if (r == "assistant" && !msg.tool_calls.empty()) msg.content_null = true;
+      else if (c == m.end()) bad_request(p + ".content", "Missing required parameter: '", p, ".content'.");
+    }
+    if (!msg.content_null) msg.content = message_content(*c, p + ".content", r);
+    out.push_back(std::move(msg));
   }
   return out;
 }
 
 OpenAiRequest parse_openai_request(std::string_view body, ApiKind kind, const ParseLimits& limits) {
   return parse_openai_json(parse_json_object(body, limits.max_json_depth), kind, limits);
+}
+
+bool valid_tool_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
 }
 
 OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& limits) {
@@ -309,16 +558,50 @@ OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& 
     }
   }
 
-  // Known OpenAI features this server cannot honour: refuse rather than silently ignore.
-  for (const char* name : {"tools", "functions"}) {
-    if (const json* v = field(j, name); v && !(v->is_array() && v->empty()))
-      bad_request(name, "'", name, "' (tool calling) is not supported by this server.");
+  // Tool calling (chat only).
+  if (const json* v = field(j, "tools")) {
+    if (chat) r.tools = parse_tools(*v, limits);
+    else if (!(v->is_array() && v->empty())) bad_request("tools", "'tools' is a chat completions parameter.");
   }
+  r.tool_choice.mode = r.tools.empty() ? ToolChoiceMode::None : ToolChoiceMode::Auto;
+  if (const json* v = field(j, "tool_choice"); v && chat) r.tool_choice = parse_tool_choice(*v, r.tools);
+  if (const json* v = field(j, "parallel_tool_calls")) r.parallel_tool_calls = get_bool(*v, "parallel_tool_calls");
+  // The deprecated functions API: not served (tools are).
+  if (const json* v = field(j, "functions"); v && !(v->is_array() && v->empty()))
+    bad_request("functions", "'functions' (the deprecated function calling API) is not supported; use 'tools'.");
+  if (field(j, "function_call"))
+    bad_request("function_call", "'function_call' (the deprecated function calling API) is not supported; use 'tool_choice'.");
+
+  // Structured output: one constraint at most.
+  const char* constraint = nullptr;
+  const auto one_constraint = [&](const char* name) {
+    if (constraint)
+      bad_request(name, "'", name, "' cannot be combined with '", constraint, "': give one of 'response_format' (json),"
+                  " 'grammar' and 'json_schema'.");
+    constraint = name;
+  };
   if (const json* v = field(j, "response_format")) {
-    if (!v->is_object()) wrong_type("response_format", "an object", *v);
-    const json* t = field(*v, "type");
-    if (t && get_string(*t, "response_format.type") != "text")
-      bad_request("response_format", "only response_format {\"type\": \"text\"} is supported.");
+    r.response_format = parse_response_format(*v);
+    if (r.response_format.kind != ResponseFormatKind::Text) one_constraint("response_format");
+  }
+  if (const json* v = field(j, "grammar")) {
+    r.grammar = get_string(*v, "grammar");
+    if (!r.grammar.empty()) one_constraint("grammar");
+  }
+  if (const json* v = field(j, "json_schema")) {
+    if (!v->is_object()) wrong_type("json_schema", "an object (a JSON schema)", *v);
+    check_schema(*v, "json_schema");
+    one_constraint("json_schema");
+    r.json_schema = *v;
+  }
+  if (constraint && (r.tool_choice.mode == ToolChoiceMode::Required || r.tool_choice.mode == ToolChoiceMode::Named))
+    bad_request("tool_choice", "a forced tool call ('tool_choice' required or a function) cannot be combined with '",
+                constraint, "'.");
+
+  if (const json* v = field(j, "truncate_prompt_tokens")) {
+    const int64_t t = get_int(*v, "truncate_prompt_tokens", -1, int64_t(1) << 31);
+    if (t == 0) bad_request("truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1, got 0.");
+    r.truncate_prompt_tokens = t;
   }
   return r;
 }

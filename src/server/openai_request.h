@@ -17,9 +17,53 @@ namespace tern::server {
 
 enum class ApiKind { Completion, Chat };
 
+// One function call: of an assistant message in the history, or of a generated answer
+// (server/tool_calls.h).
+struct ToolCall {
+  std::string id;         // "call_..." (as the client sent it, in history)
+  std::string name;       // the function's name
+  std::string arguments;  // JSON text of an object (the arguments)
+};
+
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant" ("developer" is read as "system")
+  std::string role;     // "system", "user", "assistant", "tool" ("developer" is read as "system")
   std::string content;  // text parts joined with "\n"
+  // Assistant messages: the calls it made. Their `content` may then be null or absent
+  // (content_null is true and content ""; templates get "", as llama.cpp gives them).
+  // (Default member initializers throughout: {role, content} stays a warning-free aggregate.)
+  std::vector<ToolCall> tool_calls{};
+  bool content_null = false;
+  // Role "tool": the id of the call this is the result of (required, as OpenAI does), and the
+  // function's name (optional; the older "function" role's field).
+  std::string tool_call_id{};
+  std::string name{};
+};
+
+// A function the model may call: "tools": [{"type": "function", "function": {...}}].
+struct ToolDef {
+  std::string name;         // ^[a-zA-Z0-9_-]{1,64}$, unique within the request
+  std::string description;  // "" when absent
+  // JSON schema of the arguments: an object; {"type":"object","properties":{}} when absent.
+  // Keys in the order the client sent them (templates print it with tojson).
+  nlohmann::ordered_json parameters;
+  bool strict = false;
+};
+
+// "tool_choice": "auto" | "none" | "required" | {"type": "function", "function": {"name": N}}.
+// Default: Auto when tools are given, None otherwise.
+enum class ToolChoiceMode { None, Auto, Required, Named };
+struct ToolChoice {
+  ToolChoiceMode mode = ToolChoiceMode::None;
+  std::string name;  // Named: the function (one of the request's tools)
+};
+
+// "response_format": {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}.
+enum class ResponseFormatKind { Text, JsonObject, JsonSchema };
+struct ResponseFormat {
+  ResponseFormatKind kind = ResponseFormatKind::Text;
+  std::string name;               // json_schema.name ("" when absent)
+  nlohmann::ordered_json schema;  // json_schema.schema (an object; {} when absent)
+  bool strict = false;            // json_schema.strict
 };
 
 // One prompt of /v1/completions: text, or token ids given directly.
@@ -46,6 +90,21 @@ struct OpenAiRequest {
   bool ignore_eos = false;            // extension (vLLM): keep going past end-of-generation
   int priority = 0;                   // extension (vLLM): lower is served first
   std::string user;
+
+  // Tool calling (chat only). tools are validated (names, unique, parameters an object);
+  // tool_choice Named names one of them.
+  std::vector<ToolDef> tools;
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
+
+  // Structured output: at most one of response_format (json kinds), grammar, json_schema.
+  ResponseFormat response_format;
+  std::string grammar;                            // llama.cpp: GBNF text ("" none), start rule root
+  std::optional<nlohmann::ordered_json> json_schema;  // llama.cpp: a JSON schema object
+
+  // vLLM: keep only the last N prompt tokens (N >= 1); -1 keeps the last (context) tokens the
+  // model can take. Absent: no truncation (too long a prompt is a 400).
+  std::optional<int64_t> truncate_prompt_tokens;
 };
 
 struct ParseLimits {
@@ -55,17 +114,21 @@ struct ParseLimits {
   int max_stop = 4;          // OpenAI's limit
   int max_logprobs = 20;     // the engine's limit (OpenAI: 5 for completions, 20 for chat)
   size_t max_messages = 4096;
+  size_t max_tools = 128;    // OpenAI's limit
+  size_t max_tool_calls = 128;  // tool_calls of one history message
   int max_json_depth = 64;   // nesting of the body; deeper is refused before parsing
 };
 
 // Parses and validates a request body. Throws ApiError(400) for invalid JSON, a body that is
 // not an object, wrong types, out-of-range values, and known-but-unsupported features.
 OpenAiRequest parse_openai_request(std::string_view body, ApiKind kind, const ParseLimits& limits = {});
-OpenAiRequest parse_openai_json(const nlohmann::json& body, ApiKind kind, const ParseLimits& limits = {});
+// The body as parsed JSON. Keys keep the client's order (ordered_json): tool schemas and
+// arguments reach the chat template as they were sent.
+OpenAiRequest parse_openai_json(const nlohmann::ordered_json& body, ApiKind kind, const ParseLimits& limits = {});
 
 // Parses JSON text into an object, refusing bodies nested deeper than max_depth (a cheap
 // pre-scan, so a hostile "[[[[..." never reaches a recursive walk) and anything but an object.
-nlohmann::json parse_json_object(std::string_view body, int max_depth = 64);
+nlohmann::ordered_json parse_json_object(std::string_view body, int max_depth = 64);
 
 // POST /tokenize: {"prompt" | "content": str} or {"messages": [...]}, "add_special_tokens"
 // (or "add_special", default true), "with_pieces".
@@ -87,6 +150,9 @@ struct DetokenizeRequest {
 DetokenizeRequest parse_detokenize_request(std::string_view body, const ParseLimits& limits = {});
 
 // The messages array of a chat request (shared by /v1/chat/completions and /tokenize).
-std::vector<ChatMessage> parse_messages(const nlohmann::json& messages, const ParseLimits& limits);
+std::vector<ChatMessage> parse_messages(const nlohmann::ordered_json& messages, const ParseLimits& limits);
+
+// The name rule of OpenAI's tools: ^[a-zA-Z0-9_-]{1,64}$.
+bool valid_tool_name(std::string_view name);
 
 }  // namespace tern::server

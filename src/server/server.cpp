@@ -13,7 +13,10 @@
 
 #include "server/api_error.h"
 #include "server/http_server.h"
+#include "server/embeddings_api.h"
 #include "server/openai_format.h"
+#include "server/structured_output.h"
+#include "server/tool_calls.h"
 #include "server/web_assets.h"
 
 namespace tern::server {
@@ -62,8 +65,8 @@ void set_api_error(HttpResponse& res, const ApiError& e) { set_json(res, e.statu
 // The per-request label of tern_requests_total: known routes by name, the rest as one value
 // so that random paths cannot grow the metric without bound.
 std::string endpoint_label(const std::string& path) {
-  static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                                "/metrics",        "/tokenize",            "/detokenize"};
+  static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
+                                "/health",          "/metrics",             "/tokenize",      "/detokenize"};
   for (const char* k : known)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -136,6 +139,7 @@ struct Server::Impl {
   std::mutex drain_mu;
   std::condition_variable drain_cv;
   std::once_flag shutdown_once;
+  StructuredOutput structured{backend.tokenizer()};  // grammars of constrained answers
 
   static HttpServerConfig http_config(const ServerConfig& c) {
     HttpServerConfig h;
@@ -155,6 +159,7 @@ struct Server::Impl {
   }
 
   Impl(Backend& b, ServerConfig c) : backend(b), cfg(std::move(c)), http(http_config(cfg)) {}
+  // (structured is initialised after backend: members are constructed in declaration order.)
 
   // Counts a generation request in flight from construction to destruction; shutdown waits
   // for the count to reach zero.
@@ -189,6 +194,13 @@ struct Server::Impl {
     std::vector<ChoiceResult> choices;    // [prompt * n + index]
     std::vector<int> unfinished;          // per prompt: choices still running
     std::vector<int64_t> cached;          // per prompt: prefix-cache hits
+    // Chat with tools (tool_choice not none): answers are parsed for calls; a stream keeps one
+    // parser per choice.
+    bool parse_tools = false;
+    // tool_choice required or a named function: the grammar allows nothing but calls, so text
+    // outside complete calls (a call cut by max_tokens) is not content.
+    bool forced_tools = false;
+    std::vector<std::unique_ptr<ToolCallParser>> tool_parsers;  // [choices] when streaming
     int n_done = 0;
     std::function<bool()> peer_closed;  // the client went away
     Clock::time_point deadline;
@@ -269,6 +281,17 @@ struct Server::Impl {
 
   // ---- request preparation ---------------------------------------------------------------
 
+  static ToolParserOptions tool_parser_options(const OpenAiRequest& r) {
+    ToolParserOptions o;
+    for (const auto& t : r.tools) {
+      // tool_choice naming one function: only its calls are calls.
+      if (r.tool_choice.mode == ToolChoiceMode::Named && t.name != r.tool_choice.name) continue;
+      o.tool_names.push_back(t.name);
+    }
+    o.parallel = r.parallel_tool_calls;
+    return o;
+  }
+
   bool is_served_name(const std::string& model) const {
     if (model == cfg.model_id) return true;
     for (const auto& n : cfg.model_names)
@@ -305,14 +328,24 @@ struct Server::Impl {
     for (const auto& [id, bias] : r.sampling.logit_bias)
       if (id >= backend.tokenizer().n_vocab())
         bad_request("logit_bias", "token id ", id, " is outside the vocabulary [0, ", backend.tokenizer().n_vocab(), ").");
-    job->meta = {kind, new_response_id(kind), unix_now(), cfg.model_id};
+    job->meta = {kind, new_response_id(kind), unix_now(), cfg.model_id, cfg.system_fingerprint, cfg.timings};
+    job->parse_tools = kind == ApiKind::Chat && !r.tools.empty() && r.tool_choice.mode != ToolChoiceMode::None;
+    job->forced_tools = job->parse_tools && (r.tool_choice.mode == ToolChoiceMode::Required ||
+                                             r.tool_choice.mode == ToolChoiceMode::Named);
+    // Before any tokenizing: a grammar that does not parse or a schema that cannot be converted
+    // is the client's 400, whatever else the request holds.
+    const std::shared_ptr<const TokenConstraint> constraint = structured.constraint_for(r, cfg.chat_template.tool_format);
 
     const Tokenizer& tok = backend.tokenizer();
     std::vector<std::vector<int32_t>> prompts;
     if (kind == ApiKind::Chat) {
       // The template's markers are special tokens, the messages' contents only text: a message
       // cannot close its turn or end the generation by writing "</s>" or "<|im_end|>".
-      prompts.push_back(cfg.chat_template.encode(r.messages, tok, tok.add_bos_default()));
+      // Tools are shown to the model unless tool_choice is none (it is not to call them then);
+      // calls and results already in the history are rendered either way.
+      static const std::vector<ToolDef> kNoTools;
+      const bool show_tools = r.tool_choice.mode != ToolChoiceMode::None;
+      prompts.push_back(cfg.chat_template.encode(r.messages, tok, tok.add_bos_default(), show_tools ? r.tools : kNoTools));
       job->echo.push_back("");
     } else {
       for (size_t i = 0; i < r.prompts.size(); ++i) {
@@ -331,6 +364,25 @@ struct Server::Impl {
     }
 
     const int64_t n_ctx = backend.n_ctx();
+    if (r.truncate_prompt_tokens) {
+      // vLLM's left truncation: the last N tokens of the prompt (-1: as many as the context
+      // takes with one token to generate). A leading BOS stays: models are trained to see it
+      // first, and it is one of the N.
+      const int64_t keep = *r.truncate_prompt_tokens == -1 ? n_ctx - 1 : *r.truncate_prompt_tokens;
+      if (keep >= n_ctx)
+        throw ApiError(400, "invalid_request_error", "truncate_prompt_tokens", "context_length_exceeded",
+                       str_cat("truncate_prompt_tokens (", keep, ") must be below this model's maximum context length (",
+                               n_ctx, " tokens) to leave room for the completion."));
+      for (auto& p : prompts) {
+        if (int64_t(p.size()) <= keep) continue;
+        const bool bos = tok.add_bos_default() && !p.empty() && p[0] == tok.bos_id() && keep >= 2;
+        std::vector<int32_t> kept;
+        kept.reserve(size_t(keep));
+        if (bos) kept.push_back(p[0]);
+        kept.insert(kept.end(), p.end() - (keep - int64_t(bos)), p.end());
+        p = std::move(kept);
+      }
+    }
     const char* max_param = r.kind == ApiKind::Chat ? "max_completion_tokens" : "max_tokens";
     int64_t max_tokens = r.max_tokens.value_or(r.kind == ApiKind::Chat ? n_ctx : 16);
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -342,7 +394,8 @@ struct Server::Impl {
                        str_cat("This model's maximum context length is ", n_ctx, " tokens. However, your ",
                                r.kind == ApiKind::Chat ? "messages resulted in " : "prompt has ", n_prompt,
                                " tokens. Please reduce the length of the ",
-                               r.kind == ApiKind::Chat ? "messages." : "prompt."));
+                               r.kind == ApiKind::Chat ? "messages" : "prompt",
+                               ", or set truncate_prompt_tokens to keep only its last tokens."));
       if (r.max_tokens && n_prompt + *r.max_tokens > n_ctx)
         throw ApiError(400, "invalid_request_error", max_param, "context_length_exceeded",
                        str_cat("This model's maximum context length is ", n_ctx, " tokens. However, you requested ",
@@ -378,6 +431,9 @@ struct Server::Impl {
       job->choices[i].index = int(i);
       job->choices[i].text = job->echo[i / size_t(r.n)];
     }
+    if (job->parse_tools && r.stream)
+      for (size_t i = 0; i < job->choices.size(); ++i)
+        job->tool_parsers.push_back(std::make_unique<ToolCallParser>(cfg.chat_template.tool_format, tool_parser_options(r)));
 
     // Submit. A refusal of any prompt takes the whole request back.
     std::random_device rd;
@@ -392,6 +448,7 @@ struct Server::Impl {
       params.n_logprobs = r.n_logprobs;
       params.priority = r.priority;
       params.n = r.n;
+      params.constraint = constraint;
       std::weak_ptr<Mailbox> weak = job->mailbox;
       const int prompt_index = int(i);
       uint64_t id = 0;
@@ -467,6 +524,19 @@ struct Server::Impl {
         return;
       }
     }
+    if (job->parse_tools)
+      for (auto& c : job->choices) {
+        ToolParseResult parsed = parse_tool_calls(cfg.chat_template.tool_format, c.text, tool_parser_options(job->req));
+        if (job->forced_tools) {
+          parsed.content.clear();
+          c.text.clear();
+        }
+        if (parsed.calls.empty()) continue;
+        // parallel_tool_calls false: the first call is the answer (a model that wrote more is cut).
+        if (!job->req.parallel_tool_calls) parsed.calls.resize(1);
+        c.tool_calls = std::move(parsed.calls);
+        c.text = std::move(parsed.content);
+      }
     job->finish_accounting(200);
     set_json(res, 200,
              completion_response(job->meta, job->choices, job->usage(), job->req.n_logprobs >= 0, backend.tokenizer()));
@@ -506,6 +576,40 @@ struct Server::Impl {
     };
   }
 
+  // One engine output of a chat stream with tools, through the choice's call parser: content
+  // as text chunks (a possible call marker held back), calls as OpenAI's tool_calls deltas.
+  // Returns whether the choice has called a tool once its output is finished.
+  bool stream_tool_events(Job& job, int index, const RequestOutput& o, std::string& out) {
+    const OpenAiRequest& r = job.req;
+    ToolCallParser& parser = *job.tool_parsers.at(size_t(index));
+    std::vector<ToolCallEvent> events = parser.feed(o.text);
+    if (o.finished) {
+      ToolParseResult rest = parser.finish();
+      events.insert(events.end(), std::make_move_iterator(rest.events.begin()), std::make_move_iterator(rest.events.end()));
+    }
+    json lp = r.n_logprobs >= 0 && !o.tokens.empty() ? logprobs_json(r.kind, o.tokens, backend.tokenizer()) : json(nullptr);
+    for (auto& e : events) {
+      // parallel_tool_calls false: calls after the first are not the answer's.
+      if (!r.parallel_tool_calls && e.kind != ToolCallEvent::Kind::Content && e.index > 0) continue;
+      switch (e.kind) {
+        case ToolCallEvent::Kind::Content:
+          if (job.forced_tools) break;
+          out += sse_event(text_chunk(job.meta, index, e.text, lp, r.include_usage));
+          lp = nullptr;
+          break;
+        case ToolCallEvent::Kind::CallStart:
+          out += sse_event(tool_call_start_chunk(job.meta, index, e.index, e.id, e.name, r.include_usage));
+          break;
+        case ToolCallEvent::Kind::CallArguments:
+          out += sse_event(tool_call_arguments_chunk(job.meta, index, e.index, e.text, r.include_usage));
+          break;
+      }
+    }
+    // Logprobs of tokens whose text is held back (or inside a call) still reach the client.
+    if (!lp.is_null()) out += sse_event(text_chunk(job.meta, index, "", lp, r.include_usage));
+    return o.finished && parser.n_calls() > 0;
+  }
+
   bool stream_body(Job& job, HttpStreamSink& sink) {
     const OpenAiRequest& r = job.req;
     const bool chat = r.kind == ApiKind::Chat;
@@ -529,7 +633,10 @@ struct Server::Impl {
       for (const auto& ev : events) {
         ChoiceResult& c = job.apply(ev);
         const auto& o = ev.out;
-        if (!o.text.empty() || (!o.tokens.empty() && r.n_logprobs >= 0)) {
+        bool called_tools = false;
+        if (job.parse_tools) {
+          called_tools = stream_tool_events(job, c.index, o, out);
+        } else if (!o.text.empty() || (!o.tokens.empty() && r.n_logprobs >= 0)) {
           const json lp = r.n_logprobs >= 0 ? logprobs_json(r.kind, o.tokens, backend.tokenizer()) : json(nullptr);
           out += sse_event(text_chunk(job.meta, c.index, o.text, lp, r.include_usage));
         }
@@ -541,7 +648,7 @@ struct Server::Impl {
             error = "the request was aborted by the server.";
             error_status = 503;
           } else {
-            out += sse_event(finish_chunk(job.meta, c.index, o.finish_reason, r.include_usage));
+            out += sse_event(finish_chunk(job.meta, c.index, o.finish_reason, r.include_usage, &o.metrics, called_tools));
           }
         }
       }
@@ -576,6 +683,42 @@ struct Server::Impl {
   }
 
   // ---- other endpoints -------------------------------------------------------------------
+
+  // POST /v1/embeddings (and /embeddings): every input is one engine request, all submitted at
+  // once so they share steps (server/embeddings_api.h).
+  void handle_embeddings(const HttpRequest& hreq, HttpResponse& res) {
+    InFlight guard(this);
+    if (cfg.max_in_flight > 0 && in_flight.load() > cfg.max_in_flight) {
+      res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
+      set_error(res, 503, "The server is busy (too many requests in flight). Please retry after a short wait.", "",
+                "server_busy");
+      return;
+    }
+    EmbeddingsOptions o;
+    o.model_name = cfg.model_id;
+    o.timeout = std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
+    o.check_model = [this](const std::string& m) { check_model(m); };
+    o.interrupted = [this, &hreq]() -> const char* {
+      if (abort_all.load()) return "shutdown";
+      if (hreq.peer_closed && hreq.peer_closed()) return "disconnected";
+      return nullptr;
+    };
+    EmbeddingsResult r;
+    try {
+      r = serve_embeddings(hreq.body, backend, o);
+    } catch (const ApiError& e) {
+      if (e.status() == 429 || e.status() == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
+      set_api_error(res, e);
+      return;
+    } catch (const Error& e) {
+      set_error(res, 400, e.what());
+      return;
+    }
+    metrics.add_tokens(r.prompt_tokens, 0);
+    if (r.status == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
+    res.status = r.status;
+    if (!r.body.empty()) res.set_content(r.body, "application/json");
+  }
 
   void handle_models(const HttpRequest& req, HttpResponse& res) {
     const json model = {{"id", cfg.model_id}, {"object", "model"}, {"created", started}, {"owned_by", "tern"},
@@ -733,6 +876,9 @@ struct Server::Impl {
                guard([this](HttpRequest& req, HttpResponse& res) { handle_generate(req, res, ApiKind::Completion); }));
     http.route("POST", "/v1/chat/completions",
                guard([this](HttpRequest& req, HttpResponse& res) { handle_generate(req, res, ApiKind::Chat); }));
+    for (const char* path : {"/v1/embeddings", "/embeddings"})
+      http.route("POST", path,
+                 guard([this](HttpRequest& req, HttpResponse& res) { handle_embeddings(req, res); }));
     http.route("GET", "/v1/models", guard([this](HttpRequest& req, HttpResponse& res) { handle_models(req, res); }));
     http.route_prefix("GET", "/v1/models/",
                       guard([this](HttpRequest& req, HttpResponse& res) { handle_models(req, res); }));

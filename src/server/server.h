@@ -37,6 +37,10 @@ struct ServerConfig {
   // "http://localhost:3000", or "*" for any. Empty: none (same-origin only, the chat page).
   std::vector<std::string> cors_origins;
   ChatTemplate chat_template;
+  // OpenAI's system_fingerprint on every response ("" leaves it out); cmd_serve derives it
+  // from tern's build, the model file and the K/V type.
+  std::string system_fingerprint;
+  bool timings = true;                  // llama.cpp's "timings" object on responses (--no-timings)
   ParseLimits limits;
   size_t max_body_bytes = size_t(8) << 20;     // larger bodies: 413
   size_t max_header_bytes = size_t(64) << 10;  // all header lines together: 431

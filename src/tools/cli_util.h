@@ -6,6 +6,9 @@
 
 namespace tern {
 
+// What `tern --version` prints; part of the server's system_fingerprint.
+inline constexpr const char* kVersion = "tern 0.1.0";
+
 // Parses argv into `app`, after giving every option the conventions all tern commands follow:
 //  - a single-value option given twice takes the last value (`-n 3 -n 5` is -n 5), as
 //    llama.cpp's tools do, so a script can override a flag by appending it; options that

@@ -12,8 +12,10 @@
 #include "core/stats.h"
 #include "kernels/matmul.h"
 #include "runtime/generate.h"
+#include "tools/chat_loop.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/constraint_args.h"
 #include "tools/model_args.h"
 
 namespace tern {
@@ -56,12 +58,14 @@ int cmd_run(int argc, char** argv) {
   CLI::App app{"Generate text from a prompt and report the field's metrics (TTFT, TBT, tok/s, memory)."};
   ModelArgs margs;
   margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
+  ConstraintArgs cargs;
+  cargs.add_to(app);
   std::string prompt, prompt_file;
   GenerateOptions opts;
   bool no_bos = false, json = false, parse_special = false;
   int64_t seed = -1;
   app.add_option("-p,--prompt", prompt, "prompt text (empty: start from BOS alone)");
-  app.add_option("-f,--file", prompt_file, "read the prompt from a file (exact bytes)");
+  app.add_option("-f,--file", prompt_file, "read the prompt from a file (exact bytes; -: from stdin)");
   app.add_option("-n,--n-predict", opts.n_predict, "tokens to generate (-1: until EOS or the context is full)")
       ->check(CLI::Range(int64_t(-1), int64_t(1) << 24));
   app.add_option("--temp", opts.sampling.temperature, "temperature (0: greedy)")->capture_default_str();
@@ -80,16 +84,32 @@ int cmd_run(int argc, char** argv) {
                "turn special-token texts in the prompt (</s>, <|im_end|>) into those tokens, as /v1/completions "
                "does (default: they are text)");
   app.add_flag("--json", json, "print one JSON object (prompt_ids, ids, text, metrics) instead of streaming");
+  // -i: tern chat's conversation (tools/chat_loop.h) with this command's sampling flags.
+  bool interactive = false;
+  ChatSettings chat;
+  app.add_flag("-i,--interactive", interactive,
+               "chat as tern chat does (docs/chat.md): the prompt, if any, is the first message");
+  add_chat_flags(app, chat, " (with -i)");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   if (!prompt_file.empty()) {
     if (!prompt.empty()) fail("give either --prompt or --file, not both");
-    prompt = read_file_text(prompt_file, "prompt file");
+    if (interactive && prompt_file == "-") fail("-i reads the conversation from stdin: give the first message with -p or -f FILE");
+    prompt = prompt_file == "-" ? read_file_text("/dev/stdin", "prompt on stdin") : read_file_text(prompt_file, "prompt file");
+  }
+  if (interactive) {
+    if (json) fail("--json is not for -i (a conversation streams its replies)");
+    chat.first_message = prompt;
+    chat.gen = opts;
+    chat.seed = seed;
+    return run_chat(margs, std::move(chat), margs.command());
   }
   opts.sampling.seed = seed >= 0 ? uint64_t(seed) : std::random_device{}();
   opts.sampling.validate();
 
+  if (cargs.given()) cargs.gbnf_text();  // a bad grammar or schema fails before the model loads
   LoadedSession ls = open_session(margs);
   const Tokenizer& tok = *ls.tokenizer;
+  opts.constraint = cargs.build(tok);
   std::vector<int32_t> prompt_ids = tok.encode(prompt, tok.add_bos_default() && !no_bos, parse_special);
   if (prompt_ids.empty()) fail("the prompt is empty and the model adds no BOS: give a prompt");
 
@@ -126,6 +146,7 @@ int cmd_run(int argc, char** argv) {
                     {"tbt_ms_p50", tbt_p50},          {"tbt_ms_p99", tbt_p99},
                     {"latency_ms", m.latency_ms},     {"prefill_ms", m.prefill_ms},
                     {"prefill_tok_s", m.prefill_tok_s}, {"decode_tok_s", m.decode_tok_s},
+                    {"constraint_ms", m.constraint_ms},
                     {"weight_bytes", weight_bytes},   {"kv_bytes", kv_bytes},
                     {"n_ctx", ls.session->n_ctx()},
                     {"kv_type", kv_type_name(ls.session->kv_type())},

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "models/model.h"
 #include "server/backend.h"
+#include "server/openai_format.h"
 #include "server/server.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -53,6 +54,12 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-waiting", ecfg.max_waiting, "waiting requests past which new ones get 429")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20))->capture_default_str();
   app.add_flag("--no-prefix-cache", no_prefix_cache, "do not share KV blocks of common prompt prefixes");
+  std::string tool_format;
+  app.add_option("--tool-format", tool_format,
+                 "hermes|llama3|mistral|generic: the tool-call syntax the model answers in (default: from the chat template)");
+  bool no_timings = false;
+  app.add_flag("--no-timings", no_timings,
+               "leave llama.cpp's \"timings\" object out of responses (it is added to every answer and final stream chunk)");
   app.add_option("--http-threads", scfg.http_threads, "requests handled at once (each stream holds one)")
       ->check(CLI::Range(4, 4096))->capture_default_str();
   app.add_option("--max-connections", scfg.max_connections,
@@ -122,6 +129,22 @@ int cmd_serve(int argc, char** argv) {
   scfg.chat_template = server::select_chat_template(chat_template, file->get_string("tokenizer.chat_template", ""),
                                                     token_text(tokenizer->bos_id()), token_text(tokenizer->eos_id()),
                                                     &note);
+
+  scfg.timings = !no_timings;
+  if (!tool_format.empty()) {
+    const auto f = server::tool_format_from_name(tool_format);
+    if (!f) throw Error(str_cat("--tool-format: unknown format '", tool_format, "' (hermes, llama3, mistral or generic)"));
+    scfg.chat_template.tool_format = *f;
+  }
+  {
+    // Same build, same file, same K/V type and context: same fingerprint (OpenAI's meaning:
+    // a change of it says that a seed may now give another answer).
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(model_path, ec);
+    scfg.system_fingerprint = server::system_fingerprint_of(
+        str_cat(kVersion, "|", model_path.filename().string(), "|", ec ? 0 : size, "|",
+                file->get_string("general.name", ""), "|", kv_type_name(ecfg.kv_type), "|", ecfg.n_ctx));
+  }
 
   Engine engine(file, tokenizer, ecfg);
   server::EngineBackend backend(engine);

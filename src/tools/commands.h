@@ -16,12 +16,14 @@ struct Command {
 const std::vector<Command>& commands();
 
 int cmd_run(int argc, char** argv);
+int cmd_chat(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_vocab(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_ppl(int argc, char** argv);
 int cmd_logits(int argc, char** argv);
+int cmd_embed(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace tern {
@@ -11,12 +12,14 @@ namespace tern {
 const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
       {"run", "generate text from a prompt and report TTFT/TBT/throughput/memory", cmd_run},
+      {"chat", "chat with a model in the terminal through its chat template (/save, /load)", cmd_chat},
       {"tokenize", "print the token ids of a text", cmd_tokenize},
       {"vocab", "write a vocabulary-only GGUF from a Hugging Face tokenizer.json", cmd_vocab},
       {"inspect", "print a GGUF file's metadata, hyper-parameters and tensors", cmd_inspect},
       {"convert", "convert a llama2.c checkpoint + tokenizer to GGUF", cmd_convert},
       {"ppl", "perplexity of a text, computed as llama.cpp's llama-perplexity does", cmd_ppl},
       {"logits", "print or save the logits of every position of a prompt", cmd_logits},
+      {"embed", "embeddings of texts: pooled, normalised final hidden states (batched)", cmd_embed},
       {"synth", "write a random-weight model with a real architecture shape", cmd_synth},
       {"bench", "prompt-processing and generation throughput with the decode roofline", cmd_bench},
       {"quantize", "requantize a GGUF model (f16, q8_0, q4_0, q4_k, ...) as llama-quantize does", cmd_quantize},
@@ -31,7 +34,6 @@ const std::vector<Command>& commands() {
 
 namespace {
 
-constexpr const char* kVersion = "tern 0.1.0";
 
 void print_usage(FILE* out) {
   std::fprintf(out,

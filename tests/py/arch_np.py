@@ -10,6 +10,7 @@ tests/models/peer/peer_logits.mjs on the tiny models of arch_tiny_models.py.
 Use:
     from arch_np import arch_logits, read_gguf
     meta, t = read_gguf("m.gguf"); logits = arch_logits(meta, t, [1, 2, 3])   # [T, n_vocab]
+    hidden = arch_hidden(meta, t, [1, 2, 3])    # [T, n_embd], after the output norm
     python3 tests/py/arch_np.py M.gguf 1 2 3        # prints argmax per position and logit scale
 
 The llama.cpp conventions it follows (the easy-to-get-wrong ones) are listed in CONVENTIONS.
@@ -191,6 +192,18 @@ def _moe(hp, t, p, h):
 
 def arch_logits(meta, t, ids, return_hparams=False, ggml_gelu=False):
     """Logits [len(ids), n_vocab] in float64.  ggml_gelu=True imitates ggml's fp16-table GELU."""
+    x, hp = arch_hidden(meta, t, ids, return_hparams=True, ggml_gelu=ggml_gelu)
+    out = t.get("output.weight", t["token_embd.weight"])
+    logits = x @ out.T
+    if hp.final_softcap:
+        logits = hp.final_softcap * np.tanh(logits / hp.final_softcap)
+    return (logits, hp) if return_hparams else logits
+
+
+def arch_hidden(meta, t, ids, return_hparams=False, ggml_gelu=False):
+    """Final hidden states [len(ids), n_embd] in float64: the last layer's residual stream after
+    the output norm, before the output projection (what llama.cpp's embeddings are for a
+    decoder model)."""
     hp = Hparams(meta)
     ids = list(ids)
     T = len(ids)
@@ -272,11 +285,7 @@ def arch_logits(meta, t, ids, return_hparams=False, ggml_gelu=False):
             f = _rms(f, t[p + "post_ffw_norm.weight"], eps)
         x = x + f
     x = _rms(x, t["output_norm.weight"], eps)
-    out = t.get("output.weight", t["token_embd.weight"])
-    logits = x @ out.T
-    if hp.final_softcap:
-        logits = hp.final_softcap * np.tanh(logits / hp.final_softcap)
-    return (logits, hp) if return_hparams else logits
+    return (x, hp) if return_hparams else x
 
 
 def log_softmax(z):

@@ -51,9 +51,10 @@ class FakeEngine {
         arena_(size_t(n_blocks * block_size), 0) {}
 
   // Adds a request generating n_gen tokens; n > 1 forks completions after the prompt.
-  SeqId add(const std::vector<int32_t>& prompt, int64_t n_gen, int priority = 0, int n = 1) {
+  SeqId add(const std::vector<int32_t>& prompt, int64_t n_gen, int priority = 0, int n = 1,
+            bool prefix_lookup = true) {
     const SeqId id = next_id_++;
-    sched_.add(id, prompt, priority);
+    sched_.add(id, prompt, priority, prefix_lookup);
     Req& r = reqs_[id];
     r.n_gen = n_gen;
     r.n_forks = n - 1;

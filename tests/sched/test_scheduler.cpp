@@ -137,6 +137,29 @@ TEST(Scheduler, SharedPromptPrefixIsServedFromTheCache) {
   EXPECT_EQ(e.kv().n_hit_tokens(), 32);
 }
 
+TEST(Scheduler, ASequenceWithoutPrefixLookupComputesItsWholePromptAndStillPublishes) {
+  FakeEngine e(64, 8, cfg(512));
+  auto prompt = prompt_of(40, 9);
+  const SeqId a = e.add(prompt, 2);
+  e.run_to_completion();
+  // The same prompt again, without lookup (an embedding request): nothing comes from the cache.
+  const SeqId b = e.add(prompt, 2, 0, 1, /*prefix_lookup=*/false);
+  ASSERT_TRUE(e.step());
+  ASSERT_EQ(e.last_plan().seqs.size(), 1u);
+  EXPECT_EQ(e.last_plan().seqs[0].n_past, 0);
+  EXPECT_EQ(e.last_plan().seqs[0].n_tokens, 40);
+  e.run_to_completion();
+  EXPECT_EQ(e.finished().at(b), fake_generate_alone(prompt, 2, FakeEngine::kVocab));
+  EXPECT_EQ(e.kv().n_hit_tokens(), 0);
+  // A third with lookup still hits the blocks the first two published.
+  const SeqId c = e.add(prompt, 2);
+  ASSERT_TRUE(e.step());
+  EXPECT_EQ(e.last_plan().seqs[0].n_past, 32);
+  e.run_to_completion();
+  EXPECT_EQ(e.finished().at(a), e.finished().at(c));
+  EXPECT_EQ(e.kv().n_hit_tokens(), 32);
+}
+
 TEST(Scheduler, BlockExhaustionPreemptsTheNewestAndResumesIt) {
   // 12 blocks of 4 = 48 slots; three sequences of 8 + 16 tokens need 72: someone must wait.
   FakeEngine e(12, 4, cfg(64));

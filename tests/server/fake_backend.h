@@ -53,7 +53,19 @@ class FakeBackend final : public server::Backend {
     int64_t max_running = 8;
     std::chrono::milliseconds step{2};
     int64_t eos_after = -1;  // tokens after which EOS comes (unless ignore_eos); -1: never
+    int64_t n_embd = 8;      // embedding requests: length of fake_embedding()
   };
+
+  // An embedding request's vector: a function of its prompt (so tests can recompute it), not
+  // normalised: v[k] = n_prompt + k / 4 + (sum of ids) / 1000 + ids[0] * k / 64.
+  static std::vector<float> fake_embedding(const std::vector<int32_t>& prompt, int64_t n_embd) {
+    double sum = 0;
+    for (int32_t id : prompt) sum += id;
+    std::vector<float> v(static_cast<size_t>(n_embd));
+    for (int64_t k = 0; k < n_embd; ++k)
+      v[size_t(k)] = float(double(prompt.size()) + double(k) / 4 + sum / 1000 + double(prompt[0]) * double(k) / 64);
+    return v;
+  }
 
   explicit FakeBackend(Options o) : opt_(std::move(o)), thread_([this] { loop(); }) {}
   FakeBackend() : FakeBackend(Options{}) {}
@@ -68,7 +80,8 @@ class FakeBackend final : public server::Backend {
 
   uint64_t add_request(RequestParams params, OutputCallback cb) override {
     if (params.prompt_ids.empty()) fail("empty prompt");
-    if (int64_t(params.prompt_ids.size()) + 1 > opt_.n_ctx) fail("prompt longer than the context");
+    if (int64_t(params.prompt_ids.size()) + (params.embedding.enabled ? 0 : 1) > opt_.n_ctx)
+      fail("prompt longer than the context");
     params.sampling.validate();
     std::lock_guard lock(mu_);
     int64_t waiting = 0;
@@ -175,6 +188,11 @@ class FakeBackend final : public server::Backend {
     RequestOutput out;
     out.request_id = id;
     out.index = index;
+    if (r.params.embedding.enabled) {  // one step, one final output with the vector
+      out.embedding = fake_embedding(r.params.prompt_ids, opt_.n_embd);
+      finish(r, c, out, FinishReason::Stop);
+      return out;
+    }
     const auto now = Clock::now();
     const bool eos = opt_.eos_after >= 0 && c.generated >= opt_.eos_after && !r.params.ignore_eos;
     int32_t tok_id = 2;

@@ -485,9 +485,9 @@ TEST(HttpErrors, ContextAndMaxTokensLimits) {
 
 TEST(HttpErrors, UnknownEndpointsAndMethods) {
   Fixture f;
-  auto r = f.client->Post("/v1/embeddings", "{}", "application/json");
+  auto r = f.client->Post("/v1/audio/speech", "{}", "application/json");
   EXPECT_EQ(r->status, 404);
-  EXPECT_NE(error_of(r)["message"].get<std::string>().find("/v1/embeddings"), std::string::npos);
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("/v1/audio/speech"), std::string::npos);
   r = f.client->Get("/v1/completions");
   EXPECT_EQ(r->status, 405);
   error_of(r);

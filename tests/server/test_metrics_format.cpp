@@ -73,7 +73,7 @@ TEST(Metrics, ServerMetricsRenderEngineGauges) {
 
 TEST(Format, ResponsesAndChunks) {
   tern::testing::ByteTokenizer tok;
-  ResponseMeta meta{ApiKind::Chat, "chatcmpl-1", 1700000000, "m"};
+  ResponseMeta meta{ApiKind::Chat, "chatcmpl-1", 1700000000, "m", system_fingerprint_of("config"), false};
   ChoiceResult c;
   c.index = 0;
   c.text = "hi";
@@ -105,6 +105,69 @@ TEST(Format, ResponsesAndChunks) {
   EXPECT_EQ(t["choices"][0]["index"], 2);
   EXPECT_EQ(new_response_id(ApiKind::Completion).size(), 5u + 24u);
   EXPECT_NE(new_response_id(ApiKind::Chat), new_response_id(ApiKind::Chat));
+  const json e = error_json("bad", "invalid_request_error", "n");
+  EXPECT_EQ(e, json({{"error", {{"message", "bad"}, {"type", "invalid_request_error"}, {"param", "n"}, {"code", nullptr}}}}));
+}
+
+TEST(Format, FingerprintTimingsAndToolCalls) {
+  tern::testing::ByteTokenizer tok;
+  const std::string fp = system_fingerprint_of("tern 0.1.0|m.gguf|123|f16|4096");
+  EXPECT_EQ(fp.size(), 3u + 16u);
+  EXPECT_EQ(fp.rfind("fp_", 0), 0u);
+  EXPECT_EQ(fp, system_fingerprint_of("tern 0.1.0|m.gguf|123|f16|4096")) << "stable";
+  EXPECT_NE(fp, system_fingerprint_of("tern 0.1.0|m.gguf|123|f32|4096")) << "the K/V type is part of it";
+  ResponseMeta meta{ApiKind::Chat, "chatcmpl-1", 1700000000, "m", fp, true};
+
+  RequestMetrics m;
+  m.n_prompt = 12;
+  m.n_cached_prompt = 4;
+  m.queue_ms = 1.0;
+  m.ttft_ms = 5.0;  // 4 ms of prefill for 8 computed tokens
+  m.n_generated = 3;
+  m.tbt_ms = {10.0, 30.0};
+  const json t = timings_json(m);
+  EXPECT_EQ(t["prompt_n"], 8);
+  EXPECT_EQ(t["cache_n"], 4);
+  EXPECT_DOUBLE_EQ(t["prompt_ms"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(t["prompt_per_second"].get<double>(), 2000.0);
+  EXPECT_EQ(t["predicted_n"], 3);
+  EXPECT_DOUBLE_EQ(t["predicted_ms"].get<double>(), 40.0);
+  EXPECT_DOUBLE_EQ(t["predicted_per_token_ms"].get<double>(), 20.0) << "over the 2 tokens after the first";
+  EXPECT_DOUBLE_EQ(t["predicted_per_second"].get<double>(), 50.0);
+
+  ChoiceResult c;
+  c.finish = FinishReason::Stop;
+  c.metrics = m;
+  c.tool_calls = {{"call_a", "get_weather", "{\"city\":\"Paris\"}"}};
+  const json full = completion_response(meta, {c}, Usage{12, 3, 4}, false, tok);
+  EXPECT_EQ(full["system_fingerprint"], fp);
+  EXPECT_EQ(full["timings"], t);
+  EXPECT_EQ(full["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_TRUE(full["choices"][0]["message"]["content"].is_null()) << "no text beside the calls";
+  EXPECT_EQ(full["choices"][0]["message"]["tool_calls"][0],
+            json({{"id", "call_a"}, {"type", "function"},
+                  {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}}}}));
+  c.text = "Let me look.";
+  EXPECT_EQ(completion_response(meta, {c}, Usage{}, false, tok)["choices"][0]["message"]["content"], "Let me look.");
+
+  const json start = tool_call_start_chunk(meta, 0, 1, "call_b", "get_time", false);
+  EXPECT_EQ(start["system_fingerprint"], fp);
+  EXPECT_EQ(start["choices"][0]["delta"]["tool_calls"][0],
+            json({{"index", 1}, {"id", "call_b"}, {"type", "function"}, {"function", {{"name", "get_time"}, {"arguments", ""}}}}));
+  const json frag = tool_call_arguments_chunk(meta, 0, 1, "{\"zone\"", true);
+  EXPECT_EQ(frag["choices"][0]["delta"]["tool_calls"][0], json({{"index", 1}, {"function", {{"arguments", "{\"zone\""}}}}));
+  EXPECT_TRUE(frag["usage"].is_null());
+  const json fin = finish_chunk(meta, 0, FinishReason::Stop, false, &m, true);
+  EXPECT_EQ(fin["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(fin["timings"], t);
+  meta.timings = false;
+  EXPECT_FALSE(finish_chunk(meta, 0, FinishReason::Stop, false, &m)["choices"][0].contains("timings"));
+  EXPECT_FALSE(finish_chunk(meta, 0, FinishReason::Stop, false, &m).contains("timings"));
+  meta.system_fingerprint.clear();
+  EXPECT_FALSE(finish_chunk(meta, 0, FinishReason::Stop, false).contains("system_fingerprint"));
+}
+
+TEST(Format, ErrorObjects) {
   const json e = error_json("bad", "invalid_request_error", "n");
   EXPECT_EQ(e, json({{"error", {{"message", "bad"}, {"type", "invalid_request_error"}, {"param", "n"}, {"code", nullptr}}}}));
 }

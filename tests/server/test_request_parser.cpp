@@ -221,9 +221,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"prompt":"x","suffix":"s"})", "suffix"}, BadCase{R"({"prompt":"x","logit_bias":{"x":1}})", "logit_bias"},
         BadCase{R"({"prompt":"x","logit_bias":{"5":101}})", "logit_bias"}, BadCase{R"({"prompt":"x","logit_bias":{"-1":1}})", "logit_bias"},
         BadCase{R"({"prompt":"x","logit_bias":{"5":"a"}})", "logit_bias"},
-        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools", ApiKind::Chat},
-        BadCase{R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
-                "response_format", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools[0].function",
+                ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})",
+                "response_format.type", ApiKind::Chat},
         BadCase{R"({"prompt":[["a"]]})", "prompt[0][0]"}),
     // Names: the case number and the parameter it must blame ("body" for the whole body).
     [](const ::testing::TestParamInfo<BadCase>& info) {
@@ -247,3 +248,184 @@ TEST(RequestParser, ManyPromptsTimesNIsBounded) {
   EXPECT_EQ(completion(R"({"prompt":)" + prompts + R"(,"n":12})").prompts.size(), 10u);
   EXPECT_EQ(error_of(R"({"prompt":)" + prompts + R"(,"n":13})").param(), "n");
 }
+
+// ---- tool calling and structured output (#23) ----
+
+namespace {
+
+const std::string kUser = R"("messages":[{"role":"user","content":"x"}])";
+const std::string kWeatherTool =
+    R"({"type":"function","function":{"name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"a":{"type":"integer"}},"required":["city"]},"strict":true}})";
+
+std::string chat_body(const std::string& extra) { return "{" + kUser + extra + "}"; }
+
+}  // namespace
+
+TEST(RequestParserTools, ToolsAndDefaults) {
+  OpenAiRequest r = chat(chat_body(""));
+  EXPECT_TRUE(r.tools.empty());
+  EXPECT_EQ(r.tool_choice.mode, ToolChoiceMode::None);
+  EXPECT_TRUE(r.parallel_tool_calls);
+  r = chat(chat_body(",\"tools\":[" + kWeatherTool + R"(,{"type":"function","function":{"name":"noop"}}])"));
+  ASSERT_EQ(r.tools.size(), 2u);
+  EXPECT_EQ(r.tool_choice.mode, ToolChoiceMode::Auto);  // tools given: auto
+  EXPECT_EQ(r.tools[0].name, "get_weather");
+  EXPECT_EQ(r.tools[0].description, "Weather");
+  EXPECT_TRUE(r.tools[0].strict);
+  // The client's key order is kept (templates print the schema).
+  EXPECT_EQ(r.tools[0].parameters.dump(),
+            R"({"type":"object","properties":{"city":{"type":"string"},"a":{"type":"integer"}},"required":["city"]})");
+  EXPECT_EQ(r.tools[1].parameters.dump(), R"({"type":"object","properties":{}})");  // the default
+  EXPECT_FALSE(r.tools[1].strict);
+  EXPECT_EQ(chat(chat_body(R"(,"tools":[])")).tool_choice.mode, ToolChoiceMode::None);
+}
+
+TEST(RequestParserTools, ToolChoice) {
+  const std::string tools = ",\"tools\":[" + kWeatherTool + "]";
+  EXPECT_EQ(chat(chat_body(tools + R"(,"tool_choice":"none")")).tool_choice.mode, ToolChoiceMode::None);
+  EXPECT_EQ(chat(chat_body(tools + R"(,"tool_choice":"auto")")).tool_choice.mode, ToolChoiceMode::Auto);
+  EXPECT_EQ(chat(chat_body(tools + R"(,"tool_choice":"required")")).tool_choice.mode, ToolChoiceMode::Required);
+  const OpenAiRequest r =
+      chat(chat_body(tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}},"parallel_tool_calls":false)"));
+  EXPECT_EQ(r.tool_choice.mode, ToolChoiceMode::Named);
+  EXPECT_EQ(r.tool_choice.name, "get_weather");
+  EXPECT_FALSE(r.parallel_tool_calls);
+  // A named function that is not a tool: 400 naming it.
+  const ApiError e = error_of(chat_body(tools + R"(,"tool_choice":{"type":"function","function":{"name":"fly"}})"), ApiKind::Chat);
+  EXPECT_EQ(e.param(), "tool_choice");
+  EXPECT_NE(std::string(e.what()).find("'fly'"), std::string::npos) << e.what();
+  EXPECT_EQ(chat(chat_body(R"(,"tool_choice":"none")")).tool_choice.mode, ToolChoiceMode::None);
+}
+
+TEST(RequestParserTools, HistoryWithToolCallsAndResults) {
+  const OpenAiRequest r = chat(R"({"messages":[
+    {"role":"user","content":"Weather?"},
+    {"role":"assistant","content":null,"tool_calls":[
+      {"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}},
+      {"id":"call_b","type":"function","function":{"name":"get_weather","arguments":{"city":"Rome"}}}]},
+    {"role":"tool","tool_call_id":"call_a","content":"21C"},
+    {"role":"tool","tool_call_id":"call_b","name":"get_weather","content":[{"type":"text","text":"25C"}]},
+    {"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}]})");
+  ASSERT_EQ(r.messages.size(), 5u);
+  const ChatMessage& a = r.messages[1];
+  EXPECT_TRUE(a.content_null);
+  EXPECT_EQ(a.content, "");
+  ASSERT_EQ(a.tool_calls.size(), 2u);
+  EXPECT_EQ(a.tool_calls[0].id, "call_a");
+  EXPECT_EQ(a.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(a.tool_calls[0].arguments, R"({"city": "Paris"})");  // as sent
+  EXPECT_EQ(a.tool_calls[1].arguments, R"({"city":"Rome"})");    // an object is taken too
+  EXPECT_EQ(r.messages[2].role, "tool");
+  EXPECT_EQ(r.messages[2].tool_call_id, "call_a");
+  EXPECT_EQ(r.messages[2].content, "21C");
+  EXPECT_EQ(r.messages[3].name, "get_weather");
+  EXPECT_EQ(r.messages[3].content, "25C");
+  EXPECT_TRUE(r.messages[4].content_null);  // content absent with tool_calls
+  // Plain assistant null content is still "" (not null) for the templates.
+  EXPECT_FALSE(chat(R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":null}]})").messages[1].content_null);
+}
+
+TEST(RequestParserTools, StructuredOutputFields) {
+  OpenAiRequest r = chat(chat_body(R"(,"response_format":{"type":"json_object"})"));
+  EXPECT_EQ(r.response_format.kind, ResponseFormatKind::JsonObject);
+  r = chat(chat_body(
+      R"(,"response_format":{"type":"json_schema","json_schema":{"name":"person","schema":{"type":"object","properties":{"z":{"type":"string"},"a":{"type":"number"}}},"strict":true}})"));
+  EXPECT_EQ(r.response_format.kind, ResponseFormatKind::JsonSchema);
+  EXPECT_EQ(r.response_format.name, "person");
+  EXPECT_TRUE(r.response_format.strict);
+  EXPECT_EQ(r.response_format.schema.dump(), R"({"type":"object","properties":{"z":{"type":"string"},"a":{"type":"number"}}})");
+  EXPECT_EQ(chat(chat_body(R"(,"response_format":{"type":"text"})")).response_format.kind, ResponseFormatKind::Text);
+  r = chat(chat_body(R"(,"grammar":"root ::= \"a\"")"));
+  EXPECT_EQ(r.grammar, "root ::= \"a\"");
+  r = completion(R"({"prompt":"x","json_schema":{"type":"array","items":{"type":"integer"}}})");
+  ASSERT_TRUE(r.json_schema.has_value());
+  EXPECT_EQ(r.json_schema->dump(), R"({"type":"array","items":{"type":"integer"}})");
+  EXPECT_EQ(completion(R"({"prompt":"x","response_format":{"type":"json_object"}})").response_format.kind,
+            ResponseFormatKind::JsonObject);
+  // truncate_prompt_tokens (vLLM): N >= 1 or -1.
+  EXPECT_FALSE(completion(R"({"prompt":"x"})").truncate_prompt_tokens.has_value());
+  EXPECT_EQ(completion(R"({"prompt":"x","truncate_prompt_tokens":7})").truncate_prompt_tokens, 7);
+  EXPECT_EQ(chat(chat_body(R"(,"truncate_prompt_tokens":-1)")).truncate_prompt_tokens, -1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ToolFields, RequestParserRejects,
+    ::testing::Values(
+        // tools
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":{}})", "tools", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[5]})", "tools[0]", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval","function":{"name":"a"}}]})",
+                "tools[0].type", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{}}]})",
+                "tools[0].function.name", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"has space"}}]})",
+                "tools[0].function.name", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}}]})",
+                "tools[0].function.name", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"a"}}]})",
+                "tools[1].function.name", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a","parameters":"{}"}}]})",
+                "tools[0].function.parameters", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a","parameters":{"type":"object","properties":{"q":{"type":"strin"}}}}}]})",
+                "tools[0].function.parameters.properties.q.type", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a","parameters":{"type":"object","required":"q"}}}]})",
+                "tools[0].function.parameters.required", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a","strict":"yes"}}]})",
+                "tools[0].function.strict", ApiKind::Chat},
+        BadCase{R"({"prompt":"x","tools":[{"type":"function","function":{"name":"a"}}]})", "tools"},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"functions":[{"name":"a"}]})", "functions", ApiKind::Chat},
+        // tool_choice
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a"}}],"tool_choice":"always"})",
+                "tool_choice", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a"}}],"tool_choice":5})",
+                "tool_choice", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a"}}],"tool_choice":{"type":"function"}})",
+                "tool_choice.function", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a"}}],"tool_choice":{"type":"function","function":{"name":"b"}}})",
+                "tool_choice", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a"}}],"parallel_tool_calls":1})",
+                "parallel_tool_calls", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a"}}],"tool_choice":"required","response_format":{"type":"json_object"}})",
+                "tool_choice", ApiKind::Chat},
+        // history
+        BadCase{R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"a","arguments":"{oops"}}]}]})",
+                "messages[1].tool_calls[0].function.arguments", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"a","arguments":"[1]"}}]}]})",
+                "messages[1].tool_calls[0].function.arguments", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"a","arguments":"{}"}}]}]})",
+                "messages[1].tool_calls[0].id", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c","function":{"arguments":"{}"}}]}]})",
+                "messages[1].tool_calls[0].function.name", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":{}}]})",
+                "messages[1].tool_calls", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", "messages[0].tool_calls", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"a","arguments":"{}"}}]},{"role":"tool","content":"r"}]})",
+                "messages[2].tool_call_id", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"},{"role":"tool","tool_call_id":"c","content":"r"}]})",
+                "messages[1].role", ApiKind::Chat},
+        BadCase{R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"a","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c"}]})",
+                "messages[2].content", ApiKind::Chat},
+        // structured output
+        BadCase{R"({"prompt":"x","response_format":{}})", "response_format.type"},
+        BadCase{R"({"prompt":"x","response_format":{"type":"json_schema"}})", "response_format.json_schema"},
+        BadCase{R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a b","schema":{}}}})",
+                "response_format.json_schema.name"},
+        BadCase{R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a","schema":[]}}})",
+                "response_format.json_schema.schema"},
+        BadCase{R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"anyOf":[]}}}})",
+                "response_format.json_schema.schema.anyOf"},
+        BadCase{R"({"prompt":"x","grammar":5})", "grammar"},
+        BadCase{R"({"prompt":"x","json_schema":"{}"})", "json_schema"},
+        BadCase{R"({"prompt":"x","json_schema":{"type":"object","properties":{"a":{"minLength":-1}}}})",
+                "json_schema.properties.a.minLength"},
+        BadCase{R"({"prompt":"x","grammar":"root ::= \"a\"","json_schema":{}})", "json_schema"},
+        BadCase{R"({"prompt":"x","response_format":{"type":"json_object"},"grammar":"root ::= \"a\""})", "grammar"},
+        BadCase{R"({"prompt":"x","truncate_prompt_tokens":0})", "truncate_prompt_tokens"},
+        BadCase{R"({"prompt":"x","truncate_prompt_tokens":-2})", "truncate_prompt_tokens"},
+        BadCase{R"({"prompt":"x","truncate_prompt_tokens":"5"})", "truncate_prompt_tokens"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) {
+      std::string name = std::to_string(info.index) + "_";
+      for (const char* c = info.param.param; *c; ++c) name += std::isalnum(static_cast<unsigned char>(*c)) ? *c : '_';
+      return name;
+    });

@@ -65,6 +65,73 @@ const conversations = {
   ],
 };
 
+// Tool calling: the same conversations in OpenAI's request shape (what a client sends tern:
+// arguments as JSON text, content null beside tool_calls) and in the shape HF's templates get
+// (vars: arguments as objects, as llama.cpp and HF's examples pass them; content ""). tools in
+// HF's shape are OpenAI's. Rendered by Python's Jinja2 (hf_jinja.py); test_reference.cpp
+// checks both the Jinja engine on `vars` and the server's request parser + ChatTemplate on
+// `openai`. Ids are 9 alphanumerics, which Mistral's template requires.
+const weatherTool = {
+  type: "function",
+  function: {
+    name: "get_weather",
+    description: "Current weather of a city. Units: \"metric\" or 'imperial' — défaut metric",
+    parameters: {
+      type: "object",
+      properties: {
+        city: { type: "string", description: "City name, e.g. Zürich" },
+        unit: { type: "string", enum: ["metric", "imperial"] },
+        days: { type: "integer", minimum: 1, maximum: 7 },
+      },
+      required: ["city"],
+    },
+  },
+};
+const timeTool = { type: "function", function: { name: "get_time", description: "Time now", parameters: { type: "object", properties: {} } } };
+const call = (id, name, args) => ({ id, type: "function", function: { name, arguments: JSON.stringify(args) } });
+const toolConversations = {
+  tools_single: { tools: [weatherTool, timeTool], messages: [{ role: "user", content: "Weather in Paris?" }] },
+  tools_system: { tools: [weatherTool], messages: [sys, { role: "user", content: "  Weather in Paris?  " }] },
+  tools_call: {
+    tools: [weatherTool, timeTool],
+    messages: [
+      { role: "user", content: "Weather in Paris, in metric?" },
+      { role: "assistant", content: null, tool_calls: [call("call00001", "get_weather", { city: "Paris", unit: "metric", days: 2 })] },
+      { role: "tool", tool_call_id: "call00001", content: "{\"temp\": 21.5, \"sky\": \"clear\"}" },
+    ],
+  },
+  tools_call_answered: {
+    tools: [weatherTool],
+    messages: [
+      sys,
+      { role: "user", content: "Weather in Zürich?" },
+      { role: "assistant", content: null, tool_calls: [call("abcDEF123", "get_weather", { city: "Zürich \"ZH\"", nested: { a: [1, 2.5, true, null] } })] },
+      { role: "tool", tool_call_id: "abcDEF123", content: "Sunny, 18 °C <b>&</b>" },
+      { role: "assistant", content: "It is sunny and 18 °C." },
+      { role: "user", content: "Thanks!" },
+    ],
+  },
+  tools_parallel: {
+    tools: [weatherTool, timeTool],
+    parallel: true,  // Llama 3.1's template takes one call per message
+    messages: [
+      { role: "user", content: "Weather and time in Oslo?" },
+      { role: "assistant", content: null, tool_calls: [call("call00001", "get_weather", { city: "Oslo" }), call("call00002", "get_time", {})] },
+      { role: "tool", tool_call_id: "call00001", content: "rain" },
+      { role: "tool", tool_call_id: "call00002", content: "12:00" },
+    ],
+  },
+};
+// HF's shape of an OpenAI message.
+const hfMessage = (m) => {
+  const out = { ...m };
+  if (m.tool_calls) {
+    out.content = m.content ?? "";
+    out.tool_calls = m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: JSON.parse(c.function.arguments) } }));
+  }
+  return out;
+};
+
 // [template name, tokenizer whose special tokens it gets, template source (null: the
 // tokenizer's own), conversations, extra variables]
 const fromFile = (f) => fs.readFileSync(path.join(templatesDir, f), "utf8");
@@ -108,6 +175,35 @@ for (const [name, tokName, source, convs, extras] of plans) {
         const label = `${name}/${conv}${Object.keys(extra).length && extra.enable_thinking !== undefined ? "/no_think" : ""}/${add_generation_prompt ? "gen" : "nogen"}`;
         cases.push({ name: label, template, vars, expected, reference: "transformers.js", js_refused: refused });
       }
+    }
+  }
+}
+// Templates that render tools: [name, tokenizer, source (null: the tokenizer's own), extras].
+const toolPlans = [
+  ["qwen3", "qwen3", null, {}],
+  ["llama-3.1-8b-instruct", "llama3", fromFile("llama-3.1-8b-instruct.jinja"), { bos_token: "<|begin_of_text|>", eos_token: "<|eot_id|>" }],
+  ["mistral-large-2407", "llama3", fromFile("mistral-large-2407.jinja"), { bos_token: "<s>", eos_token: "</s>" }],
+];
+for (const [name, tokName, source, extra] of toolPlans) {
+  const tok = tokenizers[tokName];
+  const template = source ?? tok.chat_template;
+  for (const [conv, c] of Object.entries(toolConversations)) {
+    if (c.parallel && name.startsWith("llama-3.1")) continue;
+    for (const add_generation_prompt of [true, false]) {
+      const vars = { messages: c.messages.map(hfMessage), add_generation_prompt, tools: c.tools, documents: null };
+      for (const s of SPECIAL) {
+        const t = tok.getToken(s);
+        if (t) vars[s] = t;
+      }
+      Object.assign(vars, extra);
+      cases.push({
+        name: `${name}/${conv}/${add_generation_prompt ? "gen" : "nogen"}`,
+        template,
+        vars,
+        openai: { messages: c.messages, tools: c.tools },
+        expected: null,  // Python's Jinja2 (hf_jinja.py) is the reference for tool calling
+        reference: "jinja2",
+      });
     }
   }
 }

@@ -117,3 +117,74 @@ test("a page on another origin reaches the API only where --cors allows it", asy
     await browser.close();
   }
 });
+
+test("the chat page renders an answer's Markdown, and never a model's HTML", async () => {
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+  });
+  try {
+    const page = await browser.newPage();
+    const pageErrors = [];
+    page.on("pageerror", (e) => pageErrors.push(String(e)));
+    await page.goto(base + "/");
+    const r = await page.evaluate(() => {
+      window.__pwned = false;
+      const md = [
+        "# Title",
+        "Some **bold**, *italic*, `x < y` and a [link](https://example.com/a) and [bad](javascript:window.__pwned=true).",
+        "",
+        "- one",
+        "- two with `code`",
+        "",
+        "1. first",
+        "2. second",
+        "",
+        "> quoted",
+        "",
+        "```python",
+        "print('<b>not bold</b>')",
+        "```",
+        "",
+        "<img src=x onerror=\"window.__pwned=true\"><script>window.__pwned=true</script>",
+        "```",
+        "unclosed fence while streaming",
+      ].join("\n");
+      const div = document.createElement("div");
+      document.body.appendChild(div);
+      window.ternMarkdown.renderInto(div, md);
+      const q = (s) => div.querySelectorAll(s);
+      return {
+        h1: q("h1").length && q("h1")[0].textContent,
+        strong: q("p strong").length && q("p strong")[0].textContent,
+        em: q("p em").length && q("p em")[0].textContent,
+        code: q("p code").length && q("p code")[0].textContent,
+        links: Array.from(q("a")).map((a) => a.getAttribute("href")),
+        ul: q("ul > li").length,
+        ol: q("ol > li").length,
+        quote: q("blockquote").length && q("blockquote")[0].textContent.trim(),
+        pre: Array.from(q("pre > code")).map((c) => [c.className, c.textContent]),
+        img: q("img").length,
+        script: q("script").length,
+        rawHtmlShownAsText: div.textContent.includes("<img src=x onerror="),
+      };
+    });
+    assert.equal(r.h1, "Title");
+    assert.equal(r.strong, "bold");
+    assert.equal(r.em, "italic");
+    assert.equal(r.code, "x < y");
+    assert.deepEqual(r.links, ["https://example.com/a"], "only http(s)/mailto links become links");
+    assert.equal(r.ul, 2);
+    assert.equal(r.ol, 2);
+    assert.equal(r.quote, "quoted");
+    assert.deepEqual(r.pre, [["language-python", "print('<b>not bold</b>')"], ["", "unclosed fence while streaming"]]);
+    assert.equal(r.img, 0);
+    assert.equal(r.script, 0);
+    assert.ok(r.rawHtmlShownAsText);
+    await page.waitForTimeout(100);
+    assert.equal(await page.evaluate(() => window.__pwned), false);
+    assert.deepEqual(pageErrors, []);
+  } finally {
+    await browser.close();
+  }
+});

