@@ -255,7 +255,7 @@ test("errors are raised as the client's error classes", async () => {
   }
   for (const r of results.filter((r) => r.status === "fulfilled")) assert.equal(r.value.usage.completion_tokens, 1500);
   // 404: an endpoint this server does not have.
-  await assert.rejects(client.embeddings.create({ model, input: "x" }), (e) => e instanceof OpenAI.NotFoundError);
+  await assert.rejects(client.moderations.create({ model, input: "x" }), (e) => e instanceof OpenAI.NotFoundError);
 });
 
 test("a client that cancels mid-stream frees its request at once", async () => {
