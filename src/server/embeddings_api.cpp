@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "server/api_error.h"
+#include "server/mailbox.h"
 #include "server/openai_format.h"
 #include "server/openai_request.h"
 
@@ -115,27 +116,7 @@ struct Done {
   std::vector<float> embedding;
 };
 
-// Where the engine's callbacks leave finished inputs; shared with the callbacks (a callback that
-// fires after the handler gave up still has somewhere to write).
-struct Mailbox {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Done> done;
-
-  void push(Done d) {
-    {
-      std::lock_guard lock(mu);
-      done.push_back(std::move(d));
-    }
-    cv.notify_one();
-  }
-  void take(std::deque<Done>& out, std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mu);
-    cv.wait_for(lock, timeout, [&] { return !done.empty(); });
-    out.swap(done);
-    done.clear();
-  }
-};
+using DoneMailbox = Mailbox<Done>;
 
 EmbeddingsResult error_result(int status, const std::string& message, const std::string& code = "") {
   const char* type = status == 429 ? "rate_limit_error" : status >= 500 ? "server_error" : "invalid_request_error";
@@ -250,7 +231,7 @@ EmbeddingsResult serve_embeddings(std::string_view body, Backend& backend, const
 
   // Submit every input at once: the engine batches them into the same steps. A refusal takes
   // back what was submitted.
-  auto mailbox = std::make_shared<Mailbox>();
+  auto mailbox = std::make_shared<DoneMailbox>();
   std::vector<uint64_t> ids(prompts.size(), 0);
   std::vector<bool> finished(prompts.size(), false);
   size_t n_done = 0;
@@ -262,7 +243,7 @@ EmbeddingsResult serve_embeddings(std::string_view body, Backend& backend, const
     RequestParams p;
     p.prompt_ids = std::move(prompts[i]);
     p.embedding.enabled = true;
-    std::weak_ptr<Mailbox> weak = mailbox;
+    std::weak_ptr<DoneMailbox> weak = mailbox;
     uint64_t id = 0;
     try {
       id = backend.add_request(std::move(p), [weak, i](const RequestOutput& out) {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "server/api_error.h"
+#include "server/mailbox.h"
 #include "server/http_server.h"
 #include "server/embeddings_api.h"
 #include "server/openai_format.h"
@@ -98,29 +99,7 @@ struct Event {
   RequestOutput out;
 };
 
-// Where the engine's callbacks leave outputs for the handler thread. Shared (shared_ptr) by
-// the callbacks and the handler, so a callback that fires after the handler gave up (abort
-// on disconnect) still has somewhere to write.
-struct Mailbox {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Event> events;
-
-  void push(Event e) {
-    {
-      std::lock_guard lock(mu);
-      events.push_back(std::move(e));
-    }
-    cv.notify_one();
-  }
-  // Moves whatever is queued into `out`, waiting up to `timeout` for the first.
-  void take(std::deque<Event>& out, std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mu);
-    cv.wait_for(lock, timeout, [&] { return !events.empty(); });
-    out.swap(events);
-    events.clear();
-  }
-};
+using EventMailbox = Mailbox<Event>;
 
 }  // namespace
 
@@ -185,7 +164,7 @@ struct Server::Impl {
   struct Job {
     Impl* impl = nullptr;
     std::unique_ptr<InFlight> in_flight;
-    std::shared_ptr<Mailbox> mailbox = std::make_shared<Mailbox>();
+    std::shared_ptr<EventMailbox> mailbox = std::make_shared<EventMailbox>();
     OpenAiRequest req;
     ResponseMeta meta;
     std::vector<uint64_t> ids;            // engine request id per prompt
@@ -449,7 +428,7 @@ struct Server::Impl {
       params.priority = r.priority;
       params.n = r.n;
       params.constraint = constraint;
-      std::weak_ptr<Mailbox> weak = job->mailbox;
+      std::weak_ptr<EventMailbox> weak = job->mailbox;
       const int prompt_index = int(i);
       uint64_t id = 0;
       try {
