@@ -450,14 +450,18 @@ struct Server::Impl {
 
   // ---- generation handlers ---------------------------------------------------------------
 
+  // 503 + Retry-After when more requests are in flight than the HTTP threads can serve.
+  bool refuse_when_busy(HttpResponse& res) const {
+    if (cfg.max_in_flight <= 0 || in_flight.load() <= cfg.max_in_flight) return false;
+    res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
+    set_error(res, 503, "The server is busy (too many requests in flight). Please retry after a short wait.", "",
+              "server_busy");
+    return true;
+  }
+
   void handle_generate(const HttpRequest& hreq, HttpResponse& res, ApiKind kind) {
     auto guard = std::make_unique<InFlight>(this);
-    if (cfg.max_in_flight > 0 && in_flight.load() > cfg.max_in_flight) {
-      res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
-      set_error(res, 503, "The server is busy (too many requests in flight). Please retry after a short wait.", "",
-                "server_busy");
-      return;
-    }
+    if (refuse_when_busy(res)) return;
     std::shared_ptr<Job> job;
     try {
       job = prepare(hreq.body, kind);
@@ -667,12 +671,7 @@ struct Server::Impl {
   // once so they share steps (server/embeddings_api.h).
   void handle_embeddings(const HttpRequest& hreq, HttpResponse& res) {
     InFlight guard(this);
-    if (cfg.max_in_flight > 0 && in_flight.load() > cfg.max_in_flight) {
-      res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
-      set_error(res, 503, "The server is busy (too many requests in flight). Please retry after a short wait.", "",
-                "server_busy");
-      return;
-    }
+    if (refuse_when_busy(res)) return;
     EmbeddingsOptions o;
     o.model_name = cfg.model_id;
     o.timeout = std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
