@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <optional>
 #include <map>
 #include <set>
 #include <vector>
@@ -64,6 +66,68 @@ const std::set<std::string>& unsupported() {
       "maxContains", "uniqueItems", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
       "$recursiveRef", "additionalItems"};
   return k;
+}
+
+// Integers carry at most 16 digits (the `integral-part` rule); a bound at or beyond that
+// magnitude leaves its side unbounded.
+constexpr int64_t k_max_integer = 9999999999999999;
+
+// An inclusive range of integers; an empty optional is unbounded on that side.
+struct IntegerRange {
+  std::optional<int64_t> lo, hi;
+};
+
+// GBNF for the decimal strings of the integers in [lo, hi], both with `digits` digits (leading
+// zeros only where the caller wants them): the first digit where lo and hi differ splits the
+// range into lo's tail, a free middle, and hi's tail.
+std::string same_length_range(const std::string& lo, const std::string& hi) {
+  if (lo.empty()) return "";
+  if (lo[0] == hi[0]) {
+    const std::string rest = same_length_range(lo.substr(1), hi.substr(1));
+    return std::string("[") + lo[0] + "]" + (rest.empty() ? "" : " " + rest);
+  }
+  const size_t n = lo.size() - 1;
+  const std::string any_tail = n ? " [0-9]{" + std::to_string(n) + "}" : "";
+  const bool lo_tail_free = lo.find_first_not_of('0', 1) == std::string::npos;
+  const bool hi_tail_free = hi.find_first_not_of('9', 1) == std::string::npos;
+  std::vector<std::string> alts;
+  const char first = lo_tail_free ? lo[0] : char(lo[0] + 1);
+  const char last = hi_tail_free ? hi[0] : char(hi[0] - 1);
+  if (!lo_tail_free) alts.push_back(std::string("[") + lo[0] + "] (" + same_length_range(lo.substr(1), std::string(n, '9')) + ")");
+  if (first <= last) alts.push_back(std::string("[") + first + "-" + last + "]" + any_tail);
+  if (!hi_tail_free) alts.push_back(std::string("[") + hi[0] + "] (" + same_length_range(std::string(n, '0'), hi.substr(1)) + ")");
+  if (alts.size() == 1) return alts[0];
+  std::string out = "(";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+  return out + ")";
+}
+
+// GBNF for the non-negative integers in [lo, hi] (hi <= k_max_integer), written without
+// leading zeros: one alternative per digit count.
+std::string non_negative_range(int64_t lo, int64_t hi) {
+  std::vector<std::string> alts;
+  int64_t first_of_length = 0;  // 0, 10, 100, ...
+  for (int digits = 1; digits <= 16; ++digits) {
+    const int64_t last_of_length = first_of_length == 0 ? 9 : first_of_length * 10 - 1;
+    const int64_t a = std::max(lo, first_of_length), b = std::min(hi, last_of_length);
+    if (a <= b) alts.push_back(same_length_range(std::to_string(a), std::to_string(b)));
+    if (last_of_length >= hi) break;
+    first_of_length = first_of_length == 0 ? 10 : first_of_length * 10;
+  }
+  std::string out;
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + ("(" + alts[i] + ")");
+  return out;
+}
+
+std::string integer_range_gbnf(const IntegerRange& r) {
+  const int64_t lo = r.lo.value_or(-k_max_integer), hi = r.hi.value_or(k_max_integer);
+  std::vector<std::string> alts;
+  // Negative integers -m with m in [max(1, -hi), -lo].
+  if (lo < 0) alts.push_back("\"-\" (" + non_negative_range(std::max<int64_t>(1, -hi), -lo) + ")");
+  if (hi >= 0) alts.push_back(non_negative_range(std::max<int64_t>(0, lo), hi));
+  std::string out;
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + ("(" + alts[i] + ")");
+  return out;
 }
 
 // A GBNF string literal matching exactly `bytes` (UTF-8 passes through; quotes, backslashes and
@@ -159,6 +223,43 @@ class Converter {
     if (n < 0) error(path, "'", key, "' must be a non-negative integer");
     if (n > 10000) error(path, "'", key, "' = ", n, " is above the supported 10000");
     return n;
+  }
+
+  // The integer bounds of `s` (minimum / maximum, and the exclusive forms as numbers, as in
+  // draft 2019+), as one inclusive range. A range that holds no integer is refused.
+  static IntegerRange integer_range(const json& s, const std::string& path) {
+    IntegerRange r;
+    // A bound, rounded towards the inside of the range (up for a lower bound); integers are
+    // read exactly (a double holds them only up to 2^53). nullopt: absent or beyond 16 digits.
+    auto bound = [&](const char* key, bool lower, bool exclusive) -> std::optional<int64_t> {
+      if (!s.contains(key)) return std::nullopt;
+      const json& v = s.at(key);
+      if (!v.is_number()) error(path, "'", key, "' must be a number");
+      if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(k_max_integer)) {
+        if (lower) error(path, "'", key, "' = ", v.dump(), " is above the largest supported integer ", k_max_integer);
+        return std::nullopt;
+      }
+      int64_t x;
+      if (v.is_number_integer()) {
+        x = std::clamp<int64_t>(v.get<int64_t>(), -2 * k_max_integer, 2 * k_max_integer);
+        if (exclusive) x += lower ? 1 : -1;
+      } else {
+        const double d = v.get<double>();
+        if (!std::isfinite(d)) error(path, "'", key, "' must be finite");
+        if (std::fabs(d) > 2.0 * k_max_integer) x = d < 0 ? -2 * k_max_integer : 2 * k_max_integer;
+        else x = int64_t(lower ? (exclusive ? std::floor(d) + 1 : std::ceil(d)) : (exclusive ? std::ceil(d) - 1 : std::floor(d)));
+      }
+      if (lower && x > k_max_integer) error(path, "'", key, "' = ", v.dump(), " is above the largest supported integer ", k_max_integer);
+      if (!lower && x < -k_max_integer) error(path, "'", key, "' = ", v.dump(), " is below the smallest supported integer -", k_max_integer);
+      if (lower ? x <= -k_max_integer : x >= k_max_integer) return std::nullopt;
+      return x;
+    };
+    for (auto [key, exclusive] : {std::pair{"minimum", false}, std::pair{"exclusiveMinimum", true}})
+      if (auto x = bound(key, true, exclusive)) r.lo = r.lo ? std::max(*r.lo, *x) : *x;
+    for (auto [key, exclusive] : {std::pair{"maximum", false}, std::pair{"exclusiveMaximum", true}})
+      if (auto x = bound(key, false, exclusive)) r.hi = r.hi ? std::min(*r.hi, *x) : *x;
+    if (r.lo && r.hi && *r.lo > *r.hi) error(path, "the bounds leave no integer (", *r.lo, " > ", *r.hi, ")");
+    return r;
   }
 
   // Refuses the keywords of `s` not in `allowed` that change validity.
@@ -275,16 +376,10 @@ class Converter {
       return use("number");
     }
     if (type == "integer") {
-      // Non-negative / positive integers are common enough to support; other bounds are not.
-      if (s.contains("minimum")) {
-        const json& m = s.at("minimum");
-        check_keywords(s, path, {"type", "minimum"});
-        if (m == 0) return use("integral-part") + " " + use("space");
-        if (m == 1) return "[1-9] [0-9]{0,15} " + use("space");
-        error(path, "'minimum' is only supported as 0 or 1 on integers");
-      }
-      check_keywords(s, path, {"type"});
-      return use("integer");
+      check_keywords(s, path, {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"});
+      const IntegerRange range = integer_range(s, path);
+      if (!range.lo && !range.hi) return use("integer");
+      return new_rule(hint.empty() ? "int" : hint + "-int", integer_range_gbnf(range)) + " " + use("space");
     }
     if (type == "string") return visit_string(s, path);
     if (type == "array") return visit_array(s, path, hint);

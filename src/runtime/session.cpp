@@ -24,8 +24,8 @@ Session::Session(std::shared_ptr<const GgufFile> file, const SessionConfig& cfg)
 const float* Session::eval(std::span<const int32_t> tokens, bool all_logits) {
   const int64_t n = int64_t(tokens.size());
   if (n == 0) fail("eval of an empty token list");
-  if (n_past_ + n > n_ctx_)
-    fail("the sequence needs ", n_past_ + n, " tokens but the context holds ", n_ctx_,
+  if (n_past() + n > n_ctx_)
+    fail("the sequence needs ", n_past() + n, " tokens but the context holds ", n_ctx_,
          " (raise --ctx or shorten the prompt)");
   const int64_t V = model_->hparams().n_vocab;
   for (int32_t id : tokens)
@@ -34,16 +34,24 @@ const float* Session::eval(std::span<const int32_t> tokens, bool all_logits) {
   if (logits_.size() < need) logits_.resize(need);
   for (int64_t i = 0; i < n; i += n_batch_) {
     const int64_t m = std::min(n_batch_, n - i);
+    const int64_t past = n_past();
     SeqBatch sb;
-    sb.n_past = n_past_;
+    sb.n_past = past;
     sb.tokens = tokens.subspan(size_t(i), size_t(m));
-    sb.slots = std::span<const int32_t>(slots_.data(), size_t(n_past_ + m));
+    sb.slots = std::span<const int32_t>(slots_.data(), size_t(past + m));
     sb.all_logits = all_logits;
     float* out = all_logits ? logits_.data() + i * V : logits_.data();
     model_->forward(std::span<const SeqBatch>(&sb, 1), *kv_, out, pool_);
-    n_past_ += m;
+    tokens_.insert(tokens_.end(), sb.tokens.begin(), sb.tokens.end());
+    if (m >= 2 && n_batched_ == past) n_batched_ = past + m;
   }
   return logits_.data();
+}
+
+void Session::truncate(int64_t n) {
+  if (n < 0) fail("truncate to ", n, " tokens");
+  if (n < n_past()) tokens_.resize(size_t(n));
+  n_batched_ = std::min(n_batched_, n_past());
 }
 
 }  // namespace tern

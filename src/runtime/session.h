@@ -28,9 +28,19 @@ class Session {
   // one: [n_vocab]. With all_logits, returns every token's logits: [tokens.size(), n_vocab].
   // Throws tern::Error when the sequence would exceed n_ctx.
   const float* eval(std::span<const int32_t> tokens, bool all_logits = false);
-  void reset() { n_past_ = 0; }
+  void reset() { truncate(0); }
+  // Keeps the first n tokens' K/V and forgets the rest (n >= n_past: nothing changes); the next
+  // eval() continues at position n, as a conversation that reuses its common prefix does.
+  void truncate(int64_t n);
 
-  int64_t n_past() const { return n_past_; }
+  // The tokens whose K/V the cache holds, positions 0 .. n_past-1.
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int64_t n_past() const { return int64_t(tokens_.size()); }
+  // Leading positions computed in forward passes of two tokens or more (prefill), not by
+  // single-token decode steps: a caller that needs a continuation's logits to equal a fresh
+  // prefill's bits re-evaluates the positions past it (tools/chat_loop.cpp).
+  int64_t n_batched() const { return n_batched_; }
+  int n_threads() const { return pool_.size(); }
   int64_t n_ctx() const { return n_ctx_; }
   Model& model() { return *model_; }
   const HParams& hparams() const { return model_->hparams(); }
@@ -48,7 +58,8 @@ class Session {
   std::unique_ptr<KvStore> kv_;
   std::vector<int32_t> slots_;   // [n_ctx] position -> slot (identity for one sequence)
   std::vector<float> logits_;    // [n_batch, n_vocab] or [n_tokens, n_vocab] with all_logits
-  int64_t n_past_ = 0;
+  std::vector<int32_t> tokens_;  // [n_past] the tokens in the cache
+  int64_t n_batched_ = 0;
 };
 
 }  // namespace tern

@@ -171,7 +171,8 @@ bool ToolCallParser::scan_text(std::vector<ToolCallEvent>& out, bool at_end) {
     payload_begin_ = opener->in_payload ? 0 : len;
     scanned_ = payload_begin_;
     depth_ = 0;
-    in_string_ = escape_ = started_ = false;
+    in_string_ = escape_ = started_ = outer_is_array_ = false;
+    last_element_end_ = 0;
     buf_.erase(0, best + len);
     mode_ = Mode::Call;
     return true;
@@ -227,6 +228,7 @@ bool ToolCallParser::scan_call(std::vector<ToolCallEvent>& out, bool at_end) {
           return true;
         }
         started_ = true;
+        outer_is_array_ = c == '[';
       }
       if (in_string_) {
         if (escape_) escape_ = false;
@@ -239,7 +241,8 @@ bool ToolCallParser::scan_call(std::vector<ToolCallEvent>& out, bool at_end) {
       } else if (c == '{' || c == '[') {
         ++depth_;
       } else if (c == '}' || c == ']') {
-        if (--depth_ == 0) {
+        if (--depth_ == 1 && outer_is_array_) last_element_end_ = i + 1;
+        if (depth_ == 0) {
           buf_ = region_.substr(i + 1);
           region_.resize(i + 1);
           close_region(out, i + 1);
@@ -250,6 +253,23 @@ bool ToolCallParser::scan_call(std::vector<ToolCallEvent>& out, bool at_end) {
     scanned_ = region_.size();
   }
   if (at_end) {
+    // An array of calls cut short (max_tokens while the model kept adding calls): its complete
+    // elements are still calls, when they parse as such; the unfinished rest is text.
+    if (last_element_end_ > payload_begin_) {
+      std::vector<ToolCall> calls;
+      const std::string closed =
+          region_.substr(payload_begin_, last_element_end_ - payload_begin_) + "]";
+      if (parse_region(closed, calls)) {
+        // The rest, less the separator before it, is text.
+        std::string_view rest = std::string_view(region_).substr(last_element_end_);
+        while (!rest.empty() && is_ws(rest.front())) rest.remove_prefix(1);
+        if (!rest.empty() && rest.front() == ',') rest.remove_prefix(1);
+        buf_ = std::string(trim_ws(rest));
+        region_ = region_.substr(0, payload_begin_) + closed;
+        close_region(out, region_.size());
+        return true;
+      }
+    }
     // No closing marker: a complete call is still a call (models stop at end-of-generation
     // instead of </tool_call> often enough); an unfinished JSON value is text.
     close_region(out, *traits_.close ? region_.size() : std::string::npos);

@@ -135,6 +135,8 @@ class ToolCallParser {
   size_t scanned_ = 0;         // Call: bytes of region_ already scanned
   int depth_ = 0;              // Call, JSON-extent formats: nesting of the payload so far
   bool in_string_ = false, escape_ = false, started_ = false;
+  bool outer_is_array_ = false;  // Call, JSON-extent formats: the payload is a [...] of calls
+  size_t last_element_end_ = 0;  // ... and where its last complete element ends in region_ (0: none)
   std::string held_ws_;        // trailing whitespace of the text, dropped if a call follows
   bool seen_text_ = false;     // non-whitespace content emitted (at_start_only openers)
   std::string content_;

@@ -20,6 +20,7 @@
 #include "core/output_file.h"
 #include "core/read_file.h"
 #include "core/stats.h"
+#include "runtime/session.h"
 #include "server/chat_template.h"
 
 namespace tern {
@@ -167,79 +168,6 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t") - b + 1);
 }
 
-// ---- the sequence --------------------------------------------------------------------------
-
-// One sequence over a contiguous K/V cache, as runtime/Session, that can also be cut back to a
-// prefix of its tokens (a Session can only be emptied), so a turn keeps the K/V of the tokens
-// it shares with the previous turn's prompt. Not thread-safe.
-class ChatSequence {
- public:
-  ChatSequence(std::shared_ptr<const GgufFile> file, const SessionConfig& cfg)
-      : file_(std::move(file)),
-        model_(load_model(file_)),
-        n_ctx_(cfg.n_ctx > 0 ? cfg.n_ctx : model_->hparams().n_ctx_train),
-        n_batch_(std::max<int64_t>(1, std::min(cfg.n_batch, n_ctx_))),
-        pool_(cfg.n_threads > 0 ? cfg.n_threads : default_thread_count()) {
-    if (n_ctx_ <= 0 || n_ctx_ > (1 << 24)) fail("context size ", n_ctx_, " is out of range");
-    kv_ = std::make_unique<KvStore>(model_->hparams(), n_ctx_, cfg.kv_type);
-    slots_.resize(size_t(n_ctx_));
-    std::iota(slots_.begin(), slots_.end(), 0);
-    logits_.resize(size_t(model_->hparams().n_vocab));
-    model_->reserve(n_batch_);
-  }
-
-  // Appends `tokens` (chunked by n_batch) and returns the last one's logits: [n_vocab].
-  const float* eval(std::span<const int32_t> tokens) {
-    const int64_t n = int64_t(tokens.size());
-    if (n == 0) fail("eval of an empty token list");
-    if (n_past() + n > n_ctx_)
-      fail("the sequence needs ", n_past() + n, " tokens but the context holds ", n_ctx_);
-    const int64_t V = model_->hparams().n_vocab;
-    for (int32_t id : tokens)
-      if (id < 0 || id >= V) fail("token id ", id, " is out of range for a vocabulary of ", V);
-    for (int64_t i = 0; i < n; i += n_batch_) {
-      const int64_t m = std::min(n_batch_, n - i);
-      const int64_t past = n_past();
-      SeqBatch sb;
-      sb.n_past = past;
-      sb.tokens = tokens.subspan(size_t(i), size_t(m));
-      sb.slots = std::span<const int32_t>(slots_.data(), size_t(past + m));
-      model_->forward(std::span<const SeqBatch>(&sb, 1), *kv_, logits_.data(), pool_);
-      tokens_.insert(tokens_.end(), sb.tokens.begin(), sb.tokens.end());
-      if (m >= 2 && n_batched_ == past) n_batched_ = past + m;
-    }
-    return logits_.data();
-  }
-  // Keeps the first n tokens' K/V (n >= n_past: nothing changes).
-  void truncate(int64_t n) {
-    if (n < n_past()) tokens_.resize(size_t(n));
-    n_batched_ = std::min(n_batched_, n_past());
-  }
-
-  // The tokens whose K/V the cache holds, positions 0 .. n_past-1.
-  const std::vector<int32_t>& tokens() const { return tokens_; }
-  int64_t n_past() const { return int64_t(tokens_.size()); }
-  // Leading positions computed in forward passes of two tokens or more (prefill), not by
-  // single-token decode steps (see Chat::reply for why it matters).
-  int64_t n_batched() const { return n_batched_; }
-  int64_t n_ctx() const { return n_ctx_; }
-  const HParams& hparams() const { return model_->hparams(); }
-  int64_t kv_bytes() const { return kv_->bytes(); }
-  int n_threads() const { return pool_.size(); }
-
- private:
-  std::shared_ptr<const GgufFile> file_;
-  std::unique_ptr<Model> model_;
-  int64_t n_ctx_;
-  int64_t n_batch_;
-  ThreadPool pool_;
-  std::unique_ptr<KvStore> kv_;
-  std::vector<int32_t> slots_;    // [n_ctx] position -> slot (identity)
-  std::vector<float> logits_;     // [n_vocab]
-  std::vector<int32_t> tokens_;   // [n_past]
-  int64_t n_batched_ = 0;
-};
-
 // ---- the conversation ----------------------------------------------------------------------
 
 struct Reply {
@@ -272,8 +200,10 @@ class Chat {
  public:
   Chat(const ModelArgs& margs, ChatSettings settings, std::string command)
       : margs_(margs), s_(std::move(settings)), command_(std::move(command)) {
+    if (s_.constraint.given()) s_.constraint.gbnf_text();  // a bad grammar fails before the model loads
     file_ = open_model_file(margs.model, margs.tokenizer_bin);
     tok_ = Tokenizer::from_gguf(*file_);
+    s_.gen.constraint = s_.constraint.build(*tok_);
     ContextRequest req;
     req.kv_type = kv_type_from_name(margs.kv_type);
     req.n_ctx = margs.ctx;
@@ -283,7 +213,7 @@ class Chat {
     cfg.n_threads = margs.threads;
     cfg.n_batch = margs.batch;
     cfg.kv_type = req.kv_type;
-    seq_ = std::make_unique<ChatSequence>(file_, cfg);
+    seq_ = std::make_unique<Session>(file_, cfg);
     if (tok_->n_vocab() > seq_->hparams().n_vocab)
       fail(margs.model, ": the tokenizer has ", tok_->n_vocab(), " tokens but the model's embedding only ",
            seq_->hparams().n_vocab);
@@ -596,7 +526,7 @@ class Chat {
       ids = fit_context(msgs);
       r = reply(ids);
     } catch (const Error& e) {
-      // Nothing of this turn stays (the cache is left consistent by ChatSequence).
+      // Nothing of this turn stays (the cache is left consistent by Session).
       interrupt_->clear();
       if (streamed_) std::printf("\n");
       error(e.what());
@@ -645,7 +575,11 @@ class Chat {
     SamplingParams sp = s_.gen.sampling;
     sp.seed = s_.seed >= 0 ? uint64_t(s_.seed) : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
     r.seed = sp.seed;
-    Sampler sampler(sp, int32_t(seq_->hparams().n_vocab));
+    const int32_t n_vocab = int32_t(seq_->hparams().n_vocab);
+    Sampler sampler(sp, n_vocab);
+    // The reply's grammar state: a fresh clone, so every reply is one complete match.
+    std::unique_ptr<TokenConstraint> constraint = s_.gen.constraint ? s_.gen.constraint->clone() : nullptr;
+    std::vector<float> masked(constraint ? size_t(n_vocab) : 0);  // [n_vocab] the constrained logits row
     StreamDecoder decoder(*tok_);
     const std::vector<std::string>& stops = s_.gen.stop;
     std::vector<int32_t> history = prompt;
@@ -670,14 +604,23 @@ class Chat {
         r.finish = "interrupted";
         break;
       }
-      const int32_t id = sampler.sample(logits, history);
+      int32_t id;
+      if (constraint) {
+        masked.assign(logits, logits + n_vocab);
+        constraint->apply(masked.data(), n_vocab);
+        id = sampler.sample(masked.data(), history);
+        constraint->accept(id);
+      } else {
+        id = sampler.sample(logits, history);
+      }
       const int64_t t = now_ns();
       if (n == 0) r.ttft_ms = double(t - t0) / 1e6;
       else tbt_sum += double(t - t_last) / 1e6;
       t_last = t;
       ++r.n_tokens;
       history.push_back(id);
-      if (!s_.gen.ignore_eos && tok_->is_eog(id)) {
+      // Under a grammar, end of generation ends the reply even with --ignore-eos (as tern run).
+      if ((!s_.gen.ignore_eos || constraint) && tok_->is_eog(id)) {
         r.finish = "stop";
         break;
       }
@@ -690,6 +633,13 @@ class Chat {
         break;
       }
       emit(full.size() - stop_holdback(full, stops));
+      if (constraint && constraint->is_dead()) {
+        // Nothing may follow the match: the reply is complete.
+        full += decoder.flush();
+        emit(full.size());
+        r.finish = "stop";
+        break;
+      }
       if (n + 1 == limit) break;
       logits = seq_->eval(std::span<const int32_t>(&id, 1));
     }
@@ -705,7 +655,7 @@ class Chat {
   std::string command_;
   std::shared_ptr<const GgufFile> file_;
   std::unique_ptr<Tokenizer> tok_;
-  std::unique_ptr<ChatSequence> seq_;
+  std::unique_ptr<Session> seq_;  // the conversation's one sequence, cut back to the common prefix each turn
   server::ChatTemplate tmpl_;
   std::string template_note_;
   std::vector<ChatMessage> messages_;

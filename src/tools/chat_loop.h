@@ -11,6 +11,7 @@
 #include <string>
 
 #include "runtime/generate.h"
+#include "tools/constraint_args.h"
 #include "tools/model_args.h"
 
 namespace tern {
@@ -24,9 +25,13 @@ struct ChatSettings {
   // the seed is `seed` below.
   GenerateOptions gen;
   int64_t seed = -1;           // every reply is sampled from this seed; -1: a new random one each
+  // --grammar / --grammar-file / --json-schema: every reply is constrained by it (built for the
+  // model's tokenizer once it loads; each reply starts from the grammar's start).
+  ConstraintArgs constraint;
 };
 
 // Adds the flags only the conversation has (--system, --chat-template, --no-metrics) to `app`;
+// tern chat adds the constraint flags itself (tern run has them already);
 // `help_suffix` ends their help texts (" (with -i)" in tern run).
 void add_chat_flags(CLI::App& app, ChatSettings& s, const std::string& help_suffix = "");
 

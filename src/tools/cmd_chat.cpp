@@ -32,6 +32,7 @@ int cmd_chat(int argc, char** argv) {
       ->check(CLI::Range(int64_t(-1), int64_t(1) << 53));
   app.add_option("--stop", g.stop, "stop string (repeatable); trimmed from the reply");
   app.add_flag("--ignore-eos", g.ignore_eos, "keep generating after the end-of-turn token");
+  s.constraint.add_to(app);
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   return run_chat(margs, std::move(s), margs.command());
 }

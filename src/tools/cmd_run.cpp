@@ -101,6 +101,7 @@ int cmd_run(int argc, char** argv) {
     chat.first_message = prompt;
     chat.gen = opts;
     chat.seed = seed;
+    chat.constraint = cargs;
     return run_chat(margs, std::move(chat), margs.command());
   }
   opts.sampling.seed = seed >= 0 ? uint64_t(seed) : std::random_device{}();

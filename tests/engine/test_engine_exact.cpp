@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/error.h"
 #include "engine_test_util.h"
 
 #include <utility>
@@ -316,6 +317,46 @@ TEST(EngineText, StopStringsAndStreamingMatchGenerate) {
     EXPECT_EQ(c.text, alone.text) << texts[i];
     EXPECT_STREQ(finish_reason_name(c.reason), alone.finish_reason.c_str());
   }
+}
+
+// Session::truncate keeps a prefix's K/V: cutting back after other tokens and evaluating the
+// rest of a prompt gives the logits a fresh prefill of the whole prompt gives, bit for bit
+// (float rows do not depend on the batch they are in).
+TEST(SessionTruncate, ContinuingFromAKeptPrefixEqualsAFreshPrefill) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  auto file = open_model_file(shared_path("models/stories260K.gguf"));
+  std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
+  const std::vector<int32_t> prompt = tok->encode("Once upon a time there was a little cat who liked to play.", true);
+  ASSERT_GE(prompt.size(), 12u);
+  const int64_t V = int64_t(tok->n_vocab());
+  SessionConfig cfg;
+  cfg.n_threads = 2;
+  cfg.n_ctx = 64;
+  Session fresh(file, cfg);
+  const float* l = fresh.eval(prompt);
+  const std::vector<float> want(l, l + V);
+
+  Session s(file, cfg);
+  const std::span<const int32_t> all(prompt);
+  s.eval(all.first(8));
+  const std::vector<int32_t> other = tok->encode(" The dog ran away from the big red ball", false);
+  s.eval(other);
+  for (int32_t id : other) s.eval(std::span<const int32_t>(&id, 1));  // decode steps too
+  EXPECT_EQ(s.n_past(), int64_t(8 + 2 * other.size()));
+  s.truncate(8);
+  EXPECT_EQ(s.n_past(), 8);
+  EXPECT_EQ(s.tokens(), std::vector<int32_t>(prompt.begin(), prompt.begin() + 8));
+  EXPECT_EQ(s.n_batched(), 8);
+  s.truncate(100);  // beyond n_past: nothing changes
+  EXPECT_EQ(s.n_past(), 8);
+  l = s.eval(all.subspan(8));
+  EXPECT_EQ(s.tokens(), prompt);
+  EXPECT_EQ(s.n_batched(), int64_t(prompt.size()));
+  for (int64_t v = 0; v < V; ++v) ASSERT_EQ(l[v], want[size_t(v)]) << "logit " << v;
+  EXPECT_THROW(s.truncate(-1), Error);
+  s.reset();
+  EXPECT_EQ(s.n_past(), 0);
+  EXPECT_TRUE(s.tokens().empty());
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // unsupported keywords (naming the JSON path).
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <nlohmann/json.hpp>
 
 #include "grammar_test_util.h"
@@ -124,9 +126,83 @@ TEST(JsonSchema, AnyOfOneOfAllOfAndRefs) {
   EXPECT_TRUE(matches(all, R"({"a": 1, "b": "x"})"));
   EXPECT_FALSE(matches(all, R"({"a": 1})"));
   EXPECT_TRUE(matches(gbnf(R"({"oneOf": [{"type": "boolean"}, {"type": "null"}]})"), "false"));
-  EXPECT_TRUE(matches(gbnf(R"({"type": "integer", "minimum": 0})"), "0"));
-  EXPECT_FALSE(matches(gbnf(R"({"type": "integer", "minimum": 0})"), "-1"));
-  EXPECT_FALSE(matches(gbnf(R"({"type": "integer", "minimum": 1})"), "0"));
+}
+
+// Integer bounds: every integer near the bounds (and near each power of ten inside them) is
+// matched exactly when it lies in the range; leading zeros and "-0" never are.
+TEST(JsonSchema, IntegerBoundsMatchExactlyTheIntegersInTheRange) {
+  struct Case {
+    const char* schema;
+    std::optional<int64_t> lo, hi;
+  };
+  const Case cases[] = {
+      {R"({"type": "integer", "minimum": 0})", 0, {}},
+      {R"({"type": "integer", "minimum": 1})", 1, {}},
+      {R"({"type": "integer", "minimum": 0, "maximum": 9})", 0, 9},
+      {R"({"type": "integer", "minimum": 1, "maximum": 12})", 1, 12},
+      {R"({"type": "integer", "minimum": 0, "maximum": 100})", 0, 100},
+      {R"({"type": "integer", "minimum": 7, "maximum": 7})", 7, 7},
+      {R"({"type": "integer", "minimum": 18, "maximum": 130})", 18, 130},
+      {R"({"type": "integer", "minimum": 123, "maximum": 4567})", 123, 4567},
+      {R"({"type": "integer", "minimum": 1000, "maximum": 1999})", 1000, 1999},
+      {R"({"type": "integer", "minimum": 2901, "maximum": 2999})", 2901, 2999},
+      {R"({"type": "integer", "minimum": 90, "maximum": 10009})", 90, 10009},
+      {R"({"type": "integer", "minimum": -40, "maximum": 125})", -40, 125},
+      {R"({"type": "integer", "minimum": -1000, "maximum": -11})", -1000, -11},
+      {R"({"type": "integer", "maximum": 0})", {}, 0},
+      {R"({"type": "integer", "maximum": -3})", {}, -3},
+      {R"({"type": "integer", "maximum": 250})", {}, 250},
+      {R"({"type": "integer", "minimum": -99})", -99, {}},
+      {R"({"type": "integer", "minimum": 345})", 345, {}},
+      {R"({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10})", 1, 9},
+      {R"({"type": "integer", "exclusiveMinimum": -0.5, "maximum": 99.9})", 0, 99},
+      {R"({"type": "integer", "minimum": 2.5, "exclusiveMaximum": 20.5})", 3, 20},
+      {R"({"type": "integer", "minimum": 0, "exclusiveMinimum": 5, "maximum": 50, "exclusiveMaximum": 40})", 6, 39},
+      {R"({"type": "integer", "minimum": -1e30, "maximum": 1e30})", {}, {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.schema);
+    Matcher fresh(compile_gbnf(gbnf(c.schema)));
+    auto match = [&](const std::string& text) {
+      Matcher m = fresh;
+      return m.accept_bytes(text) && m.is_complete();
+    };
+    // Values to probe: around each bound, around 0, and around each power of ten (both signs).
+    std::vector<int64_t> probes;
+    for (int64_t center : {c.lo.value_or(0), c.hi.value_or(0), int64_t(0)})
+      for (int64_t d = -25; d <= 25; ++d) probes.push_back(center + d);
+    for (int64_t p = 1; p <= 1000000000000000; p *= 10)
+      for (int64_t d = -2; d <= 2; ++d) probes.insert(probes.end(), {p + d, -(p + d)});
+    for (int64_t v : probes) {
+      const bool inside = (!c.lo || v >= *c.lo) && (!c.hi || v <= *c.hi);
+      EXPECT_EQ(match(std::to_string(v)), inside) << v;
+    }
+    if (c.lo && c.hi && *c.hi - *c.lo <= 10000) {
+      for (int64_t v = *c.lo; v <= *c.hi; ++v) ASSERT_TRUE(match(std::to_string(v))) << v;
+    }
+    for (const char* bad : {"00", "01", "007", "+1", "1.0", "", "-"}) EXPECT_FALSE(match(bad)) << bad;
+    // "-0" is JSON's, and the unbounded integer rule keeps it; a range writes zero one way.
+    if (c.lo || c.hi) {
+      EXPECT_FALSE(match("-0"));
+    }
+  }
+  // A trailing space is part of the value, as for the other JSON primitives.
+  EXPECT_TRUE(matches(gbnf(R"({"type": "integer", "minimum": 1, "maximum": 5})"), "3 "));
+  // The 16-digit cap of unbounded integers holds on an unbounded side.
+  EXPECT_TRUE(matches(gbnf(R"({"type": "integer", "minimum": 5})"), "9999999999999999"));
+  EXPECT_FALSE(matches(gbnf(R"({"type": "integer", "minimum": 5})"), "10000000000000000"));
+}
+
+TEST(JsonSchema, IntegerBoundsThatLeaveNothingAreRefused) {
+  EXPECT_EQ(schema_error(R"({"type": "integer", "minimum": 5, "maximum": 4})"),
+            "schema: the bounds leave no integer (5 > 4)");
+  EXPECT_EQ(schema_error(R"({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2})"),
+            "schema: the bounds leave no integer (2 > 1)");
+  EXPECT_EQ(schema_error(R"({"type": "integer", "minimum": 1.5, "maximum": 1.9})"),
+            "schema: the bounds leave no integer (2 > 1)");
+  EXPECT_EQ(schema_error(R"({"type": "integer", "minimum": "3"})"), "schema: 'minimum' must be a number");
+  EXPECT_EQ(schema_error(R"({"type": "integer", "minimum": 1e17})"),
+            "schema: 'minimum' = 1e+17 is above the largest supported integer 9999999999999999");
 }
 
 TEST(JsonSchema, UnsupportedKeywordsAreRefusedWithTheirPath) {

@@ -418,6 +418,21 @@ try:
                        input=TURNS[1] + "\n", capture_output=True, text=True, timeout=120)
     check(p.returncode == 0 and p.stdout == replies[0] + "\n" + replies[1] + "\n",
           f"run -i -p: the same conversation (rc {p.returncode}: {p.stderr.strip()[-200:]})")
+    # A grammar constrains every reply, each from the grammar's start (run -i and chat alike).
+    g = 'root ::= "The cat " ("sat" | "ran" | "slept") "."'
+    for cmd in (["chat"], ["run", "-i"]):
+        p = subprocess.run([TERN, *cmd, *COMMON, "--temp", "1", "-s", "3", "-n", "40", "--no-metrics", "--grammar", g],
+                           input="\n".join(TURNS) + "\n", capture_output=True, text=True, timeout=120)
+        lines = p.stdout.split("\n")[:-1]
+        check(p.returncode == 0 and len(lines) == 3 and all(l in ("The cat sat.", "The cat ran.", "The cat slept.") for l in lines),
+              f"{' '.join(cmd)} --grammar: every reply is one match ({lines}, rc {p.returncode}: {p.stderr.strip()[-200:]})")
+    p = subprocess.run([TERN, "chat", *COMMON, "-n", "40", "--no-metrics", "--json-schema",
+                        '{"type": "integer", "minimum": 1, "maximum": 12}'],
+                       input=TURNS[0] + "\n", capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0 and p.stdout.strip().isdigit() and 1 <= int(p.stdout.strip()) <= 12,
+          f"chat --json-schema: an integer in [1, 12] ({p.stdout!r}, rc {p.returncode}: {p.stderr.strip()[-200:]})")
+    p = subprocess.run([TERN, "chat", *COMMON, "--grammar", "root ::= ("], input="", capture_output=True, text=True, timeout=30)
+    check(p.returncode != 0 and "grammar" in p.stderr, f"chat with a bad grammar is an error (rc {p.returncode}: {p.stderr.strip()[-120:]})")
     prompt = "Once upon a time, a little"
     a = subprocess.run([TERN, "run", "-m", MODEL, "-t", "1", "--temp", "0", "-n", "20", "--json", "-f", "-"],
                        input=prompt, capture_output=True, text=True, timeout=60)

@@ -302,6 +302,27 @@ TEST(ToolCallParser, Mistral) {
   }
 }
 
+// An answer cut (max_tokens) inside Mistral's array of calls keeps the calls it completed; the
+// unfinished rest is text, so nothing the model wrote is lost.
+TEST(ToolCallParser, MistralArrayCutShortKeepsItsCompleteCalls) {
+  const std::string done = "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bern\"}}, "
+                           "{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}";
+  for (const std::string& tail : {std::string(""), std::string(", "), std::string(", {\"name\": \"get_wea"),
+                                 std::string(", {\"name\": \"get_weather\", \"arguments\": {\"city\": \"]}")}) {
+    const auto r = check_every_split(ToolFormat::Mistral, done + tail);
+    ASSERT_EQ(r.calls.size(), 2u) << tail;
+    EXPECT_EQ(r.calls[0].arguments, R"({"city":"Bern"})");
+    EXPECT_EQ(r.calls[1].name, "get_time");
+    // The text is the unfinished element, without the ", " before it.
+    EXPECT_EQ(r.content, tail.size() > 2 ? tail.substr(2) : "") << tail;
+  }
+  // Complete elements that are not calls leave the whole region as text.
+  const std::string not_calls = "[TOOL_CALLS] [{\"x\": 1}, {\"name\": \"get_time\"";
+  const auto r = check_every_split(ToolFormat::Mistral, not_calls);
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, not_calls);
+}
+
 TEST(ToolCallParser, ParallelFalseAsksToStopAfterOneCall) {
   ToolCallParser p(ToolFormat::Hermes, opts({"get_time"}, /*parallel=*/false));
   p.feed("<tool_call>{\"name\": \"get_time\", \"arguments\": {}}");

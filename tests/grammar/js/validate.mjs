@@ -35,13 +35,23 @@ const SEP = "\x1e";
 function runTern(args) {
   return new Promise((resolve, reject) => {
     const p = spawn(tern, args, { stdio: ["ignore", "pipe", "pipe"] });
-    let out = "";
-    let err = "";
-    p.stdout.on("data", (d) => (out += d));
-    p.stderr.on("data", (d) => (err += d));
+    // Chunks are kept as bytes and decoded once: a pipe chunk may end inside a UTF-8
+    // sequence, and decoding chunk by chunk would turn that character into two U+FFFD.
+    // The decoder is fatal, so invalid UTF-8 from tern fails the test instead of hiding.
+    const out = [];
+    const err = [];
+    p.stdout.on("data", (d) => out.push(d));
+    p.stderr.on("data", (d) => err.push(d));
     p.on("close", (code) => {
-      if (code !== 0) reject(new Error(`tern ${args.join(" ")} exited ${code}: ${err}`));
-      else resolve(JSON.parse(out));
+      if (code !== 0) {
+        reject(new Error(`tern ${args.join(" ")} exited ${code}: ${Buffer.concat(err)}`));
+        return;
+      }
+      try {
+        resolve(JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(Buffer.concat(out))));
+      } catch (e) {
+        reject(new Error(`tern ${args.join(" ")}: output is not valid UTF-8 JSON: ${e.message}`));
+      }
     });
   });
 }

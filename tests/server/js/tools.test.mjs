@@ -183,7 +183,7 @@ test("structured output streams the same text as without streaming", async () =>
 for (const { name, client: tc } of toolServers) {
   // Mistral writes all calls in one [TOOL_CALLS] array: an answer cut by max_tokens while the
   // model keeps adding calls has no complete array, so these runs ask for one call.
-  const oneCall = name === "mistral" ? { parallel_tool_calls: false } : {};
+  const oneCall = {};
   test(`${name} tool calling: forced call, tool result, final answer (not streamed)`, async () => {
     const messages = [
       { role: "system", content: "You can call tools." },
