@@ -10,6 +10,10 @@ packages=(
   python3-torch libopenblas0-pthread    # the training oracle and speed peer (OpenBLAS: torch's fast BLAS)
   chromium  # headless browser for the chat page's test (tests/server/js)
 )
+# --aarch64: also the ARM64 cross build's (scripts/test-aarch64.sh): Debian's cross compiler,
+# qemu-user to run its tests, and the arm64 builds of the libraries tern links (multiarch).
+aarch64=0
+[ "${1:-}" = "--aarch64" ] && aarch64=1
 missing=()
 # Node.js + npm run the server's contract tests (the official `openai` client) and the peer.
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
@@ -17,12 +21,20 @@ command -v npm >/dev/null 2>&1 || packages+=(npm)
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+if [ "$aarch64" = 1 ]; then
+  for p in g++-aarch64-linux-gnu qemu-user libc6:arm64 libgtest-dev:arm64 libcpp-httplib-dev:arm64; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    $SUDO dpkg --add-architecture arm64
+  fi
+fi
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 echo "install-deps: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

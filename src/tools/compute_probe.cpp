@@ -40,11 +40,16 @@ double time_probe(ThreadPool& pool, const Probe& p, long iters) {
 }  // namespace
 
 std::vector<ComputePeak> measure_compute_peaks(ThreadPool& pool, double seconds) {
+#if defined(__x86_64__) || defined(__i386__)
   const bool avx512 = __builtin_cpu_supports("avx512f");
   const bool fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
   const bool vnni512 = avx512 && __builtin_cpu_supports("avx512vnni");
   const bool avxvnni = __builtin_cpu_supports("avxvnni");
+#else
+  // The probes are x86 instruction chains: elsewhere each is reported as not measured.
+  const bool avx512 = false, fma = false, bf16 = false, vnni512 = false, avxvnni = false;
+#endif
   using namespace detail;
   std::vector<std::pair<ComputePeak, Probe>> probes;
   const auto add = [&](const char* name, bool have, const Probe& p, const char* missing) {
