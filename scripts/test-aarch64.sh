@@ -14,7 +14,9 @@ jobs=$(nproc)
 cmake --preset aarch64
 cmake --build --preset aarch64 -j "$jobs"
 labels="^(core|gguf|quant|kv|tokenizer|kernels|ops|sampling|models|sched|grammar|runtime|compress|engine|train|jinja)$"
-ctest --preset aarch64 -j "$jobs" -L "$labels"
+# gtest's death tests (a forked child that must exit with a given code) abort inside the child
+# under qemu-user, whatever the test: they are left to native runs.
+ctest --preset aarch64 -j "$jobs" -L "$labels" -E "DeathTest"
 
 # The reference tokens of llama2.c's run.c through the cross-built `tern run`.
 shared=$(cd .. && pwd)/shared
