@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds tern and runs the whole test suite: the release build under CTest, then the
-# malformed-input, tokenizer, sampling, model and training tests and the server's adversarial suite
-# again under AddressSanitizer + UndefinedBehaviorSanitizer. Tests that need ../shared skip
-# with a message when it is absent.
+# Builds tern and runs the whole test suite: the release build under CTest, the ARM64 kernel and
+# op tests under qemu-aarch64, then the malformed-input, tokenizer, sampling, model and training
+# tests and the server's adversarial suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Tests that need ../shared skip with a message when it is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -11,6 +11,17 @@ jobs=$(nproc)
 cmake --preset release
 cmake --build --preset release -j "$jobs"
 ctest --preset release -j "$jobs"
+
+# ARM64: the kernel and op tests cross-built and run under qemu-aarch64, every ARM variant
+# against the reference (scripts/test-aarch64.sh --quick; without --quick it runs everything).
+# Skipped with a message where the cross toolchain cannot be installed.
+if [ "${TERN_SKIP_ARM64:-0}" != 1 ]; then
+  if [ "${TERN_SKIP_DEPS:-0}" = 1 ] || bash scripts/install-deps.sh --aarch64; then
+    TERN_SKIP_DEPS=1 bash scripts/test-aarch64.sh --quick
+  else
+    echo "test.sh: the ARM64 cross toolchain could not be installed: the ARM64 stage is skipped"
+  fi
+fi
 
 if [ "${TERN_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake --preset debug

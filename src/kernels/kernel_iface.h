@@ -1,6 +1,6 @@
 #pragma once
 // Internal interface between kernels/dispatch.cpp and the per-ISA kernel tables (ref, avx2,
-// avx512). Not for use outside src/kernels.
+// avx512, neon, dotprod, i8mm). Not for use outside src/kernels.
 //
 // How a matmul runs (dispatch.cpp):
 //   1. quantize the f32 activations once into the caller's scratch, in the format the weight
@@ -28,7 +28,7 @@ namespace tern::kern {
 //   Q8_KRows, per token:  qs [n_in] int8 | d [n_in/256] f32 | bsums [n_in/16] int16
 //       exactly the content of llama.cpp's block_q8_K, split into arrays.
 //
-// "Lanes" layouts (AVX-512 GEMM only, see x86/matmul_avx512.cpp) interleave 16 tokens so that
+// "Lanes" layouts (AVX-512 GEMM only, see x86/avx512_tiles.h) interleave 16 tokens so that
 // one vector lane is one token; `stride` is then the bytes of one 16-token group. They hold
 // the first lane_tokens tokens (the last group padded); the remaining tokens, too few to fill
 // a group profitably, follow at tail_offset in the Rows layout (tail_stride, off_d, off_sum).
@@ -99,6 +99,10 @@ struct KernelTable {
 const KernelTable& table_ref();
 const KernelTable& table_avx2();
 const KernelTable& table_avx512();
+// ARM64 (arm/neon_kernels.h): baseline NEON, +dotprod, +i8mm.
+const KernelTable& table_neon();
+const KernelTable& table_dotprod();
+const KernelTable& table_i8mm();
 
 // Scalar references of the integer paths, one dot product of a weight row with a quantized
 // activation row (Rows layouts): tests compare ISA variants against these.

@@ -7,7 +7,8 @@
 //
 // n_tokens == 1 is the decode GEMV; larger n_tokens is the prefill GEMM. The implementation
 // (kernels/dispatch) picks the variant once per process from the CPU's features
-// (TERN_FORCE_ISA=ref|avx2|avx512 overrides); every variant is tested against kernels/ref.
+// (TERN_FORCE_ISA=ref|avx2|avx512, on ARM64 ref|neon|dotprod|i8mm, overrides); every variant
+// is tested against kernels/ref.
 // Must be called from the thread that owns `pool`; work is split across the pool.
 //
 // Quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) multiply activations quantized on the fly to
@@ -69,8 +70,9 @@ struct WeightView {
 // even n_in per pair of elements (2p, 2p + 1) instead: 16 dwords, dword i = row i's elements 2p
 // | 2p + 1 << 16 (the operand of vdpbf16ps; the FMA tiles split a dword by a shift and a mask).
 // Whether this process would use them: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or a float type with the AVX2 or
-// AVX-512 kernels selected, Q6_K with the AVX2 ones, Q2_K / Q3_K with the AVX-512 ones; n_out % 16 == 0
-// (float types: n_out >= 16); TERN_REPACK not "0".
+// AVX-512 kernels selected, Q6_K with the AVX2 ones, Q2_K / Q3_K with the AVX-512 ones, a float type with
+// an ARM variant selected (the table in kernels/dispatch.cpp); n_out % 16 == 0 (float types: n_out >= 16);
+// TERN_REPACK not "0".
 bool want_interleave16(const WeightView& w);
 // Writes w (rows, one after another) interleaved into dst (w.n_out * row_bytes bytes).
 void interleave16(const WeightView& w, uint8_t* dst);
@@ -128,18 +130,26 @@ void matmul_ref(const WeightView& w, const float* x, int64_t ldx, int64_t n_toke
 // Copies row `row` of w into dst[0..n_in) as f32 (embedding lookup).
 void dequantize_row(const WeightView& w, int64_t row, float* dst);
 
-// Name of the ISA variant in use ("ref", "avx2", "avx512"). The first call (or the first
+// Name of the ISA variant in use ("ref", "avx2", "avx512", "neon", "dotprod", "i8mm"). The first call (or the first
 // matmul) reads TERN_FORCE_ISA and throws tern::Error when it names an unknown variant or one
 // this CPU cannot run; call it at start-up to report that as a usage error.
 const char* active_isa();
 
 // --- variants, for tests and benchmarks ---------------------------------------------------
 
-enum class Isa { Ref, Avx2, Avx512 };
+// The x86 variants, then the ARM64 ones (kernels/arm): Neon is baseline Armv8-A, Dotprod adds
+// sdot (Armv8.2-A), I8mm adds smmla (Armv8.6-A). The ARM variants give the reference kernels'
+// results bit for bit for every weight type (kernels/arm/neon_kernels.h).
+enum class Isa { Ref, Avx2, Avx512, Neon, Dotprod, I8mm };
+inline constexpr Isa kAllIsas[] = {Isa::Ref, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::Dotprod, Isa::I8mm};
 
 const char* isa_name(Isa isa);
+// The x86 SIMD variants (Avx2, Avx512): the ones with training kernels of their own (the ARM
+// variants run the training references; their attention tiles are ops/attention_neon.cpp).
+inline bool isa_is_x86_simd(Isa isa) { return isa == Isa::Avx2 || isa == Isa::Avx512; }
 // Whether this CPU (and OS) can run the variant: AVX2 needs AVX2+FMA+F16C; AVX-512 needs
-// F, BW, VL, DQ and VNNI as well.
+// F, BW, VL, DQ and VNNI as well; Neon an ARM64 CPU (AdvSIMD), Dotprod and I8mm the hwcaps
+// asimddp and i8mm (Linux's getauxval).
 bool isa_supported(Isa isa);
 // The variant matmul() uses (best supported unless TERN_FORCE_ISA says otherwise).
 Isa selected_isa();

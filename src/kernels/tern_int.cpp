@@ -1,5 +1,6 @@
 // The driver of tern's integer kernels (activation quantization, row split across the pool) and
-// the scalar reference row kernels. The AVX-512 VNNI row kernels are in tern_int_avx512.cpp.
+// the scalar reference row kernels. The SIMD row kernels are x86/tern_int_avx2.cpp,
+// x86/tern_int_avx512.cpp (VNNI) and arm/tern_int_neon.cpp.
 #include "kernels/tern_int.h"
 
 #include <algorithm>
@@ -66,8 +67,13 @@ namespace {
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 const kern::TernIntRows& rows_of(Isa isa) {
-  if (isa == Isa::Avx512 && isa_supported(Isa::Avx512)) return kern::tern_int_rows_avx512();
-  return kern::tern_int_rows_ref();
+  if (!isa_supported(isa)) fail("kernel variant ", isa_name(isa), " is not supported by this CPU");
+  switch (isa) {
+    case Isa::Avx512: return kern::tern_int_rows_avx512();
+    case Isa::Avx2: return kern::tern_int_rows_avx2();
+    case Isa::Neon: case Isa::Dotprod: case Isa::I8mm: return kern::tern_int_rows_neon();
+    default: return kern::tern_int_rows_ref();
+  }
 }
 
 // Activation scratch of the calling thread, grown to the largest call and reused.

@@ -10,7 +10,7 @@
 //          y[t][r] = sum_g d_g * ( sum_{b in g} d_x[b] * sum_{j in b} q[j] q_x[j]
 //                                  - z_g * sum_{b in g} d_x[b] * sum_{j in b} q_x[j] )
 //
-// The integer sums are exact in every variant (ref, AVX-512 VNNI), so variants differ only in
+// The integer sums are exact in every variant (ref, AVX2, AVX-512 VNNI, NEON), so variants differ only in
 // the order of float additions. matmul() routes these types here (kernels/dispatch.cpp).
 #include <cstdint>
 
@@ -22,8 +22,8 @@ namespace tern {
 
 bool is_tern_int_type(DType t);
 
-// y = W x for a TI8* or TQ* weight with the kernels of `isa` (Ref, or Avx512 when supported;
-// Avx2 runs the reference row kernels).
+// y = W x for a TI8* or TQ* weight with the row kernels of `isa` (ref, avx2, avx512; the ARM
+// variants share one NEON build).
 void tern_int_matmul(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                      int64_t ldy, ThreadPool& pool);
 
@@ -49,7 +49,9 @@ struct TernIntRows {
 };
 
 const TernIntRows& tern_int_rows_ref();
+const TernIntRows& tern_int_rows_avx2();
 const TernIntRows& tern_int_rows_avx512();
+const TernIntRows& tern_int_rows_neon();  // all three ARM variants
 
 }  // namespace kern
 }  // namespace tern

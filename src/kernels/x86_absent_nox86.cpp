@@ -10,6 +10,9 @@ namespace tern::kern {
 
 const KernelTable& table_avx2() { fail("the AVX2 kernels are not built into this binary (a non-x86 build)"); }
 const KernelTable& table_avx512() { fail("the AVX-512 kernels are not built into this binary (a non-x86 build)"); }
+const TernIntRows& tern_int_rows_avx2() {
+  fail("the AVX2 tern-int kernels are not built into this binary (a non-x86 build)");
+}
 const TernIntRows& tern_int_rows_avx512() {
   fail("the AVX-512 tern-int kernels are not built into this binary (a non-x86 build)");
 }

@@ -1,6 +1,6 @@
 #pragma once
 // Plain-data interface between ops/ops.cpp and the ISA variants of the tiled attention kernel
-// (attention_avx2.cpp, attention_avx512.cpp). Like kernels/kernel_iface.h, nothing here is an
+// (attention_avx2.cpp, attention_avx512.cpp, attention_neon.cpp). Like kernels/kernel_iface.h, nothing here is an
 // inline function: an ISA translation unit must not emit a copy of shared inline code that the
 // linker could then hand to baseline callers.
 #include <cstdint>
@@ -59,16 +59,19 @@ constexpr int64_t tile_scratch_floats(int64_t head_dim, int64_t n_rows) {
 // other rows share its tile, so batching never changes a sequence's output.
 void attention_tile_avx2(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch);
 void attention_tile_avx512(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch);
+void attention_tile_neon(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch);
 
 // out[i] = silu(gate[i]) * up[i] for i < n (SwiGLU), vectorised with the attention kernels'
 // exp; out may alias gate or up.
 void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n);
 void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n);
+void silu_mul_neon(const float* gate, const float* up, float* out, int64_t n);
 
 // dst[i] = IEEE half of src[i], rounded to nearest even (vcvtps2ph with _MM_FROUND_TO_NEAREST_INT:
 // the same bits as core/fp16.h's f32_to_fp16 for every non-NaN input).
 void f32_to_f16_avx2(const float* src, uint16_t* dst, int64_t n);
 void f32_to_f16_avx512(const float* src, uint16_t* dst, int64_t n);
+void f32_to_f16_neon(const float* src, uint16_t* dst, int64_t n);
 
 }  // namespace attn
 }  // namespace tern

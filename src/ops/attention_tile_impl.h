@@ -1,7 +1,8 @@
 #pragma once
 // The tiled (flash-style) attention kernel, written once over a 16-float vector type V and
-// compiled per ISA by attention_avx2.cpp (V = two __m256) and attention_avx512.cpp (V = one
-// __m512). Everything has internal linkage and uses no std:: templates (see attention_iface.h).
+// compiled per ISA by attention_avx2.cpp (V = two __m256), attention_avx512.cpp (V = one
+// __m512) and, on ARM64, attention_neon.cpp (V = four float32x4_t). Everything has internal
+// linkage and uses no std:: templates (see attention_iface.h).
 //
 // For a tile of R query rows (tokens i0..i1-1 times the g query heads of one KV head) the
 // context is walked in blocks of kKeyBlock (64) positions:
@@ -17,11 +18,15 @@
 // values (the same bits as an f32 arena holding them).
 // GCC 12's AVX-512 headers build _mm512_undefined_*() as a self-initialised variable, which
 // -Wmaybe-uninitialized reports inside intrinsics; silenced for the header's lines only.
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#else
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#endif
 
 #include <math.h>  // tanhf: a plain C function, no inline copy compiled for this ISA
 #include <cstdint>
@@ -70,6 +75,76 @@ inline V vexp2i(V n) {
 inline V vzero_below(V a, V x, float lim) {
   const __mmask16 low = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(lim), _CMP_LT_OQ);
   return {_mm512_mask_blend_ps(low, a.v, _mm512_setzero_ps())};
+}
+#elif defined(__aarch64__)
+struct V {
+  float32x4_t q[4];
+};
+constexpr int kRowsPerPass = 1;  // 4 accumulators of four q registers each: half the register file
+inline V vload(const float* p) { return {{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}}; }
+inline V vload(const uint16_t* p) {
+  V r;
+  for (int i = 0; i < 4; ++i) r.q[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
+  return r;
+}
+inline void vstore(float* p, V a) {
+  for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, a.q[i]);
+}
+inline V vset1(float x) {
+  const float32x4_t v = vdupq_n_f32(x);
+  return {{v, v, v, v}};
+}
+inline V vzero() { return vset1(0.0f); }
+// Lane by lane: V op(V a, V b) from a float32x4_t one.
+#define TERN_ATTN_LANEWISE(name, expr)                 \
+  inline V name(V a, V b) {                            \
+    V r;                                               \
+    for (int i = 0; i < 4; ++i) r.q[i] = expr(a.q[i], b.q[i]); \
+    return r;                                          \
+  }
+TERN_ATTN_LANEWISE(vmul, vmulq_f32)
+TERN_ATTN_LANEWISE(vadd, vaddq_f32)
+TERN_ATTN_LANEWISE(vsub, vsubq_f32)
+TERN_ATTN_LANEWISE(vmax, vmaxq_f32)
+TERN_ATTN_LANEWISE(vdiv, vdivq_f32)
+#undef TERN_ATTN_LANEWISE
+inline V vfma(V a, V b, V c) {  // a * b + c, fused
+  V r;
+  for (int i = 0; i < 4; ++i) r.q[i] = vfmaq_f32(c.q[i], a.q[i], b.q[i]);
+  return r;
+}
+inline V vselect_nonneg(V x, V a, V b) {  // x >= 0 ? a : b
+  V r;
+  for (int i = 0; i < 4; ++i) r.q[i] = vbslq_f32(vcgeq_f32(x.q[i], vdupq_n_f32(0.0f)), a.q[i], b.q[i]);
+  return r;
+}
+inline float vhmax(V a) { return vmaxvq_f32(vmaxq_f32(vmaxq_f32(a.q[0], a.q[1]), vmaxq_f32(a.q[2], a.q[3]))); }
+inline float vhsum(V a) { return vaddvq_f32(vaddq_f32(vaddq_f32(a.q[0], a.q[1]), vaddq_f32(a.q[2], a.q[3]))); }
+constexpr int32_t kLaneIndex[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+inline V vkeep_below(V a, int32_t base, int32_t limit, float fill) {  // lane i: base + i < limit ? a : fill
+  V r;
+  for (int i = 0; i < 4; ++i) {
+    const int32x4_t idx = vaddq_s32(vdupq_n_s32(base), vld1q_s32(kLaneIndex + 4 * i));
+    r.q[i] = vbslq_f32(vcltq_s32(idx, vdupq_n_s32(limit)), a.q[i], vdupq_n_f32(fill));
+  }
+  return r;
+}
+inline V vround(V a) {  // to nearest, ties to even
+  V r;
+  for (int i = 0; i < 4; ++i) r.q[i] = vrndnq_f32(a.q[i]);
+  return r;
+}
+inline V vexp2i(V n) {  // 2^n for integral n
+  V r;
+  for (int i = 0; i < 4; ++i)
+    r.q[i] = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n.q[i]), vdupq_n_s32(127)), 23));
+  return r;
+}
+inline V vzero_below(V a, V x, float lim) {  // x < lim ? 0 : a
+  V r;
+  for (int i = 0; i < 4; ++i)
+    r.q[i] = vbslq_f32(vcltq_f32(x.q[i], vdupq_n_f32(lim)), vdupq_n_f32(0.0f), a.q[i]);
+  return r;
 }
 #else
 struct V {
@@ -172,11 +247,78 @@ inline void silu_mul_impl(const float* g, const float* u, float* out, int64_t n)
   }
 }
 
-// K/V elements as f32: a float as it is, a half widened (exact; vcvtph2ps, F16C on both ISAs).
+// K/V elements as f32: a float as it is, a half widened (exact; vcvtph2ps, F16C on both x86
+// ISAs; fcvtl on ARM64). V8: 8 floats (one __m256, two float32x4_t), for head_dim tails of 8.
 inline float kv_f32(float x) { return x; }
+#if defined(__aarch64__)
+inline float kv_f32(uint16_t h) {
+  __fp16 v;
+  __builtin_memcpy(&v, &h, 2);
+  return float(v);
+}
+struct V8 {
+  float32x4_t lo, hi;
+};
+inline V8 kv_load8(const float* p) { return {vld1q_f32(p), vld1q_f32(p + 4)}; }
+inline V8 kv_load8(const uint16_t* p) {
+  return {vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))), vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4)))};
+}
+inline V8 v8_zero() { return {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}; }
+inline V8 v8_fma(float a, V8 b, V8 c) { return {vfmaq_n_f32(c.lo, b.lo, a), vfmaq_n_f32(c.hi, b.hi, a)}; }  // a * b + c
+inline V8 v8_add(V8 a, V8 b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
+inline void v8_store(float* p, V8 a) {
+  vst1q_f32(p, a.lo);
+  vst1q_f32(p + 4, a.hi);
+}
+
+// dst[i] = half(src[i]), rounded to nearest even (fcvtn; the default FPCR rounding, no flush).
+inline void f32_to_f16_impl(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1_u16(dst + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
+  for (; i < n; ++i) {
+    const __fp16 h = __fp16(src[i]);
+    __builtin_memcpy(dst + i, &h, 2);
+  }
+}
+
+// 4 x 4 transpose in registers: rows a, b, c, d become columns.
+inline void transpose4x4(float32x4_t& a, float32x4_t& b, float32x4_t& c, float32x4_t& d) {
+  const float32x4_t t0 = vtrn1q_f32(a, b), t1 = vtrn2q_f32(a, b), t2 = vtrn1q_f32(c, d), t3 = vtrn2q_f32(c, d);
+  a = vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t0), vreinterpretq_f64_f32(t2)));
+  b = vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3)));
+  c = vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t0), vreinterpretq_f64_f32(t2)));
+  d = vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3)));
+}
+
+// dst[i * ld + r] = rows[r][d0 + i] for r, i in 0..7: four 4 x 4 register transposes.
+template <class T>
+inline void transpose8x8(const T* const* rows, int64_t d0, float* dst, int64_t ld) {
+  float32x4_t lo[8], hi[8];  // row r's elements d0..d0+3, d0+4..d0+7
+  for (int r = 0; r < 8; ++r) {
+    const V8 v = kv_load8(rows[r] + d0);
+    lo[r] = v.lo;
+    hi[r] = v.hi;
+  }
+  transpose4x4(lo[0], lo[1], lo[2], lo[3]);  // lo[i]: element i of rows 0..3
+  transpose4x4(lo[4], lo[5], lo[6], lo[7]);  // lo[4 + i]: element i of rows 4..7
+  transpose4x4(hi[0], hi[1], hi[2], hi[3]);  // hi[i]: element 4 + i of rows 0..3
+  transpose4x4(hi[4], hi[5], hi[6], hi[7]);
+  for (int i = 0; i < 4; ++i) {
+    vst1q_f32(dst + i * ld, lo[i]);
+    vst1q_f32(dst + i * ld + 4, lo[4 + i]);
+    vst1q_f32(dst + (4 + i) * ld, hi[i]);
+    vst1q_f32(dst + (4 + i) * ld + 4, hi[4 + i]);
+  }
+}
+#else
 inline float kv_f32(uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(int(h)))); }
-inline __m256 kv_load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 kv_load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+using V8 = __m256;
+inline V8 kv_load8(const float* p) { return _mm256_loadu_ps(p); }
+inline V8 kv_load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline V8 v8_zero() { return _mm256_setzero_ps(); }
+inline V8 v8_fma(float a, V8 b, V8 c) { return _mm256_fmadd_ps(_mm256_set1_ps(a), b, c); }  // a * b + c
+inline V8 v8_add(V8 a, V8 b) { return _mm256_add_ps(a, b); }
+inline void v8_store(float* p, V8 a) { _mm256_storeu_ps(p, a); }
 
 // dst[i] = half(src[i]), rounded to nearest even (vcvtps2ph).
 inline void f32_to_f16_impl(const float* src, uint16_t* dst, int64_t n) {
@@ -190,6 +332,7 @@ inline void f32_to_f16_impl(const float* src, uint16_t* dst, int64_t n) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRound));
   for (; i < n; ++i) dst[i] = uint16_t(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[i]), kRound), 0));
 }
+#endif
 
 inline float exp_nonpos(float x) {
   float lanes[16];
@@ -197,6 +340,7 @@ inline float exp_nonpos(float x) {
   return lanes[0];
 }
 
+#if !defined(__aarch64__)
 // dst[i * ld + r] = rows[r][d0 + i] for r, i in 0..7: eight 8-element row pieces (f32, or f16
 // widened as loaded) transposed in registers (unpack, shuffle, 128-bit permute), AVX on both ISAs.
 template <class T>
@@ -220,6 +364,7 @@ inline void transpose8x8(const T* const* rows, int64_t d0, float* dst, int64_t l
   _mm256_storeu_ps(dst + 6 * ld, _mm256_permute2f128_ps(u2, u6, 0x31));
   _mm256_storeu_ps(dst + 7 * ld, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
+#endif
 
 constexpr int64_t kB = kKeyBlock;
 static_assert(kB == 64, "the score loop keeps one block row in 4 vectors of 16");
@@ -283,16 +428,16 @@ inline void accumulate_pv(float* o, const float* p, const T* const* vrow, int64_
   // at the end. One scalar chain per column here cost a dependent FMA per key and column:
   // with head_dim 8 (stories260K) that made the P V product most of a decode step.
   for (; c + 8 <= hd; c += 8) {
-    __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_setzero_ps(), a2 = a1, a3 = a1;
+    V8 a0 = kv_load8(o + c), a1 = v8_zero(), a2 = a1, a3 = a1;
     int64_t j = 0;
     for (; j + 3 < nv; j += 4) {
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), kv_load8(vrow[j] + c), a0);
-      a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 1]), kv_load8(vrow[j + 1] + c), a1);
-      a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 2]), kv_load8(vrow[j + 2] + c), a2);
-      a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 3]), kv_load8(vrow[j + 3] + c), a3);
+      a0 = v8_fma(p[j], kv_load8(vrow[j] + c), a0);
+      a1 = v8_fma(p[j + 1], kv_load8(vrow[j + 1] + c), a1);
+      a2 = v8_fma(p[j + 2], kv_load8(vrow[j + 2] + c), a2);
+      a3 = v8_fma(p[j + 3], kv_load8(vrow[j + 3] + c), a3);
     }
-    for (; j < nv; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), kv_load8(vrow[j] + c), a0);
-    _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; j < nv; ++j) a0 = v8_fma(p[j], kv_load8(vrow[j] + c), a0);
+    v8_store(o + c, v8_add(v8_add(a0, a1), v8_add(a2, a3)));
   }
   for (; c < hd; ++c) {  // head_dim not a multiple of 8
     float acc = o[c];

@@ -80,6 +80,7 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   switch (selected_isa()) {
     case Isa::Avx512: attn::silu_mul_avx512(gate, up, out, n); break;
     case Isa::Avx2: attn::silu_mul_avx2(gate, up, out, n); break;
+    case Isa::Neon: case Isa::Dotprod: case Isa::I8mm: attn::silu_mul_neon(gate, up, out, n); break;
     default:
       for (int64_t i = 0; i < n; ++i) out[i] = silu_times(gate[i], up[i]);
   }
@@ -168,6 +169,7 @@ void f32_to_f16_with(Isa isa, const float* src, uint16_t* dst, int64_t n) {
   switch (isa) {
     case Isa::Avx512: attn::f32_to_f16_avx512(src, dst, n); break;
     case Isa::Avx2: attn::f32_to_f16_avx2(src, dst, n); break;
+    case Isa::Neon: case Isa::Dotprod: case Isa::I8mm: attn::f32_to_f16_neon(src, dst, n); break;
     default: f32_to_f16_ref(src, dst, n);
   }
 }
@@ -214,7 +216,13 @@ constexpr int64_t kTileRows = 32;
 int64_t tokens_per_tile(int64_t g) { return std::max<int64_t>(1, kTileRows / g); }
 
 using TileKernel = void (*)(const AttentionArgs&, int64_t, int64_t, int64_t, float*);
-TileKernel tile_kernel(Isa isa) { return isa == Isa::Avx512 ? attn::attention_tile_avx512 : attn::attention_tile_avx2; }
+TileKernel tile_kernel(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return attn::attention_tile_avx512;
+    case Isa::Avx2: return attn::attention_tile_avx2;
+    default: return attn::attention_tile_neon;  // the three ARM variants (float code: one build)
+  }
+}
 
 // The calling thread's tile scratch, at least `floats` long.
 float* tile_scratch(int64_t floats) {

@@ -44,7 +44,8 @@ void print_usage(FILE* out) {
   for (const auto& c : commands()) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
   std::fprintf(out,
                "\nenvironment:\n"
-               "  TERN_FORCE_ISA=ref|avx2|avx512   force a kernel variant (default: best the CPU has)\n"
+               "  TERN_FORCE_ISA=VARIANT           force a kernel variant (default: the best the CPU has):\n"
+               "                                   ref, avx2, avx512 on x86-64; ref, neon, dotprod, i8mm on ARM64\n"
                "  TERN_MEMORY_LIMIT=SIZE           use at most SIZE of memory for weights and KV cache\n"
                "                                   (MiB, or 512M, 8G; default: what the machine has available)\n");
 }

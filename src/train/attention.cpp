@@ -88,7 +88,7 @@ Variant variant_for(Isa isa) {
     case Isa::Avx2:
       return {detail::attention_unit_scratch_floats_avx2, detail::attention_forward_unit_avx2,
               detail::attention_backward_unit_avx2};
-    case Isa::Ref: break;
+    default: break;  // the reference, and the ARM variants: the baseline build of the tiles
   }
   return {detail::attention_unit_scratch_floats_baseline, detail::attention_forward_unit_baseline,
           detail::attention_backward_unit_baseline};

@@ -3,7 +3,7 @@
 // per ISA: attention_avx512.cpp (16 lanes), attention_avx2.cpp (8 lanes) and attention.cpp
 // (baseline SSE2, 4 lanes; the Ref variant). Everything is in an unnamed namespace and uses no
 // std:: templates or inline std:: functions, so no differently compiled copy of shared inline
-// code can reach another translation unit (see kernels/x86/x86_common.h).
+// code can reach another translation unit (see kernels/kernel_iface.h).
 //
 // One unit = (sequence, kv head). Its rows are (token, query head of the group) pairs, token
 // major. The lanes of a vector run over *keys*, not over head_dim: head_dim is 8 for

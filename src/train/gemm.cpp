@@ -112,7 +112,7 @@ void gemm_isa(Isa isa, ThreadPool* pool, bool trans_a, int64_t M, int64_t N, int
     if (!accumulate) zero_c(M, N, c, ldc);
     return;
   }
-  if (isa == Isa::Ref) {
+  if (!isa_is_x86_simd(isa)) {  // the reference, and the ARM variants (no training tiles of their own yet)
     gemm_ref_rows(pool, trans_a, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
     return;
   }

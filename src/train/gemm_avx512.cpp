@@ -1,7 +1,7 @@
 // The AVX-512 block of train/gemm: a 12 x 32 register tile (24 zmm accumulators), B packed
 // per 32-column panel, A broadcast straight from its matrix (see gemm_kernels.h).
 //
-// GCC 12's AVX-512 headers trip -Wuninitialized inside the intrinsics (kernels/x86/x86_common.h
+// GCC 12's AVX-512 headers trip -Wuninitialized inside the intrinsics (kernels/x86/simd.h
 // explains); the diagnostic belongs to the header, so it is silenced for its lines only.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"

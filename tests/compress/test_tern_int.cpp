@@ -23,8 +23,9 @@ std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
 }
 
 std::vector<Isa> variants() {
-  std::vector<Isa> v = {Isa::Ref};
-  if (isa_supported(Isa::Avx512)) v.push_back(Isa::Avx512);
+  std::vector<Isa> v;
+  for (Isa isa : kAllIsas)
+    if (isa_supported(isa)) v.push_back(isa);
   return v;
 }
 

@@ -4,13 +4,15 @@
 //  - each variant (ref table included) vs matmul_ref, the dequantize + f32 oracle, within the
 //    error that quantizing the activations to 8 bits can cause (a rigorous per-output bound);
 //  - each SIMD variant vs the scalar ref table, which quantizes activations identically, within
-//    float summation-order noise: this catches small errors the first bound would allow.
+//    float summation-order noise: this catches small errors the first bound would allow; the
+//    ARM variants (and every variant for float weights) bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <utility>
@@ -125,10 +127,13 @@ ThreadPool& shared_pool(int n_threads) {
 
 std::vector<Isa> isas_to_test() {
   std::vector<Isa> v;
-  for (Isa i : {Isa::Ref, Isa::Avx2, Isa::Avx512})
+  for (Isa i : kAllIsas)
     if (isa_supported(i)) v.push_back(i);
   return v;
 }
+
+// The ARM variants compute the reference's integer sums and float steps (kernels/arm).
+bool is_arm(Isa isa) { return isa == Isa::Neon || isa == Isa::Dotprod || isa == Isa::I8mm; }
 
 // Runs one case through every variant and both thread counts; y carries a guard band (ldy >
 // n_out, and NaN-filled) to catch writes outside the [n_tokens][n_out] window.
@@ -156,7 +161,7 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
   // reference kernels' bits exactly, but for the BF16 dot.
   const auto check = [&](const std::vector<float>& y, bool is_ref, Isa isa) {
     const bool dot = isa_bf16_dot(isa, c.type, c.n_in);
-    const bool exact = dtype_is_float(c.type) && !dot;
+    const bool exact = (dtype_is_float(c.type) && !dot) || is_arm(isa);
     int n_bad = 0;
     for (int64_t t = 0; t < c.n_tokens; ++t) {
       for (int64_t o = 0; o < ldy; ++o) {
@@ -191,14 +196,16 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
     if (!ok) return;
   }
   // As models load them for the SIMD variants where those read them so (Q4_0, Q8_0, Q4_K, the
-  // float types; Q6_K for AVX2): interleaved by 16 rows.
-  if (interleave16_for(Isa::Avx2, w.view()) || interleave16_for(Isa::Avx512, w.view())) {
+  // float types; Q6_K for AVX2; only the float types for ARM): interleaved by 16 rows.
+  bool any_interleaved = false;
+  for (Isa isa : kAllIsas) any_interleaved = any_interleaved || interleave16_for(isa, w.view());
+  if (any_interleaved) {
     std::vector<uint8_t> packed(w.data.size());
     interleave16(w.view(), packed.data());
     WeightView wi = w.view();
     wi.data = packed.data();
     wi.interleaved16 = true;
-    for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+    for (Isa isa : kAllIsas) {
       if (!isa_supported(isa) || !interleave16_for(isa, w.view())) continue;
       SCOPED_TRACE(::testing::Message() << dtype_name(c.type) << " isa " << isa_name(isa) << " interleaved, n_in "
                                         << c.n_in << " n_out " << c.n_out << " n_tokens " << c.n_tokens
@@ -220,47 +227,70 @@ const int64_t kOuts[] = {1, 3, 13, 17, 64};
 // boundaries (decode batches).
 const int64_t kTokens[] = {1, 2, 5, 6, 7, 8, 9, 15, 16, 17, 22, 24, 28, 31, 32, 33};
 
+// TERN_KERNEL_TESTS=quick (the ARM64 stage of scripts/test.sh, where the tests run under
+// qemu-user): a subset of the shapes that keeps a ragged row length, rows that are not a multiple
+// of the row tiles, and odd and even token counts on both sides of 16.
+bool quick_shapes() {
+  const char* e = std::getenv("TERN_KERNEL_TESTS");
+  return e && std::string(e) == "quick";
+}
+std::vector<int64_t> shapes(std::initializer_list<int64_t> all, std::initializer_list<int64_t> quick) {
+  return quick_shapes() ? std::vector<int64_t>(quick) : std::vector<int64_t>(all);
+}
+std::vector<int64_t> token_counts() {
+  return quick_shapes() ? std::vector<int64_t>{1, 2, 5, 17, 33} : std::vector<int64_t>(std::begin(kTokens), std::end(kTokens));
+}
+std::vector<int64_t> out_counts() {
+  return quick_shapes() ? std::vector<int64_t>{3, 17, 64} : std::vector<int64_t>(std::begin(kOuts), std::end(kOuts));
+}
+
 class KernelsVsReference : public ::testing::TestWithParam<int> {};
 
 TEST_P(KernelsVsReference, FloatTypes) {
   ThreadPool& pool = shared_pool(GetParam());
   uint32_t seed = 100;
   for (DType t : kFloatTypes)
-    for (int64_t n_in : {1, 7, 32, 64, 96, 172, 256, 512, 4096 + 32})
-      for (int64_t n_out : kOuts)
-        for (int64_t n_tok : kTokens) check_case({t, n_in, n_out, n_tok}, pool, seed++);
+    for (int64_t n_in : shapes({1, 7, 32, 64, 96, 172, 256, 512, 4096 + 32}, {7, 64, 172, 4096 + 32}))
+      for (int64_t n_out : out_counts())
+        for (int64_t n_tok : token_counts()) check_case({t, n_in, n_out, n_tok}, pool, seed++);
 }
 
 TEST_P(KernelsVsReference, BlocksOf32) {
   ThreadPool& pool = shared_pool(GetParam());
   uint32_t seed = 200;
   for (DType t : kQ32Types)
-    for (int64_t n_in : {32, 64, 96, 256, 512, 4096 + 32})
-      for (int64_t n_out : kOuts)
-        for (int64_t n_tok : kTokens) check_case({t, n_in, n_out, n_tok}, pool, seed++);
+    for (int64_t n_in : shapes({32, 64, 96, 256, 512, 4096 + 32}, {32, 96, 4096 + 32}))
+      for (int64_t n_out : out_counts())
+        for (int64_t n_tok : token_counts()) check_case({t, n_in, n_out, n_tok}, pool, seed++);
 }
 
 TEST_P(KernelsVsReference, KQuants) {
   ThreadPool& pool = shared_pool(GetParam());
   uint32_t seed = 300;
   for (DType t : kKTypes)
-    for (int64_t n_in : {256, 512, 4096 + 256})
-      for (int64_t n_out : kOuts)
-        for (int64_t n_tok : kTokens) check_case({t, n_in, n_out, n_tok}, pool, seed++);
+    for (int64_t n_in : shapes({256, 512, 4096 + 256}, {256, 512}))
+      for (int64_t n_out : out_counts())
+        for (int64_t n_tok : token_counts()) check_case({t, n_in, n_out, n_tok}, pool, seed++);
 }
 
 // Big enough for several row chunks per thread and full 16-token groups plus remainders.
 TEST_P(KernelsVsReference, LargerShapes) {
   ThreadPool& pool = shared_pool(GetParam());
   uint32_t seed = 400;
+  // quick: one type of each kernel family
+  const bool quick = quick_shapes();
+  auto in_quick = [](DType t) {
+    return t == DType::F16 || t == DType::Q4_0 || t == DType::Q5_1 || t == DType::Q4_K || t == DType::Q6_K;
+  };
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
                  DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K})
-    check_case({t, 1024, 200, 70}, pool, seed++);
+    if (!quick || in_quick(t)) check_case({t, 1024, 200, 70}, pool, seed++);
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
-    check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
+    if (!quick || t == DType::F32) check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
   // Float prefill: K blocks of 256 with a ragged last one, more than one 256-token block,
   // interleaved groups followed by tail rows (53 = 3 x 16 + 5).
-  for (DType t : kFloatTypes) check_case({t, 600, 53, 300}, pool, seed++);
+  for (DType t : kFloatTypes)
+    if (!quick || t == DType::BF16) check_case({t, 600, 53, 300}, pool, seed++);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, KernelsVsReference, ::testing::Values(1, 2),
@@ -296,7 +326,7 @@ TEST(KernelsDispatch, RowRangesMatchWholeMatrixBitForBit) {
 TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 900;
-  for (Isa isa : {Isa::Ref, Isa::Avx2, Isa::Avx512}) {
+  for (Isa isa : kAllIsas) {
     if (!isa_supported(isa)) continue;
     for (DType t : {DType::Q8_0, DType::Q4_0}) {
       SCOPED_TRACE(::testing::Message() << isa_name(isa) << " " << dtype_name(t));
@@ -511,9 +541,13 @@ TEST(KernelsDispatch, Bf16DotEqualsTheFmaChainOnRoundedActivations) {
 
 // Every SIMD table quantizes activations into the Rows layouts bit for bit like the reference.
 TEST(KernelsRef, SimdActivationQuantizersMatchReference) {
-  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
-    if (!isa_supported(isa)) continue;
-    const kern::KernelTable& kt = isa == Isa::Avx2 ? kern::table_avx2() : kern::table_avx512();
+  for (Isa isa : kAllIsas) {
+    if (isa == Isa::Ref || !isa_supported(isa)) continue;
+    const kern::KernelTable& kt = isa == Isa::Avx2     ? kern::table_avx2()
+                                  : isa == Isa::Avx512 ? kern::table_avx512()
+                                  : isa == Isa::Neon   ? kern::table_neon()
+                                  : isa == Isa::Dotprod ? kern::table_dotprod()
+                                                        : kern::table_i8mm();
     for (DType t : {DType::Q8_0, DType::Q4_K}) {
       SCOPED_TRACE(::testing::Message() << isa_name(isa) << " " << dtype_name(t));
       const int64_t n_in = 2048;
@@ -547,15 +581,68 @@ TEST(KernelsRef, SimdActivationQuantizersMatchReference) {
 
 TEST(KernelsDispatch, SelectedIsaIsSupported) {
   const std::string name = active_isa();
-  EXPECT_TRUE(name == "ref" || name == "avx2" || name == "avx512") << name;
+  EXPECT_TRUE(name == "ref" || name == "avx2" || name == "avx512" || name == "neon" || name == "dotprod" ||
+              name == "i8mm")
+      << name;
   EXPECT_TRUE(isa_supported(selected_isa()));
   EXPECT_STREQ(active_isa(), isa_name(selected_isa()));
+  // One family per CPU, each level implying the one below.
+#if defined(__aarch64__)
+  EXPECT_TRUE(isa_supported(Isa::Neon));
+  EXPECT_FALSE(isa_supported(Isa::Avx2) || isa_supported(Isa::Avx512));
+#else
+  EXPECT_FALSE(isa_supported(Isa::Neon) || isa_supported(Isa::Dotprod) || isa_supported(Isa::I8mm));
+#endif
+  EXPECT_TRUE(!isa_supported(Isa::I8mm) || isa_supported(Isa::Dotprod));
+  EXPECT_TRUE(!isa_supported(Isa::Avx512) || isa_supported(Isa::Avx2));
   if (!std::getenv("TERN_FORCE_ISA")) {
     // Without an override the best variant wins.
     const Isa best = isa_supported(Isa::Avx512) ? Isa::Avx512
-                     : isa_supported(Isa::Avx2) ? Isa::Avx2 : Isa::Ref;
+                     : isa_supported(Isa::Avx2) ? Isa::Avx2
+                     : isa_supported(Isa::I8mm) ? Isa::I8mm
+                     : isa_supported(Isa::Dotprod) ? Isa::Dotprod
+                     : isa_supported(Isa::Neon) ? Isa::Neon : Isa::Ref;
     EXPECT_EQ(selected_isa(), best);
   }
+}
+
+// The ARM tables read float weights interleaved by 16 rows (any row range, bit for bit the
+// rows as stored) and quantized weights as stored; for the selected variant, matmul_rows over
+// ranges that start and end inside 16-row groups gives matmul's bits.
+TEST(KernelsDispatch, ArmFloatInterleavedRowRanges) {
+  if (!is_arm(selected_isa())) GTEST_SKIP() << "not an ARM64 variant";
+  const Isa isa = selected_isa();
+  ThreadPool& pool = shared_pool(2);
+  uint32_t seed = 2100;
+  for (DType type : {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_K})
+    for (int64_t n_in : {64, 256, 1024 + 256}) {
+      if (!dtype_is_float(type) && n_in % kQK_K != 0) continue;
+      SCOPED_TRACE(::testing::Message() << dtype_name(type) << " n_in " << n_in);
+      const int64_t n_out = 53, n_tok = 5;
+      const Weights w = make_weights(type, n_in, n_out, seed++);
+      EXPECT_EQ(interleave16_for(isa, w.view()), dtype_is_float(type));
+      if (!dtype_is_float(type)) continue;
+      std::vector<uint8_t> packed(w.data.size());
+      interleave16(w.view(), packed.data());
+      WeightView wi = w.view();
+      wi.data = packed.data();
+      wi.interleaved16 = true;
+      const auto x = make_acts(n_in, n_tok, n_in, seed++);
+      std::vector<float> stored(size_t(n_out * n_tok)), inter(size_t(n_out * n_tok));
+      matmul_isa(isa, w.view(), x.data(), n_in, n_tok, stored.data(), n_out, pool);
+      matmul_isa(isa, wi, x.data(), n_in, n_tok, inter.data(), n_out, pool);
+      ASSERT_EQ(stored, inter);
+      for (int64_t r0 = 0; r0 < n_out; r0 += 10) {
+        const int64_t r1 = std::min(n_out, r0 + 10);
+        std::vector<float> part(inter.size(), NAN);
+        matmul_rows(wi, x.data(), n_in, n_tok, part.data(), n_out, r0, r1);
+        for (int64_t i = 0; i < n_tok * n_out; ++i) {
+          const int64_t r = i % n_out;
+          if (r >= r0 && r < r1) ASSERT_EQ(part[size_t(i)], inter[size_t(i)]) << "rows " << r0 << ".." << r1;
+          else ASSERT_TRUE(std::isnan(part[size_t(i)])) << "rows " << r0 << ".." << r1 << " wrote row " << r;
+        }
+      }
+    }
 }
 
 TEST(KernelsDispatch, MatmulUsesAKernelAndMatchesOracle) {
@@ -624,7 +711,7 @@ TEST(KernelsDispatchDeathTest, ForceIsaOverrideAndErrors) {
         std::exit(0);
       },
       ::testing::ExitedWithCode(3), "TERN_FORCE_ISA=sse9: unknown kernel variant");
-  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+  for (Isa isa : kAllIsas) {
     if (isa_supported(isa)) continue;  // only testable on a CPU that lacks it
     EXPECT_THROW(matmul_isa(isa, WeightView{DType::F32, 4, 1, nullptr}, nullptr, 4, 1, nullptr, 1,
                             shared_pool(1)),

@@ -45,7 +45,7 @@ TEST(MatmulSharedInput, EqualsSeparateMatmulsBitForBit) {
   const int64_t n_outs[] = {96, 36, 13};  // ragged: not a multiple of the row tiles
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (Isa isa : {Isa::Ref, Isa::Avx2, Isa::Avx512}) {
+  for (Isa isa : kAllIsas) {
     if (!isa_supported(isa)) continue;
     for (int n_threads : {1, 2, 3}) {
       ThreadPool pool(n_threads);
@@ -173,7 +173,7 @@ TEST(MatmulSharedInput, RmsNormPrologueEqualsRmsNormThenMatmulBitForBit) {
   const float eps = 1e-5f;
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (Isa isa : {Isa::Ref, Isa::Avx2, Isa::Avx512}) {
+  for (Isa isa : kAllIsas) {
     if (!isa_supported(isa)) continue;
     for (int n_threads : {1, 2}) {
       ThreadPool pool(n_threads);

@@ -1,9 +1,10 @@
-// AVX2 + FMA + F16C kernel table: the register tiles of x86_common.h with pmaddubsw / pmaddwd
+// AVX2 + FMA + F16C kernel table: the register tiles of tiles_int.h with pmaddubsw / pmaddwd
 // integer dot products (4 rows x 2 tokens, 16 registers); for Q4_0 / Q8_0 the 4-row tiles
 // below, which fold the rows' integer sums together before the float work. Float weights:
 // tiles_float.h.
-#include "kernels/x86/x86_common.h"
+#include "kernels/x86/act_quant.h"
 #include "kernels/x86/tiles_float.h"
+#include "kernels/x86/tiles_int.h"
 
 namespace tern::kern {
 namespace {
@@ -122,7 +123,7 @@ void quad_q8_0(const Tile& c) {
 }
 
 // gemm_int_classic for Q4_0 / Q8_0: the 4-row tiles above, then single rows with the tiles of
-// x86_common.h.
+// tiles_int.h.
 void gemm_q32(const GemmArgs& a, int64_t r0, int64_t r1) {
   constexpr int TM = OpsAvx2::kMaxTokens;
   const RowsView v = rows_view(a);

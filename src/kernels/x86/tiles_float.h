@@ -25,7 +25,12 @@
 // into the same panels by a scalar transposing copy: correct for any row range, and fast
 // enough for the < 16 tail rows; a whole weight left as stored (TERN_REPACK=0) decodes slowly.
 //
-// Include only from matmul_avx2.cpp / matmul_avx512.cpp, after x86_common.h.
+// Include only from matmul_avx2.cpp / matmul_avx512.cpp.
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/kernel_iface.h"
+#include "kernels/x86/simd.h"
 
 namespace tern::kern {
 namespace {

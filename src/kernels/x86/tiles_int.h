@@ -1,152 +1,44 @@
 #pragma once
-// Kernels shared by the AVX2 and AVX-512 tables, written once with 256-bit vectors and
-// parameterised by an `Ops` policy for the integer dot-product primitives:
+// The "classic" integer tiles of the AVX2 and AVX-512 tables, written once with 256-bit vectors
+// and parameterised by an `Ops` policy for the integer dot-product primitives:
 //
 //   Ops::dot_u8s8(acc, u, s)  acc[i] += sum of 4 products u8 * s8      (vpdpbusd / pmaddubsw)
 //   Ops::dot_s16(acc, a, b)   acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1]  (vpdpwssd / pmaddwd)
 //   Ops::kMaxTokens           tokens per register tile (16 ymm registers for AVX2, 32 for AVX-512)
 //
-// Include only from *_avx2.cpp / *_avx512.cpp. Everything is in an unnamed namespace so each
-// ISA's translation unit has its own copy (no ODR mixing of differently compiled code).
-//
 // The "classic" path tiles R weight rows x T tokens: each weight block is loaded and unpacked
 // once per tile and reused for T tokens; accumulators are 8 f32 lanes per (row, token), reduced
 // horizontally once per tile.
-// GCC 12's AVX-512 headers build _mm512_undefined_*() as a self-initialised variable, which
-// -Wuninitialized reports inside intrinsics such as _mm512_cvtph_ps; the diagnostic belongs to
-// the header, so it is silenced for the header's lines only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
+//
+// Also what the other integer tiles (matmul_avx2.cpp, the AVX-512 families) build on: the weight
+// prefetch step, the Tile / RowsView / ActPtrs views of weights and Rows activations, the walk
+// over rows interleaved by 16 (for_each_interleaved_tile), the unpacking of Q4_K / Q3_K scales
+// and of Q5 fifth bits; and the weight types the x86 tables cover (x86_has_kernel).
+//
+// Include only from *_avx2.cpp / *_avx512.cpp. Everything but RowsView is in an unnamed
+// namespace so each ISA's translation unit has its own copy (no ODR mixing of differently
+// compiled code).
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "kernels/kernel_iface.h"
+#include "kernels/x86/simd.h"
 #include "quant/quant_traits.h"
 
 namespace tern::kern {
+
+// Where the Rows-layout activations of tokens [t_begin, n_tokens) live: the whole buffer for
+// Rows layouts, the tail section after the token groups for Lanes layouts.
+// Outside the unnamed namespace: the AVX-512 tile families take it from one translation unit
+// to another (avx512_tiles.h). Plain data, no code: nothing of it is compiled per ISA.
+struct RowsView {
+  const uint8_t* act;  // row of token t_begin
+  int64_t stride, off_d, off_sum, t_begin;
+  int64_t block;       // 32 (Q8_0) or 256 (Q8_K)
+};
+
 namespace {
-
-inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline int32_t hsum256_epi32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
-inline float hmax256(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
-
-inline __m256 abs256(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
-
-// Four vectors of 8 int32 (elements 0..31 in order) -> 32 int8, saturating.
-inline __m256i pack_i32x4_to_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
-  // packs work per 128-bit lane, leaving dword groups in the order 0 2 4 6 1 3 5 7.
-  const __m256i ab = _mm256_packs_epi32(a, b);
-  const __m256i cd = _mm256_packs_epi32(c, d);
-  const __m256i abcd = _mm256_packs_epi16(ab, cd);
-  return _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-// --- activation quantizers, bit-identical to quantize_row_ref (ref/kernels_ref.cpp) --------
-// Float -> int conversion rounds to nearest even (MXCSR default), as nearest_int does.
-
-// One block of 32: q = 32 int8 in element order; returns d, stores -sum(q) in *nsum.
-inline float q8_0_block(const float* xb, __m256i* q_out, int32_t* nsum) {
-  __m256 v[4];
-  for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(xb + 8 * k);
-  const __m256 m = _mm256_max_ps(_mm256_max_ps(abs256(v[0]), abs256(v[1])),
-                                 _mm256_max_ps(abs256(v[2]), abs256(v[3])));
-  const float amax = hmax256(m);
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  const __m256 vid = _mm256_set1_ps(id);
-  __m256i q[4];
-  for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));
-  *q_out = pack_i32x4_to_i8(q[0], q[1], q[2], q[3]);
-  *nsum = -hsum256_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-  return d;
-}
-
-// One super-block of 256: qs[256], bsums[16] (sums of 16); returns d.
-inline float q8_k_block(const float* xb, int8_t* qs, int16_t* bsums) {
-  __m256 m = _mm256_setzero_ps();
-  for (int k = 0; k < 32; ++k) m = _mm256_max_ps(m, abs256(_mm256_loadu_ps(xb + 8 * k)));
-  const float amax = hmax256(m);
-  if (amax == 0.0f) {
-    std::memset(qs, 0, kQK_K);
-    std::memset(bsums, 0, 32);
-    return 0.0f;
-  }
-  // The sign of the grid comes from the first element of largest magnitude (the reference
-  // scans in order and keeps the first).
-  float max = 0.0f;
-  const __m256 vamax = _mm256_set1_ps(amax);
-  for (int k = 0; k < 32; ++k) {
-    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(abs256(_mm256_loadu_ps(xb + 8 * k)), vamax, _CMP_EQ_OQ));
-    if (mask) {
-      max = xb[8 * k + __builtin_ctz(unsigned(mask))];
-      break;
-    }
-  }
-  const float iscale = -127.0f / max;
-  const __m256 vis = _mm256_set1_ps(iscale);
-  for (int g = 0; g < 8; ++g) {  // 32 elements = two bsums groups
-    __m256i q[4];
-    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * g + 8 * k), vis));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * g), pack_i32x4_to_i8(q[0], q[1], q[2], q[3]));
-    // |q| <= 127 by construction, so packing's saturation never clips and sums are exact.
-    bsums[2 * g] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(q[0], q[1])));
-    bsums[2 * g + 1] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(q[2], q[3])));
-  }
-  return 1 / iscale;
-}
-
-void quantize_q8_0_rows(const ActLayout& lay, const float* x, int64_t n_in, uint8_t* row) {
-  auto* qs = reinterpret_cast<int8_t*>(row);
-  auto* d = reinterpret_cast<float*>(row + lay.off_d);
-  auto* nsum = reinterpret_cast<int32_t*>(row + lay.off_sum);
-  for (int64_t b = 0; b < n_in / 32; ++b) {
-    __m256i q;
-    d[b] = q8_0_block(x + 32 * b, &q, &nsum[b]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * b), q);
-  }
-}
-
-void quantize_q8_k_rows(const ActLayout& lay, const float* x, int64_t n_in, uint8_t* row) {
-  auto* qs = reinterpret_cast<int8_t*>(row);
-  auto* d = reinterpret_cast<float*>(row + lay.off_d);
-  auto* bsums = reinterpret_cast<int16_t*>(row + lay.off_sum);
-  for (int64_t b = 0; b < n_in / kQK_K; ++b)
-    d[b] = q8_k_block(x + kQK_K * b, qs + kQK_K * b, bsums + 16 * b);
-}
-
-void quantize_rows(const ActLayout& lay, const float* x, int64_t ldx, int64_t n_in, int64_t t0,
-                   int64_t t1, uint8_t* act) {
-  for (int64_t t = t0; t < t1; ++t) {
-    if (lay.kind == ActKind::Q8_0Rows)
-      quantize_q8_0_rows(lay, x + t * ldx, n_in, act + t * lay.stride);
-    else
-      quantize_q8_k_rows(lay, x + t * ldx, n_in, act + t * lay.stride);
-  }
-}
 
 // --- classic integer tiles ---------------------------------------------------------------
 
@@ -183,14 +75,7 @@ inline void store_tile(const Tile& c, __m256 (&acc)[R][T]) {
     for (int t = 0; t < T; ++t) c.y[t * c.ldy + r] = hsum256(acc[r][t]);
 }
 
-// Where the Rows-layout activations of tokens [t_begin, n_tokens) live: the whole buffer for
-// Rows layouts, the tail section after the token groups for Lanes layouts.
-struct RowsView {
-  const uint8_t* act;  // row of token t_begin
-  int64_t stride, off_d, off_sum, t_begin;
-  int64_t block;       // 32 (Q8_0) or 256 (Q8_K)
-};
-
+// The RowsView of a's activations (RowsView above).
 inline RowsView rows_view(const GemmArgs& a) {
   const ActLayout& l = a.act_layout;
   const bool q8_0 = l.kind == ActKind::Q8_0Rows || l.kind == ActKind::Q8_0Lanes;
@@ -632,7 +517,8 @@ void gemm_int_classic(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t 
   }
 }
 
-bool x86_has_kernel(DType t) {
+// The weight types the x86 tables run: the integer tiles here, the float ones in tiles_float.h.
+inline bool x86_has_kernel(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
     case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q2_K: case DType::Q3_K:

@@ -1,0 +1,491 @@
+// AVX-512 row-lane tiles (avx512_tiles.h), a weight row per int32 lane of a zmm: Q4_0 / Q8_0
+// rows as stored, for small batches and a batch's tokens after its last full 16-token group; and
+// the tiles of weights interleaved by 16 rows (Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q2_K..Q5_K), which
+// read a group's block in place, for every batch size.
+//
+// Row-lane tiles for Q4_0 / Q8_0, 16 weight rows per zmm. The token-lane tiles
+// (fused_avx512.cpp) broadcast each 4-byte weight group to 16 token lanes and must
+// make it unsigned there (an AND or XOR per vpdpbusd), then pay a cvt, a multiply and an FMA
+// per (row, block): about 25 vector operations per 8 vpdpbusd. Here a lane is a weight row
+// instead: the tile transposes block b of 16 rows into 8 vectors, w[k] lane i = the unsigned
+// bytes of row i's 4-byte group k (Q4_0: nibbles 0..15, k < 4 the low ones = elements
+// 4k..4k+3, k >= 4 the high ones = elements 16+4(k-4)..; Q8_0: w + 128), once per block for
+// up to 16 tokens. Each token then needs 8 vpdpbusd whose signed side is its own 4 activation
+// bytes, broadcast straight from the Rows layout (an embedded {1to16} memory operand: no ALU
+// operation), plus one cvt, one multiply and one FMA for all 16 rows; the weights' offset
+// (-8 or +128) folds into the integer accumulator's start value through the token's nsum
+// (8 * nsum or 128 * nsum), as in the token-lane tiles. A token's 16 results are then one vector
+// store into y, with no horizontal sums. Every (row, token) runs the same operations in the
+// same order whatever the tile, the token count or the row chunk, so a row's result does not
+// depend on the batch it is in; the integer sums equal the other tiles' exactly, and the
+// float steps are those of the token-lane tiles (fma(cvt(s), dx * dw, acc), blocks in order).
+#include "kernels/x86/avx512_tiles.h"
+
+namespace tern::kern::avx512 {
+namespace {
+
+constexpr int kRowLanes = 16;  // weight rows per zmm, one per int32 lane
+
+// Block b of the 16 rows at rows[i] + b * kBlk, transposed and made unsigned (see above).
+template <bool kQ4>
+inline void rowlane_unpack(const uint8_t* const* rows, int64_t off, __m512i (&w)[8]) {
+  const auto ld = [&](int i, int part) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + off + 2 + 16 * part));
+  };
+  // 4x4 dword transposes within 128-bit lanes: lane L of A_j holds row 4L + j, so that after
+  // them lane 4L + j of every output vector is row 4L + j.
+  const auto transpose = [&](int part, __m512i* d) {
+    __m512i A[4];
+    for (int j = 0; j < 4; ++j) {
+      __m512i v = _mm512_castsi128_si512(ld(j, part));
+      v = _mm512_inserti32x4(v, ld(j + 4, part), 1);
+      v = _mm512_inserti32x4(v, ld(j + 8, part), 2);
+      A[j] = _mm512_inserti32x4(v, ld(j + 12, part), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(A[0], A[1]), t1 = _mm512_unpackhi_epi32(A[0], A[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(A[2], A[3]), t3 = _mm512_unpackhi_epi32(A[2], A[3]);
+    d[0] = _mm512_unpacklo_epi64(t0, t2);
+    d[1] = _mm512_unpackhi_epi64(t0, t2);
+    d[2] = _mm512_unpacklo_epi64(t1, t3);
+    d[3] = _mm512_unpackhi_epi64(t1, t3);
+  };
+  if constexpr (kQ4) {
+    __m512i d[4];
+    transpose(0, d);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      w[k] = _mm512_and_si512(d[k], m4);
+      w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(d[k], 4), m4);
+    }
+  } else {
+    transpose(0, w);
+    transpose(1, w + 4);
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    for (int k = 0; k < 8; ++k) w[k] = _mm512_xor_si512(w[k], flip);
+  }
+}
+
+// The f16 scales of block b of the 16 rows, as f32 (packed in general-purpose registers, as
+// wide_scales does).
+inline __m512 rowlane_scales(const uint8_t* const* rows, int64_t off) {
+  const auto d = [&](int i) { return uint64_t(*reinterpret_cast<const uint16_t*>(rows[i] + off)); };
+  const auto q = [&](int i) { return int64_t(d(i) | d(i + 1) << 16 | d(i + 2) << 32 | d(i + 3) << 48); };
+  const __m128i lo = _mm_insert_epi64(_mm_cvtsi64_si128(q(0)), q(4), 1);
+  const __m128i hi = _mm_insert_epi64(_mm_cvtsi64_si128(q(8)), q(12), 1);
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
+// Block b of Q4_0 / Q8_0 rows interleaved by 16 (kernels/matmul.h): the same 8 vectors and
+// scales as rowlane_unpack / rowlane_scales give for the rows as stored, read in place.
+template <bool kQ4>
+constexpr int64_t kInterleavedBlk = 16 * (kQ4 ? int64_t(sizeof(BlockQ4_0)) : int64_t(sizeof(BlockQ8_0)));
+// A 64-byte piece as two 32-byte loads: streaming from DRAM, Zen 4 reads 256-bit loads faster
+// than 512-bit ones. bench_matmul --sweep (TinyLlama's decode weights, 1 GB of Q8_0, 2 threads,
+// alternating sweeps): a loop of 64-byte loads alone 36.7 GB/s against 43.6 for 32-byte loads
+// and 44.4 for plain 8-byte sums; this Q8_0 tile 30.3 -> 32.0 and 32.0 -> 33.6 GB/s in slow
+// minutes (medians of 63-70 sweeps), 40.7 -> 42.8 best; Q4_0 (half the loads) level.
+// GCC keeps the pair as a load and a vinserti64x4 from memory.
+inline __m512i load_piece(const uint8_t* p) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+template <bool kQ4>
+inline __m512 interleaved_unpack(const uint8_t* blk, __m512i (&w)[8]) {
+  if constexpr (kQ4) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i d = load_piece(blk + 32 + 64 * k);
+      w[k] = _mm512_and_si512(d, m4);
+      w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(d, 4), m4);
+    }
+  } else {
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    for (int k = 0; k < 8; ++k) w[k] = _mm512_xor_si512(load_piece(blk + 32 + 64 * k), flip);
+  }
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+}
+
+// The 16 rows at rows[] x TC tokens of the Rows view from token t, into y for the rows (lanes)
+// set in `keep`. With `group` (rows interleaved by 16), the 16 rows are that group, read in
+// place of rows[].
+template <bool kQ4, int TC>
+void rowlane_tile(const GemmArgs& a, const RowsView& v, const uint8_t* const* rows, __mmask16 keep,
+                  const uint8_t* pf, int64_t t, float* y, const uint8_t* group = nullptr) {
+  constexpr int64_t kBlk = kQ4 ? int64_t(sizeof(BlockQ4_0)) : int64_t(sizeof(BlockQ8_0));
+  const int64_t nb = a.n_in / 32;
+  const uint8_t* xrow[TC];
+  for (int i = 0; i < TC; ++i) xrow[i] = v.act + (t + i - v.t_begin) * v.stride;
+  __m512 acc[TC];
+  for (int i = 0; i < TC; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    if (pf) prefetch_step<kRowLanes * int(kBlk)>(pf + b * kRowLanes * kBlk);
+    __m512i w[8];
+    __m512 dw;
+    if (group) {
+      dw = interleaved_unpack<kQ4>(group + b * kInterleavedBlk<kQ4>, w);
+    } else {
+      rowlane_unpack<kQ4>(rows, b * kBlk, w);
+      dw = rowlane_scales(rows, b * kBlk);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < TC; ++i) {
+      const uint8_t* xq = xrow[i] + 32 * b;
+      // 8 * nsum or 128 * nsum: a broadcast load and a shift (a broadcast from a general-
+      // purpose register costs two vector operations on Zen 4)
+      const __m512i ns = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(xrow[i] + v.off_sum)[b]);
+      __m512i s = kQ4 ? _mm512_slli_epi32(ns, 3) : _mm512_slli_epi32(ns, 7);
+      for (int k = 0; k < 8; ++k) {
+        int32_t xk;
+        std::memcpy(&xk, xq + 4 * k, 4);
+        s = _mm512_dpbusd_epi32(s, w[k], _mm512_set1_epi32(xk));
+      }
+      const float dx = reinterpret_cast<const float*>(xrow[i] + v.off_d)[b];
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx), dw), acc[i]);
+    }
+  }
+  for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * a.ldy, keep, acc[i]);
+}
+
+template <bool kQ4, int TC = kRowLanes>
+void rowlane_tokens(const GemmArgs& a, const RowsView& v, const uint8_t* const* rows, __mmask16 keep,
+                    const uint8_t* pf, int64_t t, int64_t n, float* y, const uint8_t* group = nullptr) {
+  if constexpr (TC > 1) {
+    if (n < TC) return rowlane_tokens<kQ4, TC - 1>(a, v, rows, keep, pf, t, n, y, group);
+  }
+  rowlane_tile<kQ4, TC>(a, v, rows, keep, pf, t, y, group);
+}
+
+// Rows [r0, r1) x all tokens of a Rows layout.
+template <bool kQ4>
+void gemm_rowlanes_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  // Token blocks whose activations (~256 KB) stay in L2 while the chunk's rows pass over them.
+  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
+  tb = tb < kRowLanes ? kRowLanes : tb / kRowLanes * kRowLanes;
+  const int64_t rb = a.row_bytes;
+  for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
+    const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
+    for (int64_t r = r0; r < r1; r += kRowLanes) {
+      const int n_rows = r1 - r < kRowLanes ? int(r1 - r) : kRowLanes;
+      const uint8_t* rows[kRowLanes];
+      for (int i = 0; i < kRowLanes; ++i) rows[i] = a.w + (r + (i < n_rows ? i : n_rows - 1)) * rb;
+      // Prefetch the tile kPrefetchTiles on while the first token chunk streams this one.
+      const uint8_t* pf = a.w + (r + kPrefetchTiles * kRowLanes) * rb;
+      for (int64_t t = t0; t < t1; t += kRowLanes) {
+        const int64_t n = t1 - t < kRowLanes ? t1 - t : kRowLanes;
+        rowlane_tokens<kQ4>(a, v, rows, __mmask16((1u << n_rows) - 1u), t == t0 ? pf : nullptr, t, n,
+                            a.y + t * a.ldy + r);
+      }
+    }
+  }
+}
+
+// Q4_0 / Q8_0 interleaved by 16 rows, every batch size: the row-lane tiles reading each block
+// of 16 rows in place (4 or 8 vector loads and one of scales instead of 16 or 32 row loads, 12
+// or 24 inserts and 8 or 16 unpacks). The same operations on the same values, so the same bits
+// as the row-lane tiles on the rows as stored; a lone token too (the stored rows' wide GEMV
+// tiles differ there). Rows [r0, r1) may start and end inside a group: its other rows are
+// computed, not stored.
+template <bool kQ4>
+void gemm_interleaved_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  for_each_interleaved_tile<kRowLanes>(
+      a, v, r0, r1, a.n_in / 32 * kInterleavedBlk<kQ4>,
+      [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
+        rowlane_tokens<kQ4>(a, v, nullptr, __mmask16(rows_mask(lo, hi)), pf, t, n, y, group);
+      });
+}
+
+// Q4_K interleaved by 16 rows (kernels/matmul.h): one zmm per 64-byte piece, a row per lane,
+// as the AVX2 tiles read it with two ymm. A sub-block's 8 vpdpbusd steps (nibbles against 4
+// broadcast activation bytes) sum in int32, which vpmulld scales by the rows' 6-bit scales;
+// the mins meet Q8_K's bsums (two sums of 16 per sub-block, one broadcast) in one vpdpwssd.
+// The same exact integer sums and float steps as the AVX2 tiles, so the same bits.
+// Q5_K (kQ5): the same tile, each piece's fifth bits (the qh piece of its k: sub-block j's in
+// bit j of each byte) shifted to bit 4 and or-ed into the nibbles.
+constexpr int64_t kGroupBlkQ4K = 16 * int64_t(sizeof(BlockQ4_K));
+constexpr int64_t kGroupBlkQ5K = 16 * int64_t(sizeof(BlockQ5_K));
+
+// Bit `bit` of every byte moved to bit 4 (other bits are garbage: the caller masks 0x10). A
+// 16-bit shift by at most 4 brings bit 4 of a byte from within the same byte.
+inline __m512i hshift(__m512i h, int bit) {
+  return bit <= 4 ? _mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - bit)) : _mm512_srl_epi16(h, _mm_cvtsi32_si128(bit - 4));
+}
+
+template <bool kQ5, int TC>
+__attribute__((noinline)) void rowlane_q4_k_tile(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep,
+                                                 const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
+  constexpr int64_t kGroupBlk = kQ5 ? kGroupBlkQ5K : kGroupBlkQ4K;
+  const __m512i sixteen = _mm512_set1_epi8(16);
+  const ActPtrs<TC> x(v, t);
+  __m512 acc[TC];
+  for (auto& e : acc) e = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m6 = _mm512_set1_epi32(63), low4 = _mm512_set1_epi32(15);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = group + sb * kGroupBlk;
+    if (pf) prefetch_step<int(kGroupBlk)>(pf + sb * kGroupBlk);
+    __m512i S[TC], M[TC];
+    for (int i = 0; i < TC; ++i) S[i] = M[i] = _mm512_setzero_si512();
+    __m512i m_high = _mm512_loadu_si512(blk + 192);
+#pragma GCC unroll 1
+    for (int c = 0; c < 4; ++c) {
+      __m512i slo[TC], shi[TC];
+      for (int i = 0; i < TC; ++i) slo[i] = shi[i] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+      for (int k = 0; k < 8; ++k) {
+        const __m512i d = _mm512_loadu_si512(blk + (kQ5 ? (c == 0 ? 256 + 128 * k : 768 + 512 * c + 64 * k) : 256 + 64 * (8 * c + k)));
+        __m512i lo = _mm512_and_si512(d, m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(d, 4), m4);
+        if constexpr (kQ5) {
+          const __m512i h = _mm512_loadu_si512(blk + 320 + 128 * k);
+          // bit 2c (2c + 1) of each byte to bit 4, or-ed in: (a & b) | c
+          lo = _mm512_ternarylogic_epi32(_mm512_and_si512(hshift(h, 2 * c), sixteen), lo, lo, 0xFC);
+          hi = _mm512_ternarylogic_epi32(_mm512_and_si512(hshift(h, 2 * c + 1), sixteen), hi, hi, 0xFC);
+        }
+        for (int i = 0; i < TC; ++i) {
+          const int8_t* xp = x.q[i] + kQK_K * sb + 64 * c + 4 * k;
+          int32_t x0, x1;
+          std::memcpy(&x0, xp, 4);
+          std::memcpy(&x1, xp + 32, 4);
+          slo[i] = _mm512_dpbusd_epi32(slo[i], lo, _mm512_set1_epi32(x0));
+          shi[i] = _mm512_dpbusd_epi32(shi[i], hi, _mm512_set1_epi32(x1));
+        }
+      }
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = 2 * c + jj;
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j)));
+        const __m512i sc = _mm512_and_si512(b, m6);
+        const __m512i m = _mm512_or_si512(_mm512_srli_epi32(b, 6), _mm512_slli_epi32(_mm512_and_si512(m_high, low4), 2));
+        m_high = _mm512_srli_epi32(m_high, 4);  // sub-block j + 1's nibble next
+        const __m512i m2 = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));  // m in both int16 halves
+        for (int i = 0; i < TC; ++i) {
+          S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(jj ? shi[i] : slo[i], sc));
+          int32_t bs;
+          std::memcpy(&bs, x.bsums(i) + 16 * sb + 2 * j, 4);
+          M[i] = _mm512_dpwssd_epi32(M[i], m2, _mm512_set1_epi32(bs));
+        }
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+    for (int i = 0; i < TC; ++i) {
+      const __m512 dx = _mm512_set1_ps(x.d[i][sb]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[i]), _mm512_mul_ps(dw, dx), acc[i]);
+      acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[i]), _mm512_mul_ps(dmin, dx), acc[i]);
+    }
+  }
+  for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+}
+
+// tile.template operator()<N>() for the tile of N = n tokens (1 <= n <= TC).
+template <int TC, class Tile>
+inline void tokens_tile(int64_t n, Tile&& tile) {
+  if constexpr (TC > 1) {
+    if (n < TC) return tokens_tile<TC - 1>(n, tile);
+  }
+  tile.template operator()<TC>();
+}
+
+template <bool kQ5>
+void gemm_interleaved_q4_k(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  const int64_t nsb = a.n_in / kQK_K;
+  for_each_interleaved_tile<4>(
+      a, v, r0, r1, nsb * (kQ5 ? kGroupBlkQ5K : kGroupBlkQ4K),
+      [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
+        tokens_tile<4>(n, [&]<int TC>() {
+          rowlane_q4_k_tile<kQ5, TC>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, y, a.ldy);
+        });
+      });
+}
+
+// Q4_1 / Q5_0 / Q5_1 interleaved by 16 rows (Q32xLayout): rowlane_tile's Q4_0 path, a row per
+// lane, with the fifth bits of nibble group g shifted from the lane's permuted qh to bit 4 and
+// or-ed in (a shift and a vpternlogd);
+// Q5_0's offset starts the integer sum at 16 * nsum, Q4_1 / Q5_1's m meets sum(x) = -nsum * dx
+// in one more FMA per block and token.
+template <DType kType, int TC>
+__attribute__((noinline)) void rowlane_q32x_tile(const RowsView& v, const uint8_t* group, int64_t nb, __mmask16 keep,
+                                                 const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
+  using L = Q32xLayout<kType>;
+  const ActPtrs<TC> x(v, t);
+  __m512 acc[TC];
+  for (auto& e : acc) e = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * L::kBlk;
+    if (pf) prefetch_step<int(L::kBlk)>(pf + b * L::kBlk);
+    __m512i w[8];
+    for (int k = 0; k < 4; ++k) {
+      const __m512i d = load_piece(blk + L::kQ + 64 * k);
+      w[k] = _mm512_and_si512(d, m4);
+      w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(d, 4), m4);
+    }
+    if constexpr (L::kHigh) {
+      const __m512i qh = load_piece(blk + L::kH);
+      for (int g = 0; g < 8; ++g) {  // (shifted qh & 0x10) | w: one vpternlogd
+        const __m512i sh = g <= 4 ? _mm512_slli_epi32(qh, unsigned(4 - g)) : _mm512_srli_epi32(qh, unsigned(g - 4));
+        w[g] = _mm512_ternarylogic_epi32(sh, sixteen, w[g], 0xEA);
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    __m512 mw = _mm512_setzero_ps();
+    if constexpr (L::kMin) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+#pragma GCC unroll 16
+    for (int i = 0; i < TC; ++i) {
+      const int8_t* xq = x.q[i] + 32 * b;
+      // Q5_0: 16 * nsum as a broadcast load and a shift (from a general-purpose register a
+      // broadcast costs two vector operations on Zen 4)
+      __m512i s = kType == DType::Q5_0 ? _mm512_slli_epi32(_mm512_set1_epi32(x.nsum(i)[b]), 4) : _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k) {  // w[k] holds elements 4k..4k+3 (k >= 4: the high nibbles, 16 + 4(k - 4))
+        int32_t xk;
+        std::memcpy(&xk, xq + 4 * k, 4);
+        s = _mm512_dpbusd_epi32(s, w[k], _mm512_set1_epi32(xk));
+      }
+      const float dx = x.d[i][b];
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx), dw), acc[i]);
+      if constexpr (L::kMin) acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(-float(x.nsum(i)[b]) * dx), acc[i]);
+    }
+  }
+  for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+}
+
+template <DType kType>
+void gemm_interleaved_q32x(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  const int64_t nb = a.n_in / 32;
+  for_each_interleaved_tile<kRowLanes>(
+      a, v, r0, r1, nb * Q32xLayout<kType>::kBlk,
+      [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
+        tokens_tile<kRowLanes>(n, [&]<int TC>() {
+          rowlane_q32x_tile<kType, TC>(v, group, nb, __mmask16(rows_mask(lo, hi)), pf, t, y, a.ldy);
+        });
+      });
+}
+
+// Q3_K and Q2_K interleaved by 16 rows (kernels/matmul.h), a row per lane. Per 16-element
+// sub-block j, 4 vpdpbusd of the quants against broadcast activation bytes, scaled by the rows'
+// sub-block scale (vpmulld). Q3_K (kQ3): quants q3 = q + 4h (0..7), scales sc_j - 32 decoded
+// from the rows' three packed dwords (sc_4q..4q+3 in the bytes of s[q]); the -4 offset is
+// -4 * sum_j (sc_j - 32) * bsum_j, 8 vpdpwssd of the rows' scale pairs against Q8_K's bsums
+// pairs. Q2_K: 2-bit quants, scales and mins the nibbles of the rows' 16 scale bytes (4
+// dwords); the mins' term -dmin * sum_j m_j * bsum_j the same 8 vpdpwssd. Every first touch of a
+// super-block's bytes is in address order (Q3_K's hmask pieces sit beside the qs pieces that
+// first need them).
+constexpr int64_t kGroupBlkQ3K = 16 * int64_t(sizeof(BlockQ3_K));
+constexpr int64_t kGroupBlkQ2K = 16 * int64_t(sizeof(BlockQ2_K));
+
+template <bool kQ3, int TC>
+__attribute__((noinline)) void rowlane_q23_k_tile(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep,
+                                                  const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
+  constexpr int64_t kGroupBlk = kQ3 ? kGroupBlkQ3K : kGroupBlkQ2K;
+  const ActPtrs<TC> x(v, t);
+  __m512 acc[TC];
+  for (auto& e : acc) e = _mm512_setzero_ps();
+  const __m512i lo4 = _mm512_set1_epi32(0x0F0F0F0F), hi2 = _mm512_set1_epi32(0x03030303);
+  const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1), byte = _mm512_set1_epi32(0xFF);
+  const __m512i nib = _mm512_set1_epi32(0x0F), thirty2 = _mm512_set1_epi32(32), low16 = _mm512_set1_epi32(0xFFFF);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = group + sb * kGroupBlk;
+    if (pf) prefetch_step<int(kGroupBlk)>(pf + sb * kGroupBlk);
+    __m512i s[4];  // bytes of s[q]: sub-blocks 4q..4q+3's scale (Q3_K, 0..63) or scale | min << 4 (Q2_K)
+    if constexpr (kQ3) {
+      const __m512i A = _mm512_loadu_si512(blk + 32), B = _mm512_loadu_si512(blk + 96), C = _mm512_loadu_si512(blk + 160);
+      s[0] = _mm512_or_si512(_mm512_and_si512(A, lo4), _mm512_slli_epi32(_mm512_and_si512(C, hi2), 4));
+      s[1] = _mm512_or_si512(_mm512_and_si512(B, lo4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(C, 2), hi2), 4));
+      s[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(A, 4), lo4),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(C, 4), hi2), 4));
+      s[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(B, 4), lo4),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(C, 6), hi2), 4));
+    } else {
+      for (int q = 0; q < 4; ++q) s[q] = _mm512_loadu_si512(blk + 64 + 64 * q);
+    }
+    const auto field = [&](int j) { return _mm512_and_si512(_mm512_srli_epi32(s[j / 4], unsigned(8 * (j % 4))), byte); };
+    // the multiplier of sub-block j's dot: sc_j - 32 (Q3_K) or the scale nibble (Q2_K)
+    const auto scale = [&](int j) { return kQ3 ? _mm512_sub_epi32(field(j), thirty2) : _mm512_and_si512(field(j), nib); };
+    // the bsums' multiplier: Q3_K's scale again, Q2_K's min
+    const auto offset = [&](int j) { return kQ3 ? scale(j) : _mm512_srli_epi32(field(j), 4); };
+    __m512i S[TC];
+    for (int i = 0; i < TC; ++i) S[i] = _mm512_setzero_si512();
+    for (int p = 0; p < 8; ++p) {  // pairs (offset_2p, offset_2p+1) as int16 against bsums 2p, 2p+1
+      const __m512i pair = _mm512_or_si512(_mm512_and_si512(offset(2 * p), low16), _mm512_slli_epi32(offset(2 * p + 1), 16));
+      for (int i = 0; i < TC; ++i) {
+        int32_t bs;
+        std::memcpy(&bs, x.bsums(i) + 16 * sb + 2 * p, 4);
+        S[i] = _mm512_dpwssd_epi32(S[i], pair, _mm512_set1_epi32(bs));
+      }
+    }
+    __m512i M[TC];  // Q2_K: the mins' sum; Q3_K: S starts at -4 times the offsets' sum
+    for (int i = 0; i < TC; ++i) {
+      M[i] = S[i];
+      S[i] = kQ3 ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(S[i], 2)) : _mm512_setzero_si512();
+    }
+#pragma GCC unroll 1
+    for (int j = 0; j < 16; ++j) {  // sub-block j: half n, group g, first or second 16 of the 32
+      const int n = j / 8, g = (j % 8) / 2, h16 = j % 2;
+      __m512i d[TC];
+      for (int i = 0; i < TC; ++i) d[i] = _mm512_setzero_si512();
+      for (int st = 0; st < 4; ++st) {
+        const int pq = 8 * n + 4 * h16 + st;
+        // 32-bit shifts by <= 7, then a mask: each kept bit comes from its own byte
+        __m512i q;
+        if constexpr (kQ3) {
+          const __m512i qs = _mm512_loadu_si512(blk + (pq < 8 ? 224 + 128 * pq : 736 + 64 * pq));
+          const __m512i hm = _mm512_loadu_si512(blk + 288 + 128 * (4 * h16 + st));
+          q = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(qs, unsigned(2 * g)), m3),
+                              _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hm, unsigned(4 * n + g)), one), 2));
+        } else {
+          q = _mm512_and_si512(_mm512_srli_epi32(_mm512_loadu_si512(blk + 320 + 64 * pq), unsigned(2 * g)), m3);
+        }
+        for (int i = 0; i < TC; ++i) {
+          int32_t xk;
+          std::memcpy(&xk, x.q[i] + kQK_K * sb + 16 * j + 4 * st, 4);
+          d[i] = _mm512_dpbusd_epi32(d[i], q, _mm512_set1_epi32(xk));
+        }
+      }
+      const __m512i sc = scale(j);
+      for (int i = 0; i < TC; ++i) S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(d[i], sc));
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    __m512 dmin = _mm512_setzero_ps();
+    if constexpr (!kQ3) dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+    for (int i = 0; i < TC; ++i) {
+      const __m512 dx = _mm512_set1_ps(x.d[i][sb]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[i]), _mm512_mul_ps(dw, dx), acc[i]);
+      if constexpr (!kQ3) acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[i]), _mm512_mul_ps(dmin, dx), acc[i]);
+    }
+  }
+  for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+}
+
+template <bool kQ3>
+void gemm_interleaved_q23_k(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  const int64_t nsb = a.n_in / kQK_K;
+  for_each_interleaved_tile<8>(
+      a, v, r0, r1, nsb * (kQ3 ? kGroupBlkQ3K : kGroupBlkQ2K),
+      [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
+        tokens_tile<8>(n, [&]<int TC>() {
+          rowlane_q23_k_tile<kQ3, TC>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, y, a.ldy);
+        });
+      });
+}
+
+}  // namespace
+
+void gemm_rowlanes(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  if (a.type == DType::Q4_0) gemm_rowlanes_t<true>(a, v, r0, r1);
+  else gemm_rowlanes_t<false>(a, v, r0, r1);
+}
+
+void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  if (a.type == DType::Q2_K) return gemm_interleaved_q23_k<false>(a, v, r0, r1);
+  if (a.type == DType::Q3_K) return gemm_interleaved_q23_k<true>(a, v, r0, r1);
+  if (a.type == DType::Q4_1) return gemm_interleaved_q32x<DType::Q4_1>(a, v, r0, r1);
+  if (a.type == DType::Q5_0) return gemm_interleaved_q32x<DType::Q5_0>(a, v, r0, r1);
+  if (a.type == DType::Q5_1) return gemm_interleaved_q32x<DType::Q5_1>(a, v, r0, r1);
+  if (a.type == DType::Q4_K) gemm_interleaved_q4_k<false>(a, v, r0, r1);
+  else if (a.type == DType::Q5_K) gemm_interleaved_q4_k<true>(a, v, r0, r1);
+  else if (a.type == DType::Q4_0) gemm_interleaved_t<true>(a, v, r0, r1);
+  else gemm_interleaved_t<false>(a, v, r0, r1);
+}
+
+}  // namespace tern::kern::avx512

@@ -1,0 +1,11 @@
+// Tiled attention compiled for ARM64 NEON (see attention_tile_impl.h); the three ARM kernel
+// variants (neon, dotprod, i8mm) share it: it is float arithmetic, which dotprod and i8mm do not add to.
+#include "ops/attention_tile_impl.h"
+
+namespace tern::attn {
+void attention_tile_neon(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch) {
+  tile_any(a, kvh, i0, i1, scratch);
+}
+void silu_mul_neon(const float* gate, const float* up, float* out, int64_t n) { silu_mul_impl(gate, up, out, n); }
+void f32_to_f16_neon(const float* src, uint16_t* dst, int64_t n) { f32_to_f16_impl(src, dst, n); }
+}  // namespace tern::attn
