@@ -6,8 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 namespace tern::testing {
 
@@ -48,6 +51,19 @@ inline int run_command(const std::string& cmd, std::string* out, std::string* er
   if (err) *err = read_file_bytes(err_file);
   std::remove(err_file.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A new empty folder under the system's temporary directory ("<prefix>_XXXXXX"), for suites
+// that write files; remove_temp_dir() deletes it and what it holds.
+inline std::string make_temp_dir(const std::string& prefix) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+  if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
+  return tmpl;
+}
+
+inline void remove_temp_dir(const std::string& dir) {
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace tern::testing

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "server/api_error.h"
+#include "server/json_field.h"
 #include "server/mailbox.h"
 #include "server/openai_format.h"
 #include "server/openai_request.h"
@@ -25,11 +26,7 @@ namespace {
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
 
 template <class J>
-const J* field(const J& obj, const char* name) {
-  auto it = obj.find(name);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
+const J* field(const J& obj, const char* name) { return json_field(obj, name); }
 
 template <class J>
 [[noreturn]] void wrong_type(const std::string& param, const char* expected, const J& got) {

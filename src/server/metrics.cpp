@@ -99,6 +99,14 @@ void ServerMetrics::add_tokens(int64_t prompt, int64_t generated) {
   generated_tokens_ += generated;
 }
 
+void ServerMetrics::count_model_request(const std::string& model, int status, int64_t prompt, int64_t generated) {
+  std::lock_guard lock(mu_);
+  ModelCounts& c = per_model_[model];
+  ++c.requests[status];
+  c.prompt_tokens += prompt;
+  c.generated_tokens += generated;
+}
+
 void ServerMetrics::request_started() {
   std::lock_guard lock(mu_);
   ++in_flight_;
@@ -115,7 +123,8 @@ uint64_t ServerMetrics::requests(const std::string& endpoint, int status) const 
   return it == requests_.end() ? 0 : it->second;
 }
 
-std::string ServerMetrics::render(const EngineMetrics& em, const ConnectionCounts& conns) const {
+std::string ServerMetrics::render(const EngineMetrics& em, const ConnectionCounts& conns,
+                                  const std::vector<ModelGauges>& models) const {
   std::lock_guard lock(mu_);
   PrometheusWriter w;
   w.family("tern_requests_total", "counter",
@@ -166,6 +175,23 @@ std::string ServerMetrics::render(const EngineMetrics& em, const ConnectionCount
           double(conns.evicted));
   counter("tern_http_requests_timed_out_total", "Requests answered 408: the client was too slow to send them.",
           double(conns.timed_out));
+  // Per model: generation requests and tokens by the model that answered, and each served
+  // model's state (so a dashboard sees loads, unloads and who holds memory).
+  w.family("tern_model_requests_total", "counter", "Generation requests answered, by model and status.");
+  for (const auto& [model, c] : per_model_)
+    for (const auto& [status, n] : c.requests)
+      w.sample("tern_model_requests_total", {{"model", model}, {"status", std::to_string(status)}}, double(n));
+  w.family("tern_model_prompt_tokens_total", "counter", "Prompt tokens of the requests served, by model.");
+  for (const auto& [model, c] : per_model_) w.sample("tern_model_prompt_tokens_total", {{"model", model}}, double(c.prompt_tokens));
+  w.family("tern_model_generation_tokens_total", "counter", "Tokens generated for the requests served, by model.");
+  for (const auto& [model, c] : per_model_)
+    w.sample("tern_model_generation_tokens_total", {{"model", model}}, double(c.generated_tokens));
+  w.family("tern_model_loaded", "gauge", "1 while the model is loaded, else 0.");
+  for (const auto& m : models) w.sample("tern_model_loaded", {{"model", m.model}}, m.loaded ? 1.0 : 0.0);
+  w.family("tern_model_memory_bytes", "gauge", "Bytes a loaded model holds (weights, KV cache, buffers).");
+  for (const auto& m : models) w.sample("tern_model_memory_bytes", {{"model", m.model}}, double(m.bytes));
+  w.family("tern_model_requests_active", "gauge", "Requests holding the model now.");
+  for (const auto& m : models) w.sample("tern_model_requests_active", {{"model", m.model}}, double(m.leases));
   return w.text();
 }
 

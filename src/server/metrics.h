@@ -57,6 +57,14 @@ struct ConnectionCounts {
   int64_t open = 0, accepted = 0, refused = 0, evicted = 0, timed_out = 0;
 };
 
+// One served model's state for the per-model gauges (a label per catalog entry: bounded).
+struct ModelGauges {
+  std::string model;
+  bool loaded = false;
+  int64_t bytes = 0;   // weights + KV + buffers while loaded
+  int leases = 0;      // requests holding it
+};
+
 class ServerMetrics {
  public:
   ServerMetrics();
@@ -68,11 +76,14 @@ class ServerMetrics {
   void observe_completion(const RequestMetrics& m);
   // Tokens as reported to clients (usage), aborted requests included.
   void add_tokens(int64_t prompt, int64_t generated);
+  // The same request by the model that answered it (tern_model_* series).
+  void count_model_request(const std::string& model, int status, int64_t prompt, int64_t generated);
   void request_started();
   void request_ended();
 
   // Everything, with the engine's gauges taken from `em` and the connections' from `conns`.
-  std::string render(const EngineMetrics& em, const ConnectionCounts& conns = {}) const;
+  std::string render(const EngineMetrics& em, const ConnectionCounts& conns = {},
+                     const std::vector<ModelGauges>& models = {}) const;
 
   // For tests and the load test's consistency check.
   uint64_t requests(const std::string& endpoint, int status) const;
@@ -83,6 +94,11 @@ class ServerMetrics {
   Histogram ttft_, tbt_, e2e_, queue_;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
   int64_t in_flight_ = 0;
+  struct ModelCounts {
+    std::map<int, uint64_t> requests;  // status -> count
+    int64_t prompt_tokens = 0, generated_tokens = 0;
+  };
+  std::map<std::string, ModelCounts> per_model_;
 };
 
 }  // namespace tern::server

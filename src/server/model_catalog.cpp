@@ -46,15 +46,29 @@ std::string digest_of(const std::string& key) {
   return out;
 }
 
-// Ollama writes parameter sizes as "260K", "494.0M", "1.1B" (one decimal above a thousand).
-std::string parameter_size_of(int64_t n) {
+}  // namespace
+
+// Parameter counts as Ollama writes them (its format.HumanNumber): "260K" (no decimals below a
+// million), "494.03M" (two decimals), "1.1B" / "8.0B" (one decimal), and no decimals at all for
+// a whole number of millions or billions ("7B", "15M").
+std::string parameter_size_text(int64_t n) {
   char buf[32];
-  if (n < 1000) std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
-  else if (n < 1000000) std::snprintf(buf, sizeof buf, "%.0fK", double(n) / 1e3);
-  else if (n < 1000000000) std::snprintf(buf, sizeof buf, "%.1fM", double(n) / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.1fB", double(n) / 1e9);
+  const double x = double(n);
+  if (n >= 1000000000) {
+    const double v = x / 1e9;
+    std::snprintf(buf, sizeof buf, v == std::floor(v) ? "%.0fB" : "%.1fB", v);
+  } else if (n >= 1000000) {
+    const double v = x / 1e6;
+    std::snprintf(buf, sizeof buf, v == std::floor(v) ? "%.0fM" : "%.2fM", v);
+  } else if (n >= 1000) {
+    std::snprintf(buf, sizeof buf, "%.0fK", x / 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
+  }
   return buf;
 }
+
+namespace {
 
 bool architecture_known(const std::string& name) {
   for (const ArchSpec* a : architectures())
@@ -163,7 +177,7 @@ ModelEntry inspect_model_file(const fs::path& path) {
     e.general_name = f.get_string("general.name", "");
     e.file_type = main_type(f);
     for (const auto& t : f.tensors()) e.n_params += t.n_elements();
-    e.parameter_size = parameter_size_of(e.n_params);
+    e.parameter_size = parameter_size_text(e.n_params);
     if (!e.architecture.empty()) e.context_length = int64_t(f.get_uint(e.architecture + ".context_length", 0));
     if (e.architecture.empty()) e.error = "no general.architecture key";
     else if (!architecture_known(e.architecture))
@@ -182,15 +196,15 @@ ModelEntry inspect_model_file(const fs::path& path) {
 
 void check_unique_names(const std::vector<ModelEntry>& entries) {
   std::map<std::string, const ModelEntry*> seen;
-  auto claim = [&](const std::string& name, const ModelEntry& e, const char* what) {
+  auto claim = [&](const std::string& name, const ModelEntry& e, const std::string& what) {
     auto [it, inserted] = seen.emplace(name, &e);
     if (!inserted)
       fail("two models are named '", name, "' (", what, "): ", it->second->path.string(), " and ", e.path.string(),
            "; rename a file or give one a name in models.json");
   };
-  for (const auto& e : entries) claim(e.name, e, "a file's name");
+  for (const auto& e : entries) claim(e.name, e, "a model's name");
   for (const auto& e : entries)
-    for (const auto& a : e.defaults.aliases) claim(a, e, "an alias");
+    for (const auto& a : e.defaults.aliases) claim(a, e, str_cat("an alias of '", e.name, "' in models.json"));
 }
 
 std::vector<ModelEntry> scan_models_dir(const fs::path& dir) {

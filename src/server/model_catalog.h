@@ -47,7 +47,7 @@ struct ModelEntry {
   std::string file_type;               // weight type of most bytes, e.g. "Q4_0", "F16", "TQ4_G128"
   int64_t context_length = 0;          // ARCH.context_length (training context)
   int64_t n_params = 0;                // elements over all tensors
-  std::string parameter_size;          // n_params as Ollama writes it: "260K", "494.0M", "1.1B"
+  std::string parameter_size;          // n_params as Ollama writes it: "260K", "494.03M", "1.1B"
   // A stable identifier of the file as listed (64 hex digits from path, size and mtime; not a
   // content hash: hashing gigabytes at start-up would cost minutes). Ollama's clients show it.
   std::string digest;
@@ -79,6 +79,9 @@ void check_unique_names(const std::vector<ModelEntry>& entries);
 // "5m", "1h30m", "10s", "300ms", "-1", "0" (Go durations, as Ollama's keep_alive) or a JSON
 // number of seconds. Negative: forever. Throws tern::Error (what = the reason) otherwise.
 double parse_duration_seconds(const nlohmann::json& value);
+
+// A parameter count as Ollama's format.HumanNumber writes it: "260K", "494.03M", "1.1B", "7B".
+std::string parameter_size_text(int64_t n_params);
 
 // `tern list` rows (plain table) and its --json form.
 std::string models_table(const std::vector<ModelEntry>& entries);

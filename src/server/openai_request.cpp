@@ -6,6 +6,7 @@
 #include <set>
 
 #include "server/api_error.h"
+#include "server/json_field.h"
 
 namespace tern::server {
 
@@ -13,13 +14,7 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-// A field that is absent or null counts as not given: OpenAI's clients send null for unset
-// optional parameters.
-const json* field(const json& obj, const char* name) {
-  auto it = obj.find(name);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
+const json* field(const json& obj, const char* name) { return json_field(obj, name); }
 
 [[noreturn]] void wrong_type(const std::string& param, const char* expected, const json& got) {
   bad_request(param, "Invalid type for '", param, "': expected ", expected, ", but got ", got.type_name(),

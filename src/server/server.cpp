@@ -15,6 +15,7 @@
 #include "server/mailbox.h"
 #include "server/http_server.h"
 #include "server/embeddings_api.h"
+#include "server/ollama_format.h"
 #include "server/openai_format.h"
 #include "server/structured_output.h"
 #include "server/tool_calls.h"
@@ -67,7 +68,9 @@ void set_api_error(HttpResponse& res, const ApiError& e) { set_json(res, e.statu
 // so that random paths cannot grow the metric without bound.
 std::string endpoint_label(const std::string& path) {
   static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
-                                "/health",          "/metrics",             "/tokenize",      "/detokenize"};
+                                "/health",          "/metrics",             "/tokenize",      "/detokenize",
+                                "/api/chat",        "/api/generate",        "/api/embed",     "/api/embeddings",
+                                "/api/tags",        "/api/ps",              "/api/show",      "/api/version"};
   for (const char* k : known)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -104,7 +107,8 @@ using EventMailbox = Mailbox<Event>;
 }  // namespace
 
 struct Server::Impl {
-  Backend& backend;
+  std::unique_ptr<ModelProvider> own_provider;  // Server(Backend&): its one model
+  ModelProvider& provider;
   ServerConfig cfg;
   HttpServer http;
   ServerMetrics metrics;
@@ -118,7 +122,11 @@ struct Server::Impl {
   std::mutex drain_mu;
   std::condition_variable drain_cv;
   std::once_flag shutdown_once;
-  StructuredOutput structured{backend.tokenizer()};  // grammars of constrained answers
+  // Unloads models whose keep_alive ran out (provider.collect()) about once a second.
+  std::thread collector;
+  std::mutex collector_mu;
+  std::condition_variable collector_cv;
+  bool collector_stop = false;
 
   static HttpServerConfig http_config(const ServerConfig& c) {
     HttpServerConfig h;
@@ -137,8 +145,31 @@ struct Server::Impl {
     return h;
   }
 
-  Impl(Backend& b, ServerConfig c) : backend(b), cfg(std::move(c)), http(http_config(cfg)) {}
-  // (structured is initialised after backend: members are constructed in declaration order.)
+  Impl(ModelProvider& p, ServerConfig c, std::unique_ptr<ModelProvider> own = nullptr)
+      : own_provider(std::move(own)), provider(p), cfg(std::move(c)), http(http_config(cfg)) {}
+
+  void start_collector() {
+    collector = std::thread([this] {
+      std::unique_lock lock(collector_mu);
+      while (!collector_cv.wait_for(lock, std::chrono::seconds(1), [this] { return collector_stop; })) {
+        lock.unlock();
+        try {
+          provider.collect();
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "tern serve: unloading idle models failed: %s\n", e.what());
+        }
+        lock.lock();
+      }
+    });
+  }
+  void stop_collector() {
+    {
+      std::lock_guard lock(collector_mu);
+      collector_stop = true;
+    }
+    collector_cv.notify_all();
+    if (collector.joinable()) collector.join();
+  }
 
   // Counts a generation request in flight from construction to destruction; shutdown waits
   // for the count to reach zero.
@@ -162,8 +193,19 @@ struct Server::Impl {
 
   // Everything one generation request owns once it has been submitted to the engine.
   struct Job {
+    // First member, so destroyed last: the model stays loaded until everything below that
+    // talks to its engine (the destructor's aborts included) is done.
+    ModelRef model;
+    int64_t load_ns = 0;                  // this request's wait for the model's load
     Impl* impl = nullptr;
     std::unique_ptr<InFlight> in_flight;
+    // Which API answers: OpenAI's (error objects, SSE) or Ollama's ({"error"}, NDJSON).
+    bool ollama = false;
+    std::string endpoint;                 // the tern_requests_total label of the route
+    bool keep_answer_ids = false;         // /api/generate's "context": the answer's token ids
+    std::vector<int32_t> answer_ids;      // of choice 0
+    std::vector<int32_t> prompt_ids;      // of prompt 0 (with keep_answer_ids)
+    Clock::time_point started = Clock::now();
     std::shared_ptr<EventMailbox> mailbox = std::make_shared<EventMailbox>();
     OpenAiRequest req;
     ResponseMeta meta;
@@ -196,7 +238,7 @@ struct Server::Impl {
 
     void abort_unfinished() {
       for (size_t p = 0; p < ids.size(); ++p)
-        if (ids[p] != 0 && unfinished[p] > 0) impl->backend.abort(ids[p]);
+        if (ids[p] != 0 && unfinished[p] > 0) model->backend->abort(ids[p]);
       std::fill(unfinished.begin(), unfinished.end(), 0);
     }
 
@@ -217,9 +259,10 @@ struct Server::Impl {
       counted = true;
       const Usage u = usage();
       impl->metrics.add_tokens(u.prompt_tokens, u.completion_tokens);
+      if (model) impl->metrics.count_model_request(model->id, status, u.prompt_tokens, u.completion_tokens);
       if (!from_destructor && response_entries(1, u.completion_tokens, req.n_logprobs) > kTrimAfterEntries)
         t_trim_after = true;
-      impl->metrics.count_request(req.kind == ApiKind::Chat ? "/v1/chat/completions" : "/v1/completions", status);
+      impl->metrics.count_request(endpoint, status);
       // The logger runs later on this thread (unless the connection broke, when the job is
       // torn down after it) and must not count the same request again.
       if (!from_destructor) t_counted_by_job = true;
@@ -236,6 +279,8 @@ struct Server::Impl {
         c.text += ev.out.text;
         if (req.n_logprobs >= 0) c.tokens.insert(c.tokens.end(), ev.out.tokens.begin(), ev.out.tokens.end());
       }
+      if (keep_answer_ids && index == 0)
+        for (const auto& t : ev.out.tokens) answer_ids.push_back(t.id);
       if (ev.out.finished && !c.finished) {
         c.finished = true;
         c.finish = ev.out.finish_reason;
@@ -271,23 +316,9 @@ struct Server::Impl {
     return o;
   }
 
-  bool is_served_name(const std::string& model) const {
-    if (model == cfg.model_id) return true;
-    for (const auto& n : cfg.model_names)
-      if (model == n) return true;
-    return false;
-  }
-
-  // The "model" of a request: any name while the server has one model and no alias, else
-  // one of its names (404 as OpenAI answers).
-  void check_model(const std::string& model) const {
-    if (model.empty() || !cfg.strict_model_names || is_served_name(model)) return;
-    throw ApiError(404, "invalid_request_error", "model", "model_not_found",
-                   str_cat("The model `", model, "` does not exist. This server serves `", cfg.model_id, "`."));
-  }
-
-  std::vector<int32_t> checked_ids(const std::vector<int64_t>& ids, const std::string& param) const {
-    const int64_t n_vocab = backend.tokenizer().n_vocab();
+  static std::vector<int32_t> checked_ids(const Tokenizer& tok, const std::vector<int64_t>& ids,
+                                          const std::string& param) {
+    const int64_t n_vocab = tok.n_vocab();
     std::vector<int32_t> out;
     out.reserve(ids.size());
     for (int64_t id : ids) {
@@ -297,25 +328,41 @@ struct Server::Impl {
     return out;
   }
 
+  // What a route adds to the OpenAI body it prepares.
+  struct PrepareOptions {
+    Acquired model;                  // set: the route acquired it already (Ollama's routes)
+    bool ollama = false;
+    std::string endpoint;            // "" : the OpenAI route of the kind
+    bool until_context_end = false;  // no max_tokens: generate to the end of the context (Ollama's generate)
+    bool keep_answer_ids = false;
+  };
+
   // Parses, tokenizes and validates against the model; the Job is ready to submit.
-  std::shared_ptr<Job> prepare(const std::string& body, ApiKind kind) {
+  std::shared_ptr<Job> prepare(const std::string& body, ApiKind kind) { return prepare(body, kind, PrepareOptions()); }
+  std::shared_ptr<Job> prepare(const std::string& body, ApiKind kind, PrepareOptions opt) {
     auto job = std::make_shared<Job>();
     job->impl = this;
+    job->ollama = opt.ollama;
+    job->endpoint = !opt.endpoint.empty() ? opt.endpoint : kind == ApiKind::Chat ? "/v1/chat/completions" : "/v1/completions";
+    job->keep_answer_ids = opt.keep_answer_ids;
     job->req = parse_openai_request(body, kind, cfg.limits);
     OpenAiRequest& r = job->req;
-    check_model(r.model);
+    if (!opt.model.model) opt.model = provider.acquire(r.model);
+    job->model = std::move(opt.model.model);
+    job->load_ns = opt.model.load_ns;
+    const ServedModel& m = *job->model;
+    const Tokenizer& tok = m.backend->tokenizer();
     for (const auto& [id, bias] : r.sampling.logit_bias)
-      if (id >= backend.tokenizer().n_vocab())
-        bad_request("logit_bias", "token id ", id, " is outside the vocabulary [0, ", backend.tokenizer().n_vocab(), ").");
-    job->meta = {kind, new_response_id(kind), unix_now(), cfg.model_id, cfg.system_fingerprint, cfg.timings};
+      if (id >= tok.n_vocab())
+        bad_request("logit_bias", "token id ", id, " is outside the vocabulary [0, ", tok.n_vocab(), ").");
+    job->meta = {kind, new_response_id(kind), unix_now(), m.id, m.system_fingerprint, cfg.timings};
     job->parse_tools = kind == ApiKind::Chat && !r.tools.empty() && r.tool_choice.mode != ToolChoiceMode::None;
     job->forced_tools = job->parse_tools && (r.tool_choice.mode == ToolChoiceMode::Required ||
                                              r.tool_choice.mode == ToolChoiceMode::Named);
     // Before any tokenizing: a grammar that does not parse or a schema that cannot be converted
     // is the client's 400, whatever else the request holds.
-    const std::shared_ptr<const TokenConstraint> constraint = structured.constraint_for(r, cfg.chat_template.tool_format);
+    const std::shared_ptr<const TokenConstraint> constraint = m.structured->constraint_for(r, m.chat_template.tool_format);
 
-    const Tokenizer& tok = backend.tokenizer();
     std::vector<std::vector<int32_t>> prompts;
     if (kind == ApiKind::Chat) {
       // The template's markers are special tokens, the messages' contents only text: a message
@@ -324,14 +371,14 @@ struct Server::Impl {
       // calls and results already in the history are rendered either way.
       static const std::vector<ToolDef> kNoTools;
       const bool show_tools = r.tool_choice.mode != ToolChoiceMode::None;
-      prompts.push_back(cfg.chat_template.encode(r.messages, tok, tok.add_bos_default(), show_tools ? r.tools : kNoTools));
+      prompts.push_back(m.chat_template.encode(r.messages, tok, tok.add_bos_default(), show_tools ? r.tools : kNoTools));
       job->echo.push_back("");
     } else {
       for (size_t i = 0; i < r.prompts.size(); ++i) {
         const Prompt& p = r.prompts[i];
         const std::string param = r.prompts.size() > 1 ? str_cat("prompt[", i, "]") : "prompt";
         if (p.is_tokens) {
-          prompts.push_back(checked_ids(p.tokens, param));
+          prompts.push_back(checked_ids(tok, p.tokens, param));
           job->echo.push_back(r.echo ? tok.decode(prompts.back()) : "");
         } else {
           // Special-token texts in a raw prompt become those tokens, as in llama.cpp's server:
@@ -342,7 +389,7 @@ struct Server::Impl {
       }
     }
 
-    const int64_t n_ctx = backend.n_ctx();
+    const int64_t n_ctx = m.backend->n_ctx();
     if (r.truncate_prompt_tokens) {
       // vLLM's left truncation: the last N tokens of the prompt (-1: as many as the context
       // takes with one token to generate). A leading BOS stays: models are trained to see it
@@ -363,7 +410,7 @@ struct Server::Impl {
       }
     }
     const char* max_param = r.kind == ApiKind::Chat ? "max_completion_tokens" : "max_tokens";
-    int64_t max_tokens = r.max_tokens.value_or(r.kind == ApiKind::Chat ? n_ctx : 16);
+    int64_t max_tokens = r.max_tokens.value_or(r.kind == ApiKind::Chat || opt.until_context_end ? n_ctx : 16);
     for (size_t i = 0; i < prompts.size(); ++i) {
       const int64_t n_prompt = int64_t(prompts[i].size());
       if (n_prompt == 0) bad_request("prompt", "the prompt is empty and this model adds no BOS token.");
@@ -412,9 +459,10 @@ struct Server::Impl {
     }
     if (job->parse_tools && r.stream)
       for (size_t i = 0; i < job->choices.size(); ++i)
-        job->tool_parsers.push_back(std::make_unique<ToolCallParser>(cfg.chat_template.tool_format, tool_parser_options(r)));
+        job->tool_parsers.push_back(std::make_unique<ToolCallParser>(m.chat_template.tool_format, tool_parser_options(r)));
 
     // Submit. A refusal of any prompt takes the whole request back.
+    if (job->keep_answer_ids && !prompts.empty()) job->prompt_ids = prompts[0];
     std::random_device rd;
     for (size_t i = 0; i < prompts.size(); ++i) {
       RequestParams params;
@@ -432,7 +480,7 @@ struct Server::Impl {
       const int prompt_index = int(i);
       uint64_t id = 0;
       try {
-        id = backend.add_request(std::move(params), [weak, prompt_index](const RequestOutput& out) {
+        id = m.backend->add_request(std::move(params), [weak, prompt_index](const RequestOutput& out) {
           if (auto mb = weak.lock()) mb->push({prompt_index, out});
         });
       } catch (const ApiError&) {
@@ -451,12 +499,21 @@ struct Server::Impl {
   // ---- generation handlers ---------------------------------------------------------------
 
   // 503 + Retry-After when more requests are in flight than the HTTP threads can serve.
-  bool refuse_when_busy(HttpResponse& res) const {
+  bool refuse_when_busy(HttpResponse& res, bool ollama = false) const {
     if (cfg.max_in_flight <= 0 || in_flight.load() <= cfg.max_in_flight) return false;
     res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
-    set_error(res, 503, "The server is busy (too many requests in flight). Please retry after a short wait.", "",
-              "server_busy");
+    const char* message = "The server is busy (too many requests in flight). Please retry after a short wait.";
+    if (ollama) set_json(res, 503, ollama::error_body(message));
+    else set_error(res, 503, message, "", "server_busy");
     return true;
+  }
+
+  // A prepared job becomes the request's: it is in flight until its answer is written.
+  void go_live(Job& job, std::unique_ptr<InFlight> guard, const HttpRequest& hreq) {
+    job.in_flight = std::move(guard);
+    job.live = true;
+    job.peer_closed = hreq.peer_closed;
+    job.deadline = Clock::now() + std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
   }
 
   void handle_generate(const HttpRequest& hreq, HttpResponse& res, ApiKind kind) {
@@ -473,15 +530,30 @@ struct Server::Impl {
       set_error(res, 400, e.what());
       return;
     }
-    job->in_flight = std::move(guard);
-    job->live = true;
-    job->peer_closed = hreq.peer_closed;
-    job->deadline = Clock::now() + std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
+    go_live(*job, std::move(guard), hreq);
     if (job->req.stream) start_stream(job, res);
     else wait_whole(job, res);
   }
 
+  // An error answer of a request in the shape of its API.
+  void job_error(const Job& job, HttpResponse& res, int status, const std::string& message,
+                 const std::string& code = "") {
+    if (status == 429 || status == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
+    if (job.ollama) set_json(res, status, ollama::error_body(message));
+    else set_error(res, status, message, "", code);
+  }
+
   void wait_whole(const std::shared_ptr<Job>& job, HttpResponse& res) {
+    if (!collect_whole(job, res)) return;
+    job->finish_accounting(200);
+    set_json(res, 200,
+             completion_response(job->meta, job->choices, job->usage(), job->req.n_logprobs >= 0,
+                                 job->model->backend->tokenizer()));
+  }
+
+  // Waits for every choice of a request that is not streamed and parses tool calls out of
+  // the answers. false: an error answer was written (and the request accounted for).
+  bool collect_whole(const std::shared_ptr<Job>& job, HttpResponse& res) {
     std::deque<Event> events;
     while (!job->all_done()) {
       job->mailbox->take(events, kPollInterval);
@@ -491,25 +563,25 @@ struct Server::Impl {
       if (const char* why = job->interrupted()) {
         job->abort_unfinished();
         finish_interrupted(*job, res, why);
-        return;
+        return false;
       }
     }
     for (const auto& c : job->choices) {
       if (c.finish == FinishReason::Error) {
         job->finish_accounting(500);
-        set_error(res, 500, "generation failed: " + c.error);
-        return;
+        job_error(*job, res, 500, "generation failed: " + c.error);
+        return false;
       }
       if (c.finish == FinishReason::Abort) {
         job->finish_accounting(503);
-        res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
-        set_error(res, 503, "the request was aborted by the server.");
-        return;
+        job_error(*job, res, 503, "the request was aborted by the server.");
+        return false;
       }
     }
     if (job->parse_tools)
       for (auto& c : job->choices) {
-        ToolParseResult parsed = parse_tool_calls(cfg.chat_template.tool_format, c.text, tool_parser_options(job->req));
+        ToolParseResult parsed =
+            parse_tool_calls(job->model->chat_template.tool_format, c.text, tool_parser_options(job->req));
         if (job->forced_tools) {
           parsed.content.clear();
           c.text.clear();
@@ -520,9 +592,7 @@ struct Server::Impl {
         c.tool_calls = std::move(parsed.calls);
         c.text = std::move(parsed.content);
       }
-    job->finish_accounting(200);
-    set_json(res, 200,
-             completion_response(job->meta, job->choices, job->usage(), job->req.n_logprobs >= 0, backend.tokenizer()));
+    return true;
   }
 
   void finish_interrupted(Job& job, HttpResponse& res, const std::string& why) {
@@ -531,12 +601,12 @@ struct Server::Impl {
       res.status = 499;  // nobody reads it (nginx's "client closed request")
     } else if (why == "timeout") {
       job.finish_accounting(503);
-      set_error(res, 503, str_cat("the request ran past the server's time limit (", cfg.request_timeout_s, " s)."), "",
-                "timeout");
+      if (job.ollama) set_json(res, 503, ollama::error_body(str_cat("the request ran past the server's time limit (", cfg.request_timeout_s, " s).")));
+      else set_error(res, 503, str_cat("the request ran past the server's time limit (", cfg.request_timeout_s, " s)."), "",
+                     "timeout");
     } else {
       job.finish_accounting(503);
-      res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
-      set_error(res, 503, "the server is shutting down.", "", "shutting_down");
+      job_error(job, res, 503, "the server is shutting down.", "shutting_down");
     }
   }
 
@@ -570,7 +640,8 @@ struct Server::Impl {
       ToolParseResult rest = parser.finish();
       events.insert(events.end(), std::make_move_iterator(rest.events.begin()), std::make_move_iterator(rest.events.end()));
     }
-    json lp = r.n_logprobs >= 0 && !o.tokens.empty() ? logprobs_json(r.kind, o.tokens, backend.tokenizer()) : json(nullptr);
+    json lp = r.n_logprobs >= 0 && !o.tokens.empty() ? logprobs_json(r.kind, o.tokens, job.model->backend->tokenizer())
+                                                     : json(nullptr);
     for (auto& e : events) {
       // parallel_tool_calls false: calls after the first are not the answer's.
       if (!r.parallel_tool_calls && e.kind != ToolCallEvent::Kind::Content && e.index > 0) continue;
@@ -593,68 +664,99 @@ struct Server::Impl {
     return o.finished && parser.n_calls() > 0;
   }
 
-  bool stream_body(Job& job, HttpStreamSink& sink) {
-    const OpenAiRequest& r = job.req;
-    const bool chat = r.kind == ApiKind::Chat;
-    auto send = [&](const std::string& s) { return sink.write(s); };
-    auto fail_stream = [&]() {
-      job.abort_unfinished();
-      if (!job.counted) job.finish_accounting(499);
-      return false;
-    };
-    for (const auto& c : job.choices) {
-      if (chat && !send(sse_event(role_chunk(job.meta, c.index, r.include_usage)))) return fail_stream();
-      if (!c.text.empty() && !send(sse_event(text_chunk(job.meta, c.index, c.text, nullptr, r.include_usage))))
-        return fail_stream();
-    }
-    std::deque<Event> events;
-    std::string error;  // first error of any choice; ends the stream with an error event
+  // How a stream's waiting loop ended.
+  struct StreamEnd {
+    bool client_gone = false;  // a write failed or the client left: nothing more to send
+    std::string error;         // first error of any choice, a timeout or shutdown: the last message
     int error_status = 0;
+  };
+
+  // The waiting loop every stream shares: engine outputs are applied to their choices and
+  // rendered by `render(choice, output, out)` (which writes a normal finish itself), one write
+  // per wake-up (outputs that arrived together leave in one TCP segment), until every choice
+  // is done, an output fails, the client goes away, the deadline passes or the server shuts down.
+  template <class Render>
+  StreamEnd pump_stream(Job& job, HttpStreamSink& sink, Render&& render) {
+    StreamEnd end;
+    std::deque<Event> events;
     while (!job.all_done()) {
       job.mailbox->take(events, kPollInterval);
       std::string out;
       for (const auto& ev : events) {
         ChoiceResult& c = job.apply(ev);
-        const auto& o = ev.out;
-        bool called_tools = false;
-        if (job.parse_tools) {
-          called_tools = stream_tool_events(job, c.index, o, out);
-        } else if (!o.text.empty() || (!o.tokens.empty() && r.n_logprobs >= 0)) {
-          const json lp = r.n_logprobs >= 0 ? logprobs_json(r.kind, o.tokens, backend.tokenizer()) : json(nullptr);
-          out += sse_event(text_chunk(job.meta, c.index, o.text, lp, r.include_usage));
-        }
-        if (o.finished) {
-          if (o.finish_reason == FinishReason::Error && error.empty()) {
-            error = "generation failed: " + o.error;
-            error_status = 500;
-          } else if (o.finish_reason == FinishReason::Abort && error.empty()) {
-            error = "the request was aborted by the server.";
-            error_status = 503;
-          } else {
-            out += sse_event(finish_chunk(job.meta, c.index, o.finish_reason, r.include_usage, &o.metrics, called_tools));
+        const RequestOutput& o = ev.out;
+        render(c, o, out);
+        if (o.finished && end.error.empty()) {
+          if (o.finish_reason == FinishReason::Error) {
+            end.error = "generation failed: " + o.error;
+            end.error_status = 500;
+          } else if (o.finish_reason == FinishReason::Abort) {
+            end.error = "the request was aborted by the server.";
+            end.error_status = 503;
           }
         }
       }
       events.clear();
-      // One write per wake-up: chunks that arrived together leave in one TCP segment.
-      if (!out.empty() && !send(out)) return fail_stream();
-      if (!error.empty()) break;
-      if (job.all_done()) break;
+      if (!out.empty() && !sink.write(out)) {
+        end.client_gone = true;
+        break;
+      }
+      if (!end.error.empty() || job.all_done()) break;
       if (const char* why = job.interrupted()) {
         const std::string w = why;
         job.abort_unfinished();
-        if (w == "disconnected") return fail_stream();
-        error = w == "timeout" ? str_cat("the request ran past the server's time limit (", cfg.request_timeout_s, " s).")
-                               : "the server is shutting down.";
-        error_status = 503;
+        if (w == "disconnected") {
+          end.client_gone = true;
+          break;
+        }
+        end.error = w == "timeout" ? str_cat("the request ran past the server's time limit (", cfg.request_timeout_s, " s).")
+                                   : "the server is shutting down.";
+        end.error_status = 503;
         break;
       }
     }
-    if (!error.empty()) {
+    if (end.client_gone) {
       job.abort_unfinished();
-      job.finish_accounting(error_status == 500 ? 500 : 503);
+      if (!job.counted) job.finish_accounting(499);
+    } else if (!end.error.empty()) {
+      job.abort_unfinished();
+      job.finish_accounting(end.error_status == 500 ? 500 : 503);
+    }
+    return end;
+  }
+
+  static bool normal_finish(const RequestOutput& o) {
+    return o.finished && o.finish_reason != FinishReason::Error && o.finish_reason != FinishReason::Abort;
+  }
+
+  bool stream_body(Job& job, HttpStreamSink& sink) {
+    const OpenAiRequest& r = job.req;
+    const bool chat = r.kind == ApiKind::Chat;
+    auto send = [&](const std::string& s) { return sink.write(s); };
+    for (const auto& c : job.choices) {
+      if ((chat && !send(sse_event(role_chunk(job.meta, c.index, r.include_usage)))) ||
+          (!c.text.empty() && !send(sse_event(text_chunk(job.meta, c.index, c.text, nullptr, r.include_usage))))) {
+        job.abort_unfinished();
+        if (!job.counted) job.finish_accounting(499);
+        return false;
+      }
+    }
+    const StreamEnd end = pump_stream(job, sink, [&](ChoiceResult& c, const RequestOutput& o, std::string& out) {
+      bool called_tools = false;
+      if (job.parse_tools) {
+        called_tools = stream_tool_events(job, c.index, o, out);
+      } else if (!o.text.empty() || (!o.tokens.empty() && r.n_logprobs >= 0)) {
+        const json lp =
+            r.n_logprobs >= 0 ? logprobs_json(r.kind, o.tokens, job.model->backend->tokenizer()) : json(nullptr);
+        out += sse_event(text_chunk(job.meta, c.index, o.text, lp, r.include_usage));
+      }
+      if (normal_finish(o))
+        out += sse_event(finish_chunk(job.meta, c.index, o.finish_reason, r.include_usage, &o.metrics, called_tools));
+    });
+    if (end.client_gone) return false;
+    if (!end.error.empty()) {
       // OpenAI's clients raise an API error for a data event carrying "error".
-      send(sse_event(error_json(error, error_type_for(error_status))) + kSseDone);
+      send(sse_event(error_json(end.error, error_type_for(end.error_status))) + kSseDone);
       return true;
     }
     std::string tail;
@@ -665,25 +767,33 @@ struct Server::Impl {
     return true;
   }
 
+
   // ---- other endpoints -------------------------------------------------------------------
 
   // POST /v1/embeddings (and /embeddings): every input is one engine request, all submitted at
-  // once so they share steps (server/embeddings_api.h).
-  void handle_embeddings(const HttpRequest& hreq, HttpResponse& res) {
-    InFlight guard(this);
-    if (refuse_when_busy(res)) return;
+  // once so they share steps (server/embeddings_api.h). `body` is OpenAI's; `model` set: the
+  // route (Ollama's) acquired it already.
+  EmbeddingsResult run_embeddings(const HttpRequest& hreq, const std::string& body, Acquired model = {}) {
     EmbeddingsOptions o;
-    o.model_name = cfg.model_id;
+    if (!model.model) model = provider.acquire(parse_embeddings_request(body, o.limits).model);
+    o.model_name = model.model->id;
     o.timeout = std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
-    o.check_model = [this](const std::string& m) { check_model(m); };
     o.interrupted = [this, &hreq]() -> const char* {
       if (abort_all.load()) return "shutdown";
       if (hreq.peer_closed && hreq.peer_closed()) return "disconnected";
       return nullptr;
     };
+    EmbeddingsResult r = serve_embeddings(body, *model.model->backend, o);
+    metrics.add_tokens(r.prompt_tokens, 0);
+    return r;
+  }
+
+  void handle_embeddings(const HttpRequest& hreq, HttpResponse& res) {
+    InFlight guard(this);
+    if (refuse_when_busy(res)) return;
     EmbeddingsResult r;
     try {
-      r = serve_embeddings(hreq.body, backend, o);
+      r = run_embeddings(hreq, hreq.body);
     } catch (const ApiError& e) {
       if (e.status() == 429 || e.status() == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
       set_api_error(res, e);
@@ -692,37 +802,72 @@ struct Server::Impl {
       set_error(res, 400, e.what());
       return;
     }
-    metrics.add_tokens(r.prompt_tokens, 0);
     if (r.status == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
     res.status = r.status;
     if (!r.body.empty()) res.set_content(r.body, "application/json");
   }
 
+  json model_object(const ModelEntry& e) const {
+    return {{"id", e.name}, {"object", "model"}, {"created", started}, {"owned_by", "tern"},
+            {"max_model_len", provider.n_ctx_of(e.name)}};
+  }
+
+  std::vector<ModelGauges> model_gauges() const {
+    std::vector<ModelGauges> out;
+    const std::vector<LoadedModelInfo> loaded = provider.loaded();
+    for (const auto& e : provider.models()) {
+      ModelGauges g;
+      g.model = e.name;
+      for (const auto& l : loaded)
+        if (l.entry.name == e.name) {
+          g.loaded = true;
+          g.bytes = l.bytes;
+          g.leases = l.leases;
+        }
+      out.push_back(std::move(g));
+    }
+    return out;
+  }
+
+  std::string served_names() const {
+    std::string names;
+    for (const auto& e : provider.models()) names += (names.empty() ? "`" : ", `") + e.name + "`";
+    return names;
+  }
+
   void handle_models(const HttpRequest& req, HttpResponse& res) {
-    const json model = {{"id", cfg.model_id}, {"object", "model"}, {"created", started}, {"owned_by", "tern"},
-                        {"max_model_len", backend.n_ctx()}};
+    const std::vector<ModelEntry> entries = provider.models();
     if (!req.path_param.empty()) {
-      const std::string id = req.path_param;
-      if (!is_served_name(id)) {
-        set_json(res, 404, error_json(str_cat("The model `", id, "` does not exist. This server serves `",
-                                              cfg.model_id, "`."),
+      const std::string& id = req.path_param;
+      if (!provider.serves(id)) {
+        set_json(res, 404, error_json(str_cat("The model `", id, "` does not exist. This server serves ", served_names(), "."),
                                       "invalid_request_error", "model", "model_not_found"));
         return;
       }
-      set_json(res, 200, model);
+      // A name, an alias or (one model) its file's name: the entry it names.
+      const ModelEntry* found = entries.size() == 1 ? &entries[0] : nullptr;
+      for (const auto& e : entries) {
+        if (e.name == id || std::find(e.defaults.aliases.begin(), e.defaults.aliases.end(), id) != e.defaults.aliases.end())
+          found = &e;
+      }
+      if (found) set_json(res, 200, model_object(*found));
+      else set_json(res, 200, {{"id", id}, {"object", "model"}, {"created", started}, {"owned_by", "tern"}});
       return;
     }
-    set_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+    json data = json::array();
+    for (const auto& e : entries) data.push_back(model_object(e));
+    set_json(res, 200, {{"object", "list"}, {"data", data}});
   }
 
   void handle_tokenize(const HttpRequest& req, HttpResponse& res) {
     const TokenizeRequest r = parse_tokenize_request(req.body, cfg.limits);
-    check_model(r.model);
-    const Tokenizer& tok = backend.tokenizer();
+    const Acquired a = provider.acquire(r.model);
+    const ServedModel& m = *a.model;
+    const Tokenizer& tok = m.backend->tokenizer();
     std::vector<int32_t> ids;
-    if (r.has_messages) ids = cfg.chat_template.encode(r.messages, tok, r.add_special && tok.add_bos_default());
+    if (r.has_messages) ids = m.chat_template.encode(r.messages, tok, r.add_special && tok.add_bos_default());
     else ids = tok.encode(r.text, r.add_special && tok.add_bos_default(), true);
-    json j = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", backend.n_ctx()}};
+    json j = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", m.backend->n_ctx()}};
     if (r.with_pieces) {
       json pieces = json::array();
       for (int32_t id : ids) pieces.push_back(tok.token_to_piece(id, true));
@@ -733,8 +878,9 @@ struct Server::Impl {
 
   void handle_detokenize(const HttpRequest& req, HttpResponse& res) {
     const DetokenizeRequest r = parse_detokenize_request(req.body, cfg.limits);
-    check_model(r.model);
-    const std::string text = backend.tokenizer().decode(checked_ids(r.tokens, "tokens"));
+    const Acquired a = provider.acquire(r.model);
+    const Tokenizer& tok = a.model->backend->tokenizer();
+    const std::string text = tok.decode(checked_ids(tok, r.tokens, "tokens"));
     set_json(res, 200, {{"prompt", text}});
   }
 
@@ -749,6 +895,326 @@ struct Server::Impl {
       return;
     }
     set_error(res, 404, str_cat("Unknown path: GET ", req.path));
+  }
+
+  // ---- Ollama's API (server/ollama_format.h) ----------------------------------------------
+
+  static std::string now_text() { return ollama::rfc3339(std::chrono::system_clock::now()); }
+  static int64_t ns_since(Clock::time_point t0) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  }
+
+  // Runs `fn`, a provider call about `name`, giving a name not served Ollama's wording.
+  template <class Fn>
+  auto ollama_named(const std::string& name, Fn&& fn) {
+    try {
+      return fn();
+    } catch (const ApiError& e) {
+      if (e.code() != "model_not_found") throw;
+      throw ApiError(404, "invalid_request_error", "model", "model_not_found",
+                     str_cat("model \"", name, "\" not found (this server serves ", served_names(), ")"));
+    }
+  }
+  Acquired ollama_acquire(const std::string& name, std::optional<double> keep_alive_s) {
+    return ollama_named(name, [&] { return provider.acquire(name, keep_alive_s); });
+  }
+  void ollama_unload(const std::string& name) {
+    ollama_named(name, [&] {
+      provider.unload(name);
+      return 0;
+    });
+  }
+
+  static const char* done_reason_of(FinishReason r) { return r == FinishReason::Length ? "length" : "stop"; }
+
+  // Ollama's timings of a finished one-choice job.
+  static ollama::Durations durations_of(const Job& job) {
+    ollama::Durations d;
+    d.total_ns = ns_since(job.started);
+    d.load_ns = job.load_ns;
+    if (job.choices.empty()) return d;
+    const ChoiceResult& c = job.choices[0];
+    const RequestMetrics& m = c.metrics;
+    d.prompt_eval_count = job.prompt_tokens.empty() ? 0 : job.prompt_tokens[0];
+    d.prompt_eval_ns = int64_t(std::max(0.0, m.ttft_ms - m.queue_ms) * 1e6);
+    d.eval_count = c.n_tokens;
+    d.eval_ns = int64_t(std::max(0.0, m.e2e_ms - m.ttft_ms) * 1e6);
+    return d;
+  }
+
+  std::vector<int32_t> generate_context(const Job& job) const {
+    std::vector<int32_t> ctx = job.prompt_ids;
+    ctx.insert(ctx.end(), job.answer_ids.begin(), job.answer_ids.end());
+    return ctx;
+  }
+
+  // POST /api/chat
+  void handle_ollama_chat(const HttpRequest& hreq, HttpResponse& res) {
+    auto guard = std::make_unique<InFlight>(this);
+    if (refuse_when_busy(res, true)) return;
+    const auto t0 = Clock::now();
+    const ollama::ChatRequest r = ollama::parse_chat(hreq.body, cfg.limits.max_json_depth);
+    if (r.unload_only) {
+      ollama_unload(r.common.model);
+      set_json(res, 200, ollama::chat_final(r.common.model, now_text(), "", {}, "unload", {}));
+      return;
+    }
+    Acquired a = ollama_acquire(r.common.model, r.common.keep_alive_s);
+    if (r.load_only) {
+      ollama::Durations d;
+      d.load_ns = a.load_ns;
+      d.total_ns = ns_since(t0);
+      set_json(res, 200, ollama::chat_final(a.model->id, now_text(), "", {}, "load", d));
+      return;
+    }
+    nlohmann::ordered_json body = ollama::chat_to_openai(r, a.model->default_options, a.model->default_system);
+    body["stream"] = r.common.stream;
+    PrepareOptions opt;
+    opt.model = std::move(a);
+    opt.ollama = true;
+    opt.endpoint = "/api/chat";
+    auto job = prepare(body.dump(), ApiKind::Chat, std::move(opt));
+    job->started = t0;
+    go_live(*job, std::move(guard), hreq);
+    if (r.common.stream) {
+      start_ndjson_stream(job, res, /*chat=*/true);
+      return;
+    }
+    if (!collect_whole(job, res)) return;
+    job->finish_accounting(200);
+    const ChoiceResult& c = job->choices.at(0);
+    set_json(res, 200, ollama::chat_final(job->model->id, now_text(), c.text, c.tool_calls, done_reason_of(c.finish),
+                                          durations_of(*job)));
+  }
+
+  // POST /api/generate: the prompt through the chat template (unless raw), after the ids of an
+  // earlier answer's "context"; without num_predict the answer may run to the context's end.
+  void handle_ollama_generate(const HttpRequest& hreq, HttpResponse& res) {
+    auto guard = std::make_unique<InFlight>(this);
+    if (refuse_when_busy(res, true)) return;
+    const auto t0 = Clock::now();
+    const ollama::GenerateRequest g = ollama::parse_generate(hreq.body, cfg.limits.max_json_depth);
+    if (g.unload_only) {
+      ollama_unload(g.common.model);
+      set_json(res, 200, ollama::generate_final(g.common.model, now_text(), "", "unload", {}, {}));
+      return;
+    }
+    Acquired a = ollama_acquire(g.common.model, g.common.keep_alive_s);
+    if (g.load_only) {
+      ollama::Durations d;
+      d.load_ns = a.load_ns;
+      d.total_ns = ns_since(t0);
+      set_json(res, 200, ollama::generate_final(a.model->id, now_text(), "", "load", d, {}));
+      return;
+    }
+    const ServedModel& m = *a.model;
+    const Tokenizer& tok = m.backend->tokenizer();
+    std::vector<int32_t> ids = checked_ids(tok, g.context, "context");
+    const bool bos = ids.empty() && tok.add_bos_default();
+    std::vector<int32_t> prompt;
+    if (g.raw) {
+      prompt = tok.encode(g.prompt, bos, true);
+    } else {
+      std::vector<ChatMessage> messages;
+      const std::string& system = !g.system.empty() ? g.system : m.default_system;
+      if (!system.empty()) messages.push_back({"system", system});
+      messages.push_back({"user", g.prompt});
+      prompt = m.chat_template.encode(messages, tok, bos);
+    }
+    ids.insert(ids.end(), prompt.begin(), prompt.end());
+    nlohmann::ordered_json body = ollama::generate_to_openai(g, ids, m.default_options);
+    body["stream"] = g.common.stream;
+    PrepareOptions opt;
+    opt.model = std::move(a);
+    opt.ollama = true;
+    opt.endpoint = "/api/generate";
+    opt.until_context_end = true;
+    opt.keep_answer_ids = true;
+    auto job = prepare(body.dump(), ApiKind::Completion, std::move(opt));
+    job->started = t0;
+    go_live(*job, std::move(guard), hreq);
+    if (g.common.stream) {
+      start_ndjson_stream(job, res, /*chat=*/false);
+      return;
+    }
+    if (!collect_whole(job, res)) return;
+    job->finish_accounting(200);
+    const ChoiceResult& c = job->choices.at(0);
+    set_json(res, 200, ollama::generate_final(job->model->id, now_text(), c.text, done_reason_of(c.finish),
+                                              durations_of(*job), generate_context(*job)));
+  }
+
+  void start_ndjson_stream(const std::shared_ptr<Job>& job, HttpResponse& res, bool chat) {
+    res.status = 200;
+    res.headers.set("Cache-Control", "no-cache");
+    res.headers.set("X-Accel-Buffering", "no");
+    res.content_type = "application/x-ndjson";
+    res.stream = [this, job, chat](HttpStreamSink& sink) {
+      try {
+        ndjson_stream_body(*job, sink, chat);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "tern serve: stream failed: %s\n", e.what());
+        if (!job->counted) job->finish_accounting(500);
+      }
+      job->abort_unfinished();
+    };
+  }
+
+  // Ollama's stream: one JSON object per line, text as it comes; a chat's tool calls in one
+  // message once the answer is complete; an error as {"error": ...} and the end.
+  bool ndjson_stream_body(Job& job, HttpStreamSink& sink, bool chat) {
+    const OpenAiRequest& r = job.req;
+    const std::string& name = job.model->id;
+    auto line = [](const json& j) { return dump_json(j) + "\n"; };
+    std::vector<ToolCall> calls;
+    FinishReason finish = FinishReason::Stop;
+    const StreamEnd end = pump_stream(job, sink, [&](ChoiceResult&, const RequestOutput& o, std::string& out) {
+      std::string text;
+      if (job.parse_tools) {
+        ToolCallParser& parser = *job.tool_parsers.at(0);
+        std::vector<ToolCallEvent> events = parser.feed(o.text);
+        if (o.finished) {
+          ToolParseResult rest = parser.finish();
+          events.insert(events.end(), std::make_move_iterator(rest.events.begin()),
+                        std::make_move_iterator(rest.events.end()));
+        }
+        for (auto& e : events) {
+          if (!r.parallel_tool_calls && e.kind != ToolCallEvent::Kind::Content && e.index > 0) continue;
+          if (e.kind == ToolCallEvent::Kind::Content) {
+            if (!job.forced_tools) text += e.text;
+          } else if (e.kind == ToolCallEvent::Kind::CallStart) {
+            if (size_t(e.index) >= calls.size()) calls.resize(size_t(e.index) + 1);
+            calls[size_t(e.index)].id = e.id;
+            calls[size_t(e.index)].name = e.name;
+          } else if (size_t(e.index) < calls.size()) {
+            calls[size_t(e.index)].arguments += e.text;
+          }
+        }
+      } else {
+        text = o.text;
+      }
+      if (!text.empty())
+        out += line(chat ? ollama::chat_chunk(name, now_text(), text) : ollama::generate_chunk(name, now_text(), text));
+      if (normal_finish(o)) finish = o.finish_reason;
+    });
+    if (end.client_gone) return false;
+    if (!end.error.empty()) {
+      sink.write(line(ollama::error_body(end.error)));
+      return true;
+    }
+    std::string tail;
+    if (!calls.empty()) tail += line(ollama::chat_chunk(name, now_text(), "", calls));
+    const ollama::Durations d = durations_of(job);
+    tail += line(chat ? ollama::chat_final(name, now_text(), "", {}, done_reason_of(finish), d)
+                      : ollama::generate_final(name, now_text(), "", done_reason_of(finish), d, generate_context(job)));
+    job.finish_accounting(200);
+    sink.write(tail);
+    return true;
+  }
+
+
+  // POST /api/embed, /api/embeddings (legacy: one prompt, {"embedding": [...]}).
+  void handle_ollama_embed(const HttpRequest& hreq, HttpResponse& res, bool legacy) {
+    InFlight guard(this);
+    if (refuse_when_busy(res, true)) return;
+    const auto t0 = Clock::now();
+    const ollama::EmbedRequest e = ollama::parse_embed(hreq.body, legacy, cfg.limits.max_json_depth);
+    Acquired a = ollama_acquire(e.common.model, e.common.keep_alive_s);
+    const std::string name = a.model->id;
+    const int64_t load_ns = a.load_ns;
+    json body = {{"input", e.inputs}, {"model", name}};
+    if (e.dimensions) body["dimensions"] = *e.dimensions;
+    if (e.truncate) body["truncate_prompt_tokens"] = -1;
+    const EmbeddingsResult r = run_embeddings(hreq, body.dump(), std::move(a));
+    if (r.status == 499) {
+      res.status = 499;
+      return;
+    }
+    json answer = r.body.empty() ? json::object() : json::parse(r.body, nullptr, false);
+    if (r.status != 200) {
+      std::string message = "embedding failed";
+      if (answer.is_object() && answer.contains("error") && answer["error"].is_object())
+        message = answer["error"].value("message", message);
+      if (r.status == 429 || r.status == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
+      set_json(res, r.status, ollama::error_body(message));
+      return;
+    }
+    std::vector<std::vector<float>> vectors;
+    for (const auto& item : answer.at("data")) vectors.push_back(item.at("embedding").get<std::vector<float>>());
+    ollama::Durations d;
+    d.total_ns = ns_since(t0);
+    d.load_ns = load_ns;
+    d.prompt_eval_count = r.prompt_tokens;
+    if (legacy) set_json(res, 200, ollama::legacy_embedding_response(vectors.empty() ? std::vector<float>{} : vectors[0]));
+    else set_json(res, 200, ollama::embed_response(name, vectors, d));
+  }
+
+  void handle_ollama_ps(HttpResponse& res) {
+    const std::vector<LoadedModelInfo> loaded = provider.loaded();
+    std::vector<ollama::LoadedRow> rows;
+    for (const auto& l : loaded) rows.push_back({&l.entry, l.bytes, l.expires, l.n_ctx});
+    set_json(res, 200, ollama::ps_response(rows));
+  }
+
+  // POST /api/show: from the file's header; the model is not loaded for it.
+  void handle_ollama_show(const HttpRequest& hreq, HttpResponse& res) {
+    const std::string name = ollama::parse_model_name(hreq.body, cfg.limits.max_json_depth);
+    const ModelProvider::Description d = ollama_named(name, [&] { return provider.describe(name); });
+    std::string template_text = d.entry.defaults.chat_template;
+    if (template_text.empty() && d.metadata.is_object() && d.metadata.contains("tokenizer.chat_template") &&
+        d.metadata["tokenizer.chat_template"].is_string())
+      template_text = d.metadata["tokenizer.chat_template"].get<std::string>();
+    set_json(res, 200, ollama::show_response(d.entry, template_text, d.metadata, {"completion", "tools"}));
+  }
+
+
+  // Runs an Ollama route, turning what it throws into {"error": message} with its status.
+  template <class Fn>
+  void ollama_guarded(HttpResponse& res, Fn&& fn) {
+    try {
+      fn();
+    } catch (const ApiError& e) {
+      if (e.status() == 429 || e.status() == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
+      set_json(res, e.status(), ollama::error_body(e.what()));
+    } catch (const Error& e) {
+      set_json(res, 400, ollama::error_body(e.what()));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tern serve: internal error: %s\n", e.what());
+      set_json(res, 500, ollama::error_body("internal server error"));
+    }
+  }
+
+  void setup_ollama_routes() {
+    using Handler = std::function<void(HttpRequest&, HttpResponse&)>;
+    auto guard = [this](auto fn) -> Handler {
+      return [this, fn](HttpRequest& req, HttpResponse& res) { ollama_guarded(res, [&] { fn(req, res); }); };
+    };
+    http.route("POST", "/api/chat", guard([this](HttpRequest& req, HttpResponse& res) { handle_ollama_chat(req, res); }));
+    http.route("POST", "/api/generate",
+               guard([this](HttpRequest& req, HttpResponse& res) { handle_ollama_generate(req, res); }));
+    http.route("POST", "/api/embed",
+               guard([this](HttpRequest& req, HttpResponse& res) { handle_ollama_embed(req, res, false); }));
+    http.route("POST", "/api/embeddings",
+               guard([this](HttpRequest& req, HttpResponse& res) { handle_ollama_embed(req, res, true); }));
+    http.route("GET", "/api/tags", guard([this](HttpRequest&, HttpResponse& res) {
+      set_json(res, 200, ollama::tags_response(provider.models()));
+    }));
+    http.route("GET", "/api/ps", guard([this](HttpRequest&, HttpResponse& res) { handle_ollama_ps(res); }));
+    http.route("POST", "/api/show", guard([this](HttpRequest& req, HttpResponse& res) { handle_ollama_show(req, res); }));
+    http.route("GET", "/api/version", guard([this](HttpRequest&, HttpResponse& res) {
+      set_json(res, 200, ollama::version_response(cfg.version));
+    }));
+    // Model management is the models directory's: tern never downloads or writes models.
+    const HttpHandler not_managed = [](HttpRequest& req, HttpResponse& res) {
+      set_json(res, 501, ollama::error_body(str_cat(req.path, " is not supported: tern serves the GGUF files of its "
+                                                    "models directory (tern serve --models DIR); put files there.")));
+    };
+    for (const char* path : {"/api/pull", "/api/push", "/api/create", "/api/copy"}) http.route("POST", path, not_managed);
+    http.route_prefix("POST", "/api/blobs/", not_managed);
+    http.route_prefix("HEAD", "/api/blobs/", not_managed);
+    http.route("DELETE", "/api/delete", [](HttpRequest&, HttpResponse& res) {
+      set_json(res, 501, ollama::error_body("/api/delete is not supported: tern never deletes model files."));
+    });
   }
 
   // ---- wiring ------------------------------------------------------------------------------
@@ -819,15 +1285,19 @@ struct Server::Impl {
     // /health answers without a key (load balancers probe it); so do the chat page's static
     // files, which hold no data: the page itself asks for the key and sends it with each call.
     const bool open = req.path == "/health" || ((req.method == "GET" || req.method == "HEAD") && is_static_path(req.path));
+    // Ollama's routes answer {"error": "..."}, which its clients show as the message.
+    const bool ollama = req.path.rfind("/api/", 0) == 0;
     if (!cfg.api_key.empty() && !open && !authorized(req)) {
       res.headers.set("WWW-Authenticate", "Bearer");
-      set_error(res, 401, "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.", "",
-                "invalid_api_key");
+      const char* message = "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.";
+      if (ollama) set_json(res, 401, ollama::error_body(message));
+      else set_error(res, 401, message, "", "invalid_api_key");
       return true;
     }
     if (draining.load() && req.path != "/health" && req.path != "/metrics") {
       res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
-      set_error(res, 503, "The server is shutting down.", "", "shutting_down");
+      if (ollama) set_json(res, 503, ollama::error_body("The server is shutting down."));
+      else set_error(res, 503, "The server is shutting down.", "", "shutting_down");
       return true;
     }
     return false;
@@ -871,11 +1341,13 @@ struct Server::Impl {
       const ConnectionCounts conns{hs.connections_open.load(), hs.connections_accepted.load(),
                                    hs.connections_refused.load(), hs.connections_evicted.load(),
                                    hs.requests_timed_out.load()};
-      res.set_content(metrics.render(backend.metrics(), conns), "text/plain; version=0.0.4; charset=utf-8");
+      res.set_content(metrics.render(provider.metrics(), conns, model_gauges()),
+                      "text/plain; version=0.0.4; charset=utf-8");
     }, /*fast=*/true);
     http.route("POST", "/tokenize", guard([this](HttpRequest& req, HttpResponse& res) { handle_tokenize(req, res); }));
     http.route("POST", "/detokenize",
                guard([this](HttpRequest& req, HttpResponse& res) { handle_detokenize(req, res); }));
+    setup_ollama_routes();
     http.set_fallback([this](HttpRequest& req, HttpResponse& res) { handle_static(req, res); });
     // Errors the HTTP layer answers itself (400 malformed, 404, 405, 408, 413, 414, 431, 503
     // over a connection cap) get an OpenAI-style body too.
@@ -885,7 +1357,7 @@ struct Server::Impl {
     http.set_logger([this](const HttpRequest& req, const HttpResponse& res) {
       // Generation requests that got as far as the engine were counted by their job (a
       // stream always is, by its end or, when its connection broke first, by its teardown).
-      const bool stream = res.content_type == "text/event-stream";
+      const bool stream = res.content_type == "text/event-stream" || res.content_type == "application/x-ndjson";
       if (!t_counted_by_job && !stream) metrics.count_request(endpoint_label(req.path), res.status);
       t_counted_by_job = false;
       if (cfg.log_requests || res.status >= 500)
@@ -899,8 +1371,34 @@ struct Server::Impl {
   }
 };
 
-Server::Server(Backend& backend, ServerConfig config) : impl_(std::make_unique<Impl>(backend, std::move(config))) {
+namespace {
+
+// Server(Backend&): the one model as a provider, named and templated by the config.
+std::unique_ptr<ModelProvider> single_model_provider(Backend& backend, const ServerConfig& c) {
+  auto m = std::make_shared<ServedModel>();
+  m->id = c.model_id;
+  m->backend = &backend;
+  m->chat_template = c.chat_template;
+  m->system_fingerprint = c.system_fingerprint;
+  m->structured = std::make_unique<StructuredOutput>(backend.tokenizer());
+  m->entry.name = c.model_id;
+  return std::make_unique<SingleModelProvider>(std::move(m), c.model_names, c.strict_model_names);
+}
+
+}  // namespace
+
+Server::Server(ModelProvider& provider, ServerConfig config)
+    : impl_(std::make_unique<Impl>(provider, std::move(config))) {
   impl_->setup();
+  impl_->start_collector();
+}
+
+Server::Server(Backend& backend, ServerConfig config) {
+  auto own = single_model_provider(backend, config);
+  ModelProvider& p = *own;
+  impl_ = std::make_unique<Impl>(p, std::move(config), std::move(own));
+  impl_->setup();
+  impl_->start_collector();
 }
 
 Server::~Server() { shutdown(std::chrono::milliseconds(0)); }
@@ -945,6 +1443,7 @@ void Server::shutdown(std::chrono::milliseconds grace) {
     }
     s.http.stop();
     if (s.listen_thread.joinable()) s.listen_thread.join();
+    s.stop_collector();
   });
 }
 

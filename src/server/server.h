@@ -4,7 +4,12 @@
 //   POST /v1/completions, /v1/chat/completions   (stream: true -> Server-Sent Events)
 //   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus)
 //   POST /tokenize, /detokenize
+//   POST /api/chat, /api/generate (NDJSON streams), /api/embed, /api/embeddings, /api/show;
+//   GET  /api/tags, /api/ps, /api/version   (Ollama's API, server/ollama_format.h)
 //   GET  /  and the chat page's files (embedded, see web_assets.h)
+//
+// Models come from a ModelProvider (server/model_provider.h): one model, or many loaded on
+// demand; each request holds the model it names until its answer is written.
 //
 // Threads: the HTTP layer (http_server.h) receives requests on its event loop and runs each
 // whole one on a worker; a generation request keeps its worker while it waits on a
@@ -19,6 +24,7 @@
 #include "server/backend.h"
 #include "server/chat_template.h"
 #include "server/metrics.h"
+#include "server/model_provider.h"
 #include "server/openai_request.h"
 
 namespace tern::server {
@@ -60,11 +66,15 @@ struct ServerConfig {
   int max_in_flight = 0;                // generation requests at once; 0: http_threads - 8; more: 503
   int retry_after_s = 1;                // Retry-After of 429/503 answers
   bool log_requests = false;            // one stderr line per request (errors are always logged)
+  std::string version = "0.1.0";        // GET /api/version
 };
 
 class Server {
  public:
-  // `backend` must outlive the server.
+  // `provider` must outlive the server.
+  Server(ModelProvider& provider, ServerConfig config);
+  // One model: `backend` (which must outlive the server) named and templated by config's
+  // model_id, model_names, strict_model_names, chat_template and system_fingerprint.
   Server(Backend& backend, ServerConfig config);
   ~Server();  // shutdown with no grace period
   Server(const Server&) = delete;

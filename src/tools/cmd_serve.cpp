@@ -1,4 +1,6 @@
-// tern serve: the OpenAI-compatible HTTP server (src/server) in front of the serving engine.
+// tern serve: the OpenAI-compatible HTTP server (src/server) in front of the serving engine:
+// one model (`-m FILE`, loaded at start-up), or many loaded on demand under a memory budget
+// (`--models DIR`, several `-m NAME=FILE`: tools/serve_models.h).
 #include <pthread.h>
 #include <signal.h>
 
@@ -6,24 +8,102 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/engine.h"
 #include "models/model.h"
 #include "server/backend.h"
+#include "server/model_catalog.h"
+#include "server/model_provider.h"
 #include "server/openai_format.h"
 #include "server/server.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
+#include "tools/serve_models.h"
 
 namespace tern {
+namespace {
+
+// `-m NAME=FILE` (as models_from_args reads it: a path that holds '=' and exists is a file).
+bool names_a_model(const std::string& arg) {
+  std::error_code ec;
+  return arg.find('=') != std::string::npos && !std::filesystem::exists(arg, ec);
+}
+
+// --keep-alive: a Go duration ("5m", "1h30m", "-1") or a number of seconds.
+double keep_alive_seconds(const std::string& text) {
+  try {
+    size_t used = 0;
+    const double s = std::stod(text, &used);
+    if (used == text.size()) return server::parse_duration_seconds(s);
+  } catch (const std::logic_error&) {
+  }
+  try {
+    return server::parse_duration_seconds(text);
+  } catch (const Error& e) {
+    throw Error(str_cat("--keep-alive ", text, ": ", e.what()));
+  }
+}
+
+// Prints the listening line, serves until SIGINT / SIGTERM (or a failing listener), then shuts
+// down with `grace_s` for the requests in flight.
+void serve_until_signal(server::Server& srv, int port, const server::ServerConfig& scfg, sigset_t& signals,
+                        double grace_s) {
+  if (!scfg.api_key.empty()) std::fprintf(stderr, "tern serve: API key required\n");
+  std::fprintf(stderr, "tern serve: listening on http://%s:%d (chat page at /)\n", scfg.host.c_str(), port);
+  std::fflush(stderr);
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "tern serve: %s: finishing in-flight requests (up to %.0f s), then stopping\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", grace_s);
+    srv.shutdown(std::chrono::milliseconds(int64_t(grace_s * 1000)));
+  });
+  srv.listen();
+  // listen() also returns when the listener fails: wake the signal thread so it shuts down
+  // and can be joined (shutdown is idempotent).
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+}
+
+void print_stopped(const EngineMetrics& end) {
+  std::fprintf(stderr, "tern serve: stopped (%lld requests finished, %lld aborted, %lld tokens generated)\n",
+               static_cast<long long>(end.requests_finished), static_cast<long long>(end.requests_aborted),
+               static_cast<long long>(end.generated_tokens_total));
+}
+
+}  // namespace
 
 int cmd_serve(int argc, char** argv) {
-  CLI::App app{"Serve a model over the OpenAI API (completions, chat, streaming), with /metrics and a chat page at /."};
+  CLI::App app{"Serve a model over the OpenAI API (completions, chat, streaming), with /metrics and a chat page at /; "
+               "or many models loaded on demand (--models DIR, several -m NAME=FILE), as Ollama does."};
   ModelArgs margs;
   margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
+  // -m is repeatable here, and optional with --models.
+  std::vector<std::string> model_args;
+  std::string models_dir, max_memory, keep_alive = "5m";
+  int max_loaded = 0;
+  app.remove_option(app.get_option("-m"));
+  app.add_option("-m,--model", model_args,
+                 "model file: GGUF, or a llama2.c .bin with --tokenizer; repeatable, and as NAME=FILE, to serve "
+                 "several models loaded on demand");
+  app.add_option("--models", models_dir,
+                 "serve every *.gguf in this directory (and its models.json defaults), each loaded when a request "
+                 "names it");
+  app.add_option("--max-memory", max_memory,
+                 "with several models: memory the loaded ones may hold together (MiB, or 512M, 8G); least recently "
+                 "used idle models unload to make room (default: the machine's available memory)");
+  app.add_option("--max-loaded", max_loaded, "with several models: most loaded at once (0: no limit)")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  app.add_option("--keep-alive", keep_alive,
+                 "with several models: how long an idle model stays loaded (5m, 1h, 300 seconds; negative: forever; "
+                 "0: unload when its last request ends); a request's keep_alive or models.json overrides it")
+      ->capture_default_str();
   server::ServerConfig scfg;
   EngineConfig ecfg;
   std::string alias, chat_template, kv_memory;
@@ -88,9 +168,19 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
   app.add_flag("-v,--verbose", scfg.log_requests, "log every request to stderr");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (models_dir.empty() && model_args.empty()) {
+    std::fprintf(stderr, "tern serve: give -m FILE, or several models: --models DIR or -m NAME=FILE (repeatable)\n");
+    return 2;
+  }
   if (scfg.api_key.empty())
     if (const char* k = std::getenv("TERN_API_KEY")) scfg.api_key = k;
   const int64_t kv_memory_bytes = kv_memory.empty() ? 0 : parse_memory_size(kv_memory);
+  const bool single = models_dir.empty() && model_args.size() == 1 && !names_a_model(model_args[0]);
+  if (single) margs.model = model_args[0];
+  if (!single && !margs.tokenizer_bin.empty())
+    throw Error("--tokenizer is for one llama2.c .bin model (-m FILE --tokenizer tokenizer.bin), not several models");
+  if (!single && !alias.empty())
+    throw Error("--alias names one model: with several, name them -m NAME=FILE or by aliases in models.json");
 
   // Signals are taken by one thread with sigwait(): block them before any other thread exists
   // so every thread inherits the mask. A vanished client must not kill the process either.
@@ -101,13 +191,66 @@ int cmd_serve(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  std::shared_ptr<const GgufFile> file = open_model_file(margs.model, margs.tokenizer_bin);
-  std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::from_gguf(*file);
-
   ecfg.n_threads = margs.threads;
   ecfg.max_batch_tokens = margs.batch;
   ecfg.kv_type = kv_type_from_name(margs.kv_type);
   ecfg.prefix_caching = !no_prefix_cache;
+  scfg.timings = !no_timings;
+  // /api/version: the number of `tern --version` ("tern 0.1.0").
+  scfg.version = std::string(kVersion).substr(std::string(kVersion).find(' ') + 1);
+
+  // Several models: a pool of them, loaded on demand.
+  std::unique_ptr<PoolModelProvider> pool;
+  if (!single) {
+    std::vector<server::ModelEntry> entries;
+    if (!models_dir.empty()) entries = server::scan_models_dir(models_dir);
+    if (!model_args.empty()) {
+      std::vector<server::ModelEntry> named = server::models_from_args(model_args);
+      entries.insert(entries.end(), std::make_move_iterator(named.begin()), std::make_move_iterator(named.end()));
+      server::check_unique_names(entries);
+    }
+    if (entries.empty()) throw Error(str_cat("no GGUF files in ", models_dir));
+    server::ModelPoolConfig pcfg;
+    pcfg.max_memory_bytes = max_memory.empty() ? machine_memory().available : parse_memory_size(max_memory);
+    pcfg.max_loaded = max_loaded;
+    pcfg.default_keep_alive_s = keep_alive_seconds(keep_alive);
+    ServeLoadSettings load;
+    load.engine = ecfg;
+    load.ctx = margs.ctx;
+    load.ctx_given = margs.ctx_given();
+    load.kv_memory_bytes = kv_memory_bytes;
+    load.chat_template = chat_template;
+    load.tool_format = tool_format;
+    load.command = margs.command();
+    try {
+      pool = std::make_unique<PoolModelProvider>(std::move(entries), pcfg, load);
+    } catch (const std::invalid_argument& e) {  // the budget is below the smallest model
+      std::fprintf(stderr, "tern serve: error: %s (raise --max-memory)\n", e.what());
+      return 1;
+    }
+    for (size_t i = 0; i < pool->entries().size(); ++i) {
+      const server::ModelEntry& e = pool->entries()[i];
+      std::fprintf(stderr, "tern serve: model %s: %s, %s %s, %s (about %s loaded)\n", e.name.c_str(),
+                   e.path.string().c_str(), e.architecture.c_str(), e.file_type.c_str(),
+                   format_bytes(e.file_bytes).c_str(), format_bytes(pool->estimated_bytes(i)).c_str());
+    }
+    const auto keep_text = pcfg.default_keep_alive_s < 0 ? std::string("forever")
+                                                         : str_cat(pcfg.default_keep_alive_s, " s");
+    std::fprintf(stderr, "tern serve: %zu models, loaded on demand; memory budget %s, %s, idle ones kept %s\n",
+                 pool->entries().size(),
+                 pcfg.max_memory_bytes > 0 ? format_bytes(pcfg.max_memory_bytes).c_str() : "unlimited",
+                 max_loaded > 0 ? str_cat("at most ", max_loaded, " loaded").c_str() : "no limit on the count",
+                 keep_text.c_str());
+    server::Server srv(*pool, scfg);
+    const int port = srv.bind();
+    serve_until_signal(srv, port, scfg, signals, grace_s);
+    print_stopped(pool->metrics());
+    return 0;
+  }
+
+  // One model, loaded now.
+  std::shared_ptr<const GgufFile> file = open_model_file(margs.model, margs.tokenizer_bin);
+  std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::from_gguf(*file);
   ContextRequest ctx_req;
   ctx_req.kv_type = ecfg.kv_type;
   ctx_req.n_ctx = margs.ctx;
@@ -130,7 +273,6 @@ int cmd_serve(int argc, char** argv) {
                                                     token_text(tokenizer->bos_id()), token_text(tokenizer->eos_id()),
                                                     &note);
 
-  scfg.timings = !no_timings;
   if (!tool_format.empty()) {
     const auto f = server::tool_format_from_name(tool_format);
     if (!f) throw Error(str_cat("--tool-format: unknown format '", tool_format, "' (hermes, llama3, mistral or generic)"));
@@ -148,7 +290,18 @@ int cmd_serve(int argc, char** argv) {
 
   Engine engine(file, tokenizer, ecfg);
   server::EngineBackend backend(engine);
-  server::Server srv(backend, scfg);
+  auto served = std::make_shared<server::ServedModel>();
+  served->id = scfg.model_id;
+  served->backend = &backend;
+  served->chat_template = scfg.chat_template;
+  served->system_fingerprint = scfg.system_fingerprint;
+  served->structured = std::make_unique<server::StructuredOutput>(*tokenizer);
+  served->entry = server::inspect_model_file(model_path);
+  served->entry.name = scfg.model_id;
+  served->metadata = gguf_metadata_json(*file);
+  served->bytes = int64_t(file->file_size()) + engine.metrics().kv_bytes;  // the arena exists from construction
+  server::SingleModelProvider provider(served, scfg.model_names, scfg.strict_model_names);
+  server::Server srv(provider, scfg);
   const int port = srv.bind();
   engine.start();
   const EngineMetrics em = engine.metrics();
@@ -157,27 +310,9 @@ int cmd_serve(int argc, char** argv) {
                format_bytes(em.kv_bytes).c_str(), kv_type_name(ecfg.kv_type), static_cast<long long>(em.kv_blocks_total),
                static_cast<long long>(ecfg.kv_block_size));
   std::fprintf(stderr, "tern serve: %s\n", note.c_str());
-  if (!scfg.api_key.empty()) std::fprintf(stderr, "tern serve: API key required\n");
-  std::fprintf(stderr, "tern serve: listening on http://%s:%d (chat page at /)\n", scfg.host.c_str(), port);
-  std::fflush(stderr);
-
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    std::fprintf(stderr, "tern serve: %s: finishing in-flight requests (up to %.0f s), then stopping\n",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM", grace_s);
-    srv.shutdown(std::chrono::milliseconds(int64_t(grace_s * 1000)));
-  });
-  srv.listen();
-  // listen() also returns when the listener fails: wake the signal thread so it shuts down
-  // and can be joined (shutdown is idempotent).
-  pthread_kill(signal_thread.native_handle(), SIGTERM);
-  signal_thread.join();
+  serve_until_signal(srv, port, scfg, signals, grace_s);
   engine.stop();
-  const EngineMetrics end = engine.metrics();
-  std::fprintf(stderr, "tern serve: stopped (%lld requests finished, %lld aborted, %lld tokens generated)\n",
-               static_cast<long long>(end.requests_finished), static_cast<long long>(end.requests_aborted),
-               static_cast<long long>(end.generated_tokens_total));
+  print_stopped(engine.metrics());
   return 0;
 }
 

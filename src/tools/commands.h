@@ -30,6 +30,7 @@ int cmd_quantize(int argc, char** argv);
 int cmd_compare(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_list(int argc, char** argv);
+int cmd_ps(int argc, char** argv);
 int cmd_bench_serve(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_distill(int argc, char** argv);

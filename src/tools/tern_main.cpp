@@ -26,6 +26,7 @@ const std::vector<Command>& commands() {
       {"compare", "quantize with each compression method and tabulate memory, speed and perplexity", cmd_compare},
       {"serve", "serve a model over the OpenAI API, with metrics and a chat page", cmd_serve},
       {"list", "list the models in a directory: size, type, architecture, context, or why one is unusable", cmd_list},
+      {"ps", "show the models a running tern serve has loaded and when each is unloaded", cmd_ps},
       {"train", "train a model on text: a new shape or continue a GGUF (checkpoints, resume)", cmd_train},
       {"distill", "knowledge distillation from a teacher GGUF (token-level KL, sequence-level samples)", cmd_distill},
       {"bench-serve", "serving benchmark: concurrent requests through the batching engine", cmd_bench_serve},

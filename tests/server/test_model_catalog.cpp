@@ -25,10 +25,11 @@ void write_tiny_gguf(const std::string& path, const std::string& arch, DType typ
   w.set(arch + ".context_length", GgufValue::u32(512));
   std::vector<float> norm(64, 1.0f);
   w.add_tensor("output_norm.weight", DType::F32, {64}, norm.data(), norm.size() * sizeof(float));
+  // The writer keeps pointers to the data until write(): both buffers live to the end.
   std::vector<uint16_t> mat(size_t(64 * rows), 0);
+  std::vector<float> mat_f32(size_t(64 * rows), 0.0f);
   if (type == DType::F16) w.add_tensor("token_embd.weight", DType::F16, {64, rows}, mat.data(), mat.size() * 2);
-  else w.add_tensor("token_embd.weight", DType::F32, {64, rows}, std::vector<float>(size_t(64 * rows)).data(),
-                    size_t(64 * rows) * 4);
+  else w.add_tensor("token_embd.weight", DType::F32, {64, rows}, mat_f32.data(), mat_f32.size() * 4);
   w.write(path);
 }
 
@@ -203,6 +204,32 @@ TEST(ModelCatalog, Durations) {
     EXPECT_THROW(parse_duration_seconds(json(bad)), Error) << bad;
   EXPECT_THROW(parse_duration_seconds(json::array()), Error);
   EXPECT_THROW(parse_duration_seconds(json(nullptr)), Error);
+}
+
+TEST(ModelCatalog, ParameterSizesAsOllamaWritesThem) {
+  EXPECT_EQ(parameter_size_text(999), "999");
+  EXPECT_EQ(parameter_size_text(260000), "260K");
+  EXPECT_EQ(parameter_size_text(292800), "293K");
+  EXPECT_EQ(parameter_size_text(15000000), "15M");
+  EXPECT_EQ(parameter_size_text(494032768), "494.03M");
+  EXPECT_EQ(parameter_size_text(1100048384), "1.1B");
+  EXPECT_EQ(parameter_size_text(8030261248), "8.0B");
+  EXPECT_EQ(parameter_size_text(7000000000), "7B");
+}
+
+// A file cut short (a copy interrupted mid-way) is a row with the reason, not a throw.
+TEST(ModelCatalog, TruncatedFileIsUnusable) {
+  TempDir d;
+  write_tiny_gguf(d.file("whole.gguf"), "llama", DType::F32, 64);
+  const std::vector<uint8_t> bytes = test::read_bytes(d.file("whole.gguf"));
+  for (size_t cut : {size_t(4), size_t(30), bytes.size() / 2, bytes.size() - 1}) {
+    test::write_bytes(d.file("cut.gguf"), std::vector<uint8_t>(bytes.begin(), bytes.begin() + long(cut)));
+    const ModelEntry e = inspect_model_file(d.file("cut.gguf"));
+    EXPECT_FALSE(e.usable()) << "cut at " << cut;
+    EXPECT_FALSE(e.error.empty());
+    EXPECT_EQ(e.file_bytes, int64_t(cut));
+  }
+  EXPECT_TRUE(inspect_model_file(d.file("whole.gguf")).usable());
 }
 
 // The real model in ../shared, through the `tern list` command.

@@ -58,19 +58,14 @@ bool contains(const std::string& s, const std::string& needle) { return s.find(n
 class CliFiles : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    std::string tmpl = (fs::temp_directory_path() / "tern_cli_files_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = tern::testing::make_temp_dir("tern_cli_files");
     const Result r = tern("synth --shape stories260k --type f32 --seed 3 -o " + file("model.gguf"));
     ASSERT_EQ(r.rc, 0) << r.err;
     std::string text;
     for (int i = 0; i < 200; ++i) text += "Once upon a time there was a little dog who liked to run in the park. ";
     std::ofstream(file("text.txt")) << text;
   }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
+  static void TearDownTestSuite() { tern::testing::remove_temp_dir(dir_); }
   static std::string file(const std::string& name) { return dir_ + "/" + name; }
   static std::string model() { return file("model.gguf"); }
 

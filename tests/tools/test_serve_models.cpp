@@ -1,0 +1,361 @@
+// The models of a multi-model `tern serve` (tools/serve_models.h): names, aliases and
+// NAME:latest resolve, unknown and missing names are the API's errors, a ModelRef keeps its
+// model loaded, the pool's LRU and keep_alive rules hold over real engines (three synth
+// models), counters survive unloads, and concurrent requests on more models than may be
+// loaded all get the right answers. Then `tern serve --models` errors as a user sees them, and
+// SingleModelProvider's naming rules over a fake backend.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "models/synth.h"
+#include "server/api_error.h"
+#include "server/model_catalog.h"
+#include "server/model_provider.h"
+#include "test_util.h"
+#include "tools/serve_models.h"
+
+namespace tern {
+namespace {
+
+namespace fs = std::filesystem;
+using server::ApiError;
+
+bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+// Greedy tokens of `prompt` on `m`, as text of ids ("12 7 301 ...").
+std::string generate(const server::ServedModel& m, const std::string& prompt, int64_t max_tokens = 6) {
+  RequestParams p;
+  p.prompt_ids = m.backend->tokenizer().encode(prompt, /*add_bos=*/true);
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  p.sampling.temperature = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::string ids;
+  FinishReason reason = FinishReason::None;
+  const uint64_t id = m.backend->add_request(std::move(p), [&](const RequestOutput& o) {
+    std::lock_guard lock(mu);
+    for (const GeneratedToken& t : o.tokens) ids += std::to_string(t.id) + " ";
+    if (o.finished) {
+      reason = o.finish_reason;
+      done = true;
+      cv.notify_all();
+    }
+  });
+  EXPECT_GT(id, 0u);
+  std::unique_lock lock(mu);
+  EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; }));
+  EXPECT_EQ(reason, FinishReason::Length);
+  return ids;
+}
+
+std::vector<std::string> loaded_names(const server::ModelProvider& p) {
+  std::vector<std::string> out;
+  for (const server::LoadedModelInfo& m : p.loaded()) out.push_back(m.entry.name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class ServeModels : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = tern::testing::make_temp_dir("tern_serve_models");
+    for (int i = 0; i < 3; ++i) {
+      SynthOptions o;
+      o.shape = "llama3-tiny";  // decisive logits (init_gain): greedy answers do not depend on batching
+      o.type = DType::F32;
+      o.seed = uint64_t(11 + i);
+      synth_model(o, dir_ + "/" + kNames[i] + ".gguf");
+    }
+  }
+  static void TearDownTestSuite() { tern::testing::remove_temp_dir(dir_); }
+
+  static std::vector<server::ModelEntry> entries() {
+    std::vector<server::ModelEntry> e = server::scan_models_dir(dir_);
+    for (auto& x : e)
+      if (x.name == "alpha") x.defaults.aliases = {"first"};
+    return e;
+  }
+  static ServeLoadSettings settings() {
+    ServeLoadSettings s;
+    s.engine.n_threads = 1;
+    s.engine.n_parallel = 2;
+    s.ctx = 256;
+    s.log_loads = false;
+    return s;
+  }
+  static std::unique_ptr<PoolModelProvider> provider(int max_loaded = 0, int64_t max_memory = 0,
+                                                      double keep_alive_s = -1) {
+    server::ModelPoolConfig c;
+    c.max_loaded = max_loaded;
+    c.max_memory_bytes = max_memory;
+    c.default_keep_alive_s = keep_alive_s;
+    c.wait_for_room = std::chrono::milliseconds(30000);
+    return std::make_unique<PoolModelProvider>(entries(), c, settings());
+  }
+
+  static constexpr const char* kNames[3] = {"alpha", "beta", "gamma"};
+  static std::string dir_;
+};
+std::string ServeModels::dir_;
+
+TEST_F(ServeModels, NamesAliasesAndLatest) {
+  auto p = provider();
+  ASSERT_EQ(p->models().size(), 3u);
+  EXPECT_EQ(p->models()[0].name, "alpha");
+  EXPECT_EQ(p->models()[2].name, "gamma");
+  EXPECT_TRUE(p->serves("beta"));
+  EXPECT_TRUE(p->serves("first"));
+  EXPECT_TRUE(p->serves("gamma:latest"));
+  EXPECT_FALSE(p->serves("delta"));
+  EXPECT_FALSE(p->serves(""));
+  EXPECT_TRUE(loaded_names(*p).empty());  // nothing loads before a request
+  EXPECT_EQ(p->n_ctx_of("beta"), 256);    // planned
+
+  server::Acquired a = p->acquire("alpha");
+  EXPECT_EQ(a.model->id, "alpha");
+  EXPECT_GT(a.load_ns, 0);
+  EXPECT_EQ(a.model->entry.name, "alpha");
+  EXPECT_EQ(a.model->metadata.value("general.architecture", ""), "llama");
+  EXPECT_FALSE(a.model->metadata.contains("tokenizer.ggml.tokens"));  // arrays are left out
+  EXPECT_GT(a.model->bytes, a.model->entry.file_bytes);
+  ASSERT_NE(a.model->structured, nullptr);
+  server::Acquired again = p->acquire("first");
+  EXPECT_EQ(again.model.get(), a.model.get());
+  EXPECT_EQ(again.load_ns, 0);
+  EXPECT_EQ(p->acquire("alpha:latest").model->id, "alpha");
+  EXPECT_EQ(p->n_ctx_of("alpha"), 256);
+  const auto rows = p->loaded();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].entry.name, "alpha");
+  EXPECT_EQ(rows[0].leases, 2);
+  EXPECT_EQ(rows[0].n_ctx, 256);
+  EXPECT_EQ(rows[0].bytes, a.model->bytes);
+  EXPECT_FALSE(rows[0].expires.has_value());  // in use
+}
+
+TEST_F(ServeModels, UnknownAndMissingNames) {
+  auto p = provider();
+  try {
+    p->acquire("delta");
+    FAIL() << "no throw";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 404);
+    EXPECT_EQ(e.code(), "model_not_found");
+    EXPECT_EQ(e.param(), "model");
+    for (const char* n : kNames) EXPECT_TRUE(contains(e.what(), std::string("`") + n + "`")) << e.what();
+  }
+  try {
+    p->acquire("");
+    FAIL() << "no throw";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "model");
+    EXPECT_TRUE(contains(e.what(), "model is required")) << e.what();
+  }
+  EXPECT_THROW(p->unload("delta"), ApiError);
+  EXPECT_TRUE(loaded_names(*p).empty());
+}
+
+TEST_F(ServeModels, RefKeepsModelLoadedAndReloadGivesSameAnswer) {
+  auto p = provider();
+  std::string first;
+  {
+    server::Acquired a = p->acquire("beta", /*keep_alive_s=*/0.0);
+    first = generate(*a.model, "Once upon a time");
+    p->unload("beta");  // in use: stays until the ref ends
+    EXPECT_EQ(loaded_names(*p), std::vector<std::string>{"beta"});
+    EXPECT_EQ(generate(*a.model, "Once upon a time"), first);
+  }
+  EXPECT_TRUE(loaded_names(*p).empty());  // keep_alive 0: out with its last ref
+  server::Acquired b = p->acquire("beta");
+  EXPECT_GT(b.load_ns, 0);
+  EXPECT_EQ(generate(*b.model, "Once upon a time"), first);
+  EXPECT_FALSE(first.empty());
+}
+
+TEST_F(ServeModels, CountLimitUnloadsLeastRecentlyUsed) {
+  auto p = provider(/*max_loaded=*/2);
+  p->acquire("alpha");
+  p->acquire("beta");
+  p->acquire("alpha");  // beta is now the least recently used
+  EXPECT_EQ(loaded_names(*p), (std::vector<std::string>{"alpha", "beta"}));
+  p->acquire("gamma");
+  EXPECT_EQ(loaded_names(*p), (std::vector<std::string>{"alpha", "gamma"}));
+  for (const auto& row : p->loaded()) EXPECT_FALSE(row.expires.has_value());  // keep_alive -1: never
+}
+
+TEST_F(ServeModels, MemoryBudgetUnloadsLeastRecentlyUsed) {
+  int64_t two = 0;
+  {
+    auto probe = provider();
+    two = probe->estimated_bytes(0) + probe->estimated_bytes(1);  // the synth models are the same size
+    ASSERT_EQ(probe->estimated_bytes(0), probe->estimated_bytes(2));
+  }
+  auto p = provider(/*max_loaded=*/0, /*max_memory=*/two + two / 4);
+  p->acquire("beta");
+  p->acquire("gamma");
+  p->acquire("beta");
+  p->acquire("alpha");
+  EXPECT_EQ(loaded_names(*p), (std::vector<std::string>{"alpha", "beta"}));
+}
+
+TEST_F(ServeModels, BudgetBelowSmallestModelIsRefusedAtStart) {
+  EXPECT_THROW(provider(0, /*max_memory=*/1024), std::invalid_argument);
+}
+
+TEST_F(ServeModels, IdleModelExpiresAfterKeepAlive) {
+  auto p = provider(0, 0, /*keep_alive_s=*/60);
+  p->acquire("gamma", /*keep_alive_s=*/0.2);
+  const auto rows = p->loaded();
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_TRUE(rows[0].expires.has_value());
+  const auto left = *rows[0].expires - std::chrono::system_clock::now();
+  EXPECT_LT(left, std::chrono::seconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  p->collect();
+  EXPECT_TRUE(loaded_names(*p).empty());
+}
+
+TEST_F(ServeModels, CountersDoNotGoBackAfterUnload) {
+  auto p = provider();
+  {
+    server::Acquired a = p->acquire("alpha", 0.0);
+    generate(*a.model, "Hello", 5);
+    server::Acquired b = p->acquire("beta");
+    generate(*b.model, "Hello", 3);
+    const EngineMetrics m = p->metrics();
+    EXPECT_EQ(m.requests_finished, 2);
+    EXPECT_EQ(m.generated_tokens_total, 8);
+    EXPECT_GT(m.kv_blocks_total, 0);
+  }
+  EXPECT_EQ(loaded_names(*p), std::vector<std::string>{"beta"});
+  p->unload("beta");
+  EXPECT_TRUE(loaded_names(*p).empty());
+  const EngineMetrics m = p->metrics();
+  EXPECT_EQ(m.requests_finished, 2);
+  EXPECT_EQ(m.generated_tokens_total, 8);
+  EXPECT_GT(m.prompt_tokens_total, 0);
+  EXPECT_EQ(m.kv_blocks_total, 0);  // gauges: of the loaded models only
+  EXPECT_EQ(m.n_running, 0);
+}
+
+TEST_F(ServeModels, ConcurrentAcquiresOnMoreModelsThanMayBeLoaded) {
+  std::vector<std::string> expected;
+  {
+    auto p = provider();
+    for (const char* n : kNames) expected.push_back(generate(*p->acquire(n).model, "The little dog"));
+  }
+  EXPECT_NE(expected[0], expected[1]);
+  auto p = provider(/*max_loaded=*/2, 0, /*keep_alive_s=*/-1);
+  std::atomic<int> ok{0}, failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 4; ++k) {
+        const int i = (t + k) % 3;
+        try {
+          server::Acquired a = p->acquire(kNames[i]);
+          if (generate(*a.model, "The little dog") == expected[size_t(i)]) ++ok;
+          else ++failed;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << e.what();
+          ++failed;
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 32);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_LE(p->loaded().size(), 2u);
+  // The engine counts a request finished just after its last output reaches the caller: give
+  // the last one a moment.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (p->metrics().requests_finished < 32 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(p->metrics().requests_finished, 32);
+}
+
+// `tern serve --models` refusing to start, as a user runs it.
+TEST_F(ServeModels, CliErrors) {
+  const std::string tern = TERN_BINARY;
+  std::string out, err;
+  int rc = tern::testing::run_command(tern + " serve --port 0 --models " + dir_ + "/nope", &out, &err);
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_TRUE(contains(err, dir_ + "/nope")) << err;
+  rc = tern::testing::run_command(tern + " serve --port 0 --models " + dir_ + " --max-memory 64K", &out, &err);
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_TRUE(contains(err, "memory budget")) << err;
+  EXPECT_TRUE(contains(err, "--max-memory")) << err;
+  const std::string empty = dir_ + "/empty_dir";
+  fs::create_directory(empty);
+  rc = tern::testing::run_command(tern + " serve --port 0 --models " + empty, &out, &err);
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_TRUE(contains(err, "no GGUF files")) << err;
+  rc = tern::testing::run_command(tern + " serve --port 0 --models " + dir_ + " --keep-alive soon", &out, &err);
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_TRUE(contains(err, "--keep-alive")) << err;
+  rc = tern::testing::run_command(tern + " serve --port 0", &out, &err);
+  EXPECT_EQ(rc, 2) << err;
+}
+
+// SingleModelProvider: acquire serves any name without strict names, only its own with them.
+class FakeBackend final : public server::Backend {
+ public:
+  uint64_t add_request(RequestParams, OutputCallback) override { return 0; }
+  void abort(uint64_t) override {}
+  EngineMetrics metrics() const override {
+    EngineMetrics m;
+    m.requests_finished = 7;
+    return m;
+  }
+  int64_t n_ctx() const override { return 123; }
+  const Tokenizer& tokenizer() const override { throw Error("no tokenizer"); }
+};
+
+TEST(SingleModelProvider, NamesAndRows) {
+  FakeBackend backend;
+  auto served = std::make_shared<server::ServedModel>();
+  served->id = "tiny";
+  served->backend = &backend;
+  served->entry.name = "tiny";
+  served->bytes = 1000;
+  server::SingleModelProvider loose(served, {"tiny.gguf"}, /*strict_names=*/false);
+  EXPECT_EQ(loose.acquire("gpt-3.5-turbo", std::nullopt).model.get(), served.get());
+  EXPECT_FALSE(loose.serves("anything"));  // serves(): its own names only (/v1/models/{id})
+  EXPECT_TRUE(loose.serves("tiny.gguf"));
+  server::SingleModelProvider strict(served, {"tiny.gguf"}, /*strict_names=*/true);
+  EXPECT_EQ(strict.acquire("tiny", std::nullopt).load_ns, 0);
+  EXPECT_EQ(strict.acquire("tiny.gguf", std::nullopt).model->id, "tiny");
+  EXPECT_EQ(strict.acquire("", std::nullopt).model->id, "tiny");
+  EXPECT_FALSE(strict.serves("other"));
+  try {
+    strict.acquire("other", std::nullopt);
+    FAIL() << "no throw";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 404);
+    EXPECT_EQ(e.code(), "model_not_found");
+    EXPECT_EQ(std::string(e.what()), "The model `other` does not exist. This server serves `tiny`.");
+  }
+  const auto rows = strict.loaded();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].bytes, 1000);
+  EXPECT_EQ(rows[0].n_ctx, 123);
+  EXPECT_FALSE(rows[0].expires.has_value());
+  EXPECT_EQ(strict.metrics().requests_finished, 7);
+  EXPECT_EQ(strict.n_ctx_of("x"), 123);
+  ASSERT_EQ(strict.models().size(), 1u);
+}
+
+}  // namespace
+}  // namespace tern
