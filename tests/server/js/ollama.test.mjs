@@ -18,12 +18,82 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { Ollama } from "ollama";
 import OpenAI from "openai";
+import { validate, responseTypeOf, clientVersion } from "./ollama_shapes.mjs";
 
 const base = process.env.TERN_BASE_URL;
 const apiKey = process.env.TERN_TEST_API_KEY;
 const headers = { Authorization: `Bearer ${apiKey}` };
-const ollama = new Ollama({ host: base, headers });
-const budgetOllama = new Ollama({ host: process.env.TERN_BUDGET_URL, headers });
+
+// ---- response shapes: the ollama client's own TypeScript interfaces (ollama_shapes.mjs) --------
+// Required fields (in the client's interfaces) that Ollama's own server leaves out too, so that
+// no Ollama client can count on them: each an allowance of `validate`'s omit, used only on the
+// route named, and only for a field that is absent (one that is there is always checked). Each
+// must still be needed (the last test fails on one that no response used); TERN_SHAPES_STRICT=1
+// drops them all, to see the strict reading of the interfaces fail.
+//   tags:  Ollama's ListModelResponse (api/types.go) has no expires_at or size_vram (/api/ps's)
+//   ps:    Ollama's ProcessModelResponse has no modified_at
+//   show:  Ollama's ShowResponse has license, system and messages `json:",omitempty"`
+//   generateChunk / chatChunk (a streamed line with done: false): Ollama's done_reason, context
+//          and Metrics are omitempty, sent on the last line only
+const METRICS = ["total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration"];
+const OLLAMA_OMITS = {
+  tags: ["ModelResponse.expires_at", "ModelResponse.size_vram"],
+  ps: ["ModelResponse.modified_at"],
+  show: ["ShowResponse.license", "ShowResponse.system", "ShowResponse.messages"],
+  generateChunk: ["done_reason", "context", ...METRICS].map((f) => `GenerateResponse.${f}`),
+  chatChunk: ["done_reason", ...METRICS].map((f) => `ChatResponse.${f}`),
+};
+const STRICT = process.env.TERN_SHAPES_STRICT === "1";
+// What the checks saw, over the whole run: fields no interface declares ("Type.field" -> an
+// example), and the allowances used ("route Type.field" -> count).
+const shapeSeen = { extra: new Map(), omitted: new Map(), checked: 0 };
+
+// Checks one response (`value`, of route `route`: a key of OLLAMA_OMITS, or none) against the
+// client's declaration `type`; a line of a generate or chat stream with done: false takes the
+// route's chunk allowance.
+function checkShape(type, value, path, route) {
+  let key = route;
+  if ((route === "generate" || route === "chat") && value && value.done === false) key = route + "Chunk";
+  const omit = STRICT ? [] : OLLAMA_OMITS[key] || [];
+  const { extra, omitted } = validate(type, value, path, { omit });
+  shapeSeen.checked++;
+  for (const e of extra) if (!shapeSeen.extra.has(e.field)) shapeSeen.extra.set(e.field, e);
+  for (const o of omitted) shapeSeen.omitted.set(`${key} ${o}`, (shapeSeen.omitted.get(`${key} ${o}`) || 0) + 1);
+  return value;
+}
+
+// The client, with every answer it gives (and every line of a stream) checked against the type
+// its declaration says that method gives. Errors (ResponseError) pass through unchanged.
+const SHAPED = ["generate", "chat", "list", "show", "embed", "embeddings", "ps", "version"];
+const ROUTE = { list: "tags" };
+function shaped(client, label) {
+  return new Proxy(client, {
+    get(target, prop) {
+      const v = Reflect.get(target, prop, target);
+      if (typeof v !== "function") return v;
+      if (!SHAPED.includes(prop)) return v.bind(target);
+      const type = responseTypeOf(prop);
+      const route = ROUTE[prop] || prop;
+      return async (...args) => {
+        const what = `${label}.${prop}(${args[0]?.model ?? ""}${args[0]?.stream ? ", stream" : ""})`;
+        const r = await v.apply(target, args);
+        if (r && typeof r[Symbol.asyncIterator] === "function") {
+          return {
+            abort: () => r.abort(),
+            async *[Symbol.asyncIterator]() {
+              let i = 0;
+              for await (const part of r) yield checkShape(type, part, `${what} line ${i++}`, route);
+            },
+          };
+        }
+        return checkShape(type, r, what, route);
+      };
+    },
+  });
+}
+
+const ollama = shaped(new Ollama({ host: base, headers }), "ollama");
+const budgetOllama = shaped(new Ollama({ host: process.env.TERN_BUDGET_URL, headers }), "budgetOllama");
 const openai = new OpenAI({ baseURL: base + "/v1", apiKey, maxRetries: 0, timeout: 120_000 });
 const { sizes, budget } = JSON.parse(process.env.TERN_BUDGET_JSON);
 const modelsDir = process.env.TERN_MODELS_DIR;
@@ -179,6 +249,43 @@ async function holdModel(model) {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+test("the shape check reads the client's declarations and rejects what they do not allow", () => {
+  for (const [method, type] of Object.entries({
+    generate: "GenerateResponse", chat: "ChatResponse", list: "ListResponse", ps: "ListResponse", show: "ShowResponse",
+    embed: "EmbedResponse", embeddings: "EmbeddingsResponse", version: "VersionResponse",
+  })) assert.equal(responseTypeOf(method), type, `the client ${clientVersion} declares ${method}() to give ${type}`);
+  const good = {
+    model: "m", created_at: "2025-01-02T03:04:05.123456789Z", response: "x", done: true, done_reason: "stop", context: [1, 2],
+    total_duration: 5, load_duration: 1, prompt_eval_count: 2, prompt_eval_duration: 1, eval_count: 3, eval_duration: 1,
+  };
+  assert.deepEqual(validate("GenerateResponse", good), { extra: [], omitted: [] }, "a whole GenerateResponse validates");
+  const rejects = (type, value, pattern, what, opts) =>
+    assert.throws(() => validate(type, value, "v", opts), (e) => {
+      assert.ok(e instanceof assert.AssertionError, `${what}: an AssertionError, got ${e}`);
+      assert.match(e.message, pattern, `${what}: the message names the path, the declared type and what came`);
+      return true;
+    }, `${what}: rejected`);
+  rejects("GenerateResponse", { ...good, eval_count: "3" }, /v\.eval_count: declared number, got "3" \(string\)/, "eval_count a string");
+  const { done, ...noDone } = good;
+  rejects("GenerateResponse", noDone, /v\.done: declared boolean \(required in GenerateResponse\), got nothing/, "done missing");
+  rejects("GenerateResponse", { ...good, created_at: "yesterday" }, /v\.created_at: declared Date .*RFC 3339.*"yesterday"/, "created_at not a time");
+  rejects("GenerateResponse", { ...good, context: [1, "2"] }, /v\.context\[1\]: declared number, got "2"/, "a context entry a string");
+  rejects("GenerateResponse", { ...good, done_reason: null }, /v\.done_reason: declared string, got null/, "done_reason null");
+  rejects("ChatResponse", { ...good, message: { role: "assistant", content: "", tool_calls: [{ function: { name: "f", arguments: "{}" } }] } },
+    /v\.message\.tool_calls\[0\]\.function\.arguments: declared \{ \[key: string\]: any \}, got "\{\}" \(string\)/, "tool-call arguments a JSON string");
+  rejects("ListResponse", { models: [{ name: "a", model: "a", modified_at: "2025-01-02T03:04:05Z", size: 1, digest: "d", details: {} }] },
+    /v\.models\[0\]\.details\.format: declared string \(required in ModelDetails\)/, "details without its fields");
+  rejects("ShowResponse", { model_info: [] }, /v\.model_info: declared Map<string, any> \(in JSON an object\), got \[\] \(array\)/, "model_info an array");
+  // An allowance takes only its field, only when absent; a field not declared is reported, not failed.
+  const chunk = { model: "m", created_at: "2025-01-02T03:04:05Z", response: "x", done: false };
+  rejects("GenerateResponse", chunk, /v\.context: declared number\[\]/, "a streamed line without the chunk allowance");
+  assert.deepEqual(validate("GenerateResponse", { ...chunk, extra_field: 1 }, "v", { omit: OLLAMA_OMITS.generateChunk }),
+    { extra: [{ path: "v.extra_field", field: "GenerateResponse.extra_field", value: "1 (number)" }], omitted: OLLAMA_OMITS.generateChunk },
+    "a streamed line with the chunk allowance validates; its undeclared field is reported");
+  rejects("GenerateResponse", { ...chunk, eval_count: -0.5, total_duration: "1" }, /v\.total_duration: declared number, got "1"/,
+    "an allowed field that is there is still checked", { omit: OLLAMA_OMITS.generateChunk });
+});
 
 test("version, list and show describe the three models", async () => {
   const v = await ollama.version();
@@ -612,4 +719,78 @@ test("tern ps and tern list", async () => {
   });
   const list = await run(tern, ["list", "--models", modelsDir]);
   for (const name of NAMES) assert.match(list.stdout, new RegExp(`^${name}\\b.*\\bok$`, "m"), `tern list shows ${name} as usable`);
+});
+
+test("every response has the fields and types the ollama client declares", async (t) => {
+  const post = (path, body) => fetch(base + path, { method: "POST", headers: { ...headers, "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  const json = async (what, res, status = 200) => {
+    assert.equal(res.status, status, `${what}: status ${status}`);
+    assert.match(res.headers.get("content-type") || "", /^application\/json/, `${what}: application/json`);
+    return res.json();
+  };
+  const ndjson = async (what, res) => {
+    assert.equal(res.status, 200, `${what}: status 200`);
+    assert.match(res.headers.get("content-type") || "", /^application\/x-ndjson/, `${what}: application/x-ndjson`);
+    const lines = (await res.text()).split("\n").filter((l) => l !== "").map((l) => JSON.parse(l));
+    assert.ok(lines.length > 2 && lines.at(-1).done === true, `${what}: several lines, the last done`);
+    return lines;
+  };
+  const model = "stories";
+  // The raw JSON, route by route (what every client sees), against the type the client's
+  // declaration gives that route's method.
+  const gen = await json("POST /api/generate", await post("/api/generate", { model, prompt: PROMPT, options: greedy, stream: false }));
+  checkShape(responseTypeOf("generate"), gen, "(POST /api/generate)", "generate");
+  (await ndjson("POST /api/generate stream", await post("/api/generate", { model, prompt: PROMPT, options: greedy, stream: true })))
+    .forEach((l, i) => checkShape(responseTypeOf("generate"), l, `(POST /api/generate stream line ${i})`, "generate"));
+  for (const body of [{ model, keep_alive: "2m" }, { model: "babble", keep_alive: 0 }]) // load, unload
+    checkShape(responseTypeOf("generate"), await json("POST /api/generate load/unload", await post("/api/generate", { ...body, stream: false })),
+      `(POST /api/generate ${JSON.stringify(body)})`, "generate");
+  const chat = await json("POST /api/chat", await post("/api/chat", { model, messages: CHAT, options: greedy, stream: false }));
+  checkShape(responseTypeOf("chat"), chat, "(POST /api/chat)", "chat");
+  (await ndjson("POST /api/chat stream", await post("/api/chat", { model, messages: CHAT, options: greedy, stream: true })))
+    .forEach((l, i) => checkShape(responseTypeOf("chat"), l, `(POST /api/chat stream line ${i})`, "chat"));
+  checkShape(responseTypeOf("chat"), await json("POST /api/chat load", await post("/api/chat", { model, messages: [], stream: false })),
+    "(POST /api/chat, no messages)", "chat");
+  checkShape(responseTypeOf("embed"), await json("POST /api/embed", await post("/api/embed", { model, input: ["The cat", "a dog"] })), "(POST /api/embed)", "embed");
+  checkShape(responseTypeOf("embeddings"), await json("POST /api/embeddings", await post("/api/embeddings", { model, prompt: PROMPT })), "(POST /api/embeddings)", "embeddings");
+  for (const name of NAMES)
+    checkShape(responseTypeOf("show"), await json(`POST /api/show ${name}`, await post("/api/show", { model: name })), `(POST /api/show ${name})`, "show");
+  const tags = await json("GET /api/tags", await fetch(base + "/api/tags", { headers }));
+  assert.equal(tags.models?.length, NAMES.length, "GET /api/tags lists the three models (so their shape is checked)");
+  checkShape(responseTypeOf("list"), tags, "(GET /api/tags)", "tags");
+  const ps = await json("GET /api/ps", await fetch(base + "/api/ps", { headers }));
+  assert.ok(ps.models?.some((m) => m.name === model), "GET /api/ps lists stories (so a loaded model's shape is checked)");
+  checkShape(responseTypeOf("ps"), ps, "(GET /api/ps)", "ps");
+  checkShape(responseTypeOf("version"), await json("GET /api/version", await fetch(base + "/api/version", { headers })), "(GET /api/version)", "version");
+  // Errors: Ollama's {"error": "..."} (the client's ErrorResponse, what its ResponseError reads).
+  for (const [what, res, status] of [
+    ["POST /api/generate unknown model", await post("/api/generate", { model: "no-such-model", prompt: PROMPT }), 404],
+    ["POST /api/chat unknown model, stream", await post("/api/chat", { model: "no-such-model", messages: CHAT, stream: true }), 404],
+    ["POST /api/show unknown model", await post("/api/show", { model: "no-such-model" }), 404],
+    ["POST /api/generate bad option", await post("/api/generate", { model, prompt: PROMPT, options: { temperature: "hot" } }), 400],
+    ["POST /api/embed no input", await post("/api/embed", { model }), 400],
+    ["POST /api/pull", await post("/api/pull", { model: "llama3.2" }), 501],
+    ["GET /api/tags without the key", await fetch(base + "/api/tags"), 401],
+  ]) checkShape("ErrorResponse", await json(what, res, status), `(${what})`);
+
+  // The client's own answers, each method once (the wrapper checks them; the earlier tests went
+  // through it too).
+  await ollama.version();
+  await ollama.list();
+  await ollama.show({ model });
+  await ollama.generate({ model, prompt: PROMPT, options: greedy });
+  await streamText(await ollama.generate({ model, prompt: PROMPT, options: greedy, stream: true }), "response");
+  await ollama.chat({ model, messages: CHAT, options: greedy });
+  await streamText(await ollama.chat({ model, messages: CHAT, options: greedy, stream: true }), "message");
+  await ollama.embed({ model, input: PROMPT });
+  await ollama.embeddings({ model, prompt: PROMPT });
+  await ollama.ps();
+
+  t.diagnostic(`${shapeSeen.checked} responses checked against the ollama ${clientVersion} client's interfaces${STRICT ? " (strict: no allowances)" : ""}`);
+  for (const [k, n] of shapeSeen.omitted) t.diagnostic(`allowed (Ollama omits it too): ${k}, absent ${n} times`);
+  for (const e of shapeSeen.extra.values()) t.diagnostic(`not declared by the client: ${e.field} (e.g. ${e.path} = ${e.value})`);
+  // Every allowance is still needed: one no response used is a field tern now sends; drop it.
+  const used = new Set([...shapeSeen.omitted.keys()]);
+  const unused = STRICT ? [] : Object.entries(OLLAMA_OMITS).flatMap(([route, fs]) => fs.map((f) => `${route} ${f}`)).filter((k) => !used.has(k));
+  assert.deepEqual(unused, [], "every allowance in OLLAMA_OMITS was needed by some response (remove those that were not)");
 });
