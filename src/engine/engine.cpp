@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -264,6 +265,31 @@ void Engine::Impl::validate(const RequestParams& p) const {
   if (p.n_logprobs < -1 || p.n_logprobs > 20) fail("logprobs must be in [0, 20], got ", p.n_logprobs);
   for (const auto& s : p.stop)
     if (s.empty()) fail("a stop string is empty");
+  for (const LoraUse& u : p.lora) {
+    if (!u.adapter) fail("a LoRA adapter entry has no adapter");
+    if (!std::isfinite(u.scale)) fail(u.adapter->path(), ": the LoRA scale must be finite");
+    u.adapter->check_base(*file);
+    model->check_lora(*u.adapter);
+  }
+}
+
+// The prefix cache's namespace of a request's blocks: the root key for the base model, else a
+// hash of its adapters (their process-unique ids and scales, in order).
+static uint64_t lora_prefix_root(const LoraSet& lora) {
+  if (lora.empty()) return kRootBlockKey;
+  uint64_t h = kRootBlockKey ^ 0x9e3779b97f4a7c15ull;
+  const auto mix = [&](uint64_t x) {
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+  };
+  for (const LoraUse& u : lora) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &u.scale, sizeof bits);
+    mix(u.adapter->uid());
+    mix(bits);
+  }
+  return h == kRootBlockKey ? h + 1 : h;
 }
 
 // --- submission ------------------------------------------------------------------------
@@ -304,7 +330,8 @@ void Engine::Impl::admit(Pending& p) {
                                                               : r->params.embedding.pooling;
   // A cached prefix has K/V but no hidden states: an embedding request computes its whole
   // prompt (its recompute after a preemption too; pool_hidden() skips what it already pooled).
-  sched->add(seq, r->params.prompt_ids, r->params.priority, /*prefix_lookup=*/!r->params.embedding.enabled);
+  sched->add(seq, r->params.prompt_ids, r->params.priority, /*prefix_lookup=*/!r->params.embedding.enabled,
+             lora_prefix_root(r->params.lora));
   requests[r->id] = std::move(r);
 }
 
@@ -368,6 +395,8 @@ bool Engine::Impl::run_step() {
     if (hidden_off[i] >= 0) sb.hidden = hidden.data() + hidden_off[i] * n_embd;
     sb.slots = std::span<const int32_t>(slot_buf.data() + slot_off[i], slot_off[i + 1] - slot_off[i]);
     sb.all_logits = false;
+    const LoraSet& lora = by_seq.at(e.id)->req->params.lora;
+    sb.lora = lora.empty() ? nullptr : &lora;
     batch.push_back(sb);
   }
   const size_t need = size_t(n_logit_rows(batch)) * size_t(n_vocab);
@@ -757,5 +786,10 @@ int64_t Engine::n_ctx() const { return impl_->n_ctx; }
 const Tokenizer& Engine::tokenizer() const { return *impl_->tok; }
 int64_t Engine::n_embd() const { return impl_->model->hparams().n_embd; }
 Pooling Engine::default_pooling() const { return model_pooling(impl_->model->hparams()); }
+
+void Engine::check_lora(const LoraAdapter& adapter) const {
+  adapter.check_base(*impl_->file);
+  impl_->model->check_lora(adapter);
+}
 
 }  // namespace tern

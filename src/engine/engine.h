@@ -88,6 +88,11 @@ struct RequestParams {
   // enabled: an embedding request (max_tokens, sampling, stop, n_logprobs are not used; n must
   // be 1, no constraint; the prompt may fill the whole context).
   EmbeddingParams embedding;
+  // LoRA adapters this request runs with (empty: the base model). One step serves requests
+  // with different adapters together; a request's prefix-cache blocks are shared only with
+  // requests running the same adapters at the same scales. Holding the set keeps the adapters
+  // loaded until the request ends.
+  LoraSet lora;
 };
 
 struct GeneratedToken {
@@ -160,6 +165,8 @@ class Engine {
   const Tokenizer& tokenizer() const;
   int64_t n_embd() const;             // length of an embedding request's vector
   Pooling default_pooling() const;    // what Pooling::Model means for this model (model_pooling)
+  // Throws tern::Error naming the adapter and tensor when `adapter` does not fit this model.
+  void check_lora(const LoraAdapter& adapter) const;
 
  private:
   struct Impl;

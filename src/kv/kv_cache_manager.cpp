@@ -18,7 +18,7 @@ int64_t KvCacheManager::match_prefix(BlockTable& t, std::span<const int32_t> tok
   const int64_t bs = block_size();
   // Leave the last token to compute: its logits are needed, and a block is never written twice.
   const int64_t max_blocks = (int64_t(tokens.size()) - 1) / bs;
-  uint64_t parent = kRootBlockKey;
+  uint64_t parent = t.root_key;
   int64_t n = 0;
   for (; n < max_blocks; ++n) {
     const auto toks = tokens.subspan(size_t(n * bs), size_t(bs));
@@ -123,7 +123,7 @@ void KvCacheManager::free(BlockTable& t) {
     if (pool_.ref_count(b) == 1) std::erase_if(copies_, [b](const BlockCopy& c) { return c.dst == b; });
     pool_.release(b);
   }
-  t = BlockTable{};
+  t = BlockTable::with_root(t.root_key);
 }
 
 void KvCacheManager::slots(const BlockTable& t, int64_t n, std::vector<int32_t>& out) const {

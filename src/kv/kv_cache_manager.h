@@ -29,7 +29,16 @@ struct BlockTable {
   int64_t n_computed = 0;             // positions whose K/V are in the cache (committed)
   int64_t n_reserved = 0;             // positions with a slot (>= n_computed)
   int64_t n_hashed = 0;               // leading full blocks whose key is known (published or not)
-  uint64_t last_key = kRootBlockKey;  // key of block n_hashed - 1 (root when none)
+  uint64_t last_key = kRootBlockKey;  // key of block n_hashed - 1 (root_key when none)
+  // The prefix cache's namespace: blocks chain from this key, so tables with different roots
+  // (sequences running different LoRA adapters: same tokens, other K/V) never share a block.
+  // Set before the first match_prefix / commit (BlockTable::with_root); kept by free().
+  uint64_t root_key = kRootBlockKey;
+  static BlockTable with_root(uint64_t root) {
+    BlockTable t;
+    t.last_key = t.root_key = root;
+    return t;
+  }
 };
 
 // A K/V copy the engine must do before the next forward: the first n_tokens slots of block

@@ -24,6 +24,7 @@
 #include "core/huge_buffer.h"
 #include "core/path_chooser.h"
 #include "models/linear.h"
+#include "models/lora_step.h"
 #include "models/model.h"
 #include "models/registry.h"
 #include "models/tensor_names.h"
@@ -112,6 +113,15 @@ class DecoderModel final : public Model {
     }
     stream(output_);
     phased_ = is_phased_capable();
+    number_lora_targets();
+  }
+
+  void check_lora(const LoraAdapter& adapter) const override {
+    const std::vector<std::string> missing = lora_.unapplied(adapter);
+    if (!missing.empty())
+      fail(adapter.path(), ": adapts ", missing.front(), (missing.size() > 1 ? str_cat(" (and ", missing.size() - 1, " more)") : ""),
+           ", to which tern applies no adapter (LoRA applies to attention, FFN, shared-expert, router, output and "
+           "token-embedding matrices; not to the 3-D expert tensors or a tied output)");
   }
 
   void reserve(int64_t n_tokens) override {
@@ -156,6 +166,8 @@ class DecoderModel final : public Model {
  private:
   // Binds every tensor the spec asks for (the loader checks names, shapes and types).
   void bind_weights(WeightLoader& ld);
+  // Gives every linear an adapters may apply to its LoraTarget id (and token_embd one).
+  void number_lora_targets();
   Linear linear(WeightLoader& ld, Tensor t, int64_t il, int64_t n_in, int64_t n_out, bool bias_required,
                 bool bias_optional) {
     Linear l;
@@ -230,7 +242,51 @@ class DecoderModel final : public Model {
   int small_path_forced_ = small_path_from_env();  // -1: choose by timing
   ThreadPool serial_{1};               // no threads: runs on the caller
   std::vector<int32_t> phase_units_;   // units per phase of the current pass
+  LoraStep lora_;                      // this step's adapters, per linear
+  int32_t embd_lora_id_ = -1;          // token_embd's LoraTarget id
+  LinearHooks hooks_;                  // observer_ and (when a token runs an adapter) &lora_
 };
+
+void DecoderModel::number_lora_targets() {
+  std::vector<LoraTarget> targets;
+  const auto add = [&](Linear& l) {
+    if (!l.present()) return;
+    l.lora_id = int32_t(targets.size());
+    targets.push_back(LoraTarget{l.name, l.row0, l.w.n_in, l.w.n_out});
+  };
+  for (LayerWeights& L : layers_) {
+    for (Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) add(*l);
+    if (L.moe) {
+      // Routed experts are 3-D tensors (one LoRA pair per matrix, not per expert): not adapted.
+      for (Linear* l : {&L.moe->router, &L.moe->sh_gate, &L.moe->sh_up, &L.moe->sh_down}) add(*l);
+    }
+  }
+  // A tied output is token_embd itself, whose pairs have the embedding layout: not adapted.
+  if (output_.name != tensor_name(Tensor::TokenEmbd)) add(output_);
+  embd_lora_id_ = int32_t(targets.size());
+  targets.push_back(LoraTarget{tensor_name(Tensor::TokenEmbd), 0, hp_.n_embd, hp_.n_vocab});
+  lora_.set_targets(std::move(targets));
+}
+
+// Adds each token's embedding update: scale * B A[token] (llama.cpp's token_embd layout:
+// A [n_vocab][rank], B [n_embd][rank]).
+static void add_embedding_lora(std::span<const LoraGroup> groups, std::span<const SeqBatch> seqs, float* x, int64_t E) {
+  std::vector<int32_t> ids;
+  for (const auto& s : seqs) ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
+  for (const LoraGroup& g : groups) {
+    const LoraPair& p = *g.pair;
+    for (int64_t t = g.t0; t < g.t0 + g.n; ++t) {
+      const float* a = p.a.data() + int64_t(ids[size_t(t)]) * p.rank;
+      float* xt = x + t * E;
+      for (int64_t e = 0; e < E; ++e) {
+        const float* b = p.b.data() + e * p.rank;
+        float d = 0.0f;
+        for (int64_t k = 0; k < p.rank; ++k) d += b[k] * a[k];
+        xt[e] += g.scale * d;
+      }
+    }
+  }
+}
 
 void DecoderModel::bind_weights(WeightLoader& ld) {
   const int64_t E = hp_.n_embd, V = hp_.n_vocab, hd = hp_.head_dim;
@@ -257,8 +313,8 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
       const std::string n = tensor_name(Tensor::AttnQkv, il);
       const int64_t rows = Eq + 2 * Ekv;
       L.q = Linear{n, ld.matmul(n, E, Eq, 0, rows)};
-      L.k = Linear{n, ld.matmul(n, E, Ekv, Eq, rows), nullptr, false};
-      L.v = Linear{n, ld.matmul(n, E, Ekv, Eq + Ekv, rows), nullptr, false};
+      L.k = Linear{n, ld.matmul(n, E, Ekv, Eq, rows), nullptr, false, Eq};
+      L.v = Linear{n, ld.matmul(n, E, Ekv, Eq + Ekv, rows), nullptr, false, Eq + Ekv};
     } else {
       L.q = linear(ld, Tensor::AttnQ, il, E, Eq, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
       L.k = linear(ld, Tensor::AttnK, il, E, Ekv, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
@@ -302,7 +358,7 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
     } else if (spec_.fused_gate_up && !ld.has(tensor_name(Tensor::FfnGate, il))) {
       const std::string n = tensor_name(Tensor::FfnUp, il);
       L.gate = Linear{n, ld.matmul(n, E, L.n_ff, 0, 2 * L.n_ff)};
-      L.up = Linear{n, ld.matmul(n, E, L.n_ff, L.n_ff, 2 * L.n_ff), nullptr, false};
+      L.up = Linear{n, ld.matmul(n, E, L.n_ff, L.n_ff, 2 * L.n_ff), nullptr, false, L.n_ff};
       L.down = linear(ld, Tensor::FfnDown, il, L.n_ff, E, false, false);
     } else {
       L.gate = linear(ld, Tensor::FfnGate, il, E, L.n_ff, false, any_bias_optional);
@@ -370,10 +426,15 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
         const int32_t id = s.tokens[i];
         TERN_ASSERT_MSG(id >= 0 && id < V, "token id out of range");
         dequantize_row(tok_embd_, id, x_.data() + t * E);
-        if (hp_.embd_scale != 0.0f)
-          for (int64_t e = 0; e < E; ++e) x_[size_t(t * E + e)] *= hp_.embd_scale;
         positions_[size_t(t)] = int32_t(s.n_past + int64_t(i));
       }
+    // The step's adapters; a token_embd update goes into the looked-up rows before Gemma's
+    // scaling (as llama.cpp adds it, so a merged embedding matrix gives the same rows).
+    const bool adapted = lora_.begin(seqs);
+    hooks_ = LinearHooks{observer_, adapted ? &lora_ : nullptr};
+    if (adapted) add_embedding_lora(lora_.groups(embd_lora_id_), seqs, x_.data(), E);
+    if (hp_.embd_scale != 0.0f)
+      for (int64_t i = 0; i < T * E; ++i) x_[size_t(i)] *= hp_.embd_scale;
     // The rotations depend on the position only: tabulated once, not per head and layer.
     rope_table_ext(positions_.data(), T, rope_params(false), rope_cs_.data());
     if (has_swa_rope()) rope_table_ext(positions_.data(), T, rope_params(true), rope_cs_swa_.data());
@@ -396,7 +457,7 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
   if (pool.size() > 1 && !observer_ && T <= kSpmdMaxTokens && E <= kSpmdMaxEmbd) {
     const int path = small_path_forced_ >= 0 ? small_path_forced_ : spmd_chooser_.pick(attended);
     const auto t0 = std::chrono::steady_clock::now();
-    if (path == 1 && phased_) {
+    if (path == 1 && phased_ && !hooks_.lora) {  // (the phased units have no LoRA epilogue)
       forward_spmd(seqs, kv, T, logits, pool);
       spmd_chooser_.record(1, seconds_per_token(t0));
       return;
@@ -436,7 +497,7 @@ void DecoderModel::forward_output(std::span<const SeqBatch> seqs, float* logits,
   // Final norm and output projection only for the rows that need logits.
   const int64_t rows = gather_output_rows(seqs, out_rows_.data());
   rms_norm(out_rows_.data(), output_norm_, out_rows_.data(), rows, E, hp_.rms_eps, pool);
-  apply_linear(output_, out_rows_.data(), E, rows, logits, V, pool, observer_);
+  apply_linear(output_, out_rows_.data(), E, rows, logits, V, pool, hooks_);
   if (hp_.final_softcap > 0.0f) softcap_inplace(logits, rows * V, hp_.final_softcap);
 }
 
@@ -496,7 +557,7 @@ void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, K
   float* const ys[] = {q_.data(), k_.data(), v_.data()};
   const int64_t lds[] = {Eq, Ekv, Ekv};
   apply_linears_shared(qkv, ys, lds, x_.data(), E, T, pool, RowsDone{qkv_rows_done, this, false},
-                       InputRmsNorm{L.attn_norm, hp_.rms_eps, xn_.data()}, observer_);
+                       InputRmsNorm{L.attn_norm, hp_.rms_eps, xn_.data()}, hooks_);
   // What the epilogue could not do: q/k head norms before RoPE, and the NeoX layout (its pairs
   // span a head, not a chunk's rows).
   if (L.q_norm) {
@@ -533,7 +594,7 @@ void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, K
     t += n;
   }
   attention(attn_args_, pool);
-  apply_linear(L.o, attn_.data(), Eq, T, xn_.data(), E, pool, observer_);
+  apply_linear(L.o, attn_.data(), Eq, T, xn_.data(), E, pool, hooks_);
   if (L.attn_post_norm) rms_norm(xn_.data(), L.attn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
   add_inplace(x_.data(), xn_.data(), T * E);
 }
@@ -555,8 +616,8 @@ void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
   float* const ys[] = {gate_.data(), up_.data()};
   const int64_t lds[] = {F, F};
   apply_linears_shared(gu, ys, lds, x_.data(), E, T, pool, RowsDone{act_rows_done, &act, true},
-                       InputRmsNorm{L.ffn_norm, hp_.rms_eps, xn_.data()}, observer_);
-  apply_linear(L.down, gate_.data(), F, T, xn_.data(), E, pool, observer_);
+                       InputRmsNorm{L.ffn_norm, hp_.rms_eps, xn_.data()}, hooks_);
+  apply_linear(L.down, gate_.data(), F, T, xn_.data(), E, pool, hooks_);
   if (L.ffn_post_norm) rms_norm(xn_.data(), L.ffn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
   add_inplace(x_.data(), xn_.data(), T * E);
 }
@@ -569,7 +630,7 @@ void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
 void DecoderModel::moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool) {
   const Experts& X = *L.moe;
   const int64_t E = hp_.n_embd, NE = hp_.n_expert, K = hp_.n_expert_used;
-  apply_linear(X.router, xn_.data(), E, T, router_.data(), NE, pool, observer_);
+  apply_linear(X.router, xn_.data(), E, T, router_.data(), NE, pool, hooks_);
   std::vector<int32_t> order(static_cast<size_t>(NE));
   for (int64_t t = 0; t < T; ++t) {
     float* p = router_.data() + t * NE;
@@ -621,8 +682,8 @@ void DecoderModel::experts_over_tokens(const Experts& X, int64_t T, ThreadPool& 
     float* const ys[] = {moe_gate_.data(), moe_up_.data()};
     const int64_t lds[] = {F, F};
     apply_linears_shared(gu, ys, lds, moe_x_.data(), E, n, pool, RowsDone{act_rows_done, &act, true}, InputRmsNorm{},
-                         observer_);
-    apply_linear(X.down[size_t(e)], moe_gate_.data(), F, n, moe_y_.data(), E, pool, observer_);
+                         hooks_);
+    apply_linear(X.down[size_t(e)], moe_gate_.data(), F, n, moe_y_.data(), E, pool, hooks_);
     for (int64_t r = 0; r < n; ++r) {
       float* out = moe_out_.data() + rows[size_t(r)] * E;
       const float* y = moe_y_.data() + r * E;
@@ -642,8 +703,8 @@ void DecoderModel::shared_expert(const Experts& X, int64_t T, ThreadPool& pool) 
     float* const ys[] = {gate_.data(), up_.data()};
     const int64_t lds[] = {S, S};
     apply_linears_shared(gu, ys, lds, xn_.data(), E, T, pool, RowsDone{act_rows_done, &act, true}, InputRmsNorm{},
-                         observer_);
-    apply_linear(X.sh_down, gate_.data(), S, T, moe_y_.data(), E, pool, observer_);
+                         hooks_);
+    apply_linear(X.sh_down, gate_.data(), S, T, moe_y_.data(), E, pool, hooks_);
     for (int64_t t = 0; t < T; ++t) {
       const float* xt = xn_.data() + t * E;
       float dot = 0.0f;

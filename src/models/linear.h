@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/matmul.h"
+#include "models/lora_step.h"
 #include "models/model.h"
 
 namespace tern {
@@ -17,17 +18,29 @@ struct Linear {
   WeightView w;                 // [n_in -> n_out]
   const float* bias = nullptr;  // [n_out] or nullptr
   bool observed = true;         // shown to a ForwardObserver (not: the parts of a fused tensor after its first)
+  int64_t row0 = 0;             // first row of `name` this linear computes (fused tensors' parts)
+  int32_t lora_id = -1;         // its LoraTarget id (LoraStep), -1: adapters never apply
   bool present() const { return w.data != nullptr; }
 };
 
-// y = x W^T (+ bias).   x: [n_tokens][ldx] (n_in used), y: [n_tokens][ldy] (n_out written)
+// What watches or changes a step's linear layers besides the weights: the calibration observer
+// and the step's LoRA adapters (nullptr when no token of the step runs one).
+struct LinearHooks {
+  ForwardObserver* observer = nullptr;
+  LoraStep* lora = nullptr;
+};
+
+// y = x W^T (+ the step's LoRA updates) (+ bias).
+//   x: [n_tokens][ldx] (n_in used), y: [n_tokens][ldy] (n_out written)
 void apply_linear(const Linear& l, const float* x, int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
-                  ThreadPool& pool, ForwardObserver* observer);
+                  ThreadPool& pool, const LinearHooks& hooks);
 // Several linears over one input (matmul_shared_input: the input quantized once, one pool region,
 // with its fused RMSNorm prologue and row epilogue); biases are for the epilogue to add. The
-// observer sees the (normalised) input once per observed linear, after the call.
+// observer sees the (normalised) input once per observed linear, after the call. LoRA updates
+// are added to each chunk of rows before `done` sees it (so before biases, RoPE, SwiGLU); with
+// adapters the norm runs before the matmul instead of in its prologue (the same bits).
 void apply_linears_shared(std::span<const Linear* const> ls, std::span<float* const> ys, std::span<const int64_t> ldys,
                           const float* x, int64_t ldx, int64_t n_tokens, ThreadPool& pool, const RowsDone& done,
-                          const InputRmsNorm& norm, ForwardObserver* observer);
+                          const InputRmsNorm& norm, const LinearHooks& hooks);
 
 }  // namespace tern

@@ -15,6 +15,7 @@
 #include "gguf/gguf.h"
 #include "kernels/matmul.h"
 #include "models/hparams.h"
+#include "models/lora.h"
 #include "ops/attention_iface.h"
 
 namespace tern {
@@ -75,6 +76,9 @@ struct SeqBatch {
   // embeddings of a decoder model are; logits = softcap(hidden x output^T)). Besides the
   // logits, which are computed as usual; written on every forward path, the same bits on each.
   float* hidden = nullptr;
+  // The adapters this sequence runs with (nullptr or empty: the base model). Not owned; checked
+  // against the model by Model::check_lora before use.
+  const LoraSet* lora = nullptr;
 };
 
 // Rows of logits a step produces: sum over seqs of (all_logits ? n_tokens : 1).
@@ -102,6 +106,9 @@ class Model {
   virtual int64_t max_step_tokens() const = 0;
   // Installs (or clears, with nullptr) an observer of linear-layer inputs. Not owned.
   void set_observer(ForwardObserver* observer) { observer_ = observer; }
+  // Throws tern::Error naming the adapter and tensor when `adapter` has a pair this model does
+  // not apply (LoraAdapter::check_base checks shapes against the file first).
+  virtual void check_lora(const LoraAdapter& adapter) const = 0;
 
  protected:
   HParams hp_;

@@ -40,12 +40,23 @@ const float* Session::eval(std::span<const int32_t> tokens, bool all_logits) {
     sb.tokens = tokens.subspan(size_t(i), size_t(m));
     sb.slots = std::span<const int32_t>(slots_.data(), size_t(past + m));
     sb.all_logits = all_logits;
+    sb.lora = lora_.empty() ? nullptr : &lora_;
     float* out = all_logits ? logits_.data() + i * V : logits_.data();
     model_->forward(std::span<const SeqBatch>(&sb, 1), *kv_, out, pool_);
     tokens_.insert(tokens_.end(), sb.tokens.begin(), sb.tokens.end());
     if (m >= 2 && n_batched_ == past) n_batched_ = past + m;
   }
   return logits_.data();
+}
+
+void Session::set_lora(LoraSet lora) {
+  for (const LoraUse& use : lora) {
+    TERN_ASSERT(use.adapter);
+    use.adapter->check_base(*file_);
+    model_->check_lora(*use.adapter);
+  }
+  lora_ = std::move(lora);
+  reset();
 }
 
 void Session::truncate(int64_t n) {

@@ -29,6 +29,11 @@ class Session {
   // Throws tern::Error when the sequence would exceed n_ctx.
   const float* eval(std::span<const int32_t> tokens, bool all_logits = false);
   void reset() { truncate(0); }
+  // Runs every later eval() with these adapters (empty: the base model), each checked against
+  // the model first (tern::Error naming the adapter file and tensor). The cache holds K/V of
+  // the old adapters, so the sequence is reset.
+  void set_lora(LoraSet lora);
+  const LoraSet& lora() const { return lora_; }
   // Keeps the first n tokens' K/V and forgets the rest (n >= n_past: nothing changes); the next
   // eval() continues at position n, as a conversation that reuses its common prefix does.
   void truncate(int64_t n);
@@ -60,6 +65,7 @@ class Session {
   std::vector<float> logits_;    // [n_batch, n_vocab] or [n_tokens, n_vocab] with all_logits
   std::vector<int32_t> tokens_;  // [n_past] the tokens in the cache
   int64_t n_batched_ = 0;
+  LoraSet lora_;                 // the adapters every forward runs with
 };
 
 }  // namespace tern

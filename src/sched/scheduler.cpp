@@ -39,7 +39,8 @@ void Scheduler::erase_from(std::vector<Seq*>& v, Seq* s) {
   v.erase(it);
 }
 
-void Scheduler::add(SeqId id, std::span<const int32_t> prompt, int priority, bool prefix_lookup) {
+void Scheduler::add(SeqId id, std::span<const int32_t> prompt, int priority, bool prefix_lookup,
+                    uint64_t prefix_root) {
   TERN_ASSERT(!prompt.empty());
   TERN_ASSERT_MSG(!seqs_.count(id), "sequence id already in use");
   TERN_ASSERT(!planned_);
@@ -47,6 +48,7 @@ void Scheduler::add(SeqId id, std::span<const int32_t> prompt, int priority, boo
   s.id = id;
   s.priority = priority;
   s.prefix_lookup = prefix_lookup;
+  s.table = BlockTable::with_root(prefix_root);
   s.order = next_order_++;
   s.tokens.assign(prompt.begin(), prompt.end());
   insert_sorted(waiting_, &s);

@@ -58,8 +58,10 @@ class Scheduler {
   // A new waiting sequence with its prompt (not empty). priority: lower runs first.
   // prefix_lookup false: the sequence never starts from cached blocks (it computes its whole
   // prompt, e.g. an embedding request, which needs every position's hidden state); its own full
-  // blocks are still published for others.
-  void add(SeqId id, std::span<const int32_t> prompt, int priority = 0, bool prefix_lookup = true);
+  // blocks are still published for others. prefix_root: the prefix cache's namespace of its
+  // blocks (BlockTable::root_key; a LoRA adapter's requests share blocks only among themselves).
+  void add(SeqId id, std::span<const int32_t> prompt, int priority = 0, bool prefix_lookup = true,
+           uint64_t prefix_root = kRootBlockKey);
   // child starts running right away with the tokens and (shared) blocks of parent, which must
   // be running with nothing left to compute: the n completions of one prompt.
   void fork(SeqId parent, SeqId child);

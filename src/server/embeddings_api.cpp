@@ -240,6 +240,7 @@ EmbeddingsResult serve_embeddings(std::string_view body, Backend& backend, const
     RequestParams p;
     p.prompt_ids = std::move(prompts[i]);
     p.embedding.enabled = true;
+    p.lora = opt.lora;
     std::weak_ptr<DoneMailbox> weak = mailbox;
     uint64_t id = 0;
     try {

@@ -76,6 +76,7 @@ struct EmbeddingsOptions {
   // Polled while waiting (every 50 ms): nullptr to go on, or why to stop: "disconnected"
   // (result 499, nobody reads it) or anything else, e.g. "shutdown" (503).
   std::function<const char*()> interrupted;
+  LoraSet lora;  // the adapters the inputs run with (a LoRA adapter named as the model)
 };
 
 struct EmbeddingsResult {

@@ -53,6 +53,7 @@ struct ModelEntry {
   std::string digest;
   std::string error;                   // non-empty: unusable, and why (not a GGUF, unknown architecture, ...)
   ModelDefaults defaults;
+  std::string parent;                  // a LoRA adapter served as a model: the model it runs on
 
   bool usable() const { return error.empty(); }
 };

@@ -8,6 +8,9 @@
 // written or its stream ends: while any ModelRef to a model lives, that model is not unloaded.
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,7 +32,7 @@ struct ServedModel {
   Backend* backend = nullptr;       // the engine (or a test's fake)
   ChatTemplate chat_template;
   std::string system_fingerprint;   // OpenAI's; "" leaves it out
-  std::unique_ptr<StructuredOutput> structured;  // grammars of constrained answers, for this tokenizer
+  std::shared_ptr<StructuredOutput> structured;  // grammars of constrained answers, for this tokenizer
   // models.json's defaults (multi-model): Ollama options and a system prompt applied where a
   // request sets none.
   nlohmann::json default_options = nlohmann::json::object();
@@ -37,6 +40,9 @@ struct ServedModel {
   ModelEntry entry;                 // the catalog's facts (name, file, details for /api/tags, /api/show)
   nlohmann::json metadata = nlohmann::json::object();  // scalar GGUF header keys (for /api/show)
   int64_t bytes = 0;                // weights + KV + buffers it holds (for /api/ps)
+  // A LoRA adapter served as a model (vLLM's convention: the request's `model` names the
+  // adapter): the adapters its requests run with on `backend`, the base's engine. Empty: the base.
+  LoraSet lora;
 };
 
 // Holding one keeps the model loaded; the last copy's end releases it.
@@ -98,6 +104,14 @@ class ModelProvider {
   virtual int64_t n_ctx_of(const std::string& name) const = 0;
   // Unloads models whose keep_alive ran out. The server calls it about once a second.
   virtual void collect() {}
+
+  // LoRA adapters served as models of their own, added and removed at run time
+  // (/v1/load_lora_adapter, /v1/unload_lora_adapter). add_adapter throws ApiError 400 for a name
+  // in use or an adapter that does not fit the model, 501 where the provider serves none.
+  // remove_adapter returns the adapter's model, which requests may still hold (the caller waits
+  // for them), or throws ApiError 404 for a name that is no adapter.
+  virtual void add_adapter(const std::string& name, std::shared_ptr<const LoraAdapter> adapter, float scale);
+  virtual ModelRef remove_adapter(const std::string& name);
 };
 
 // One model, always loaded (the Backend's owner keeps it alive). Without `strict_names`, a
@@ -106,6 +120,12 @@ class ModelProvider {
 class SingleModelProvider final : public ModelProvider {
  public:
   SingleModelProvider(std::shared_ptr<ServedModel> model, std::vector<std::string> other_names, bool strict_names);
+  // Serves adapters beside the model (`tern serve -m BASE --lora NAME=FILE`): `check` throws
+  // tern::Error when an adapter does not fit the model (Engine::check_lora). With adapters,
+  // names are strict: an unknown name is 404, never the base.
+  void enable_adapters(std::function<void(const LoraAdapter&)> check);
+  void add_adapter(const std::string& name, std::shared_ptr<const LoraAdapter> adapter, float scale) override;
+  ModelRef remove_adapter(const std::string& name) override;
 
   Acquired acquire(const std::string& name, std::optional<double> keep_alive_s) override;
   bool serves(const std::string& name) const override;
@@ -117,9 +137,14 @@ class SingleModelProvider final : public ModelProvider {
   int64_t n_ctx_of(const std::string&) const override;
 
  private:
+  ModelRef adapter(const std::string& name) const;  // nullptr: not an adapter's name
+
   std::shared_ptr<ServedModel> model_;
   std::vector<std::string> other_names_;
   bool strict_names_;
+  std::function<void(const LoraAdapter&)> check_adapter_;  // set: adapters are served
+  mutable std::mutex adapters_mu_;
+  std::map<std::string, std::shared_ptr<const ServedModel>> adapters_;  // by name
 };
 
 }  // namespace tern::server

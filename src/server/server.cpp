@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -70,7 +72,8 @@ std::string endpoint_label(const std::string& path) {
   static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
                                 "/health",          "/metrics",             "/tokenize",      "/detokenize",
                                 "/api/chat",        "/api/generate",        "/api/embed",     "/api/embeddings",
-                                "/api/tags",        "/api/ps",              "/api/show",      "/api/version"};
+                                "/api/tags",        "/api/ps",              "/api/show",      "/api/version",
+                                "/v1/load_lora_adapter", "/v1/unload_lora_adapter"};
   for (const char* k : known)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -476,6 +479,7 @@ struct Server::Impl {
       params.priority = r.priority;
       params.n = r.n;
       params.constraint = constraint;
+      params.lora = m.lora;
       std::weak_ptr<EventMailbox> weak = job->mailbox;
       const int prompt_index = int(i);
       uint64_t id = 0;
@@ -777,6 +781,7 @@ struct Server::Impl {
     EmbeddingsOptions o;
     if (!model.model) model = provider.acquire(parse_embeddings_request(body, o.limits).model);
     o.model_name = model.model->id;
+    o.lora = model.model->lora;
     o.timeout = std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
     o.interrupted = [this, &hreq]() -> const char* {
       if (abort_all.load()) return "shutdown";
@@ -808,8 +813,61 @@ struct Server::Impl {
   }
 
   json model_object(const ModelEntry& e) const {
-    return {{"id", e.name}, {"object", "model"}, {"created", started}, {"owned_by", "tern"},
-            {"max_model_len", provider.n_ctx_of(e.name)}};
+    json o = {{"id", e.name}, {"object", "model"}, {"created", started}, {"owned_by", "tern"},
+              {"max_model_len", provider.n_ctx_of(e.name)}};
+    if (!e.parent.empty()) {  // a LoRA adapter, as vLLM lists one: its file and its base
+      o["root"] = e.path.string();
+      o["parent"] = e.parent;
+    }
+    return o;
+  }
+
+  // POST /v1/load_lora_adapter {"lora_name", "lora_path"[, "scale"]} and
+  // /v1/unload_lora_adapter {"lora_name"} (vLLM's names and bodies; plain-text success answers
+  // as vLLM's). Unloading answers once the requests running the adapter have finished.
+  void handle_lora_update(const HttpRequest& req, HttpResponse& res, bool load) {
+    if (!cfg.allow_lora_updates) {
+      set_error(res, 403, "Runtime LoRA updates are off on this server (start it with --allow-lora-updates).");
+      return;
+    }
+    const json body = json::parse(req.body, nullptr, false);
+    if (!body.is_object()) {
+      set_error(res, 400, "The body must be a JSON object.");
+      return;
+    }
+    const auto text_field = [&](const char* key) -> std::string {
+      const auto it = body.find(key);
+      if (it == body.end() || !it->is_string() || it->get<std::string>().empty())
+        throw ApiError(400, "invalid_request_error", key, "", str_cat("`", key, "` must be a non-empty string."));
+      return it->get<std::string>();
+    };
+    const std::string name = text_field("lora_name");
+    if (load) {
+      const std::string path = text_field("lora_path");
+      float scale = 1.0f;
+      if (const auto it = body.find("scale"); it != body.end()) {
+        if (!it->is_number() || !std::isfinite(it->get<double>()))
+          throw ApiError(400, "invalid_request_error", "scale", "", "`scale` must be a finite number.");
+        scale = it->get<float>();
+      }
+      std::shared_ptr<const LoraAdapter> adapter;
+      try {
+        adapter = LoraAdapter::load(path);
+      } catch (const Error& e) {
+        throw ApiError(400, "invalid_request_error", "lora_path", "", e.what());
+      }
+      provider.add_adapter(name, std::move(adapter), scale);
+      res.status = 200;
+      res.set_content(str_cat("Success: LoRA adapter '", name, "' added successfully."), "text/plain; charset=utf-8");
+      return;
+    }
+    std::weak_ptr<const ServedModel> gone = provider.remove_adapter(name);
+    // Requests already running keep the adapter (their ModelRef); wait for the last of them.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.request_timeout_s);
+    while (!gone.expired() && std::chrono::steady_clock::now() < deadline && !abort_all.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    res.status = 200;
+    res.set_content(str_cat("Success: LoRA adapter '", name, "' removed successfully."), "text/plain; charset=utf-8");
   }
 
   std::vector<ModelGauges> model_gauges() const {
@@ -1328,6 +1386,10 @@ struct Server::Impl {
       http.route("POST", path,
                  guard([this](HttpRequest& req, HttpResponse& res) { handle_embeddings(req, res); }));
     http.route("GET", "/v1/models", guard([this](HttpRequest& req, HttpResponse& res) { handle_models(req, res); }));
+    http.route("POST", "/v1/load_lora_adapter",
+               guard([this](HttpRequest& req, HttpResponse& res) { handle_lora_update(req, res, true); }));
+    http.route("POST", "/v1/unload_lora_adapter",
+               guard([this](HttpRequest& req, HttpResponse& res) { handle_lora_update(req, res, false); }));
     http.route_prefix("GET", "/v1/models/",
                       guard([this](HttpRequest& req, HttpResponse& res) { handle_models(req, res); }));
     // Health and metrics run on the HTTP layer's own threads: they answer while every worker

@@ -67,6 +67,10 @@ struct ServerConfig {
   int retry_after_s = 1;                // Retry-After of 429/503 answers
   bool log_requests = false;            // one stderr line per request (errors are always logged)
   std::string version = "0.1.0";        // GET /api/version
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's runtime LoRA updates; the
+  // provider must serve adapters): off unless set (--allow-lora-updates), as a request names a
+  // file on the server's disk.
+  bool allow_lora_updates = false;
 };
 
 class Server {

@@ -213,7 +213,9 @@ class Chat {
     cfg.n_threads = margs.threads;
     cfg.n_batch = margs.batch;
     cfg.kv_type = req.kv_type;
+    LoraSet lora = load_lora_args(margs.lora, *file_);
     seq_ = std::make_unique<Session>(file_, cfg);
+    if (!lora.empty()) seq_->set_lora(std::move(lora));
     if (tok_->n_vocab() > seq_->hparams().n_vocab)
       fail(margs.model, ": the tokenizer has ", tok_->n_vocab(), " tokens but the model's embedding only ",
            seq_->hparams().n_vocab);

@@ -111,6 +111,14 @@ int cmd_bench_serve(int argc, char** argv) {
   std::string save_prompts;
   app.add_option("--save-prompts", save_prompts, "write the prompts' token ids as JSON (to replay them on a peer engine)");
   app.add_flag("--json", json, "print one JSON object instead of the report");
+  std::vector<std::string> lora_files;
+  std::string lora_random;
+  bool lora_with_base = false;
+  app.add_option("--lora", lora_files,
+                 "LoRA adapter FILE[:SCALE]; repeatable: request i runs adapter i mod N (multi-LoRA batching)");
+  app.add_option("--lora-random", lora_random,
+                 "N:RANK: N random adapters of rank RANK on every attention and FFN matrix (seeded), as --lora");
+  app.add_flag("--lora-with-base", lora_with_base, "the base model takes a turn in the round robin too");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   (void)active_isa();  // a bad TERN_FORCE_ISA is a usage error, before loading anything
   ecfg.kv_memory_bytes = kv_memory.empty() ? 0 : parse_memory_size(kv_memory);
@@ -131,6 +139,29 @@ int cmd_bench_serve(int argc, char** argv) {
   ecfg.n_ctx = plan_model_context(*file, ctx_req, app.get_name(), ctx_opt->count() > 0).n_ctx;
   Engine engine(file, tok, ecfg);
   const int64_t n_ctx = engine.n_ctx();
+  // The adapters requests rotate over (empty set: the base model's turn).
+  std::vector<LoraSet> lora_sets;
+  for (LoraUse& u : load_lora_args(lora_files, *file)) lora_sets.push_back({std::move(u)});
+  if (!lora_random.empty()) {
+    const size_t colon = lora_random.find(':');
+    int64_t n_random = 0, rank = 0;
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      n_random = std::stoll(lora_random.substr(0, colon));
+      rank = std::stoll(lora_random.substr(colon + 1));
+    } catch (const std::exception&) {
+      fail("--lora-random ", lora_random, ": expected N:RANK, e.g. 4:8");
+    }
+    if (n_random < 1 || n_random > 1024 || rank < 1 || rank > 4096)
+      fail("--lora-random ", lora_random, ": N must be in [1, 1024] and RANK in [1, 4096]");
+    for (int64_t a = 0; a < n_random; ++a)
+      lora_sets.push_back({LoraUse{LoraAdapter::from_pairs(str_cat("random-", a), file->get_string("general.architecture"),
+                                                           float(rank),
+                                                           LoraAdapter::random_pairs(*file, rank, uint64_t(seed) + uint64_t(a))),
+                                   1.0f}});
+  }
+  for (const LoraSet& s : lora_sets) engine.check_lora(*s[0].adapter);
+  if (lora_with_base && !lora_sets.empty()) lora_sets.push_back({});
   if (max_tokens >= n_ctx) fail("--max-tokens ", max_tokens, " leaves no room for a prompt in a context of ", n_ctx);
   const int64_t prompt_cap = std::min(max_prompt_tokens > 0 ? max_prompt_tokens : n_ctx, n_ctx - max_tokens);
 
@@ -177,6 +208,7 @@ int cmd_bench_serve(int argc, char** argv) {
     p.ignore_eos = !ignore_eos_off;
     return p;
   };
+  const auto lora_of = [&](size_t i) { return lora_sets.empty() ? LoraSet{} : lora_sets[i % lora_sets.size()]; };
 
   // Warm-up: page the weights in and size every buffer before the clock starts.
   std::mt19937_64 warm_rng(uint64_t(seed) ^ 0x5741524Dull);  // its own tokens: no prefix hits later
@@ -213,8 +245,10 @@ int cmd_bench_serve(int argc, char** argv) {
            (request_rate <= 0 || arrival_s[size_t(next)] <= elapsed_s)) {
       const size_t i = size_t(next);
       records[i].n_prompt = int64_t(prompts[i].size());
+      RequestParams params = make_params(prompts[i], max_tokens, uint64_t(seed) + i);
+      params.lora = lora_of(i);
       const uint64_t id = engine.add_request(
-          make_params(prompts[i], max_tokens, uint64_t(seed) + i), [&records, &n_done, &in_flight, &t_end, i](const RequestOutput& o) {
+          std::move(params), [&records, &n_done, &in_flight, &t_end, i](const RequestOutput& o) {
             if (!o.finished) return;
             Record& r = records[i];
             r.done = true;
@@ -301,6 +335,8 @@ int cmd_bench_serve(int argc, char** argv) {
     j["e2e_ms_p50"] = percentile(e2e, 50);
     j["e2e_ms_p99"] = percentile(e2e, 99);
     j["queue_ms_mean"] = mean(queue);
+    j["lora_adapters"] = int64_t(lora_sets.size()) - (lora_with_base && !lora_sets.empty() ? 1 : 0);
+    j["lora_with_base"] = lora_with_base;
     j["kv_type"] = kv_type_name(ecfg.kv_type);
     j["kv_bytes"] = m.kv_bytes;
     j["kv_blocks_total"] = m.kv_blocks_total;
@@ -314,6 +350,9 @@ int cmd_bench_serve(int argc, char** argv) {
     std::printf("%s\n", j.dump().c_str());
     return n_failed == 0 ? 0 : 1;
   }
+  if (!lora_sets.empty())
+    std::printf("LoRA: requests rotate over %zu adapter set(s)%s\n", lora_sets.size() - (lora_with_base ? 1 : 0),
+                lora_with_base ? " and the base model" : "");
   char load_desc[64];
   if (request_rate > 0) std::snprintf(load_desc, sizeof load_desc, "Poisson %g req/s", request_rate);
   else std::snprintf(load_desc, sizeof load_desc, "concurrency %lld", static_cast<long long>(in_flight_cap));

@@ -105,6 +105,8 @@ int cmd_embed(int argc, char** argv) {
   ctx_req.n_parallel = n_parallel;
   ecfg.n_ctx = plan_model_context(*file, ctx_req, margs.command(), margs.ctx_given()).n_ctx;
   Engine engine(file, tokenizer, ecfg);
+  const LoraSet lora = load_lora_args(margs.lora, *file);
+  for (const LoraUse& u : lora) engine.check_lora(*u.adapter);
   const int64_t E = engine.n_embd();
   const Pooling pooling = pooling_text == "model" ? engine.default_pooling() : pooling_from_name(pooling_text);
 
@@ -142,6 +144,7 @@ int cmd_embed(int argc, char** argv) {
       p.embedding.enabled = true;
       p.embedding.pooling = j.pooling;
       p.embedding.normalize = j.normalize;
+      p.lora = lora;
       EmbedResult* slot = &(*j.into)[j.index];
       const uint64_t id = engine.add_request(std::move(p), [slot](const RequestOutput& o) {
         if (!o.finished) return;

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "gguf/gguf.h"
+#include "models/lora.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -149,6 +150,60 @@ std::string type_label(const GgufValue& v) {
   return std::string("array[") + gguf_type_name(std::get<GgufArray>(v.v).elem_type) + "]";
 }
 
+// A LoRA adapter's summary (general.type = adapter): what it adapts, at which rank; or why it
+// cannot be used.
+struct AdapterSummary {
+  std::shared_ptr<const LoraAdapter> adapter;
+  std::string error;
+};
+std::optional<AdapterSummary> adapter_summary(const GgufFile& f) {
+  if (f.get_string("general.type", "") != "adapter") return std::nullopt;
+  AdapterSummary s;
+  try {
+    s.adapter = LoraAdapter::from_file(f);
+  } catch (const Error& e) {
+    s.error = e.what();
+  }
+  return s;
+}
+
+Json adapter_json(const AdapterSummary& s) {
+  Json j;
+  if (!s.adapter) {
+    j["error"] = s.error;
+    return j;
+  }
+  const LoraAdapter& a = *s.adapter;
+  j["type"] = "lora";
+  j["architecture"] = a.architecture();
+  j["alpha"] = shortest_f32(a.alpha());
+  j["max_rank"] = a.max_rank();
+  j["n_params"] = a.n_params();
+  Json ts = Json::array();
+  for (const LoraPair& p : a.pairs())
+    ts.push_back({{"target", p.target}, {"rank", p.rank}, {"n_in", p.n_in}, {"n_out", p.n_out},
+                  {"scale", shortest_f32(a.scale_of(p, 1.0f))}});
+  j["targets"] = std::move(ts);
+  return j;
+}
+
+void print_adapter(const AdapterSummary& s) {
+  if (!s.adapter) {
+    std::printf("\nLoRA adapter: unusable: %s\n", s.error.c_str());
+    return;
+  }
+  const LoraAdapter& a = *s.adapter;
+  std::printf("\nLoRA adapter for %s: %zu targets, rank %lld, alpha %g, %lld parameters\n", a.architecture().c_str(),
+              a.pairs().size(), static_cast<long long>(a.max_rank()), double(a.alpha()),
+              static_cast<long long>(a.n_params()));
+  size_t w = 6;
+  for (const LoraPair& p : a.pairs()) w = std::max(w, p.target.size());
+  std::printf("  %-*s  %5s  %-14s %s\n", static_cast<int>(w), "target", "rank", "n_in x n_out", "scale at 1");
+  for (const LoraPair& p : a.pairs())
+    std::printf("  %-*s  %5lld  %-14s %g\n", static_cast<int>(w), p.target.c_str(), static_cast<long long>(p.rank),
+                (std::to_string(p.n_in) + " x " + std::to_string(p.n_out)).c_str(), double(a.scale_of(p, 1.0f)));
+}
+
 }  // namespace
 
 int cmd_inspect(int argc, char** argv) {
@@ -163,6 +218,7 @@ int cmd_inspect(int argc, char** argv) {
 
   const GgufFile f = GgufFile::open(path);
   const auto hparams = llama_hparams(f);
+  const std::optional<AdapterSummary> adapter = adapter_summary(f);
   uint64_t total_elements = 0;
   for (const auto& t : f.tensors()) total_elements += static_cast<uint64_t>(t.n_elements());
   const uint64_t total_bytes = f.tensor_data_bytes();
@@ -190,6 +246,7 @@ int cmd_inspect(int argc, char** argv) {
       for (const auto& h : hparams) hp[h.name] = h.json;
       j["hparams"] = std::move(hp);
     }
+    if (adapter) j["adapter"] = adapter_json(*adapter);
     Json ts = Json::array();
     for (const auto& t : f.tensors()) {
       Json e;
@@ -227,6 +284,7 @@ int cmd_inspect(int argc, char** argv) {
     std::printf("\nhyper-parameters (%s):\n", f.get_string("general.architecture").c_str());
     for (const auto& h : hparams) std::printf("  %-15s %s\n", h.name, h.text.c_str());
   }
+  if (adapter) print_adapter(*adapter);
 
   size_t name_width = 4;
   for (const auto& t : f.tensors()) name_width = std::max(name_width, t.name.size());

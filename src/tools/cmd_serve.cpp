@@ -104,6 +104,12 @@ int cmd_serve(int argc, char** argv) {
                  "with several models: how long an idle model stays loaded (5m, 1h, 300 seconds; negative: forever; "
                  "0: unload when its last request ends); a request's keep_alive or models.json overrides it")
       ->capture_default_str();
+  // --lora here names each adapter: NAME=FILE[:SCALE] (a request's "model" NAME runs it).
+  std::vector<std::string> lora_args;
+  app.remove_option(app.get_option("--lora"));
+  app.add_option("--lora", lora_args,
+                 "serve a LoRA adapter (llama.cpp's GGUF format) as a model of its own: NAME=FILE[:SCALE] or "
+                 "FILE[:SCALE] (named by its file); a request's \"model\" selects it; repeatable");
   server::ServerConfig scfg;
   EngineConfig ecfg;
   std::string alias, chat_template, kv_memory;
@@ -167,6 +173,8 @@ int cmd_serve(int argc, char** argv) {
                  "on SIGTERM/SIGINT, seconds in-flight requests get to finish before they are aborted")
       ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
   app.add_flag("-v,--verbose", scfg.log_requests, "log every request to stderr");
+  app.add_flag("--allow-lora-updates", scfg.allow_lora_updates,
+               "allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (adapters from the server's disk)");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   if (models_dir.empty() && model_args.empty()) {
     std::fprintf(stderr, "tern serve: give -m FILE, or several models: --models DIR or -m NAME=FILE (repeatable)\n");
@@ -179,6 +187,8 @@ int cmd_serve(int argc, char** argv) {
   if (single) margs.model = model_args[0];
   if (!single && !margs.tokenizer_bin.empty())
     throw Error("--tokenizer is for one llama2.c .bin model (-m FILE --tokenizer tokenizer.bin), not several models");
+  if (!single && (!lora_args.empty() || scfg.allow_lora_updates))
+    throw Error("LoRA adapters (--lora, --allow-lora-updates) run on one base model: tern serve -m BASE --lora NAME=FILE");
   if (!single && !alias.empty())
     throw Error("--alias names one model: with several, name them -m NAME=FILE or by aliases in models.json");
 
@@ -301,6 +311,22 @@ int cmd_serve(int argc, char** argv) {
   served->metadata = gguf_metadata_json(*file);
   served->bytes = int64_t(file->file_size()) + engine.metrics().kv_bytes;  // the arena exists from construction
   server::SingleModelProvider provider(served, scfg.model_names, scfg.strict_model_names);
+  if (!lora_args.empty() || scfg.allow_lora_updates) {
+    provider.enable_adapters([&engine](const LoraAdapter& a) { engine.check_lora(a); });
+    for (const std::string& arg : lora_args) {
+      const size_t eq = arg.find('=');
+      const std::string spec = eq == std::string::npos ? arg : arg.substr(eq + 1);
+      const auto [path, scale] = parse_lora_arg(spec);
+      const std::string name = eq == std::string::npos ? std::filesystem::path(path).stem().string() : arg.substr(0, eq);
+      if (name.empty()) throw Error(str_cat("--lora ", arg, ": the adapter's name is empty"));
+      try {
+        provider.add_adapter(name, LoraAdapter::load(path), scale);
+      } catch (const Error& e) {
+        throw Error(str_cat("--lora ", arg, ": ", e.what()));
+      }
+      std::fprintf(stderr, "tern serve: LoRA adapter \"%s\": %s (scale %g)\n", name.c_str(), path.c_str(), double(scale));
+    }
+  }
   server::Server srv(provider, scfg);
   const int port = srv.bind();
   engine.start();

@@ -33,7 +33,9 @@ int cmd_list(int argc, char** argv);
 int cmd_ps(int argc, char** argv);
 int cmd_bench_serve(int argc, char** argv);
 int cmd_train(int argc, char** argv);
+int cmd_finetune(int argc, char** argv);
 int cmd_distill(int argc, char** argv);
+int cmd_lora(int argc, char** argv);
 
 // Entry point shared by main() and tests: dispatches argv[1] to its command.
 int tern_main(int argc, char** argv);

@@ -22,6 +22,20 @@ void ModelArgs::add_to(CLI::App& app, bool with_ctx, KvType default_kv_type) {
   app.add_option("-b,--batch", batch, "most prompt tokens per forward pass")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
   add_kv_type_option(app, kv_type, default_kv_type);
+  app.add_option("--lora", lora,
+                 "LoRA adapter in llama.cpp's GGUF format, FILE or FILE:SCALE (default scale 1); "
+                 "repeat to stack adapters");
+}
+
+LoraSet load_lora_args(const std::vector<std::string>& args, const GgufFile& base) {
+  LoraSet set;
+  for (const std::string& a : args) {
+    const auto [path, scale] = parse_lora_arg(a);
+    auto adapter = LoraAdapter::load(path);
+    adapter->check_base(base);
+    set.push_back(LoraUse{std::move(adapter), scale});
+  }
+  return set;
 }
 
 void add_kv_type_option(CLI::App& app, std::string& name, KvType default_type) {
@@ -48,7 +62,9 @@ LoadedSession open_session(const ModelArgs& args, std::shared_ptr<const GgufFile
   cfg.n_threads = args.threads;
   cfg.n_batch = args.batch;
   cfg.kv_type = kv_type_from_name(args.kv_type);
+  LoraSet lora = load_lora_args(args.lora, *s.file);  // (before the model: a bad adapter fails fast)
   s.session = std::make_unique<Session>(s.file, cfg);
+  if (!lora.empty()) s.session->set_lora(std::move(lora));
   if (s.tokenizer->n_vocab() > s.session->hparams().n_vocab)
     fail(args.model, ": the tokenizer has ", s.tokenizer->n_vocab(), " tokens but the model's embedding only ",
          s.session->hparams().n_vocab);

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/context_fit.h"
 #include "runtime/session.h"
@@ -18,6 +19,7 @@ struct ModelArgs {
   int64_t ctx = 0;              // 0: sized to the machine (runtime/context_fit.h)
   int64_t batch = 512;
   std::string kv_type = "f32";  // KV cache element type: f32 or f16
+  std::vector<std::string> lora;  // --lora FILE[:SCALE], repeatable: adapters stacked on the model
 
   // default_kv_type: --kv-type's default for this command (f16 for run and serve, which
   // generate text, as llama.cpp; f32 for the measurements compared with f32 references).
@@ -42,10 +44,13 @@ struct LoadedSession {
 };
 
 // Opens the model file (GGUF, or llama2.c .bin + --tokenizer), its tokenizer and a session
-// whose context is --ctx, or the default plan_model_context chooses.
+// whose context is --ctx, or the default plan_model_context chooses, running the --lora adapters.
 LoadedSession open_session(const ModelArgs& args);
 // The same over a model file the command has opened already (to read its header first).
 LoadedSession open_session(const ModelArgs& args, std::shared_ptr<const GgufFile> file);
+
+// Loads --lora FILE[:SCALE] arguments (each checked against `base`: tern::Error naming the file).
+LoraSet load_lora_args(const std::vector<std::string>& args, const GgufFile& base);
 
 // The memory this process may use: read_memory_info(), capped by $TERN_MEMORY_LIMIT (a size
 // as --kv-memory takes it) when set, for sharing a machine (and for tests).

@@ -187,8 +187,9 @@ TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& 
 
 int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
   const train::ModelShape& sh = s.model.shape;
-  std::fprintf(stderr, "%s: %s, %lld parameters (%.2f MB f32)\n", cmd.c_str(), sh.describe().c_str(),
-               static_cast<long long>(s.model.n_params()), double(s.model.n_params()) * 4.0 / 1e6);
+  if (!s.trainer->lora())  // tern finetune prints its adapter's line
+    std::fprintf(stderr, "%s: %s, %lld parameters (%.2f MB f32)\n", cmd.c_str(), sh.describe().c_str(),
+                 static_cast<long long>(s.model.n_params()), double(s.model.n_params()) * 4.0 / 1e6);
   std::fprintf(stderr, "%s: data %s: %lld documents, %lld tokens, %lld windows of %lld; ", cmd.c_str(), a.data.c_str(),
                static_cast<long long>(s.data.n_documents), static_cast<long long>(s.data.tokens.size()),
                static_cast<long long>(s.data_sampler->n_windows()), static_cast<long long>(a.cfg.n_ctx));
@@ -235,7 +236,7 @@ int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
   if (a.json) {
     nlohmann::json j{{"final", true}, {"steps", r.last_step}, {"steps_this_run", r.last_step - r.first_step},
                      {"tokens", r.tokens}, {"seconds", r.seconds}, {"tok_s", tok_s}, {"output", a.out},
-                     {"n_params", s.model.n_params()}, {"peak_rss_bytes", peak_rss_bytes()},
+                     {"n_params", s.trainer->n_trainable()}, {"peak_rss_bytes", peak_rss_bytes()},
                      {"interrupted", r.interrupted}};
     if (r.final_val_loss) {
       j["val_loss"] = *r.final_val_loss;
@@ -249,7 +250,8 @@ int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
     if (r.final_val_loss)
       std::printf("val loss    %.4f (ppl %.4f)\n", *r.final_val_loss, std::exp(*r.final_val_loss));
     std::printf("peak RSS    %.1f MiB\n", double(peak_rss_bytes()) / 1048576.0);
-    std::printf("checkpoint  %s (+ %s)\n", a.out.c_str(), train::optimizer_state_path(a.out).c_str());
+    std::printf("%s  %s (+ %s)\n", s.trainer->lora() ? "adapter   " : "checkpoint", a.out.c_str(),
+                train::optimizer_state_path(a.out).c_str());
   }
   if (r.interrupted) {
     std::fprintf(stderr, "%s: interrupted after step %lld; checkpoint written to %s (continue with --resume)\n",

@@ -1,5 +1,6 @@
 #include "train/forward_backward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -7,7 +8,9 @@
 #include "core/thread_pool.h"
 #include "train/attention.h"
 #include "train/gemm.h"
+#include "train/lora.h"
 #include "train/ops.h"
+#include "train/rng.h"
 
 namespace tern::train {
 namespace {
@@ -18,11 +21,11 @@ void linear_forward(ThreadPool* pool, int64_t n, int64_t in, int64_t out, const 
   gemm(pool, false, n, out, in, x, in, wt, out, y, out, accumulate);
 }
 
-// dx[n][in] (+)= dy[n][out] W[out][in];  dw[out][in] += dy^T x.
+// dx[n][in] (+)= dy[n][out] W[out][in];  dw[out][in] += dy^T x (dw nullptr: W is frozen).
 void linear_backward(ThreadPool* pool, int64_t n, int64_t in, int64_t out, const float* x, const float* w,
                      const float* dy, float* dx, bool accumulate_dx, float* dw) {
   gemm(pool, false, n, in, out, dy, out, w, in, dx, in, accumulate_dx);
-  gemm(pool, true, out, in, n, dy, out, x, in, dw, in, true);
+  if (dw != nullptr) gemm(pool, true, out, in, n, dy, out, x, in, dw, in, true);
 }
 
 void resize(std::vector<float>& v, int64_t n) { v.assign(size_t(n), 0.0f); }
@@ -91,17 +94,118 @@ void ForwardBackward::prepare(const TrainModel& m) {
   }
 }
 
-void ForwardBackward::forward(const TrainModel& m, const int32_t* windows) {
+void ForwardBackward::set_lora(const LoraWeights* lora) {
+  lora_ = lora;
+  lora_acts_.clear();
+  lora_t_.clear();
+  if (lora == nullptr) return;
+  const int64_t N = n_tok_;
+  int64_t max_in = 0;
+  lora_acts_.resize(lora->slots.size());
+  for (size_t i = 0; i < lora->slots.size(); ++i) {
+    const LoraSlot& sl = lora->slots[i];
+    if (sl.layer >= shape_.n_layer || (sl.layer < 0 && sl.kind != LoraKind::Output))
+      fail("LoRA adapter: ", sl.target, " is not in this model (", shape_.describe(), ")");
+    resize(lora_acts_[i].u, N * lora->rank);
+    if (lora->dropout > 0.0f) {
+      resize(lora_acts_[i].xd, N * sl.n_in);
+      lora_acts_[i].keep.assign(size_t(N * sl.n_in), 0);
+    }
+    max_in = std::max(max_in, sl.n_in);
+  }
+  lora_t_.assign(lora->data.size(), 0.0f);
+  resize(lora_du_, N * lora->rank);
+  resize(lora_dx_, N * max_in);
+  resize(norm_scratch_, shape_.n_embd);
+}
+
+void ForwardBackward::prepare_lora() {
+  if (lora_ == nullptr) return;
+  if (lora_t_.size() != lora_->data.size()) fail("LoRA adapter: its size changed after set_lora()");
+  const int64_t r = lora_->rank;
+  for (const LoraSlot& sl : lora_->slots) {
+    // A [r][n_in] -> A^T [n_in][r];  B [n_out][r] -> B^T [r][n_out]
+    transpose(pool_, r, sl.n_in, lora_->data.data() + sl.a, sl.n_in, lora_t_.data() + sl.a, r);
+    transpose(pool_, sl.n_out, r, lora_->data.data() + sl.b, r, lora_t_.data() + sl.b, sl.n_out);
+  }
+}
+
+void ForwardBackward::lora_forward(int64_t layer, int kind, const float* x, float* y, bool train) {
+  if (lora_ == nullptr) return;
+  const LoraSlot* sl = lora_->find(layer, LoraKind(kind));
+  if (sl == nullptr) return;
+  LoraActs& la = lora_acts_[size_t(sl - lora_->slots.data())];
+  const int64_t N = n_tok_, r = lora_->rank, n_in = sl->n_in;
+  const float* xin = x;
+  la.dropped = train && lora_->dropout > 0.0f;
+  if (la.dropped) {
+    // Row i's mask from its own stream: the same bits for any thread count.
+    const float p = lora_->dropout, keep_scale = 1.0f / (1.0f - p);
+    const uint64_t slot_seed = mix_seed(dropout_seed_, 5, uint64_t(sl - lora_->slots.data()));
+    auto rows = [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        Rng rng(mix_seed(slot_seed, 6, uint64_t(i)));
+        for (int64_t j = 0; j < n_in; ++j) {
+          const bool keep = rng.uniform() >= double(p);
+          la.keep[size_t(i * n_in + j)] = keep;
+          la.xd[size_t(i * n_in + j)] = keep ? x[i * n_in + j] * keep_scale : 0.0f;
+        }
+      }
+    };
+    if (pool_ != nullptr) pool_->parallel_for(N, [&](int64_t b, int64_t e, int) { rows(b, e); });
+    else rows(0, N);
+    xin = la.xd.data();
+  }
+  // u = s * xin A^T;  y += u B^T
+  gemm(pool_, false, N, r, n_in, xin, n_in, lora_t_.data() + sl->a, r, la.u.data(), r, false);
+  const float s = lora_->scale();
+  for (float& v : la.u) v *= s;
+  gemm(pool_, false, N, sl->n_out, r, la.u.data(), r, lora_t_.data() + sl->b, sl->n_out, y, sl->n_out, true);
+}
+
+void ForwardBackward::lora_backward(int64_t layer, int kind, const float* x, const float* dy, float* dx, float* g) {
+  if (lora_ == nullptr) return;
+  const LoraSlot* sl = lora_->find(layer, LoraKind(kind));
+  if (sl == nullptr) return;
+  const LoraActs& la = lora_acts_[size_t(sl - lora_->slots.data())];
+  const int64_t N = n_tok_, r = lora_->rank, n_in = sl->n_in, n_out = sl->n_out;
+  const float* A = lora_->data.data() + sl->a;
+  const float* B = lora_->data.data() + sl->b;
+  const float* xin = la.dropped ? la.xd.data() : x;
+  // dB [n_out][r] += dy^T u
+  gemm(pool_, true, n_out, r, N, dy, n_out, la.u.data(), r, g + sl->b, r, true);
+  // du = s * dy B  [N][r]
+  gemm(pool_, false, N, r, n_out, dy, n_out, B, r, lora_du_.data(), r, false);
+  const float s = lora_->scale();
+  for (int64_t i = 0; i < N * r; ++i) lora_du_[size_t(i)] *= s;
+  // dA [r][n_in] += du^T xin
+  gemm(pool_, true, r, n_in, N, lora_du_.data(), r, xin, n_in, g + sl->a, n_in, true);
+  // dx += (du A) * keep / (1 - p)
+  if (!la.dropped) {
+    gemm(pool_, false, N, n_in, r, lora_du_.data(), r, A, n_in, dx, n_in, true);
+    return;
+  }
+  gemm(pool_, false, N, n_in, r, lora_du_.data(), r, A, n_in, lora_dx_.data(), n_in, false);
+  const float keep_scale = 1.0f / (1.0f - lora_->dropout);
+  for (int64_t i = 0; i < N * n_in; ++i)
+    if (la.keep[size_t(i)]) dx[i] += lora_dx_[size_t(i)] * keep_scale;
+}
+
+void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool train) {
   if (weight_t_offset_.size() != m.params.size()) fail("training batch: prepare() was not called");
+  if (lora_ != nullptr && lora_t_.size() != lora_->data.size()) fail("training batch: prepare_lora() was not called");
   const int64_t N = n_tok_, E = shape_.n_embd, hd = shape_.head_dim(), V = shape_.n_vocab;
   const int64_t qw = shape_.n_head * hd, kvw = shape_.n_head_kv * hd, F = shape_.n_ff;
+  n_scored_ = 0;
   for (int64_t s = 0; s < n_seq_; ++s) {
     const int32_t* w = windows + s * (n_ctx_ + 1);
     for (int64_t t = 0; t < n_ctx_; ++t) {
-      if (w[t] < 0 || w[t] >= V || w[t + 1] < -1 || w[t + 1] >= V)
-        fail("training batch: token id ", w[t] < 0 || w[t] >= V ? w[t] : w[t + 1], " outside the vocabulary of ", V);
-      inputs_[size_t(s * n_ctx_ + t)] = w[t];
-      targets_[size_t(s * n_ctx_ + t)] = w[t + 1];
+      const int32_t in = token_of_entry(w[t]), tg = w[t + 1] == -1 ? -1 : token_of_entry(w[t + 1]);
+      if (w[t] == -1 || in >= V || tg >= V)
+        fail("training batch: token id ", w[t] == -1 || in >= V ? w[t] : tg, " outside the vocabulary of ", V);
+      inputs_[size_t(s * n_ctx_ + t)] = in;
+      targets_[size_t(s * n_ctx_ + t)] = w[t + 1] >= 0 ? w[t + 1] : -1;
+      n_scored_ += w[t + 1] >= 0;
     }
   }
   // The transposed copy of a parameter by its data offset.
@@ -121,70 +225,100 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows) {
     linear_forward(pool_, N, E, qw, a.h1.data(), wt(l.wq), a.q.data(), false);
     linear_forward(pool_, N, E, kvw, a.h1.data(), wt(l.wk), a.k.data(), false);
     linear_forward(pool_, N, E, kvw, a.h1.data(), wt(l.wv), a.v.data(), false);
+    lora_forward(il, int(LoraKind::Q), a.h1.data(), a.q.data(), train);
+    lora_forward(il, int(LoraKind::K), a.h1.data(), a.k.data(), train);
+    lora_forward(il, int(LoraKind::V), a.h1.data(), a.v.data(), train);
     rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head, hd, shape_.rope_freq_base, a.q.data(), false);
     rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head_kv, hd, shape_.rope_freq_base, a.k.data(), false);
     attention_forward(pool_, as, a.q.data(), a.k.data(), a.v.data(), a.o.data(), a.lse.data());
     std::memcpy(a.x_mid.data(), a.x.data(), size_t(N * E) * sizeof(float));
     linear_forward(pool_, N, qw, E, a.o.data(), wt(l.wo), a.x_mid.data(), true);
+    lora_forward(il, int(LoraKind::O), a.o.data(), a.x_mid.data(), train);
     rmsnorm_forward<float>(pool_, N, E, a.x_mid.data(), P + l.ffn_norm, shape_.rms_eps, a.h2.data(), a.rstd2.data());
     linear_forward(pool_, N, E, F, a.h2.data(), wt(l.w_gate), a.gate.data(), false);
     linear_forward(pool_, N, E, F, a.h2.data(), wt(l.w_up), a.up.data(), false);
+    lora_forward(il, int(LoraKind::Gate), a.h2.data(), a.gate.data(), train);
+    lora_forward(il, int(LoraKind::Up), a.h2.data(), a.up.data(), train);
     swiglu_forward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.act.data(), a.gate_sig.data());
     float* next = il + 1 < shape_.n_layer ? acts_[size_t(il + 1)].x.data() : x_final_.data();
     std::memcpy(next, a.x_mid.data(), size_t(N * E) * sizeof(float));
     linear_forward(pool_, N, F, E, a.act.data(), wt(l.w_down), next, true);
+    lora_forward(il, int(LoraKind::Down), a.act.data(), next, train);
   }
   rmsnorm_forward<float>(pool_, N, E, x_final_.data(), P + m.output_norm, shape_.rms_eps, h_final_.data(),
                          rstd_final_.data());
   linear_forward(pool_, N, E, V, h_final_.data(), wt(m.output), logits_.data(), false);
+  lora_forward(-1, int(LoraKind::Output), h_final_.data(), logits_.data(), train);
 }
 
 double ForwardBackward::forward_loss(const TrainModel& m, const int32_t* windows) {
-  forward(m, windows);
-  return cross_entropy_loss<float>(pool_, n_tok_, shape_.n_vocab, logits_.data(), targets_.data()) / double(n_tok_);
+  forward(m, windows, false);
+  if (n_scored_ == 0) return 0.0;
+  return cross_entropy_loss<float>(pool_, n_tok_, shape_.n_vocab, logits_.data(), targets_.data()) / double(n_scored_);
 }
 
 double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* windows, float* g, float grad_scale,
                                          const LossFn* loss_fn) {
-  forward(m, windows);
+  forward(m, windows, true);
   const int64_t N = n_tok_, E = shape_.n_embd, hd = shape_.head_dim(), V = shape_.n_vocab;
   const int64_t qw = shape_.n_head * hd, kvw = shape_.n_head_kv * hd, F = shape_.n_ff;
-  const float scale = grad_scale / float(N);
+  const int64_t n_mean = n_scored_ > 0 ? n_scored_ : 1;
+  const float scale = grad_scale / float(n_mean);
   const double loss_sum =
       loss_fn != nullptr ? (*loss_fn)(logits_.data(), targets_.data(), N, V, scale)
                          : cross_entropy_fused<float>(pool_, N, V, logits_.data(), targets_.data(), scale);
   const float* P = m.data.data();
   const AttentionShape as{n_seq_, n_ctx_, shape_.n_head, shape_.n_head_kv, hd, float(1.0 / std::sqrt(double(hd)))};
+  // The base's gradients: into g (its layout), or nowhere when a LoRA adapter is trained (the
+  // dW products skipped; the norms' small gradients go to scratch, as their input gradient is
+  // computed with them).
+  const bool frozen = lora_ != nullptr;
+  float* gl = frozen ? g : nullptr;
+  auto gw = [&](int64_t off) { return frozen ? nullptr : g + off; };
+  auto gn = [&](int64_t off) {
+    if (!frozen) return g + off;
+    std::fill(norm_scratch_.begin(), norm_scratch_.end(), 0.0f);
+    return norm_scratch_.data();
+  };
 
   // logits = h_final W_out^T
-  linear_backward(pool_, N, E, V, h_final_.data(), P + m.output, logits_.data(), dh_.data(), false, g + m.output);
+  linear_backward(pool_, N, E, V, h_final_.data(), P + m.output, logits_.data(), dh_.data(), false, gw(m.output));
+  lora_backward(-1, int(LoraKind::Output), h_final_.data(), logits_.data(), dh_.data(), gl);
   rmsnorm_backward<float>(pool_, N, E, x_final_.data(), P + m.output_norm, rstd_final_.data(), dh_.data(), dx_.data(),
-                          g + m.output_norm, false);
+                          gn(m.output_norm), false);
   for (int64_t il = shape_.n_layer - 1; il >= 0; --il) {
     LayerActs& a = acts_[size_t(il)];
     const LayerOffsets& l = m.layers[size_t(il)];
     // x_out = x_mid + act W_down^T (dx_ holds d x_out)
-    linear_backward(pool_, N, F, E, a.act.data(), P + l.w_down, dx_.data(), dact_.data(), false, g + l.w_down);
+    linear_backward(pool_, N, F, E, a.act.data(), P + l.w_down, dx_.data(), dact_.data(), false, gw(l.w_down));
+    lora_backward(il, int(LoraKind::Down), a.act.data(), dx_.data(), dact_.data(), gl);
     swiglu_backward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.gate_sig.data(), dact_.data(), dgate_.data(),
                            dup_.data());
-    linear_backward(pool_, N, E, F, a.h2.data(), P + l.w_gate, dgate_.data(), dh_.data(), false, g + l.w_gate);
-    linear_backward(pool_, N, E, F, a.h2.data(), P + l.w_up, dup_.data(), dh_.data(), true, g + l.w_up);
+    linear_backward(pool_, N, E, F, a.h2.data(), P + l.w_gate, dgate_.data(), dh_.data(), false, gw(l.w_gate));
+    linear_backward(pool_, N, E, F, a.h2.data(), P + l.w_up, dup_.data(), dh_.data(), true, gw(l.w_up));
+    lora_backward(il, int(LoraKind::Gate), a.h2.data(), dgate_.data(), dh_.data(), gl);
+    lora_backward(il, int(LoraKind::Up), a.h2.data(), dup_.data(), dh_.data(), gl);
     rmsnorm_backward<float>(pool_, N, E, a.x_mid.data(), P + l.ffn_norm, a.rstd2.data(), dh_.data(), dx_.data(),
-                            g + l.ffn_norm, true);
+                            gn(l.ffn_norm), true);
     // x_mid = x + o W_o^T (dx_ holds d x_mid)
-    linear_backward(pool_, N, qw, E, a.o.data(), P + l.wo, dx_.data(), do_.data(), false, g + l.wo);
+    linear_backward(pool_, N, qw, E, a.o.data(), P + l.wo, dx_.data(), do_.data(), false, gw(l.wo));
+    lora_backward(il, int(LoraKind::O), a.o.data(), dx_.data(), do_.data(), gl);
     attention_backward(pool_, as, a.q.data(), a.k.data(), a.v.data(), a.o.data(), a.lse.data(), do_.data(), dq_.data(),
                        dk_.data(), dv_.data());
     rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head, hd, shape_.rope_freq_base, dq_.data(), true);
     rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head_kv, hd, shape_.rope_freq_base, dk_.data(), true);
-    linear_backward(pool_, N, E, qw, a.h1.data(), P + l.wq, dq_.data(), dh_.data(), false, g + l.wq);
-    linear_backward(pool_, N, E, kvw, a.h1.data(), P + l.wk, dk_.data(), dh_.data(), true, g + l.wk);
-    linear_backward(pool_, N, E, kvw, a.h1.data(), P + l.wv, dv_.data(), dh_.data(), true, g + l.wv);
+    linear_backward(pool_, N, E, qw, a.h1.data(), P + l.wq, dq_.data(), dh_.data(), false, gw(l.wq));
+    linear_backward(pool_, N, E, kvw, a.h1.data(), P + l.wk, dk_.data(), dh_.data(), true, gw(l.wk));
+    linear_backward(pool_, N, E, kvw, a.h1.data(), P + l.wv, dv_.data(), dh_.data(), true, gw(l.wv));
+    lora_backward(il, int(LoraKind::Q), a.h1.data(), dq_.data(), dh_.data(), gl);
+    lora_backward(il, int(LoraKind::K), a.h1.data(), dk_.data(), dh_.data(), gl);
+    lora_backward(il, int(LoraKind::V), a.h1.data(), dv_.data(), dh_.data(), gl);
+    if (frozen && il == 0) break;  // d x of layer 0 only feeds the embedding's gradient
     rmsnorm_backward<float>(pool_, N, E, a.x.data(), P + l.attn_norm, a.rstd1.data(), dh_.data(), dx_.data(),
-                            g + l.attn_norm, true);
+                            gn(l.attn_norm), true);
   }
-  embedding_backward<float>(pool_, N, E, V, inputs_.data(), dx_.data(), g + m.tok_embd);
-  return loss_sum / double(N);
+  if (!frozen) embedding_backward<float>(pool_, N, E, V, inputs_.data(), dx_.data(), g + m.tok_embd);
+  return loss_sum / double(n_mean);
 }
 
 double ForwardBackward::flops_per_batch() const {
@@ -195,6 +329,13 @@ double ForwardBackward::flops_per_batch() const {
   // Attention: q.k and p.v forward, four products backward (not counting the recompute), over
   // the causal half.
   const double attn_mac_per_seq = L * double(shape_.n_head) * hd * T * (T + 1) / 2.0 * 6.0;
+  if (lora_ != nullptr) {
+    // Frozen base: forward and input gradient (2 products, not 3); each adapter: its two
+    // products forward, and dA, dB, du, dx backward.
+    double lora_mac_per_token = 0.0;
+    for (const LoraSlot& sl : lora_->slots) lora_mac_per_token += double(lora_->rank) * double(sl.n_in + sl.n_out);
+    return 2.0 * ((2.0 * mac_per_token + 3.0 * lora_mac_per_token) * double(n_tok_) + attn_mac_per_seq * double(n_seq_));
+  }
   return 2.0 * (3.0 * mac_per_token * double(n_tok_) + attn_mac_per_seq * double(n_seq_));
 }
 

@@ -6,6 +6,11 @@
 //
 // The loss on the logits is pluggable (LossFn): cross-entropy for training, the distillation
 // losses of train/distill.h, each turning the logits into their gradient in place.
+//
+// LoRA (train/lora.h): with set_lora(), the adapted linears add s * drop(x) A^T B^T and the
+// backward writes the gradient of the adapter's A and B only: the base is frozen, so its weight
+// gradients (the dW products, the norms', the embedding's) are not computed; the input
+// gradients run through both the base weights and the adapter.
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -24,6 +29,14 @@ namespace tern::train {
 using LossFn = std::function<double(float* logits, const int32_t* targets, int64_t n, int64_t n_vocab,
                                     float grad_scale)>;
 
+// A window entry for token `id` that is read as an input but is not a target (no loss on
+// predicting it: the prompt of a prompt/completion example, padding). Entries >= 0 are tokens
+// that are both.
+constexpr int32_t unscored_token(int32_t id) { return -2 - id; }
+constexpr int32_t token_of_entry(int32_t e) { return e >= 0 ? e : -2 - e; }
+
+struct LoraWeights;
+
 class ForwardBackward {
  public:
   // Buffers for micro-batches of n_seq sequences of n_ctx tokens.
@@ -32,14 +45,27 @@ class ForwardBackward {
   // Caches W^T of every matrix (the forward's B operands). Call after every change of the weights.
   void prepare(const TrainModel& model);
 
-  // windows [n_seq][n_ctx + 1] token ids: inputs are [0, n_ctx), targets [1, n_ctx].
-  // Adds grad_scale * d(mean loss)/d(params) to grads (layout of model.data); returns the mean
-  // loss over the n_seq * n_ctx targets. loss = nullptr: cross-entropy.
+  // Trains a LoRA adapter of the model from now on (nullptr: the model itself again). The
+  // adapter must have been made for this shape (make_lora); call prepare_lora() after every
+  // change of its weights. prepare(model) is still needed (once: the base does not change).
+  void set_lora(const LoraWeights* lora);
+  void prepare_lora();
+  // The dropout masks of the next forward_backward are a function of this seed (and of the
+  // adapted linear, token and feature); forward_loss uses none.
+  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  const LoraWeights* lora() const { return lora_; }
+
+  // windows [n_seq][n_ctx + 1] entries: inputs are [0, n_ctx), targets [1, n_ctx] (an entry
+  // unscored_token(id) is input id and no target). Adds grad_scale * d(mean loss)/d(params) to
+  // grads (layout of model.data; with set_lora, of the adapter's data); returns the mean loss
+  // over the scored targets (0 when there is none). loss = nullptr: cross-entropy.
   double forward_backward(const TrainModel& model, const int32_t* windows, float* grads, float grad_scale,
                           const LossFn* loss = nullptr);
 
-  // Forward only: the mean cross-entropy over the windows' targets (validation).
+  // Forward only: the mean cross-entropy over the windows' scored targets (validation; no dropout).
   double forward_loss(const TrainModel& model, const int32_t* windows);
+  // Scored targets of the last forward.
+  int64_t n_scored() const { return n_scored_; }
 
   // The logits of the last forward, [n_seq * n_ctx][n_vocab] (before the loss touched them:
   // valid after forward_loss; after forward_backward they hold the loss's gradient).
@@ -51,7 +77,11 @@ class ForwardBackward {
   double flops_per_batch() const;
 
  private:
-  void forward(const TrainModel& model, const int32_t* windows);
+  void forward(const TrainModel& model, const int32_t* windows, bool train);
+  // y [n_tok][n_out] += s * drop(x) A^T B^T for the adapted (layer, kind); nothing when not adapted.
+  void lora_forward(int64_t layer, int kind, const float* x, float* y, bool train);
+  // dx [n_tok][n_in] += the adapter's input gradient; the adapter's dA, dB into g.
+  void lora_backward(int64_t layer, int kind, const float* x, const float* dy, float* dx, float* g);
 
   ModelShape shape_;
   int64_t n_seq_, n_ctx_, n_tok_;
@@ -66,6 +96,19 @@ class ForwardBackward {
   std::vector<float> x_final_, h_final_, rstd_final_, logits_;
   // backward scratch
   std::vector<float> dx_, dh_, dq_, dk_, dv_, do_, dact_, dgate_, dup_, tmp_;
+  int64_t n_scored_ = 0;
+  // LoRA
+  const LoraWeights* lora_ = nullptr;
+  std::vector<float> lora_t_;            // A^T [n_in][rank] and B^T [rank][n_out] at A's and B's offsets
+  struct LoraActs {
+    std::vector<float> xd;               // the dropped-out input [n_tok][n_in] (dropout > 0 only)
+    std::vector<uint8_t> keep;           // its mask
+    std::vector<float> u;                // s * drop(x) A^T [n_tok][rank]
+    bool dropped = false;                // the last forward used xd
+  };
+  std::vector<LoraActs> lora_acts_;      // per slot
+  std::vector<float> lora_du_, lora_dx_, norm_scratch_;
+  uint64_t dropout_seed_ = 0;
 };
 
 }  // namespace tern::train

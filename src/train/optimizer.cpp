@@ -25,7 +25,12 @@ AdamW::AdamW(const OptimizerConfig& config, int64_t n_params)
     : config_(config), m_(size_t(n_params), 0.0f), v_(size_t(n_params), 0.0f) {}
 
 double AdamW::step(TrainModel& model, float* g, int64_t step, ThreadPool* pool) {
-  const int64_t n = model.n_params();
+  return this->step(model.params, model.data, g, step, pool);
+}
+
+double AdamW::step(const std::vector<ParamInfo>& params, std::vector<float>& data, float* g, int64_t step,
+                   ThreadPool* pool) {
+  const int64_t n = int64_t(data.size());
   if (int64_t(m_.size()) != n) fail("optimizer state has ", m_.size(), " values for a model of ", n, " parameters");
   const double norm = global_norm(g, n);
   // torch.nn.utils.clip_grad_norm_: g *= min(1, clip / (norm + 1e-6)).
@@ -40,9 +45,9 @@ double AdamW::step(TrainModel& model, float* g, int64_t step, ThreadPool* pool) 
   const float bias2_sqrt = float(std::sqrt(1.0 - std::pow(double(config_.beta2), t)));
   const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
   const float step_size = lr / bias1;
-  for (const ParamInfo& p : model.params) {
+  for (const ParamInfo& p : params) {
     const float decay = p.decay ? 1.0f - lr * config_.weight_decay : 1.0f;
-    float* w = model.data.data() + p.offset;
+    float* w = data.data() + p.offset;
     float* gp = g + p.offset;
     float* mp = m_.data() + p.offset;
     float* vp = v_.data() + p.offset;

@@ -37,6 +37,8 @@ class AdamW {
   // config.clip). `step` is the 0-based index of this update (it sets the learning rate and the
   // bias corrections). Returns the norm before clipping.
   double step(TrainModel& model, float* g, int64_t step, ThreadPool* pool);
+  // The same over any parameter table: `data` holds the tensors `params` names (a LoRA adapter's).
+  double step(const std::vector<ParamInfo>& params, std::vector<float>& data, float* g, int64_t step, ThreadPool* pool);
 
   // State, for checkpoints.
   std::vector<float>& m() { return m_; }

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/stats.h"
 #include "core/thread_pool.h"
+#include "train/rng.h"
 
 namespace tern::train {
 namespace {
@@ -26,13 +27,32 @@ constexpr RunKey kRunKeys[] = {
 std::string optimizer_state_path(const std::string& model_path) { return model_path + ".optim"; }
 
 Trainer::Trainer(TrainModel& model, const GgufFile& vocab, TrainConfig cfg, ThreadPool* pool)
-    : model_(model), vocab_(vocab), cfg_(std::move(cfg)), pool_(pool), fb_(model.shape, cfg_.n_seq, cfg_.n_ctx, pool),
-      opt_(cfg_.opt, model.n_params()), grads_(size_t(model.n_params()), 0.0f),
-      batch_(size_t(cfg_.n_seq * (cfg_.n_ctx + 1)), 0) {
+    : Trainer(model, nullptr, vocab, std::move(cfg), pool, {}) {}
+
+Trainer::Trainer(TrainModel& base, LoraWeights& lora, const GgufFile& vocab, TrainConfig cfg, ThreadPool* pool,
+                 std::vector<std::pair<std::string, GgufValue>> adapter_keys)
+    : Trainer(base, &lora, vocab, std::move(cfg), pool, std::move(adapter_keys)) {}
+
+Trainer::Trainer(TrainModel& model, LoraWeights* lora, const GgufFile& vocab, TrainConfig cfg, ThreadPool* pool,
+                 std::vector<std::pair<std::string, GgufValue>> adapter_keys)
+    : model_(model), lora_(lora), vocab_(vocab), cfg_(std::move(cfg)), pool_(pool),
+      fb_(model.shape, cfg_.n_seq, cfg_.n_ctx, pool),
+      opt_(cfg_.opt, lora ? lora->n_params() : model.n_params()),
+      grads_(size_t(lora ? lora->n_params() : model.n_params()), 0.0f),
+      batch_(size_t(cfg_.n_seq * (cfg_.n_ctx + 1)), 0), adapter_keys_(std::move(adapter_keys)) {
   if (cfg_.grad_accum < 1) fail("--grad-accum must be at least 1 (got ", cfg_.grad_accum, ")");
   if (cfg_.steps < 0) fail("--steps must not be negative (got ", cfg_.steps, ")");
   cfg_.opt.total_steps = cfg_.steps;
   opt_.set_config(cfg_.opt);
+  if (lora_ != nullptr) {
+    fb_.set_lora(lora_);
+    fb_.prepare(model_);  // the frozen base: once
+  }
+}
+
+void Trainer::prepare() {
+  if (lora_ != nullptr) fb_.prepare_lora();
+  else fb_.prepare(model_);
 }
 
 void Trainer::resume(const GgufFile& st, int64_t model_step) {
@@ -41,8 +61,9 @@ void Trainer::resume(const GgufFile& st, int64_t model_step) {
     fail(st.path(), " is at step ", step, " but its model checkpoint is at step ", model_step,
          ": a checkpoint write was interrupted between the two files; restart from an older copy");
   const uint64_t n_params = st.get_uint("train.n_params");
-  if (int64_t(n_params) != model_.n_params())
-    fail(st.path(), ": optimizer state for ", n_params, " parameters, the model has ", model_.n_params());
+  if (int64_t(n_params) != n_trainable())
+    fail(st.path(), ": optimizer state for ", n_params, " parameters, the ", lora_ ? "adapter" : "model", " has ",
+         n_trainable());
   if (st.get_uint("train.seed") != cfg_.seed)
     fail("--resume: the run was started with --seed ", st.get_uint("train.seed"), ", not ", cfg_.seed,
          " (the data order would differ)");
@@ -54,7 +75,7 @@ void Trainer::resume(const GgufFile& st, int64_t model_step) {
   }
   if ((st.get_uint("train.shuffle") != 0) != cfg_.shuffle)
     fail("--resume: the run was started ", cfg_.shuffle ? "with --no-shuffle" : "with shuffling", "; give the same");
-  for (const ParamInfo& p : model_.params) {
+  for (const ParamInfo& p : trainable_params()) {
     for (int which = 0; which < 2; ++which) {
       const std::string name = p.name + (which == 0 ? ".adam_m" : ".adam_v");
       const GgufTensorInfo* t = st.find_tensor(name);
@@ -75,7 +96,7 @@ void Trainer::save_checkpoint() {
   w.set("general.architecture", GgufValue::string("tern-optimizer-state"));
   w.set("train.step", GgufValue::u64(uint64_t(step_)));
   w.set("train.total_steps", GgufValue::u64(uint64_t(cfg_.steps)));
-  w.set("train.n_params", GgufValue::u64(uint64_t(model_.n_params())));
+  w.set("train.n_params", GgufValue::u64(uint64_t(n_trainable())));
   w.set("train.seed", GgufValue::u64(cfg_.seed));
   w.set("train.shuffle", GgufValue::u32(cfg_.shuffle ? 1 : 0));
   for (const RunKey& k : kRunKeys) w.set(k.key, GgufValue::u64(uint64_t(cfg_.*k.field)));
@@ -87,18 +108,25 @@ void Trainer::save_checkpoint() {
   w.set("train.beta2", GgufValue::f32(cfg_.opt.beta2));
   w.set("train.eps", GgufValue::f32(cfg_.opt.eps));
   w.set("train.clip", GgufValue::f32(cfg_.opt.clip));
-  for (const ParamInfo& p : model_.params) {
+  for (const ParamInfo& p : trainable_params()) {
     w.add_tensor(p.name + ".adam_m", DType::F32, {p.size}, opt_.m().data() + p.offset, uint64_t(p.size) * 4);
     w.add_tensor(p.name + ".adam_v", DType::F32, {p.size}, opt_.v().data() + p.offset, uint64_t(p.size) * 4);
   }
   w.write(optimizer_state_path(cfg_.out_path));
-  save_model(model_, vocab_, cfg_.out_path, {{"tern.train.step", GgufValue::u64(uint64_t(step_))}});
+  if (lora_ != nullptr) {
+    std::vector<std::pair<std::string, GgufValue>> keys = adapter_keys_;
+    keys.emplace_back("tern.train.step", GgufValue::u64(uint64_t(step_)));
+    save_lora(*lora_, "llama", cfg_.out_path, keys);
+  } else {
+    save_model(model_, vocab_, cfg_.out_path, {{"tern.train.step", GgufValue::u64(uint64_t(step_))}});
+  }
   last_checkpoint_step_ = step_;
 }
 
 double Trainer::validate(WindowSampler& val) {
   const int64_t want = cfg_.val_windows > 0 ? std::min(cfg_.val_windows, val.n_windows()) : val.n_windows();
   const int64_t n_batches = (want + cfg_.n_seq - 1) / cfg_.n_seq;
+  prepare();
   double sum = 0.0;
   for (int64_t b = 0; b < n_batches; ++b) {
     // Windows in file order; the last batch wraps around to the first windows when `want` is not
@@ -127,11 +155,13 @@ TrainResult Trainer::run(WindowSampler& data, WindowSampler* val, const std::fun
     }
     if (cfg_.stop_after > 0 && run_steps >= cfg_.stop_after) break;
     const int64_t t0 = now_ns();
-    fb_.prepare(model_);
+    prepare();
     std::fill(grads_.begin(), grads_.end(), 0.0f);
     double loss = 0.0;
     for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
-      data.batch(step_ * cfg_.grad_accum + a, cfg_.n_seq, batch_.data());
+      const int64_t m = step_ * cfg_.grad_accum + a;
+      data.batch(m, cfg_.n_seq, batch_.data());
+      fb_.set_dropout_seed(mix_seed(cfg_.seed, 7, uint64_t(m)));  // LoRA dropout: a function of (seed, micro-batch)
       if (before_batch_) before_batch_(batch_.data(), cfg_.n_seq, cfg_.n_ctx);
       loss += fb_.forward_backward(model_, batch_.data(), grads_.data(), micro_scale, loss_ ? &loss_ : nullptr);
     }
@@ -148,7 +178,7 @@ TrainResult Trainer::run(WindowSampler& data, WindowSampler* val, const std::fun
     }
     StepLog log;
     log.lr = learning_rate(opt_.config(), step_);
-    log.grad_norm = opt_.step(model_, grads_.data(), step_, pool_);
+    log.grad_norm = opt_.step(trainable_params(), trainable_data(), grads_.data(), step_, pool_);
     ++step_;
     ++run_steps;
     log.step = step_;
@@ -159,7 +189,6 @@ TrainResult Trainer::run(WindowSampler& data, WindowSampler* val, const std::fun
     r.train_seconds += double(t1 - t0) / 1e9;
     const bool last = step_ == cfg_.steps;
     if (val != nullptr && ((cfg_.val_every > 0 && step_ % cfg_.val_every == 0) || last)) {
-      fb_.prepare(model_);
       log.val_loss = validate(*val);
       if (last) r.final_val_loss = log.val_loss;
     }

@@ -8,6 +8,10 @@
 // the run's settings). Resuming restores the weights and moments bit for bit, and the data order
 // and learning rate are functions of (seed, step), so the losses after a resume equal those of
 // an uninterrupted run on the same machine and thread count.
+//
+// LoRA (the second constructor): the base model is frozen and the adapter's A and B are what
+// the optimizer updates; OUT is then the adapter (models/lora.h's GGUF format, with
+// `tern.train.step`) and OUT.optim holds the adapter tensors' moments.
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -16,6 +20,7 @@
 
 #include "train/data.h"
 #include "train/forward_backward.h"
+#include "train/lora.h"
 #include "train/model.h"
 #include "train/optimizer.h"
 
@@ -65,9 +70,13 @@ class Trainer {
  public:
   // vocab: the GGUF whose tokenizer.* keys the checkpoints carry.
   Trainer(TrainModel& model, const GgufFile& vocab, TrainConfig cfg, ThreadPool* pool);
+  // Trains `lora` on the frozen `base` (both must outlive the trainer). The checkpoints are
+  // adapters carrying `adapter_keys` and tern.train.step.
+  Trainer(TrainModel& base, LoraWeights& lora, const GgufFile& vocab, TrainConfig cfg, ThreadPool* pool,
+          std::vector<std::pair<std::string, GgufValue>> adapter_keys = {});
 
-  // Restores AdamW's state and the step from OUT.optim (the model must already hold OUT's
-  // weights). Throws tern::Error when the files do not belong together or the shape differs.
+  // Restores AdamW's state and the step from OUT.optim (the model, or the adapter, must already
+  // hold OUT's weights). Throws tern::Error when the files do not belong together or the shape differs.
   void resume(const GgufFile& optim_state, int64_t model_step);
   int64_t step() const { return step_; }
 
@@ -90,9 +99,19 @@ class Trainer {
   void save_checkpoint();
 
   ForwardBackward& forward_backward() { return fb_; }
+  // What the optimizer updates: the model's tensors, or the adapter's.
+  const std::vector<ParamInfo>& trainable_params() const { return lora_ ? lora_->params : model_.params; }
+  std::vector<float>& trainable_data() { return lora_ ? lora_->data : model_.data; }
+  int64_t n_trainable() const { return lora_ ? lora_->n_params() : model_.n_params(); }
+  bool lora() const { return lora_ != nullptr; }
 
  private:
+  Trainer(TrainModel& model, LoraWeights* lora, const GgufFile& vocab, TrainConfig cfg, ThreadPool* pool,
+          std::vector<std::pair<std::string, GgufValue>> adapter_keys);
+  void prepare();  // the forward's copies of what changed (every weight, or the adapter's)
+
   TrainModel& model_;
+  LoraWeights* lora_;
   const GgufFile& vocab_;
   TrainConfig cfg_;
   ThreadPool* pool_;
@@ -104,6 +123,7 @@ class Trainer {
   int64_t last_checkpoint_step_ = -1;
   LossFn loss_;
   std::function<void(const int32_t*, int64_t, int64_t)> before_batch_;
+  std::vector<std::pair<std::string, GgufValue>> adapter_keys_;
 };
 
 }  // namespace tern::train

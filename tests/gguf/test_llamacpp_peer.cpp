@@ -11,6 +11,10 @@
 
 #include "gguf_test_util.h"
 #include "models/llama2c_import.h"
+#include "models/lora.h"
+
+#include <cmath>
+#include <random>
 
 namespace tern::test {
 namespace {
@@ -148,6 +152,69 @@ TEST(LlamaCppPeer, RunsTheDefaultModelAsTernDoes) {
   const nlohmann::json ours = nlohmann::json::parse(r.out);
   EXPECT_EQ(peer["prompt_ids"], ours["prompt_ids"]);
   EXPECT_EQ(peer["ids"], ours["ids"]) << "llama.cpp: " << peer["text"] << "\ntern: " << ours["text"];
+}
+
+// A LoRA adapter tern writes (every attention and FFN matrix and the output, rank 4, alpha 8)
+// loads in llama.cpp, and its greedy tokens with the adapter at scale 0.7 equal tern's; the
+// model `tern lora merge` writes gives the same tokens without the adapter, in both.
+TEST(LlamaCppPeer, LoadsATernLoraAdapterAndAgreesWithTern) {
+  REQUIRE_PEER();
+  const GgufFile base = GgufFile::open(shared_path(kModel));
+  std::mt19937 rng(2024);
+  std::vector<LoraPair> pairs;
+  for (const GgufTensorInfo& t : base.tensors()) {
+    const bool layer = t.name.rfind("blk.", 0) == 0 && t.ne.size() == 2 && t.name.find("norm") == std::string::npos;
+    if (!layer && t.name != "output.weight") continue;
+    LoraPair p;
+    p.target = t.name;
+    p.rank = 4;
+    p.n_in = t.ne[0];
+    p.n_out = t.ne[1];
+    std::normal_distribution<float> na(0.0f, 1.0f / std::sqrt(float(p.n_in))), nb(0.0f, 0.04f);
+    p.a.resize(size_t(p.rank * p.n_in));
+    p.b.resize(size_t(p.rank * p.n_out));
+    for (float& x : p.a) x = na(rng);
+    for (float& x : p.b) x = nb(rng);
+    pairs.push_back(std::move(p));
+  }
+  ASSERT_GE(pairs.size(), 7u);
+  TempDir dir;
+  const std::string adapter = dir.file("adapter.gguf"), merged = dir.file("merged.gguf");
+  write_lora_adapter(adapter, "llama", 8.0f, pairs);
+  const int n = 48;
+  nlohmann::json peer, plain;
+  {
+    std::vector<std::string> argv = {"node", script, "--model", shared_path(kModel), "--greedy", "Once upon a time",
+                                     "--n", std::to_string(n), "--bos", "--lora", adapter + ":0.7"};
+    const RunResult r = run_program(argv);
+    ASSERT_EQ(r.exit_code, 0) << "llama.cpp failed with the adapter:\n" << r.err << r.out;
+    std::string last;
+    std::stringstream ss(r.out);
+    for (std::string line; std::getline(ss, line);)
+      if (!line.empty()) last = line;
+    peer = nlohmann::json::parse(last);
+  }
+  llamacpp_greedy(script, shared_path(kModel), n, &plain);
+  if (HasFatalFailure()) return;
+  EXPECT_NE(peer["ids"], plain["ids"]) << "the adapter should change llama.cpp's continuation";
+  const RunResult r = run_tern({"run", "-m", shared_path(kModel), "--lora", adapter + ":0.7", "-p", "Once upon a time",
+                                "-n", std::to_string(n), "--temp", "0", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json ours = nlohmann::json::parse(r.out);
+  EXPECT_EQ(peer["prompt_ids"], ours["prompt_ids"]);
+  EXPECT_EQ(peer["ids"], ours["ids"]) << "llama.cpp: " << peer["text"] << "\ntern: " << ours["text"];
+  // Merged: the same tokens in tern and in llama.cpp, without the adapter.
+  const RunResult m = run_tern({"lora", "merge", "-m", shared_path(kModel), "--lora", adapter + ":0.7", "-o", merged});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  const RunResult rm = run_tern({"run", "-m", merged, "-p", "Once upon a time", "-n", std::to_string(n), "--temp", "0",
+                                 "--json"});
+  ASSERT_EQ(rm.exit_code, 0) << rm.err;
+  EXPECT_EQ(nlohmann::json::parse(rm.out)["ids"], ours["ids"]);
+  nlohmann::json peer_merged;
+  llamacpp_greedy(script, merged, n, &peer_merged);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(peer_merged["ids"], peer["ids"]);
+  std::cout << "[ llama.cpp] with the adapter: " << peer["text"] << "\n";
 }
 
 }  // namespace

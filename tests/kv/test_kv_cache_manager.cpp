@@ -109,6 +109,33 @@ TEST(KvCacheManager, PrefixHitReusesFullBlocksAndLeavesOneTokenToCompute) {
   kv.pool().check_invariants();
 }
 
+// Tables with another root (a LoRA adapter's requests) neither find nor give blocks of the
+// root's tables, and a freed table keeps its root.
+TEST(KvCacheManager, PrefixRootsKeepTheirBlocksApart) {
+  KvCacheManager kv(32, 4, true);
+  const auto prompt = iota_tokens(10);
+  BlockTable base;
+  run(kv, base, 10, prompt);
+  BlockTable other = BlockTable::with_root(12345);
+  EXPECT_EQ(kv.match_prefix(other, prompt), 0);
+  run(kv, other, 10, prompt);  // publishes its own two blocks under its root
+  EXPECT_NE(other.blocks[0], base.blocks[0]);
+  BlockTable same = BlockTable::with_root(12345);
+  EXPECT_EQ(kv.match_prefix(same, prompt), 8);
+  EXPECT_EQ(same.blocks[0], other.blocks[0]);
+  EXPECT_EQ(same.blocks[1], other.blocks[1]);
+  BlockTable plain;
+  EXPECT_EQ(kv.match_prefix(plain, prompt), 8);
+  EXPECT_EQ(plain.blocks[0], base.blocks[0]);
+  kv.free(same);
+  EXPECT_EQ(same.root_key, 12345u);
+  EXPECT_EQ(kv.match_prefix(same, prompt), 8);  // after free (a preemption): its own root still
+  EXPECT_EQ(same.blocks[0], other.blocks[0]);
+  for (BlockTable* t : {&base, &other, &same, &plain}) kv.free(*t);
+  EXPECT_EQ(kv.n_used_blocks(), 0);
+  kv.pool().check_invariants();
+}
+
 TEST(KvCacheManager, NoPrefixCachingMeansNoHits) {
   KvCacheManager kv(16, 4, false);
   const auto prompt = iota_tokens(10);
