@@ -643,6 +643,16 @@ void Engine::Impl::finish(Completion& c, FinishReason reason, const std::string&
   out.error = error;
   --r.n_unfinished;
   r.last_reason = reason;
+  if (r.n_unfinished == 0) {
+    // Counted and published before the last callback, so a caller holding its answer never
+    // reads a count without its own request in it.
+    switch (reason) {
+      case FinishReason::Abort: ++totals.requests_aborted; break;
+      case FinishReason::Error: ++totals.requests_failed; break;
+      default: ++totals.requests_finished; break;
+    }
+    update_snapshot();
+  }
   if (r.on_output) {
     try {
       r.on_output(out);
@@ -681,12 +691,7 @@ void Engine::Impl::finish_request(Request& r, FinishReason reason, const std::st
 }
 
 void Engine::Impl::retire_if_done(Request& r) {
-  if (r.n_unfinished > 0) return;
-  switch (r.last_reason) {
-    case FinishReason::Abort: ++totals.requests_aborted; break;
-    case FinishReason::Error: ++totals.requests_failed; break;
-    default: ++totals.requests_finished; break;
-  }
+  if (r.n_unfinished > 0) return;  // (counted by finish() before its last callback)
   requests.erase(r.id);  // r is gone after this line
   n_active.fetch_sub(1);
 }

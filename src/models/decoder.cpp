@@ -265,7 +265,8 @@ void DecoderModel::number_lora_targets() {
   if (output_.name != tensor_name(Tensor::TokenEmbd)) add(output_);
   embd_lora_id_ = int32_t(targets.size());
   targets.push_back(LoraTarget{tensor_name(Tensor::TokenEmbd), 0, hp_.n_embd, hp_.n_vocab});
-  lora_.set_targets(std::move(targets));
+  // The output runs over the rows that need logits, not over every token.
+  lora_.set_targets(std::move(targets), output_.lora_id);
 }
 
 // Adds each token's embedding update: scale * B A[token] (llama.cpp's token_embd layout:

@@ -35,6 +35,24 @@ std::vector<float> to_f32(const GgufTensorInfo& t, const std::string& path) {
 
 std::string shape_of(int64_t ne0, int64_t ne1) { return str_cat(ne0, " x ", ne1); }
 
+// The step kernels' operands, f32 or (half) IEEE half: A as it is, B transposed.
+void make_operands(LoraPair& p, bool half) {
+  if (p.embedding()) return;
+  const int64_t R = p.rank;
+  p.half = half;
+  std::vector<float> bt(p.b.size());
+  for (int64_t o = 0; o < p.n_out; ++o)
+    for (int64_t k = 0; k < R; ++k) bt[size_t(k * p.n_out + o)] = p.b[size_t(o * R + k)];
+  if (!half) {
+    p.bt = std::move(bt);
+    return;
+  }
+  p.a_half.resize(p.a.size());
+  p.bt_half.resize(bt.size());
+  for (size_t i = 0; i < p.a.size(); ++i) p.a_half[i] = f32_to_fp16(p.a[i]);
+  for (size_t i = 0; i < bt.size(); ++i) p.bt_half[i] = f32_to_fp16(bt[i]);
+}
+
 }  // namespace
 
 bool LoraPair::embedding() const { return target == kTokenEmbd; }
@@ -107,6 +125,8 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::from_file(const GgufFile& file) 
       fail(path, ": ", target, " has rank ", p.rank, " (", h.a->shape_string(), "); a LoRA rank is at least 1");
     p.a = to_f32(*h.a, path);
     p.b = to_f32(*h.b, path);
+    // F16 halves keep their precision (the values convert back exactly).
+    make_operands(p, h.a->type == DType::F16 && h.b->type == DType::F16);
     ad->pairs_.push_back(std::move(p));
   }
   ad->uid_ = next_uid.fetch_add(1);
@@ -114,7 +134,7 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::from_file(const GgufFile& file) 
 }
 
 std::shared_ptr<const LoraAdapter> LoraAdapter::from_pairs(const std::string& name, const std::string& architecture,
-                                                           float alpha, std::vector<LoraPair> pairs) {
+                                                           float alpha, std::vector<LoraPair> pairs, bool half) {
   static std::atomic<uint64_t> next_uid{1ull << 40};
   if (!std::isfinite(alpha)) fail(name, ": LoRA alpha must be finite (got ", alpha, ")");
   for (const LoraPair& p : pairs) {
@@ -122,6 +142,13 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::from_pairs(const std::string& na
     const int64_t na = p.rank * (p.embedding() ? p.n_out : p.n_in), nb = p.rank * (p.embedding() ? p.n_in : p.n_out);
     if (int64_t(p.a.size()) != na || int64_t(p.b.size()) != nb)
       fail(name, ": ", p.target, " has ", p.a.size(), " + ", p.b.size(), " values; rank ", p.rank, " needs ", na, " + ", nb);
+  }
+  for (LoraPair& p : pairs) {
+    if (half) {
+      for (float& x : p.a) x = fp16_to_f32(f32_to_fp16(x));
+      for (float& x : p.b) x = fp16_to_f32(f32_to_fp16(x));
+    }
+    make_operands(p, half);
   }
   auto ad = std::make_shared<LoraAdapter>();
   ad->path_ = name;

@@ -31,6 +31,15 @@ struct LoraPair {
   int64_t n_out = 0;    // base tensor's rows (token_embd: n_vocab)
   std::vector<float> a; // [rank][n_in]; token_embd: [n_vocab][rank]
   std::vector<float> b; // [n_out][rank]; token_embd: [n_embd][rank]
+  // The step kernels' operands (models/lora_step.h), made when the adapter is loaded, in the
+  // precision the file stores: IEEE half when both halves are F16 (what llama.cpp's converter
+  // writes by default: half the bytes a decode step reads, exactly the file's values), else
+  // f32. A is read as stored (the shrink: u_k = A[k] . x); B as B^T [rank][n_out] (the expand
+  // adds u_k * B^T[k] over a range of rows). Empty for token_embd.
+  bool half = false;
+  std::vector<float> bt;           // f32 operands: B^T (A is `a`)
+  std::vector<uint16_t> a_half;    // half operands: A [rank][n_in]
+  std::vector<uint16_t> bt_half;   //                B^T [rank][n_out]
   bool embedding() const;  // the token_embd layout
 };
 
@@ -44,8 +53,10 @@ class LoraAdapter {
   // An adapter made in memory (a benchmark's random adapters, a trainer's result): `name`
   // stands for the path in messages. Throws tern::Error for a pair whose sizes do not match
   // its rank and shape.
+  // half: hold the kernels' operands as IEEE half (the values are rounded to half first, a and b
+  // included, as an F16 file would give them).
   static std::shared_ptr<const LoraAdapter> from_pairs(const std::string& name, const std::string& architecture,
-                                                       float alpha, std::vector<LoraPair> pairs);
+                                                       float alpha, std::vector<LoraPair> pairs, bool half = false);
   // Random pairs (A ~ N(0, 1/n_in), B ~ N(0, b_std^2 / rank), seeded) for every matrix of
   // `base` named blk.*.{attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down}.weight (and
   // attn_qkv for fused models): benchmarks and tests.

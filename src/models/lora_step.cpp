@@ -2,9 +2,13 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "core/error.h"
+#include "core/fp16.h"
 #include "core/thread_pool.h"
-#include "kernels/matmul.h"
 #include "models/model.h"
 
 namespace tern {
@@ -14,15 +18,6 @@ namespace {
 constexpr size_t kCacheSize = 64;
 // Tokens per shrink chunk (a long prompt's group is split across threads).
 constexpr int64_t kShrinkTokens = 32;
-
-WeightView f32_rows(const float* data, int64_t n_in, int64_t n_out) {
-  WeightView w;
-  w.type = DType::F32;
-  w.n_in = n_in;
-  w.n_out = n_out;
-  w.data = data;
-  return w;
-}
 
 }  // namespace
 
@@ -74,6 +69,29 @@ bool LoraStep::begin(std::span<const SeqBatch> seqs) {
       }
     t0 += n;
   }
+  if (logit_rows_target_ >= 0) {
+    // Groups are whole sequences: renumber their tokens as logit rows (n_logit_rows's order).
+    std::vector<int64_t> token_start, row_start;
+    int64_t t = 0, r = 0;
+    for (const SeqBatch& s : seqs) {
+      token_start.push_back(t);
+      row_start.push_back(r);
+      t += int64_t(s.tokens.size());
+      r += s.tokens.empty() ? 0 : (s.all_logits ? int64_t(s.tokens.size()) : 1);
+    }
+    token_start.push_back(t);
+    row_start.push_back(r);
+    const auto row_of = [&](int64_t token) {  // the first row of the sequence starting at `token`
+      const size_t i = size_t(std::lower_bound(token_start.begin(), token_start.end(), token) - token_start.begin());
+      TERN_ASSERT(i < token_start.size() && token_start[i] == token);
+      return row_start[i];
+    };
+    for (LoraGroup& g : groups_[size_t(logit_rows_target_)]) {
+      const int64_t r0 = row_of(g.t0), r1 = row_of(g.t0 + g.n);
+      g.t0 = r0;
+      g.n = r1 - r0;
+    }
+  }
   return true;
 }
 
@@ -98,12 +116,127 @@ int64_t lora_shrink_size(std::span<const LoraGroup> groups, std::vector<int64_t>
   return total;
 }
 
+// The two kernels: plain loops whose inner loop runs over 16 lanes of the input (shrink) or
+// the output rows (expand), without reductions, so the compiler vectorizes them; on x86-64
+// built for x86-64-v4 (AVX-512), v3 (AVX2, F16C: half operands convert in registers) and the
+// baseline, the loader choosing by the CPU (target_clones). Every clone does the same
+// operations in the same order, a multiply then an add (no contraction into FMA, which the
+// baseline lacks): the same bits on every CPU. W is the operands' type: float or IEEE half.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define TERN_LORA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TERN_LORA_CLONES
+#endif
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+
+// u [n][rank] = x [n][n_in] A^T: u[t][k] = A[k] . x[t], as 16 lane sums (lane l takes the
+// elements i = l mod 16, in i order) added lane 0 to 15, then the n_in mod 16 tail in order.
+template <class W>
+TERN_LORA_CLONES void shrink_kernel(const float* x, int64_t ldx, int64_t n, const W* a, int64_t n_in, int64_t rank,
+                                    float* u) {
+  constexpr int64_t L = 16;
+  const int64_t body = n_in - n_in % L;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * ldx;
+    for (int64_t k = 0; k < rank; ++k) {
+      const W* ak = a + k * n_in;
+      float lanes[L] = {};
+      for (int64_t i = 0; i < body; i += L)
+        for (int64_t l = 0; l < L; ++l) lanes[l] += float(ak[i + l]) * xt[i + l];
+      float sum = 0.0f;
+      for (int64_t l = 0; l < L; ++l) sum += lanes[l];
+      for (int64_t i = body; i < n_in; ++i) sum += float(ak[i]) * xt[i];
+      u[t * rank + k] = sum;
+    }
+  }
+}
+
+// y[t][0 .. w) += scale * u[t] B^T[:, 0 .. w), B^T rows ld_bt apart: per rank component k,
+// y += (scale * u_k) * B^T[k].
+template <class W>
+TERN_LORA_CLONES void expand_kernel(const float* u, int64_t n, int64_t rank, const W* bt, int64_t ld_bt, int64_t w,
+                                    float scale, float* y, int64_t ldy) {
+  for (int64_t t = 0; t < n; ++t) {
+    float* yt = y + t * ldy;
+    const float* ut = u + t * rank;
+    for (int64_t k = 0; k < rank; ++k) {
+      const float c = scale * ut[k];
+      const W* b = bt + k * ld_bt;
+      for (int64_t j = 0; j < w; ++j) yt[j] += c * float(b[j]);
+    }
+  }
+}
+
+#pragma GCC pop_options
+
+// IEEE half as the kernels read it.
+using Half = _Float16;
+static_assert(sizeof(Half) == sizeof(uint16_t));
+
+// The half kernels with F16C conversions, where the CPU has AVX2 and F16C (the compiler turns
+// the generic kernels' half-to-float conversions into calls, one per element). The same
+// operations in the same order as the generic kernels: lane l of the shrink's 16 is element l
+// of (acc0, acc1); each output of the expand is y + c * b. So the same bits.
+#if defined(__x86_64__)
+__attribute__((target("avx2,f16c"))) static void shrink_half_f16c(const float* x, int64_t ldx, int64_t n,
+                                                                   const uint16_t* a, int64_t n_in, int64_t rank,
+                                                                   float* u) {
+  constexpr int64_t L = 16;
+  const int64_t body = n_in - n_in % L;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * ldx;
+    for (int64_t k = 0; k < rank; ++k) {
+      const uint16_t* ak = a + k * n_in;
+      __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+      for (int64_t i = 0; i < body; i += L) {
+        const __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ak + i)));
+        const __m256 a1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ak + i + 8)));
+        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(a0, _mm256_loadu_ps(xt + i)));
+        acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(a1, _mm256_loadu_ps(xt + i + 8)));
+      }
+      float lanes[L];
+      _mm256_storeu_ps(lanes, acc0);
+      _mm256_storeu_ps(lanes + 8, acc1);
+      float sum = 0.0f;
+      for (int64_t l = 0; l < L; ++l) sum += lanes[l];
+      for (int64_t i = body; i < n_in; ++i) sum += fp16_to_f32(ak[i]) * xt[i];
+      u[t * rank + k] = sum;
+    }
+  }
+}
+
+__attribute__((target("avx2,f16c"))) static void expand_half_f16c(const float* u, int64_t n, int64_t rank,
+                                                                   const uint16_t* bt, int64_t ld_bt, int64_t w,
+                                                                   float scale, float* y, int64_t ldy) {
+  const int64_t body = w - w % 8;
+  for (int64_t t = 0; t < n; ++t) {
+    float* yt = y + t * ldy;
+    const float* ut = u + t * rank;
+    for (int64_t k = 0; k < rank; ++k) {
+      const float c = scale * ut[k];
+      const __m256 cv = _mm256_set1_ps(c);
+      const uint16_t* b = bt + k * ld_bt;
+      for (int64_t j = 0; j < body; j += 8) {
+        const __m256 bv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + j)));
+        _mm256_storeu_ps(yt + j, _mm256_add_ps(_mm256_loadu_ps(yt + j), _mm256_mul_ps(cv, bv)));
+      }
+      for (int64_t j = body; j < w; ++j) yt[j] += c * fp16_to_f32(b[j]);
+    }
+  }
+}
+
+const bool kHaveF16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#else
+constexpr bool kHaveF16c = false;
+#endif
+
 void lora_shrink(std::span<const LoraGroup> groups, const float* x, int64_t ldx, float* u,
                  std::span<const int64_t> offsets, ThreadPool& pool) {
   // Chunks: (group, up to kShrinkTokens of its tokens).
   int64_t n_chunks = 0;
   for (const LoraGroup& g : groups) n_chunks += (g.n + kShrinkTokens - 1) / kShrinkTokens;
-  pool.for_chunks(n_chunks, [&](int64_t c, int) {
+  const auto run_chunk = [&](int64_t c) {
     size_t g = 0;
     for (;; ++g) {
       const int64_t k = (groups[g].n + kShrinkTokens - 1) / kShrinkTokens;
@@ -113,28 +246,38 @@ void lora_shrink(std::span<const LoraGroup> groups, const float* x, int64_t ldx,
     const LoraGroup& gr = groups[g];
     const LoraPair& p = *gr.pair;
     const int64_t i0 = c * kShrinkTokens, n = std::min(kShrinkTokens, gr.n - i0);
-    // u rows = x rows A^T: A is a [rank][n_in] f32 matrix, i.e. a weight of n_in -> rank.
-    matmul_rows(f32_rows(p.a.data(), p.n_in, p.rank), x + (gr.t0 + i0) * ldx, ldx, n,
-                u + offsets[g] + i0 * p.rank, p.rank, 0, p.rank);
-  });
+    float* ug = u + offsets[g] + i0 * p.rank;
+    const float* xg = x + (gr.t0 + i0) * ldx;
+    if (!p.half) shrink_kernel(xg, ldx, n, p.a.data(), p.n_in, p.rank, ug);
+#if defined(__x86_64__)
+    else if (kHaveF16c) shrink_half_f16c(xg, ldx, n, p.a_half.data(), p.n_in, p.rank, ug);
+#endif
+    else shrink_kernel(xg, ldx, n, reinterpret_cast<const Half*>(p.a_half.data()), p.n_in, p.rank, ug);
+  };
+  // A decode step's groups are a few tokens each: one region costs more than their work.
+  if (n_chunks <= 2) {
+    for (int64_t c = 0; c < n_chunks; ++c) run_chunk(c);
+    return;
+  }
+  pool.for_chunks(n_chunks, [&](int64_t c, int) { run_chunk(c); });
 }
 
 void lora_expand_rows(std::span<const LoraGroup> groups, const float* u, std::span<const int64_t> offsets,
                       int64_t row0, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  thread_local std::vector<float> delta;  // [n][r1 - r0]
-  const int64_t w = r1 - r0;
   for (size_t g = 0; g < groups.size(); ++g) {
     const LoraGroup& gr = groups[g];
     const LoraPair& p = *gr.pair;
-    if (delta.size() < size_t(gr.n * w)) delta.resize(size_t(gr.n * w));
-    // delta = u B[row0 + r0 .. row0 + r1)^T: B's rows are a weight of rank -> rows.
-    matmul_rows(f32_rows(p.b.data() + (row0 + r0) * p.rank, p.rank, w), u + offsets[g], p.rank, gr.n, delta.data(),
-                w, 0, w);
-    for (int64_t t = 0; t < gr.n; ++t) {
-      float* yt = y + (gr.t0 + t) * ldy + r0;
-      const float* dt = delta.data() + t * w;
-      for (int64_t j = 0; j < w; ++j) yt[j] += gr.scale * dt[j];
-    }
+    float* yg = y + gr.t0 * ldy + r0;
+#if defined(__x86_64__)
+    if (p.half && kHaveF16c)
+      expand_half_f16c(u + offsets[g], gr.n, p.rank, p.bt_half.data() + row0 + r0, p.n_out, r1 - r0, gr.scale, yg, ldy);
+    else
+#endif
+    if (p.half)
+      expand_kernel(u + offsets[g], gr.n, p.rank, reinterpret_cast<const Half*>(p.bt_half.data()) + row0 + r0, p.n_out,
+                    r1 - r0, gr.scale, yg, ldy);
+    else
+      expand_kernel(u + offsets[g], gr.n, p.rank, p.bt.data() + row0 + r0, p.n_out, r1 - r0, gr.scale, yg, ldy);
   }
 }
 

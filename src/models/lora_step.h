@@ -37,7 +37,13 @@ struct LoraTarget {
 class LoraStep {
  public:
   // The model's linear layers, once at load; id = index.
-  void set_targets(std::vector<LoraTarget> targets) { targets_ = std::move(targets); }
+  // logit_rows_target: the id of the linear that runs over the rows that need logits (the
+  // output projection: every token of an all_logits sequence, else its last), whose groups
+  // are then in those rows' numbering; -1: none.
+  void set_targets(std::vector<LoraTarget> targets, int32_t logit_rows_target = -1) {
+    targets_ = std::move(targets);
+    logit_rows_target_ = logit_rows_target;
+  }
   const std::vector<LoraTarget>& targets() const { return targets_; }
   // Resolves the step's sequences' adapters into groups per linear. False when no token runs one.
   bool begin(std::span<const SeqBatch> seqs);
@@ -59,6 +65,7 @@ class LoraStep {
   std::vector<LoraTarget> targets_;
   std::vector<Resolved> cache_;                 // most recent last; bounded
   std::vector<std::vector<LoraGroup>> groups_;  // [targets] this step's groups
+  int32_t logit_rows_target_ = -1;
   bool active_ = false;
 };
 

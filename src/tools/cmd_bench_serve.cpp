@@ -117,7 +117,8 @@ int cmd_bench_serve(int argc, char** argv) {
   app.add_option("--lora", lora_files,
                  "LoRA adapter FILE[:SCALE]; repeatable: request i runs adapter i mod N (multi-LoRA batching)");
   app.add_option("--lora-random", lora_random,
-                 "N:RANK: N random adapters of rank RANK on every attention and FFN matrix (seeded), as --lora");
+                 "N:RANK: N random adapters of rank RANK on every attention and FFN matrix (seeded, F16 as llama.cpp's "
+                 "converter writes them), as --lora");
   app.add_flag("--lora-with-base", lora_with_base, "the base model takes a turn in the round robin too");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   (void)active_isa();  // a bad TERN_FORCE_ISA is a usage error, before loading anything
@@ -157,7 +158,8 @@ int cmd_bench_serve(int argc, char** argv) {
     for (int64_t a = 0; a < n_random; ++a)
       lora_sets.push_back({LoraUse{LoraAdapter::from_pairs(str_cat("random-", a), file->get_string("general.architecture"),
                                                            float(rank),
-                                                           LoraAdapter::random_pairs(*file, rank, uint64_t(seed) + uint64_t(a))),
+                                                           LoraAdapter::random_pairs(*file, rank, uint64_t(seed) + uint64_t(a)),
+                                                           /*half=*/true),
                                    1.0f}});
   }
   for (const LoraSet& s : lora_sets) engine.check_lora(*s[0].adapter);

@@ -60,30 +60,9 @@ int cmd_finetune(int argc, char** argv) {
   app.add_option("--dropout", dropout, "dropout on the adapters' input while training (0: off)")->capture_default_str();
   app.add_option("--steps", a.cfg.steps, "optimizer steps (required)");
   app.add_option("--ctx", a.n_ctx, "tokens per training sequence (default: 256, at most the base's context)");
-  app.add_option("--batch", a.cfg.n_seq, "sequences per micro-batch")->capture_default_str();
-  app.add_option("--grad-accum", a.cfg.grad_accum, "micro-batches per optimizer step")->capture_default_str();
-  app.add_option("--lr", a.cfg.opt.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", a.min_lr, "learning rate at the end of the cosine (default: lr / 10)");
-  app.add_option("--warmup", a.warmup, "steps of linear warm-up (default: steps / 20, at most 1000)");
-  app.add_option("--weight-decay", a.cfg.opt.weight_decay, "AdamW's decoupled weight decay on A and B")
-      ->capture_default_str();
-  app.add_option("--beta1", a.cfg.opt.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", a.cfg.opt.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--eps", a.cfg.opt.eps, "AdamW epsilon")->capture_default_str();
-  app.add_option("--clip", a.cfg.opt.clip, "clip the gradient's global L2 norm to this (0: off)")->capture_default_str();
-  app.add_option("--seed", a.cfg.seed, "seed of A's initialisation, the data order and the dropout")->capture_default_str();
-  app.add_flag("--no-shuffle", a.no_shuffle, "take the windows in file order (default: a seeded shuffle per epoch)");
-  app.add_flag("--eos", a.add_eos, "end every document / example with EOS (so the model learns to stop)");
-  app.add_option("--val-every", a.cfg.val_every, "steps between validations (default: steps / 10)");
-  app.add_option("--val-windows", a.cfg.val_windows, "validation windows of --ctx tokens used (0: all)")
-      ->capture_default_str();
-  app.add_option("--checkpoint-every", a.cfg.checkpoint_every, "steps between checkpoints (0: at the end only)")
-      ->capture_default_str();
-  app.add_option("--stop-after", a.cfg.stop_after, "stop after this many steps of this run (checkpoint written)");
-  app.add_flag("--resume", a.resume, "continue the run checkpointed in -o OUT (OUT and OUT.optim)");
-  app.add_option("-t,--threads", a.threads, "threads (default: all cores)");
-  app.add_flag("--json", a.json, "print one JSON object per step (step, loss, lr, grad_norm, tok_s, val_loss)");
-  app.add_flag("-q,--quiet", a.quiet, "no progress bar");
+  add_run_options(app, a, RunOptionsHelp{"AdamW's decoupled weight decay on A and B",
+                                         "seed of A's initialisation, the data order and the dropout",
+                                         "end every document / example with EOS (so the model learns to stop)"});
   std::string dump_grads;
   app.add_option("--dump-grads", dump_grads,
                  "write the adapter's gradients on the first micro-batch (at the new adapter, or at -o OUT's with "

@@ -30,6 +30,33 @@ bool file_exists(const std::string& p) {
 
 }  // namespace
 
+void add_run_options(CLI::App& app, TrainArgs& a, const RunOptionsHelp& help) {
+  app.add_option("--batch", a.cfg.n_seq, "sequences per micro-batch")->capture_default_str();
+  app.add_option("--grad-accum", a.cfg.grad_accum, "micro-batches per optimizer step")->capture_default_str();
+  app.add_option("--lr", a.cfg.opt.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr", a.min_lr, "learning rate at the end of the cosine (default: lr / 10)");
+  app.add_option("--warmup", a.warmup, "steps of linear warm-up (default: steps / 20, at most 1000)");
+  app.add_option("--weight-decay", a.cfg.opt.weight_decay, help.weight_decay)
+      ->capture_default_str();
+  app.add_option("--beta1", a.cfg.opt.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", a.cfg.opt.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--eps", a.cfg.opt.eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--clip", a.cfg.opt.clip, "clip the gradient's global L2 norm to this (0: off)")->capture_default_str();
+  app.add_option("--seed", a.cfg.seed, help.seed)->capture_default_str();
+  app.add_flag("--no-shuffle", a.no_shuffle, "take the windows in file order (default: a seeded shuffle per epoch)");
+  app.add_flag("--eos", a.add_eos, help.eos);
+  app.add_option("--val-every", a.cfg.val_every, "steps between validations (default: steps / 10)");
+  app.add_option("--val-windows", a.cfg.val_windows, "validation windows of --ctx tokens used (0: all)")
+      ->capture_default_str();
+  app.add_option("--checkpoint-every", a.cfg.checkpoint_every, "steps between checkpoints (0: at the end only)")
+      ->capture_default_str();
+  app.add_option("--stop-after", a.cfg.stop_after, "stop after this many steps of this run (checkpoint written)");
+  app.add_flag("--resume", a.resume, "continue the run checkpointed in -o OUT (OUT and OUT.optim)");
+  app.add_option("-t,--threads", a.threads, "threads (default: all cores)");
+  app.add_flag("--json", a.json, "print one JSON object per step (step, loss, lr, grad_norm, tok_s, val_loss)");
+  app.add_flag("-q,--quiet", a.quiet, "no progress bar");
+}
+
 void add_train_args(CLI::App& app, TrainArgs& a, bool distill) {
   const char* model_help = distill ? "start the student from this GGUF (instead of a new shape)"
                                    : "continue training this GGUF model (instead of a new shape)";
@@ -47,31 +74,10 @@ void add_train_args(CLI::App& app, TrainArgs& a, bool distill) {
   app.add_option("--val", a.val, "held-out validation text");
   app.add_option("--steps", a.cfg.steps, "optimizer steps");
   app.add_option("--tokens", a.tokens, "train on this many tokens (sets --steps)");
-  app.add_option("--batch", a.cfg.n_seq, "sequences per micro-batch")->capture_default_str();
-  app.add_option("--grad-accum", a.cfg.grad_accum, "micro-batches per optimizer step")->capture_default_str();
-  app.add_option("--lr", a.cfg.opt.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", a.min_lr, "learning rate at the end of the cosine (default: lr / 10)");
-  app.add_option("--warmup", a.warmup, "steps of linear warm-up (default: steps / 20, at most 1000)");
-  app.add_option("--weight-decay", a.cfg.opt.weight_decay, "AdamW's decoupled weight decay (matrices only)")
-      ->capture_default_str();
-  app.add_option("--beta1", a.cfg.opt.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", a.cfg.opt.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--eps", a.cfg.opt.eps, "AdamW epsilon")->capture_default_str();
-  app.add_option("--clip", a.cfg.opt.clip, "clip the gradient's global L2 norm to this (0: off)")->capture_default_str();
-  app.add_option("--seed", a.cfg.seed, "seed of the initial weights and the data order")->capture_default_str();
-  app.add_flag("--no-shuffle", a.no_shuffle, "take the windows in file order (default: a seeded shuffle per epoch)");
-  app.add_flag("--eos", a.add_eos, "end every document with EOS (so the model learns to stop)");
-  app.add_option("--val-every", a.cfg.val_every, "steps between validations (default: steps / 10)");
-  app.add_option("--val-windows", a.cfg.val_windows, "validation windows of --ctx tokens used (0: all)")
-      ->capture_default_str();
-  app.add_option("--checkpoint-every", a.cfg.checkpoint_every, "steps between checkpoints (0: at the end only)")
-      ->capture_default_str();
-  app.add_option("--stop-after", a.cfg.stop_after, "stop after this many steps of this run (checkpoint written)");
-  app.add_flag("--resume", a.resume, "continue the run checkpointed in -o OUT (OUT and OUT.optim)");
-  app.add_option("-t,--threads", a.threads, "threads (default: all cores)");
+  add_run_options(app, a, RunOptionsHelp{"AdamW's decoupled weight decay (matrices only)",
+                                         "seed of the initial weights and the data order",
+                                         "end every document with EOS (so the model learns to stop)"});
   app.add_option("-o,--output", a.out, "checkpoint GGUF (the optimizer state goes to OUT.optim)")->required();
-  app.add_flag("--json", a.json, "print one JSON object per step (step, loss, lr, grad_norm, tok_s, val_loss)");
-  app.add_flag("-q,--quiet", a.quiet, "no progress bar");
 }
 
 TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& cmd, bool no_steps_needed,

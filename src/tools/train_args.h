@@ -27,6 +27,18 @@ struct TrainArgs {
 
 void add_train_args(CLI::App& app, TrainArgs& a, bool distill);
 
+// What the options of the optimizer, the schedule, the data order, validation, checkpoints and
+// output that every training command has (tern train, distill, finetune) apply to, in their help.
+struct RunOptionsHelp {
+  const char* weight_decay;  // "AdamW's decoupled weight decay (matrices only)"
+  const char* seed;          // "seed of the initial weights and the data order"
+  const char* eos;           // "end every document with EOS (so the model learns to stop)"
+};
+// --batch --grad-accum --lr --min-lr --warmup --weight-decay --beta1 --beta2 --eps --clip --seed
+// --no-shuffle --eos --val-every --val-windows --checkpoint-every --stop-after --resume -t
+// --json -q.
+void add_run_options(CLI::App& app, TrainArgs& a, const RunOptionsHelp& help);
+
 struct TrainSetup {
   std::unique_ptr<GgufFile> vocab_file;  // tokenizer.* source (and the model, with -m / --resume)
   std::unique_ptr<Tokenizer> tokenizer;

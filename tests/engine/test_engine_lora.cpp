@@ -4,7 +4,6 @@
 // blocks (they would give the other adapter's K/V), while requests of one adapter do.
 #include <gtest/gtest.h>
 
-#include <random>
 
 #include "core/error.h"
 #include "engine_test_util.h"
@@ -19,26 +18,11 @@ using tern::testing::greedy;
 using tern::testing::Sink;
 
 // A random adapter over q, k, v, o, gate, up, down of every layer, big enough to change the
-// greedy continuation.
+// greedy continuation, written to `path` and read back.
 std::shared_ptr<const LoraAdapter> random_adapter(const GgufFile& base, int64_t rank, uint32_t seed,
                                                   const std::string& path) {
-  std::mt19937 rng(seed);
-  std::vector<LoraPair> pairs;
-  for (const GgufTensorInfo& t : base.tensors()) {
-    if (t.ne.size() != 2 || t.name.rfind("blk.", 0) != 0 || t.name.find("norm") != std::string::npos) continue;
-    LoraPair p;
-    p.target = t.name;
-    p.rank = rank;
-    p.n_in = t.ne[0];
-    p.n_out = t.ne[1];
-    std::normal_distribution<float> na(0.0f, 1.0f / std::sqrt(float(p.n_in))), nb(0.0f, 0.8f / std::sqrt(float(rank)));
-    p.a.resize(size_t(rank * p.n_in));
-    p.b.resize(size_t(rank * p.n_out));
-    for (float& x : p.a) x = na(rng);
-    for (float& x : p.b) x = nb(rng);
-    pairs.push_back(std::move(p));
-  }
-  write_lora_adapter(path, base.get_string("general.architecture"), float(2 * rank), pairs);
+  write_lora_adapter(path, base.get_string("general.architecture"), float(2 * rank),
+                     LoraAdapter::random_pairs(base, rank, seed, /*b_std=*/0.8f));
   return LoraAdapter::load(path);
 }
 

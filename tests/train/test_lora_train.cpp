@@ -23,6 +23,7 @@
 #include "train/lora_data.h"
 #include "train/model.h"
 #include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace tern::train {
 namespace {
@@ -32,35 +33,9 @@ namespace fs = std::filesystem;
 const std::vector<LoraKind> kAllKinds = {LoraKind::Q,    LoraKind::K,  LoraKind::V,    LoraKind::O,
                                          LoraKind::Gate, LoraKind::Up, LoraKind::Down, LoraKind::Output};
 
-ModelShape tiny_shape(int64_t n_vocab = 11) {
-  ModelShape s;
-  s.n_vocab = n_vocab;
-  s.n_embd = 12;
-  s.n_layer = 2;
-  s.n_head = 3;
-  s.n_head_kv = 1;
-  s.n_ff = 20;
-  s.n_ctx_train = 8;
-  return s;
-}
-
-std::vector<int32_t> random_windows(int64_t n_seq, int64_t n_ctx, int64_t n_vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> w(size_t(n_seq * (n_ctx + 1)));
-  for (auto& t : w) t = int32_t(rng() % uint32_t(n_vocab));
-  return w;
-}
-
-// Weights large enough that every gradient is far from zero.
-TrainModel test_model(const ModelShape& s, uint64_t seed) {
-  TrainModel m = init_model(s, seed);
-  std::mt19937 rng(static_cast<uint32_t>(seed));
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  for (const auto& p : m.params)
-    for (int64_t i = 0; i < p.size; ++i)
-      m.data[size_t(p.offset + i)] = p.ne.size() == 1 ? 1.0f + 0.3f * d(rng) : 0.4f * d(rng);
-  return m;
-}
+using tern::testing::random_windows;
+using tern::testing::test_model;
+using tern::testing::tiny_shape;
 
 // An adapter with B != 0 too (so that dA is not zero).
 LoraWeights test_lora(const ModelShape& s, const std::vector<LoraKind>& kinds, int64_t rank, float alpha,

@@ -1,0 +1,42 @@
+#pragma once
+// What the training tests share: a tiny model shape, random token windows, and a model whose
+// weights are large enough that every gradient is far from zero.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "train/model.h"
+
+namespace tern::testing {
+
+inline train::ModelShape tiny_shape(int64_t n_vocab = 11) {
+  train::ModelShape s;
+  s.n_vocab = n_vocab;
+  s.n_embd = 12;
+  s.n_layer = 2;
+  s.n_head = 3;
+  s.n_head_kv = 1;
+  s.n_ff = 20;
+  s.n_ctx_train = 8;
+  return s;
+}
+
+inline std::vector<int32_t> random_windows(int64_t n_seq, int64_t n_ctx, int64_t n_vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> w(size_t(n_seq * (n_ctx + 1)));
+  for (auto& t : w) t = int32_t(rng() % uint32_t(n_vocab));
+  return w;
+}
+
+// Weights large enough that every tensor's gradient is far from zero.
+inline train::TrainModel test_model(const train::ModelShape& s, uint64_t seed) {
+  train::TrainModel m = train::init_model(s, seed);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (const auto& p : m.params)
+    for (int64_t i = 0; i < p.size; ++i)
+      m.data[size_t(p.offset + i)] = p.ne.size() == 1 ? 1.0f + 0.3f * d(rng) : 0.4f * d(rng);
+  return m;
+}
+
+}  // namespace tern::testing
