@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
+#include "kernels/matmul.h"
 #include "models/model.h"
 
 namespace tern {
@@ -121,7 +122,8 @@ int64_t lora_shrink_size(std::span<const LoraGroup> groups, std::vector<int64_t>
 // built for x86-64-v4 (AVX-512), v3 (AVX2, F16C: half operands convert in registers) and the
 // baseline, the loader choosing by the CPU (target_clones). Every clone does the same
 // operations in the same order, a multiply then an add (no contraction into FMA, which the
-// baseline lacks): the same bits on every CPU. W is the operands' type: float or IEEE half.
+// baseline lacks), so they agree to the bit by construction (not tested across CPUs: the
+// tests compare within float noise). W is the operands' type: float or IEEE half.
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
 #define TERN_LORA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -170,14 +172,23 @@ TERN_LORA_CLONES void expand_kernel(const float* u, int64_t n, int64_t rank, con
 
 #pragma GCC pop_options
 
-// IEEE half as the kernels read it.
-using Half = _Float16;
+// IEEE half as the generic kernels read it: ARM64's __fp16 (converted by fcvt), elsewhere the
+// bits converted by core/fp16.h (x86 CPUs with F16C take the kernels below instead).
+#if defined(__aarch64__)
+using Half = __fp16;
+#else
+struct Half {
+  uint16_t bits;
+  explicit operator float() const { return fp16_to_f32(bits); }
+};
+#endif
 static_assert(sizeof(Half) == sizeof(uint16_t));
 
 // The half kernels with F16C conversions, where the CPU has AVX2 and F16C (the compiler turns
 // the generic kernels' half-to-float conversions into calls, one per element). The same
 // operations in the same order as the generic kernels: lane l of the shrink's 16 is element l
-// of (acc0, acc1); each output of the expand is y + c * b. So the same bits.
+// of (acc0, acc1); each output of the expand is y + c * b (tests: models_lora_forced_ref runs
+// the generic ones, LoraCli.HalfAdapterAgreesOnEveryKernel compares the two).
 #if defined(__x86_64__)
 __attribute__((target("avx2,f16c"))) static void shrink_half_f16c(const float* x, int64_t ldx, int64_t n,
                                                                    const uint16_t* a, int64_t n_in, int64_t rank,
@@ -226,9 +237,15 @@ __attribute__((target("avx2,f16c"))) static void expand_half_f16c(const float* u
   }
 }
 
-const bool kHaveF16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+// TERN_FORCE_ISA=ref takes the generic kernels (how tests reach them on an F16C machine).
+// Decided at first use, after the base matmuls have checked TERN_FORCE_ISA.
+static bool have_f16c() {
+  static const bool yes =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && selected_isa() != Isa::Ref;
+  return yes;
+}
 #else
-constexpr bool kHaveF16c = false;
+static constexpr bool have_f16c() { return false; }
 #endif
 
 void lora_shrink(std::span<const LoraGroup> groups, const float* x, int64_t ldx, float* u,
@@ -250,7 +267,7 @@ void lora_shrink(std::span<const LoraGroup> groups, const float* x, int64_t ldx,
     const float* xg = x + (gr.t0 + i0) * ldx;
     if (!p.half) shrink_kernel(xg, ldx, n, p.a.data(), p.n_in, p.rank, ug);
 #if defined(__x86_64__)
-    else if (kHaveF16c) shrink_half_f16c(xg, ldx, n, p.a_half.data(), p.n_in, p.rank, ug);
+    else if (have_f16c()) shrink_half_f16c(xg, ldx, n, p.a_half.data(), p.n_in, p.rank, ug);
 #endif
     else shrink_kernel(xg, ldx, n, reinterpret_cast<const Half*>(p.a_half.data()), p.n_in, p.rank, ug);
   };
@@ -269,7 +286,7 @@ void lora_expand_rows(std::span<const LoraGroup> groups, const float* u, std::sp
     const LoraPair& p = *gr.pair;
     float* yg = y + gr.t0 * ldy + r0;
 #if defined(__x86_64__)
-    if (p.half && kHaveF16c)
+    if (p.half && have_f16c())
       expand_half_f16c(u + offsets[g], gr.n, p.rank, p.bt_half.data() + row0 + r0, p.n_out, r1 - r0, gr.scale, yg, ldy);
     else
 #endif

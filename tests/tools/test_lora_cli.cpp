@@ -33,7 +33,8 @@ struct Files {
   std::string operator()(const std::string& name) const { return dir + "/" + name; }
 };
 
-void write_adapter(const std::string& base_path, const std::string& out, int64_t rank, uint32_t seed, bool embd = true) {
+void write_adapter(const std::string& base_path, const std::string& out, int64_t rank, uint32_t seed, bool embd = true,
+                   DType type = DType::F32) {
   const GgufFile base = GgufFile::open(base_path);
   std::mt19937 rng(seed);
   std::vector<LoraPair> pairs;
@@ -54,7 +55,7 @@ void write_adapter(const std::string& base_path, const std::string& out, int64_t
     for (float& x : p.b) x = nb(rng);
     pairs.push_back(std::move(p));
   }
-  write_lora_adapter(out, base.get_string("general.architecture"), float(rank), pairs);
+  write_lora_adapter(out, base.get_string("general.architecture"), float(rank), pairs, type);
 }
 
 std::vector<float> logits_of(const std::vector<std::string>& args) {
@@ -112,6 +113,29 @@ TEST_F(LoraCli, MergedModelGivesTheLogitsOfTheAdapterAtRunTime) {
       << err;
   EXPECT_NE(out.find("quantized to q8_0"), std::string::npos) << out;
   ASSERT_EQ(run_command(kTern + " run -m " + q8 + " -p hello -n 4 --temp 0", &out, &err), 0) << err;
+}
+
+// An F16 adapter: the reference kernels (TERN_FORCE_ISA=ref: the generic half kernels) and the
+// CPU's (F16C kernels where it has them) give the same logits within float noise (the base's
+// attention differs by variant in the last bits, so this is no bit comparison).
+TEST_F(LoraCli, HalfAdapterAgreesOnEveryKernel) {
+  const std::string half = files("half.gguf");
+  write_adapter(base, half, 8, 17, /*embd=*/true, DType::F16);
+  const std::vector<std::string> args = {"-m", base, "--lora", half + ":0.6", "--ids", "1 5 9 33 40 41 7 100 2 3"};
+  const std::vector<float> fast = logits_of(args);
+  setenv("TERN_FORCE_ISA", "ref", 1);
+  const std::vector<float> ref = logits_of(args);
+  unsetenv("TERN_FORCE_ISA");
+  const std::vector<float> plain = logits_of({"-m", base, "--ids", "1 5 9 33 40 41 7 100 2 3"});
+  ASSERT_EQ(fast.size(), ref.size());
+  float scale = 0.0f, diff = 0.0f, moved = 0.0f;
+  for (size_t i = 0; i < fast.size(); ++i) {
+    scale = std::max(scale, std::fabs(ref[i]));
+    diff = std::max(diff, std::fabs(fast[i] - ref[i]));
+    moved = std::max(moved, std::fabs(fast[i] - plain[i]));
+  }
+  EXPECT_LE(diff, 1e-5f * std::max(1.0f, scale));
+  EXPECT_GT(moved, 0.05f * scale);
 }
 
 TEST_F(LoraCli, InspectShowsTheAdapter) {
