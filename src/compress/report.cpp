@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/dtype.h"
+#include "core/svg_util.h"
 
 namespace tern {
 namespace {
@@ -16,36 +17,6 @@ std::string fmt(const char* f, double v) {
 }
 
 std::string mib(int64_t bytes) { return fmt(bytes >= 10 * 1048576 ? "%.1f" : "%.3f", double(bytes) / 1048576.0); }
-
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
-
-// "Nice" axis ticks covering [lo, hi].
-std::vector<double> ticks(double lo, double hi, int want = 5) {
-  const double span = hi - lo > 0 ? hi - lo : std::max(1e-9, std::fabs(hi));
-  const double raw = span / want;
-  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
-  double step = mag;
-  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
-    if (raw <= m * mag) {
-      step = m * mag;
-      break;
-    }
-  std::vector<double> t;
-  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(v);
-  return t;
-}
 
 }  // namespace
 
@@ -186,16 +157,16 @@ std::string svg_chart(const std::vector<CompareRow>& rows, const std::string& ti
                   fmt("%.0f", H) + "\" viewBox=\"0 0 " + fmt("%.0f", W) + " " + fmt("%.0f", H) +
                   "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s += "<text x=\"" + fmt("%.0f", W / 2) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) +
+  s += "<text x=\"" + fmt("%.0f", W / 2) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" + svg_escape(title) +
        "</text>\n";
   // Axes, grid and ticks.
-  for (double t : ticks(x0, x1)) {
+  for (double t : nice_ticks(x0, x1)) {
     s += "<line x1=\"" + fmt("%.1f", px(t)) + "\" y1=\"" + fmt("%.1f", T) + "\" x2=\"" + fmt("%.1f", px(t)) +
          "\" y2=\"" + fmt("%.1f", H - B) + "\" stroke=\"#eee\"/>\n";
     s += "<text x=\"" + fmt("%.1f", px(t)) + "\" y=\"" + fmt("%.1f", H - B + 18) + "\" text-anchor=\"middle\">" +
          fmt(t < 10 ? "%.2g" : "%.0f", t) + "</text>\n";
   }
-  for (double t : ticks(y0, y1)) {
+  for (double t : nice_ticks(y0, y1)) {
     s += "<line x1=\"" + fmt("%.1f", L) + "\" y1=\"" + fmt("%.1f", py(t)) + "\" x2=\"" + fmt("%.1f", W - R) +
          "\" y2=\"" + fmt("%.1f", py(t)) + "\" stroke=\"#eee\"/>\n";
     s += "<text x=\"" + fmt("%.1f", L - 8) + "\" y=\"" + fmt("%.1f", py(t) + 4) + "\" text-anchor=\"end\">" +
@@ -219,11 +190,11 @@ std::string svg_chart(const std::vector<CompareRow>& rows, const std::string& ti
     const double rad = smax > 0 ? 4.0 + 14.0 * std::sqrt(r.tg_tok_s / smax) : 6.0;
     s += "<circle cx=\"" + fmt("%.1f", cx) + "\" cy=\"" + fmt("%.1f", cy) + "\" r=\"" + fmt("%.1f", rad) +
          "\" fill=\"" + kColors[i % 10] + "\" fill-opacity=\"0.6\" stroke=\"" + kColors[i % 10] + "\"><title>" +
-         xml_escape(r.method) + ": " + mib(r.weight_bytes) + " MiB, " + fmt("%.1f", r.tg_tok_s) + " tok/s" +
+         svg_escape(r.method) + ": " + mib(r.weight_bytes) + " MiB, " + fmt("%.1f", r.tg_tok_s) + " tok/s" +
          (r.ppl >= 0 ? ", ppl " + fmt("%.4f", r.ppl) : std::string()) + "</title></circle>\n";
     // Labels staggered vertically: methods of similar size and quality share a spot.
     s += "<text x=\"" + fmt("%.1f", cx + rad + 3) + "\" y=\"" + fmt("%.1f", cy + 4 + double(i % 4) * 13 - 19) + "\">" +
-         xml_escape(r.method) + "</text>\n";
+         svg_escape(r.method) + "</text>\n";
   }
   s += "<text x=\"" + fmt("%.0f", W - R) + "\" y=\"" + fmt("%.0f", T - 8) +
        "\" text-anchor=\"end\" fill=\"#555\">marker area: generation tok/s</text>\n";

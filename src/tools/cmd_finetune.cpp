@@ -15,6 +15,7 @@
 #include "models/lora.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/finetune_chat.h"
 #include "tools/train_args.h"
 #include "train/lora.h"
 #include "train/lora_data.h"
@@ -48,7 +49,8 @@ int cmd_finetune(int argc, char** argv) {
       ->required();
   app.add_option("--data", a.data,
                  "training data: text (documents separated by blank lines) or JSONL lines "
-                 "{\"prompt\": ..., \"completion\": ...} (loss on the completion only)")
+                 "{\"prompt\": ..., \"completion\": ...} (loss on the completion only) or {\"messages\": [...]} "
+                 "(the model's chat template; loss on the last, assistant message)")
       ->required();
   app.add_option("--val", a.val, "held-out validation data (either format)");
   app.add_option("-o,--output", a.out, "the adapter GGUF (the optimizer state goes to OUT.optim)")->required();
@@ -63,6 +65,10 @@ int cmd_finetune(int argc, char** argv) {
   add_run_options(app, a, RunOptionsHelp{"AdamW's decoupled weight decay on A and B",
                                          "seed of A's initialisation, the data order and the dropout",
                                          "end every document / example with EOS (so the model learns to stop)"});
+  std::string chat_template;
+  app.add_option("--chat-template", chat_template,
+                 "for {\"messages\"} data: a built-in template (chatml, llama2, llama3, mistral, phi3, zephyr, "
+                 "gemma) or a Jinja file (default: the model's, as tern serve picks it)");
   std::string dump_grads;
   app.add_option("--dump-grads", dump_grads,
                  "write the adapter's gradients on the first micro-batch (at the new adapter, or at -o OUT's with "
@@ -115,14 +121,16 @@ int cmd_finetune(int argc, char** argv) {
   a.cfg.n_ctx = a.n_ctx;
   train::LoraWeights lora = train::make_lora(s.model.shape, kinds, rank, alpha, dropout);
 
-  // The data.
+  // The data ({"messages"} lines through the model's chat template, as tern serve renders them).
+  std::string template_note;
+  const train::MessagesRenderer chat = make_chat_renderer(*s.vocab_file, *s.tokenizer, chat_template, &template_note);
   train::DataFormat fmt{}, val_fmt{};
   train::ExampleStats st, val_st;
-  s.data = train::read_finetune_data(a.data, *s.tokenizer, a.n_ctx, a.add_eos, "--data", nullptr, &fmt, &st);
+  s.data = train::read_finetune_data(a.data, *s.tokenizer, a.n_ctx, a.add_eos, "--data", &chat, &fmt, &st);
   s.data_sampler = std::make_unique<train::WindowSampler>(&s.data.tokens, a.n_ctx, !a.no_shuffle, a.cfg.seed,
                                                           "--data " + a.data);
   if (!a.val.empty()) {
-    s.val = train::read_finetune_data(a.val, *s.tokenizer, a.n_ctx, a.add_eos, "--val", nullptr, &val_fmt, &val_st);
+    s.val = train::read_finetune_data(a.val, *s.tokenizer, a.n_ctx, a.add_eos, "--val", &chat, &val_fmt, &val_st);
     s.val_sampler = std::make_unique<train::WindowSampler>(&s.val.tokens, a.n_ctx, false, 0, "--val " + a.val);
   }
 
@@ -198,6 +206,7 @@ int cmd_finetune(int argc, char** argv) {
     const train::DataFormat f = which == 0 ? fmt : val_fmt;
     const train::ExampleStats& e = which == 0 ? st : val_st;
     if (f != train::DataFormat::Jsonl || (which == 1 && a.val.empty())) continue;
+    if (which == 0 || fmt != train::DataFormat::Jsonl) std::fprintf(stderr, "%s: %s\n", cmd.c_str(), template_note.c_str());
     std::fprintf(stderr, "%s: %s %s: %s, %lld examples in %lld windows of %lld, %lld completion tokens scored; "
                  "%lld truncated, %lld dropped (prompt fills --ctx)\n",
                  cmd.c_str(), which == 0 ? "--data" : "--val", (which == 0 ? a.data : a.val).c_str(), format_name(f),

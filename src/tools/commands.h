@@ -34,6 +34,7 @@ int cmd_ps(int argc, char** argv);
 int cmd_bench_serve(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_finetune(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
 int cmd_distill(int argc, char** argv);
 int cmd_lora(int argc, char** argv);
 

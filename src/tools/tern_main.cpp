@@ -29,6 +29,7 @@ const std::vector<Command>& commands() {
       {"ps", "show the models a running tern serve has loaded and when each is unloaded", cmd_ps},
       {"train", "train a model on text: a new shape or continue a GGUF (checkpoints, resume)", cmd_train},
       {"finetune", "fine-tune a LoRA adapter on a frozen base (text or prompt/completion JSONL)", cmd_finetune},
+      {"eval", "base-model replacement: retrain a suite's LoRA adapters on a candidate base, three-way gate", cmd_eval},
       {"lora", "LoRA adapters: merge them into a base model (tern lora merge)", cmd_lora},
       {"distill", "knowledge distillation from a teacher GGUF (token-level KL, sequence-level samples)", cmd_distill},
       {"bench-serve", "serving benchmark: concurrent requests through the batching engine", cmd_bench_serve},
