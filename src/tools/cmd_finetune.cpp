@@ -1,5 +1,6 @@
 // tern finetune --lora: trains a LoRA adapter on a frozen Llama-architecture base (any GGUF
-// type tern reads, dequantized to f32), from plain text or JSONL prompt/completion examples,
+// type tern reads; f16, bf16 and quantized matrices stay in their encoding and are dequantized a
+// tile at a time: QLoRA), from plain text or JSONL prompt/completion examples,
 // and writes it in llama.cpp's adapter format (models/lora.h). docs/lora.md has the options,
 // the data formats and the figures.
 #include <cmath>
@@ -45,8 +46,13 @@ int cmd_finetune(int argc, char** argv) {
   float alpha = 16.0f, dropout = 0.0f;
   std::string targets = "q,k,v,o";
   app.add_flag("--lora", lora_flag, "train a LoRA adapter (the only kind of fine-tuning tern finetune does)");
-  app.add_option("-m,--model", a.model, "the base model GGUF (llama architecture; f32, f16, bf16 or quantized)")
+  app.add_option("-m,--model", a.model,
+                 "the base model GGUF (llama architecture; f32, f16, bf16 or quantized: f16/bf16/quantized "
+                 "matrices stay in the file's encoding, dequantized a tile at a time (QLoRA))")
       ->required();
+  bool base_f32 = false;
+  app.add_flag("--base-f32", base_f32,
+               "dequantize the whole base to f32 at load instead (the same results; more memory, for comparison)");
   app.add_option("--data", a.data,
                  "training data: text (documents separated by blank lines) or JSONL lines "
                  "{\"prompt\": ..., \"completion\": ...} (loss on the completion only) or {\"messages\": [...]} "
@@ -112,7 +118,8 @@ int cmd_finetune(int argc, char** argv) {
   if (arch != "llama")
     fail(cmd, ": ", a.model, " is a \"", arch.empty() ? "(none)" : arch,
          "\" model; the training engine trains the llama architecture only");
-  s.model = train::load_model(*s.vocab_file);
+  // The file (s.vocab_file) outlives the model, whose encoded matrices point into its mapping.
+  s.model = base_f32 ? train::load_model(*s.vocab_file) : train::load_frozen_base(*s.vocab_file);
   s.tokenizer = Tokenizer::from_gguf(*s.vocab_file);
   if (s.tokenizer->n_vocab() != s.model.shape.n_vocab)
     fail(a.model, ": the tokenizer has ", s.tokenizer->n_vocab(), " tokens but the model's vocabulary is ",
@@ -198,10 +205,12 @@ int cmd_finetune(int argc, char** argv) {
     return 0;
   }
   std::fprintf(stderr, "%s: LoRA rank %lld, alpha %g (scale %g), targets %s, dropout %g: %zu adapted linears, %lld "
-               "trainable parameters (base %s frozen: %lld parameters, held as f32)\n",
+               "trainable parameters (base %s frozen: %lld parameters)\n",
                cmd.c_str(), static_cast<long long>(rank), double(alpha), double(lora.scale()),
                train::lora_targets_string(kinds).c_str(), double(dropout), lora.slots.size(),
-               static_cast<long long>(lora.n_params()), base_name.c_str(), static_cast<long long>(s.model.n_params()));
+               static_cast<long long>(lora.n_params()), base_name.c_str(), static_cast<long long>(s.model.n_elements()));
+  std::fprintf(stderr, "%s: base: %s%s\n", cmd.c_str(), train::describe_base_memory(s.model).c_str(),
+               base_f32 ? " (--base-f32)" : "");
   for (int which = 0; which < 2; ++which) {
     const train::DataFormat f = which == 0 ? fmt : val_fmt;
     const train::ExampleStats& e = which == 0 ? st : val_st;

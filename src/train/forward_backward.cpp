@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "quant/quant_traits.h"
 #include "train/attention.h"
 #include "train/gemm.h"
 #include "train/lora.h"
@@ -14,19 +15,6 @@
 
 namespace tern::train {
 namespace {
-
-// y[n][out] = x[n][in] W^T, with W^T given as wt [in][out]; accumulate adds to y.
-void linear_forward(ThreadPool* pool, int64_t n, int64_t in, int64_t out, const float* x, const float* wt, float* y,
-                    bool accumulate) {
-  gemm(pool, false, n, out, in, x, in, wt, out, y, out, accumulate);
-}
-
-// dx[n][in] (+)= dy[n][out] W[out][in];  dw[out][in] += dy^T x (dw nullptr: W is frozen).
-void linear_backward(ThreadPool* pool, int64_t n, int64_t in, int64_t out, const float* x, const float* w,
-                     const float* dy, float* dx, bool accumulate_dx, float* dw) {
-  gemm(pool, false, n, in, out, dy, out, w, in, dx, in, accumulate_dx);
-  if (dw != nullptr) gemm(pool, true, out, in, n, dy, out, x, in, dw, in, true);
-}
 
 void resize(std::vector<float>& v, int64_t n) { v.assign(size_t(n), 0.0f); }
 
@@ -75,22 +63,144 @@ ForwardBackward::ForwardBackward(const ModelShape& shape, int64_t n_seq, int64_t
 void ForwardBackward::prepare(const TrainModel& m) {
   if (!m.shape.same_architecture(shape_)) fail("training batch: the model's shape changed (", m.shape.describe(), ")");
   // Every matrix the forward multiplies by: the layers' and the output (token_embd when tied).
+  // Encoded ones (a QLoRA base) get no copy: their tiles are dequantized where they are used.
   weight_t_offset_.assign(m.params.size(), -1);
-  int64_t total = 0;
+  int64_t total = 0, tile = 0, tile_t = 0, x_t = 0;
   for (size_t i = 0; i < m.params.size(); ++i) {
     const ParamInfo& p = m.params[i];
     if (p.ne.size() != 2) continue;
     if (p.offset == m.tok_embd && !m.shape.tied_output) continue;  // only gathered from
+    if (TrainModel::is_encoded(p.offset)) {
+      const EncodedTensor& e = m.encoded_at(p.offset);
+      tile = std::max(tile, tile_rows(e) * e.cols);
+      if (forward_by_x_t(e)) {
+        tile_t = std::max(tile_t, tile_rows(e) * n_tok_);
+        x_t = std::max(x_t, e.cols * n_tok_);
+      } else {
+        tile_t = std::max(tile_t, tile_rows(e) * e.cols);
+      }
+      continue;
+    }
     weight_t_offset_[i] = total;
     total += p.size;
   }
   if (int64_t(weights_t_.size()) != total) weights_t_.assign(size_t(total), 0.0f);
+  if (int64_t(tile_.size()) != tile) tile_.assign(size_t(tile), 0.0f);
+  if (int64_t(tile_t_.size()) != tile_t) tile_t_.assign(size_t(tile_t), 0.0f);
+  if (int64_t(x_t_.size()) != x_t) x_t_.assign(size_t(x_t), 0.0f);
   for (size_t i = 0; i < m.params.size(); ++i) {
     if (weight_t_offset_[i] < 0) continue;
     const ParamInfo& p = m.params[i];
     // W [out = ne[1]][in = ne[0]] -> W^T [in][out]
     transpose(pool_, p.ne[1], p.ne[0], m.data.data() + p.offset, p.ne[0], weights_t_.data() + weight_t_offset_[i],
               p.ne[1]);
+  }
+}
+
+int64_t ForwardBackward::tile_rows(const EncodedTensor& e) const {
+  if (tile_rows_ > 0) return std::min(tile_rows_, e.rows);
+  // About 1M floats (4 MB) per tile, in multiples of 32 rows: big enough that gemm still has
+  // many register tiles to share out and the per-tile dispatch is noise, small enough for L2/L3.
+  constexpr int64_t kTileFloats = int64_t(1) << 20;
+  const int64_t r = std::clamp<int64_t>(kTileFloats / std::max<int64_t>(e.cols, 1) / 32 * 32, 32, 1024);
+  return std::min(r, e.rows);
+}
+
+bool ForwardBackward::forward_by_x_t(const EncodedTensor& e) const {
+  // Two ways to y[:, tile] = x Wtile^T with gemm's row-major B: transpose every W tile ([in][R]:
+  // rows * cols floats per forward), or transpose x once ([in][n]) and compute y's tile
+  // transposed, Wtile x^T, then put it in place (with y's old values first when accumulating:
+  // up to 2 n rows floats). The fewer moved floats win: x^T whenever the batch is small next
+  // to the matrix. Both give the same bits (one FMA chain over k per element, the operands of
+  // each product swapped: fma(a, b, c) == fma(b, a, c)).
+  return n_tok_ * (e.cols + 2 * e.rows) < e.rows * e.cols;
+}
+
+ForwardBackward::Linear ForwardBackward::linear_of(const TrainModel& m, int64_t offset) const {
+  Linear l;
+  if (TrainModel::is_encoded(offset)) {
+    l.enc = &m.encoded_at(offset);
+    return l;
+  }
+  for (size_t i = 0; i < m.params.size(); ++i)
+    if (m.params[i].offset == offset && weight_t_offset_[i] >= 0) {
+      l.wt = weights_t_.data() + weight_t_offset_[i];
+      l.w = m.data.data() + offset;
+      return l;
+    }
+  fail("training batch: no transposed copy of the weight at ", offset);
+}
+
+const QuantTraits& ForwardBackward::check_encoded(const EncodedTensor& e, int64_t in, int64_t out) const {
+  if (e.cols != in || e.rows != out)
+    fail("training batch: encoded weight is ", e.rows, " x ", e.cols, ", the linear needs ", out, " x ", in);
+  if (int64_t(tile_.size()) < tile_rows(e) * in)
+    fail("training batch: prepare() was not called for this model (or set_tile_rows after it)");
+  return require_quant_traits(e.type, "frozen base matrix");
+}
+
+void ForwardBackward::dequantize_tile(const EncodedTensor& e, const QuantTraits& q, int64_t o0, int64_t r) {
+  float* t = tile_.data();
+  auto rows = [&](int64_t b, int64_t end) {
+    for (int64_t i = b; i < end; ++i) q.to_float(e.bytes + (o0 + i) * e.row_bytes, t + i * e.cols, e.cols);
+  };
+  if (pool_ != nullptr) pool_->parallel_for(r, [&](int64_t b, int64_t end, int) { rows(b, end); });
+  else rows(0, r);
+}
+
+void ForwardBackward::linear_forward(int64_t in, int64_t out, const float* x, const Linear& w, float* y,
+                                     bool accumulate) {
+  const int64_t n = n_tok_;
+  if (w.enc == nullptr) {
+    gemm(pool_, false, n, out, in, x, in, w.wt, out, y, out, accumulate);
+    return;
+  }
+  // y[:, o0:o0+R] (+)= x Wtile^T, tile by tile of W's rows, written into that column range of y
+  // (ldc = out). Each y element is the same FMA chain over in as with the whole W^T, so the
+  // bits equal the f32 model's.
+  const EncodedTensor& e = *w.enc;
+  const QuantTraits& q = check_encoded(e, in, out);
+  const int64_t R = tile_rows(e);
+  const bool by_x_t = forward_by_x_t(e);
+  if (by_x_t) {
+    if (int64_t(x_t_.size()) < in * n || int64_t(tile_t_.size()) < R * n)
+      fail("training batch: prepare() was not called for this model");
+    transpose(pool_, n, in, x, in, x_t_.data(), n);
+  }
+  for (int64_t o0 = 0; o0 < out; o0 += R) {
+    const int64_t r = std::min(R, out - o0);
+    dequantize_tile(e, q, o0, r);
+    if (by_x_t) {
+      // y^T tile [r][n] = Wtile x^T (+ y's tile transposed)
+      if (accumulate) transpose(pool_, n, r, y + o0, out, tile_t_.data(), n);
+      gemm(pool_, false, r, n, in, tile_.data(), in, x_t_.data(), n, tile_t_.data(), n, accumulate);
+      transpose(pool_, r, n, tile_t_.data(), n, y + o0, out);
+    } else {
+      transpose(pool_, r, in, tile_.data(), in, tile_t_.data(), r);
+      gemm(pool_, false, n, r, in, x, in, tile_t_.data(), r, y + o0, out, accumulate);
+    }
+  }
+}
+
+void ForwardBackward::linear_backward(int64_t in, int64_t out, const float* x, const Linear& w, const float* dy,
+                                      float* dx, bool accumulate_dx, float* dw) {
+  const int64_t n = n_tok_;
+  if (w.enc == nullptr) {
+    gemm(pool_, false, n, in, out, dy, out, w.w, in, dx, in, accumulate_dx);
+    if (dw != nullptr) gemm(pool_, true, out, in, n, dy, out, x, in, dw, in, true);
+    return;
+  }
+  if (dw != nullptr) fail("training batch: an encoded (frozen) base matrix has no gradient; train a LoRA adapter");
+  // dx (+)= sum over tiles of dy[:, o0:o0+R] Wtile: consecutive K ranges of one product; gemm
+  // continues each dx element's FMA chain from the stored f32 sum, so the bits equal the f32
+  // model's single product. Wtile [R][in] is gemm's B as it is: no transpose.
+  const EncodedTensor& e = *w.enc;
+  const QuantTraits& q = check_encoded(e, in, out);
+  const int64_t R = tile_rows(e);
+  for (int64_t o0 = 0; o0 < out; o0 += R) {
+    const int64_t r = std::min(R, out - o0);
+    dequantize_tile(e, q, o0, r);
+    gemm(pool_, false, n, in, r, dy + o0, out, tile_.data(), in, dx, in, accumulate_dx || o0 > 0);
   }
 }
 
@@ -208,23 +318,30 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool 
       n_scored_ += w[t + 1] >= 0;
     }
   }
-  // The transposed copy of a parameter by its data offset.
-  auto wt = [&](int64_t offset) {
-    for (size_t i = 0; i < m.params.size(); ++i)
-      if (m.params[i].offset == offset && weight_t_offset_[i] >= 0) return weights_t_.data() + weight_t_offset_[i];
-    fail("training batch: no transposed copy of the weight at ", offset);
-  };
+  auto wt = [&](int64_t offset) { return linear_of(m, offset); };
   const float* P = m.data.data();
   const AttentionShape as{n_seq_, n_ctx_, shape_.n_head, shape_.n_head_kv, hd, float(1.0 / std::sqrt(double(hd)))};
 
-  embedding_forward<float>(pool_, N, E, inputs_.data(), P + m.tok_embd, acts_[0].x.data());
+  if (!TrainModel::is_encoded(m.tok_embd)) {
+    embedding_forward<float>(pool_, N, E, inputs_.data(), P + m.tok_embd, acts_[0].x.data());
+  } else {
+    // The looked-up rows only, dequantized: the values of the dequantized table.
+    const EncodedTensor& e = m.encoded_at(m.tok_embd);
+    const QuantTraits& q = require_quant_traits(e.type, "token_embd.weight");
+    float* x0 = acts_[0].x.data();
+    auto rows = [&](int64_t b, int64_t end) {
+      for (int64_t i = b; i < end; ++i) q.to_float(e.bytes + int64_t(inputs_[size_t(i)]) * e.row_bytes, x0 + i * E, E);
+    };
+    if (pool_ != nullptr) pool_->parallel_for(N, [&](int64_t b, int64_t end, int) { rows(b, end); });
+    else rows(0, N);
+  }
   for (int64_t il = 0; il < shape_.n_layer; ++il) {
     LayerActs& a = acts_[size_t(il)];
     const LayerOffsets& l = m.layers[size_t(il)];
     rmsnorm_forward<float>(pool_, N, E, a.x.data(), P + l.attn_norm, shape_.rms_eps, a.h1.data(), a.rstd1.data());
-    linear_forward(pool_, N, E, qw, a.h1.data(), wt(l.wq), a.q.data(), false);
-    linear_forward(pool_, N, E, kvw, a.h1.data(), wt(l.wk), a.k.data(), false);
-    linear_forward(pool_, N, E, kvw, a.h1.data(), wt(l.wv), a.v.data(), false);
+    linear_forward(E, qw, a.h1.data(), wt(l.wq), a.q.data(), false);
+    linear_forward(E, kvw, a.h1.data(), wt(l.wk), a.k.data(), false);
+    linear_forward(E, kvw, a.h1.data(), wt(l.wv), a.v.data(), false);
     lora_forward(il, int(LoraKind::Q), a.h1.data(), a.q.data(), train);
     lora_forward(il, int(LoraKind::K), a.h1.data(), a.k.data(), train);
     lora_forward(il, int(LoraKind::V), a.h1.data(), a.v.data(), train);
@@ -232,22 +349,22 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool 
     rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head_kv, hd, shape_.rope_freq_base, a.k.data(), false);
     attention_forward(pool_, as, a.q.data(), a.k.data(), a.v.data(), a.o.data(), a.lse.data());
     std::memcpy(a.x_mid.data(), a.x.data(), size_t(N * E) * sizeof(float));
-    linear_forward(pool_, N, qw, E, a.o.data(), wt(l.wo), a.x_mid.data(), true);
+    linear_forward(qw, E, a.o.data(), wt(l.wo), a.x_mid.data(), true);
     lora_forward(il, int(LoraKind::O), a.o.data(), a.x_mid.data(), train);
     rmsnorm_forward<float>(pool_, N, E, a.x_mid.data(), P + l.ffn_norm, shape_.rms_eps, a.h2.data(), a.rstd2.data());
-    linear_forward(pool_, N, E, F, a.h2.data(), wt(l.w_gate), a.gate.data(), false);
-    linear_forward(pool_, N, E, F, a.h2.data(), wt(l.w_up), a.up.data(), false);
+    linear_forward(E, F, a.h2.data(), wt(l.w_gate), a.gate.data(), false);
+    linear_forward(E, F, a.h2.data(), wt(l.w_up), a.up.data(), false);
     lora_forward(il, int(LoraKind::Gate), a.h2.data(), a.gate.data(), train);
     lora_forward(il, int(LoraKind::Up), a.h2.data(), a.up.data(), train);
     swiglu_forward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.act.data(), a.gate_sig.data());
     float* next = il + 1 < shape_.n_layer ? acts_[size_t(il + 1)].x.data() : x_final_.data();
     std::memcpy(next, a.x_mid.data(), size_t(N * E) * sizeof(float));
-    linear_forward(pool_, N, F, E, a.act.data(), wt(l.w_down), next, true);
+    linear_forward(F, E, a.act.data(), wt(l.w_down), next, true);
     lora_forward(il, int(LoraKind::Down), a.act.data(), next, train);
   }
   rmsnorm_forward<float>(pool_, N, E, x_final_.data(), P + m.output_norm, shape_.rms_eps, h_final_.data(),
                          rstd_final_.data());
-  linear_forward(pool_, N, E, V, h_final_.data(), wt(m.output), logits_.data(), false);
+  linear_forward(E, V, h_final_.data(), wt(m.output), logits_.data(), false);
   lora_forward(-1, int(LoraKind::Output), h_final_.data(), logits_.data(), train);
 }
 
@@ -273,6 +390,9 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
   // dW products skipped; the norms' small gradients go to scratch, as their input gradient is
   // computed with them).
   const bool frozen = lora_ != nullptr;
+  if (!frozen && !m.encoded.empty())
+    fail("training batch: the base keeps ", m.encoded.size(), " matrices encoded (frozen); it trains only a LoRA adapter");
+  auto lin = [&](int64_t offset) { return linear_of(m, offset); };
   float* gl = frozen ? g : nullptr;
   auto gw = [&](int64_t off) { return frozen ? nullptr : g + off; };
   auto gn = [&](int64_t off) {
@@ -282,7 +402,7 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
   };
 
   // logits = h_final W_out^T
-  linear_backward(pool_, N, E, V, h_final_.data(), P + m.output, logits_.data(), dh_.data(), false, gw(m.output));
+  linear_backward(E, V, h_final_.data(), lin(m.output), logits_.data(), dh_.data(), false, gw(m.output));
   lora_backward(-1, int(LoraKind::Output), h_final_.data(), logits_.data(), dh_.data(), gl);
   rmsnorm_backward<float>(pool_, N, E, x_final_.data(), P + m.output_norm, rstd_final_.data(), dh_.data(), dx_.data(),
                           gn(m.output_norm), false);
@@ -290,26 +410,26 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
     LayerActs& a = acts_[size_t(il)];
     const LayerOffsets& l = m.layers[size_t(il)];
     // x_out = x_mid + act W_down^T (dx_ holds d x_out)
-    linear_backward(pool_, N, F, E, a.act.data(), P + l.w_down, dx_.data(), dact_.data(), false, gw(l.w_down));
+    linear_backward(F, E, a.act.data(), lin(l.w_down), dx_.data(), dact_.data(), false, gw(l.w_down));
     lora_backward(il, int(LoraKind::Down), a.act.data(), dx_.data(), dact_.data(), gl);
     swiglu_backward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.gate_sig.data(), dact_.data(), dgate_.data(),
                            dup_.data());
-    linear_backward(pool_, N, E, F, a.h2.data(), P + l.w_gate, dgate_.data(), dh_.data(), false, gw(l.w_gate));
-    linear_backward(pool_, N, E, F, a.h2.data(), P + l.w_up, dup_.data(), dh_.data(), true, gw(l.w_up));
+    linear_backward(E, F, a.h2.data(), lin(l.w_gate), dgate_.data(), dh_.data(), false, gw(l.w_gate));
+    linear_backward(E, F, a.h2.data(), lin(l.w_up), dup_.data(), dh_.data(), true, gw(l.w_up));
     lora_backward(il, int(LoraKind::Gate), a.h2.data(), dgate_.data(), dh_.data(), gl);
     lora_backward(il, int(LoraKind::Up), a.h2.data(), dup_.data(), dh_.data(), gl);
     rmsnorm_backward<float>(pool_, N, E, a.x_mid.data(), P + l.ffn_norm, a.rstd2.data(), dh_.data(), dx_.data(),
                             gn(l.ffn_norm), true);
     // x_mid = x + o W_o^T (dx_ holds d x_mid)
-    linear_backward(pool_, N, qw, E, a.o.data(), P + l.wo, dx_.data(), do_.data(), false, gw(l.wo));
+    linear_backward(qw, E, a.o.data(), lin(l.wo), dx_.data(), do_.data(), false, gw(l.wo));
     lora_backward(il, int(LoraKind::O), a.o.data(), dx_.data(), do_.data(), gl);
     attention_backward(pool_, as, a.q.data(), a.k.data(), a.v.data(), a.o.data(), a.lse.data(), do_.data(), dq_.data(),
                        dk_.data(), dv_.data());
     rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head, hd, shape_.rope_freq_base, dq_.data(), true);
     rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head_kv, hd, shape_.rope_freq_base, dk_.data(), true);
-    linear_backward(pool_, N, E, qw, a.h1.data(), P + l.wq, dq_.data(), dh_.data(), false, gw(l.wq));
-    linear_backward(pool_, N, E, kvw, a.h1.data(), P + l.wk, dk_.data(), dh_.data(), true, gw(l.wk));
-    linear_backward(pool_, N, E, kvw, a.h1.data(), P + l.wv, dv_.data(), dh_.data(), true, gw(l.wv));
+    linear_backward(E, qw, a.h1.data(), lin(l.wq), dq_.data(), dh_.data(), false, gw(l.wq));
+    linear_backward(E, kvw, a.h1.data(), lin(l.wk), dk_.data(), dh_.data(), true, gw(l.wk));
+    linear_backward(E, kvw, a.h1.data(), lin(l.wv), dv_.data(), dh_.data(), true, gw(l.wv));
     lora_backward(il, int(LoraKind::Q), a.h1.data(), dq_.data(), dh_.data(), gl);
     lora_backward(il, int(LoraKind::K), a.h1.data(), dk_.data(), dh_.data(), gl);
     lora_backward(il, int(LoraKind::V), a.h1.data(), dv_.data(), dh_.data(), gl);

@@ -11,6 +11,12 @@
 // backward writes the gradient of the adapter's A and B only: the base is frozen, so its weight
 // gradients (the dW products, the norms', the embedding's) are not computed; the input
 // gradients run through both the base weights and the adapter.
+//
+// A base from load_frozen_base may keep its matrices encoded (f16, bf16, quantized: QLoRA). Such
+// a linear's products dequantize a tile of W's rows at a time into scratch and multiply it with
+// the same f32 gemm, so the results are those of the dequantized f32 model bit for bit (each
+// output element is still one FMA chain over k in order: train/gemm.h); the embedding lookup
+// dequantizes the looked-up rows. Such a model trains only with an adapter (the base is frozen).
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -19,6 +25,7 @@
 
 namespace tern {
 class ThreadPool;
+struct QuantTraits;
 }
 
 namespace tern::train {
@@ -42,7 +49,8 @@ class ForwardBackward {
   // Buffers for micro-batches of n_seq sequences of n_ctx tokens.
   ForwardBackward(const ModelShape& shape, int64_t n_seq, int64_t n_ctx, ThreadPool* pool);
 
-  // Caches W^T of every matrix (the forward's B operands). Call after every change of the weights.
+  // Caches W^T of every f32 matrix (the forward's B operands; encoded ones get a tile scratch
+  // instead). Call after every change of the weights.
   void prepare(const TrainModel& model);
 
   // Trains a LoRA adapter of the model from now on (nullptr: the model itself again). The
@@ -53,6 +61,12 @@ class ForwardBackward {
   // The dropout masks of the next forward_backward are a function of this seed (and of the
   // adapted linear, token and feature); forward_loss uses none.
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  // Rows per dequantized tile of an encoded matrix (0: about 4 MB of f32 per tile); call before
+  // prepare(). Tests force small tiles so that several, and a partial last one, are exercised.
+  void set_tile_rows(int64_t rows) { tile_rows_ = rows; }
+  // Whether the forward of encoded W computes y's tiles transposed from x^T (small batches)
+  // rather than transposing W's tiles; the same bits either way (tests check both are used).
+  bool forward_by_x_t(const EncodedTensor& e) const;
   const LoraWeights* lora() const { return lora_; }
 
   // windows [n_seq][n_ctx + 1] entries: inputs are [0, n_ctx), targets [1, n_ctx] (an entry
@@ -78,6 +92,24 @@ class ForwardBackward {
 
  private:
   void forward(const TrainModel& model, const int32_t* windows, bool train);
+  // A frozen or trained linear's W: f32 (W^T from prepare(), W in model.data) or encoded.
+  struct Linear {
+    const float* wt = nullptr;         // [in][out]
+    const float* w = nullptr;          // [out][in]
+    const EncodedTensor* enc = nullptr;
+  };
+  Linear linear_of(const TrainModel& model, int64_t offset) const;
+  // y[n][out] (+)= x[n][in] W^T
+  void linear_forward(int64_t in, int64_t out, const float* x, const Linear& w, float* y, bool accumulate);
+  // dx[n][in] (+)= dy[n][out] W;  dw[out][in] += dy^T x (dw nullptr: W is frozen; f32 W only).
+  void linear_backward(int64_t in, int64_t out, const float* x, const Linear& w, const float* dy, float* dx,
+                       bool accumulate_dx, float* dw);
+  // Rows of an encoded W per tile: a few MB of f32 scratch whatever the matrix.
+  int64_t tile_rows(const EncodedTensor& e) const;
+  // The traits of e's type; throws naming the mismatch when e is not out x in or prepare() was not run.
+  const QuantTraits& check_encoded(const EncodedTensor& e, int64_t in, int64_t out) const;
+  // tile_[0 .. r) = rows o0 .. o0 + r of e, dequantized (split over the pool).
+  void dequantize_tile(const EncodedTensor& e, const QuantTraits& q, int64_t o0, int64_t r);
   // y [n_tok][n_out] += s * drop(x) A^T B^T for the adapted (layer, kind); nothing when not adapted.
   void lora_forward(int64_t layer, int kind, const float* x, float* y, bool train);
   // dx [n_tok][n_in] += the adapter's input gradient; the adapter's dA, dB into g.
@@ -88,7 +120,11 @@ class ForwardBackward {
   ThreadPool* pool_;
   std::vector<int32_t> inputs_, targets_;  // [n_tok]
   std::vector<float> weights_t_;           // every matrix transposed, layout of weight_t_offset_
-  std::vector<int64_t> weight_t_offset_;   // per param (-1: not a matrix)
+  std::vector<int64_t> weight_t_offset_;   // per param (-1: not a matrix, or an encoded one)
+  // An encoded W's dequantized rows [R][in]; their transpose [in][R] or y's tile transposed
+  // [R][n_tok]; x^T [in][n_tok] (forward_by_x_t).
+  std::vector<float> tile_, tile_t_, x_t_;
+  int64_t tile_rows_ = 0;
   struct LayerActs {
     std::vector<float> x, h1, rstd1, q, k, v, o, lse, x_mid, h2, rstd2, gate, up, gate_sig, act;
   };

@@ -1,6 +1,8 @@
 #include "train/model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
@@ -43,7 +45,12 @@ const ParamInfo* TrainModel::find(const std::string& name) const {
   return nullptr;
 }
 
-TrainModel make_model(const ModelShape& s) {
+namespace {
+
+// The parameter table of a shape; a tensor for which `encoded` says so gets the next slot of
+// m.encoded (a negative offset, filled in by the caller) instead of room in data.
+template <class Encoded>
+TrainModel layout(const ModelShape& s, Encoded&& encoded) {
   s.validate("model shape");
   TrainModel m;
   m.shape = s;
@@ -51,9 +58,15 @@ TrainModel make_model(const ModelShape& s) {
   auto add = [&](const std::string& name, std::vector<int64_t> ne, bool decay) {
     int64_t n = 1;
     for (int64_t d : ne) n *= d;
-    m.params.push_back({name, std::move(ne), off, n, decay});
-    off += n;
-    return m.params.back().offset;
+    int64_t at = off;
+    if (encoded(name)) {
+      m.encoded.emplace_back();
+      at = -int64_t(m.encoded.size());
+    } else {
+      off += n;
+    }
+    m.params.push_back({name, std::move(ne), at, n, decay});
+    return at;
   };
   const int64_t E = s.n_embd, hd = s.head_dim(), q_w = s.n_head * hd, kv_w = s.n_head_kv * hd;
   m.tok_embd = add("token_embd.weight", {E, s.n_vocab}, true);
@@ -75,6 +88,24 @@ TrainModel make_model(const ModelShape& s) {
   m.output = s.tied_output ? m.tok_embd : add("output.weight", {E, s.n_vocab}, true);
   m.data.assign(size_t(off), 0.0f);
   return m;
+}
+
+}  // namespace
+
+TrainModel make_model(const ModelShape& s) {
+  return layout(s, [](const std::string&) { return false; });
+}
+
+int64_t TrainModel::n_elements() const {
+  int64_t n = 0;
+  for (const auto& p : params) n += p.size;
+  return n;
+}
+
+int64_t TrainModel::bytes_in_memory() const {
+  int64_t b = int64_t(data.size() * sizeof(float));
+  for (const auto& e : encoded) b += e.rows * e.row_bytes;
+  return b;
 }
 
 TrainModel init_model(const ModelShape& s, uint64_t seed) {
@@ -127,30 +158,102 @@ ModelShape shape_of(const GgufFile& f) {
   return s;
 }
 
-TrainModel load_model(const GgufFile& f) {
-  TrainModel m = make_model(shape_of(f));
+namespace {
+
+// The file's tensor for p, checked: every tensor of the file has a place in the model, p is
+// there with p's shape, a type tern decodes, and all its bytes.
+const GgufTensorInfo& checked_tensor(const GgufFile& f, const ParamInfo& p) {
+  const GgufTensorInfo* t = f.find_tensor(p.name);
+  if (t == nullptr) fail(f.path(), ": missing tensor ", p.name);
+  if (t->ne != p.ne) {
+    std::string want;
+    for (size_t i = 0; i < p.ne.size(); ++i) want += (i ? " x " : "") + std::to_string(p.ne[i]);
+    fail(f.path(), ": tensor ", p.name, " has shape ", t->shape_string(), ", expected ", want);
+  }
+  require_quant_traits(t->type, p.name.c_str());
+  const int64_t row = p.ne[0], rows = p.size / row;
+  const int64_t rb = dtype_row_bytes(t->type, row);
+  if (rb <= 0 || int64_t(t->n_bytes) < rb * rows) fail(f.path(), ": tensor ", p.name, " is truncated");
+  return *t;
+}
+
+void check_names(const GgufFile& f, const TrainModel& m) {
   for (const auto& t : f.tensors()) {
     if (m.find(t.name) == nullptr)
       fail(f.path(), ": tensor ", t.name, " (", t.shape_string(), ") has no place in the trained llama model");
   }
+}
+
+// Row r of t into dst (row_len floats), refusing non-finite values.
+void decode_row(const GgufFile& f, const ParamInfo& p, const GgufTensorInfo& t, int64_t r, float* dst) {
+  const int64_t row = p.ne[0];
+  require_quant_traits(t.type, p.name.c_str()).to_float(t.data + r * dtype_row_bytes(t.type, row), dst, row);
+  for (int64_t i = 0; i < row; ++i)
+    if (!std::isfinite(dst[i])) fail(f.path(), ": tensor ", p.name, " holds a non-finite value at element ", r * row + i);
+}
+
+}  // namespace
+
+TrainModel load_model(const GgufFile& f) {
+  TrainModel m = make_model(shape_of(f));
+  check_names(f, m);
   for (const auto& p : m.params) {
-    const GgufTensorInfo* t = f.find_tensor(p.name);
-    if (t == nullptr) fail(f.path(), ": missing tensor ", p.name);
-    if (t->ne != p.ne) {
-      std::string want;
-      for (size_t i = 0; i < p.ne.size(); ++i) want += (i ? " x " : "") + std::to_string(p.ne[i]);
-      fail(f.path(), ": tensor ", p.name, " has shape ", t->shape_string(), ", expected ", want);
-    }
-    const QuantTraits& q = require_quant_traits(t->type, p.name.c_str());
+    const GgufTensorInfo& t = checked_tensor(f, p);
     float* dst = m.data.data() + p.offset;
     const int64_t row = p.ne[0], rows = p.size / row;
-    const int64_t rb = dtype_row_bytes(t->type, row);
-    if (rb <= 0 || int64_t(t->n_bytes) < rb * rows) fail(f.path(), ": tensor ", p.name, " is truncated");
-    for (int64_t r = 0; r < rows; ++r) q.to_float(t->data + r * rb, dst + r * row, row);
-    for (int64_t i = 0; i < p.size; ++i)
-      if (!std::isfinite(dst[i])) fail(f.path(), ": tensor ", p.name, " holds a non-finite value at element ", i);
+    for (int64_t r = 0; r < rows; ++r) decode_row(f, p, t, r, dst + r * row);
   }
   return m;
+}
+
+TrainModel load_frozen_base(const GgufFile& f) {
+  // Matrices not stored as f32 stay encoded; the norms (1-D, a few KB) always go to data.
+  auto keep_encoded = [&](const std::string& name) {
+    const GgufTensorInfo* t = f.find_tensor(name);
+    return t != nullptr && t->ne.size() == 2 && t->type != DType::F32;
+  };
+  TrainModel m = layout(shape_of(f), keep_encoded);
+  check_names(f, m);
+  std::vector<float> row_buf;
+  for (const auto& p : m.params) {
+    const GgufTensorInfo& t = checked_tensor(f, p);
+    const int64_t row = p.ne[0], rows = p.size / row;
+    if (!TrainModel::is_encoded(p.offset)) {
+      float* dst = m.data.data() + p.offset;
+      for (int64_t r = 0; r < rows; ++r) decode_row(f, p, t, r, dst + r * row);
+      continue;
+    }
+    EncodedTensor& e = m.encoded[size_t(-1 - p.offset)];
+    e.type = t.type;
+    e.bytes = t.data;
+    e.rows = rows;
+    e.cols = row;
+    e.row_bytes = dtype_row_bytes(t.type, row);
+    row_buf.resize(size_t(row));
+    for (int64_t r = 0; r < rows; ++r) decode_row(f, p, t, r, row_buf.data());
+  }
+  return m;
+}
+
+std::string describe_base_memory(const TrainModel& m) {
+  std::vector<std::pair<DType, int>> counts;
+  int64_t enc_bytes = 0;
+  for (const auto& e : m.encoded) {
+    enc_bytes += e.rows * e.row_bytes;
+    auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == e.type; });
+    if (it == counts.end()) counts.emplace_back(e.type, 1);
+    else ++it->second;
+  }
+  auto mb = [](int64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MB", double(b) / 1e6);
+    return std::string(buf);
+  };
+  const std::string f32 = mb(int64_t(m.data.size() * sizeof(float))) + " f32";
+  if (counts.empty()) return "f32: " + f32;
+  std::string s;
+  for (const auto& [type, n] : counts) s += str_cat(s.empty() ? "" : ", ", dtype_name(type), " x ", n);
+  return s + ": " + mb(enc_bytes) + " kept encoded, " + f32;
 }
 
 void save_model(const TrainModel& m, const GgufFile& vocab, const std::string& path,
