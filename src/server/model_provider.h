@@ -6,6 +6,9 @@
 //
 // A request holds its ModelRef from the moment it names a model to the moment its answer is
 // written or its stream ends: while any ModelRef to a model lives, that model is not unloaded.
+// That is also what makes a live base swap (SingleModelProvider::swap_base) safe: a request
+// keeps the base it acquired, engine and all, until it ends, whatever was swapped in since.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -43,6 +46,10 @@ struct ServedModel {
   // A LoRA adapter served as a model (vLLM's convention: the request's `model` names the
   // adapter): the adapters its requests run with on `backend`, the base's engine. Empty: the base.
   LoraSet lora;
+  // What keeps `backend` alive when the provider owns it (a base loaded by a BaseLoader: its
+  // file, engine and backend); an adapter's model shares its base's. Null: the backend's owner
+  // is someone else who outlives the provider (a test's fake, an engine on a caller's stack).
+  std::shared_ptr<const void> owner;
 };
 
 // Holding one keeps the model loaded; the last copy's end releases it.
@@ -52,6 +59,23 @@ using ModelRef = std::shared_ptr<const ServedModel>;
 struct Acquired {
   ModelRef model;
   int64_t load_ns = 0;              // how long this request waited for a load (0: it was loaded)
+};
+
+// POST /admin/swap_base: the new base and, when `lora` is set, its adapters (else the adapters
+// served now, loaded again from their files against the new base).
+struct SwapAdapter {
+  std::string name, path;
+  float scale = 1.0f;
+};
+struct SwapRequest {
+  std::string path;
+  std::optional<std::vector<SwapAdapter>> lora;
+};
+struct SwapResult {
+  std::string path;
+  std::string fingerprint;
+  std::vector<std::string> adapters;  // names, in name order
+  double load_seconds = 0;            // the new base's load and the adapters' checks
 };
 
 // A model loaded now, as /api/ps and `tern ps` show it.
@@ -112,14 +136,39 @@ class ModelProvider {
   // for them), or throws ApiError 404 for a name that is no adapter.
   virtual void add_adapter(const std::string& name, std::shared_ptr<const LoraAdapter> adapter, float scale);
   virtual ModelRef remove_adapter(const std::string& name);
+
+  // Replaces the served base (and its adapters) while requests run: see
+  // SingleModelProvider::swap_base. Throws ApiError 501 where the provider cannot (a pool).
+  virtual SwapResult swap_base(const SwapRequest& request);
 };
 
-// One model, always loaded (the Backend's owner keeps it alive). Without `strict_names`, a
-// request naming any model is served by this one, as llama.cpp's server does (clients send
-// "gpt-3.5-turbo" by default); with it, only `model.id` and `other_names`.
+// One model, always loaded (the Backend's owner, or the model's `owner`, keeps it alive).
+// Without `strict_names`, a request naming any model is served by this one, as llama.cpp's
+// server does (clients send "gpt-3.5-turbo" by default); with it, only `model.id` and
+// `other_names`.
+//
+// With a BaseLoader (enable_swap) the base can be replaced live. The current base and adapter
+// set are one snapshot behind a mutex: acquire() hands out the snapshot's models, so a request
+// runs wholly on the base it acquired. A replaced base is kept (`retired`) until no request
+// holds it and its engine is idle; collect() (the server's collector thread, about once a
+// second) then drops it, so an engine is never destroyed on its own thread (which would join
+// itself) nor on a request's.
 class SingleModelProvider final : public ModelProvider {
  public:
+  // A base as a loader builds it: `model` with its `owner` set (the engine started), the other
+  // names requests may call it by (file name, path), and the check of an adapter against it
+  // (throws tern::Error naming what does not fit: Engine::check_lora).
+  struct LoadedBase {
+    std::shared_ptr<ServedModel> model;
+    std::vector<std::string> other_names;
+    std::function<void(const LoraAdapter&)> check;
+  };
+  // Loads the base at a path with the server's start-up settings; throws tern::Error naming the
+  // file when it cannot. Runs on the swapping request's thread while the old base serves.
+  using BaseLoader = std::function<LoadedBase(const std::string& path)>;
+
   SingleModelProvider(std::shared_ptr<ServedModel> model, std::vector<std::string> other_names, bool strict_names);
+  ~SingleModelProvider() override;
   // Serves adapters beside the model (`tern serve -m BASE --lora NAME=FILE`): `check` throws
   // tern::Error when an adapter does not fit the model (Engine::check_lora). With adapters,
   // names are strict: an unknown name is 404, never the base.
@@ -135,16 +184,52 @@ class SingleModelProvider final : public ModelProvider {
   std::vector<LoadedModelInfo> loaded() const override;
   EngineMetrics metrics() const override;
   int64_t n_ctx_of(const std::string&) const override;
+  void collect() override;
+
+  // Allows swap_base(). The public id stays the model's id across swaps.
+  void enable_swap(BaseLoader loader);
+  // Loads `request.path` with the loader, loads and checks every adapter against it, then
+  // replaces base and adapters at once. Requests already running finish on the old base; new
+  // ones get the new. Throws ApiError: 400 for a file that does not load or an adapter that
+  // does not fit (nothing changes then), 409 while another swap runs, 501 without a loader.
+  SwapResult swap_base(const SwapRequest& request) override;
 
  private:
-  ModelRef adapter(const std::string& name) const;  // nullptr: not an adapter's name
+  // The served base and adapters, replaced together by a swap.
+  struct Snapshot {
+    std::shared_ptr<const ServedModel> model;
+    std::vector<std::string> other_names;
+    std::map<std::string, std::shared_ptr<const ServedModel>> adapters;  // by name
+  };
+  // A replaced base, kept until no request uses it (then its counters move to `reaped_`).
+  struct Retired {
+    std::shared_ptr<const void> owner;  // null: not ours to drop (its backend outlives us)
+    Backend* backend = nullptr;
+    std::chrono::steady_clock::time_point since;
+  };
 
-  std::shared_ptr<ServedModel> model_;
-  std::vector<std::string> other_names_;
+  std::shared_ptr<const Snapshot> snapshot() const;
+  bool serves_in(const Snapshot& s, const std::string& name) const;
+  // `base` with `adapter` on it, served as the model `name`.
+  static std::shared_ptr<ServedModel> adapter_model(const ServedModel& base, const std::string& name,
+                                                    std::shared_ptr<const LoraAdapter> adapter, float scale);
+  void check_adapter_name(const Snapshot& s, const std::string& name) const;
+
   bool strict_names_;
+  mutable std::mutex mu_;  // guards cur_ (the pointer), strict_names_, check_adapter_, retired_, reaped_*
+  // Never changed in place: a change publishes a new one, so a reader copies one pointer and
+  // reads at leisure.
+  std::shared_ptr<const Snapshot> cur_;
   std::function<void(const LoraAdapter&)> check_adapter_;  // set: adapters are served
-  mutable std::mutex adapters_mu_;
-  std::map<std::string, std::shared_ptr<const ServedModel>> adapters_;  // by name
+  // Held by whatever changes the served set (swap, adapter load and unload), for as long as it
+  // runs, so that an adapter is never checked against one base and added to another.
+  std::mutex change_mu_;
+  std::atomic<bool> swapping_{false};
+  BaseLoader loader_;
+  std::vector<Retired> retired_;
+  bool swapped_ = false;
+  EngineMetrics reaped_;              // counters of retired bases already dropped
+  double reaped_cached_tokens_ = 0;   // their prefix-cache hits, in tokens
 };
 
 }  // namespace tern::server

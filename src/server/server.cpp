@@ -73,7 +73,7 @@ std::string endpoint_label(const std::string& path) {
                                 "/health",          "/metrics",             "/tokenize",      "/detokenize",
                                 "/api/chat",        "/api/generate",        "/api/embed",     "/api/embeddings",
                                 "/api/tags",        "/api/ps",              "/api/show",      "/api/version",
-                                "/v1/load_lora_adapter", "/v1/unload_lora_adapter"};
+                                "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/admin/swap_base"};
   for (const char* k : known)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -870,6 +870,59 @@ struct Server::Impl {
     res.set_content(str_cat("Success: LoRA adapter '", name, "' removed successfully."), "text/plain; charset=utf-8");
   }
 
+  // POST /admin/swap_base {"model": PATH, "lora": [{"lora_name", "lora_path", "scale"?}]?}:
+  // replaces the base (and its adapters) while requests run (ModelProvider::swap_base). The
+  // admin key was checked in pre_route.
+  void handle_swap_base(const HttpRequest& req, HttpResponse& res) {
+    const json body = json::parse(req.body, nullptr, false);
+    if (!body.is_object()) throw ApiError(400, "invalid_request_error", "", "", "The body must be a JSON object.");
+    SwapRequest sr;
+    const auto it = body.find("model");
+    if (it == body.end() || !it->is_string() || it->get<std::string>().empty())
+      throw ApiError(400, "invalid_request_error", "model", "", "`model` must be the path of a model file on the server.");
+    sr.path = it->get<std::string>();
+    if (const auto l = body.find("lora"); l != body.end()) {
+      if (!l->is_array())
+        throw ApiError(400, "invalid_request_error", "lora", "",
+                       "`lora` must be an array of {\"lora_name\", \"lora_path\", \"scale\"} objects.");
+      sr.lora.emplace();
+      for (size_t i = 0; i < l->size(); ++i) {
+        const json& a = (*l)[i];
+        const std::string param = str_cat("lora[", i, "]");
+        if (!a.is_object()) throw ApiError(400, "invalid_request_error", param, "", str_cat("`", param, "` must be an object."));
+        const auto text = [&](const char* key) {
+          const auto f = a.find(key);
+          if (f == a.end() || !f->is_string() || f->get<std::string>().empty())
+            throw ApiError(400, "invalid_request_error", param, "", str_cat("`", param, ".", key, "` must be a non-empty string."));
+          return f->get<std::string>();
+        };
+        SwapAdapter sa;
+        sa.name = text("lora_name");
+        sa.path = text("lora_path");
+        if (const auto f = a.find("scale"); f != a.end()) {
+          if (!f->is_number() || !std::isfinite(f->get<double>()))
+            throw ApiError(400, "invalid_request_error", param, "", str_cat("`", param, ".scale` must be a finite number."));
+          sa.scale = f->get<float>();
+        }
+        sr.lora->push_back(std::move(sa));
+      }
+    }
+    SwapResult r;
+    try {
+      r = provider.swap_base(sr);
+    } catch (const ApiError& e) {
+      std::fprintf(stderr, "tern serve: base swap to %s refused (%d): %s\n", sr.path.c_str(), e.status(), e.what());
+      throw;
+    }
+    std::string names;
+    for (const auto& n : r.adapters) names += (names.empty() ? "" : ", ") + n;
+    std::fprintf(stderr, "tern serve: base swapped to %s in %.2f s (fingerprint %s; adapters: %s); requests already "
+                 "running finish on the old base\n", r.path.c_str(), r.load_seconds, r.fingerprint.c_str(),
+                 names.empty() ? "none" : names.c_str());
+    set_json(res, 200, {{"path", r.path}, {"fingerprint", r.fingerprint}, {"adapters", r.adapters},
+                        {"load_seconds", r.load_seconds}});
+  }
+
   std::vector<ModelGauges> model_gauges() const {
     std::vector<ModelGauges> out;
     const std::vector<LoadedModelInfo> loaded = provider.loaded();
@@ -1295,7 +1348,7 @@ struct Server::Impl {
   bool is_static_path(const std::string& path) const { return endpoint_label(path) == "static"; }
 
   // "Authorization: Bearer KEY": the scheme is case-insensitive (RFC 9110 11.1), the key is not.
-  bool authorized(const HttpRequest& req) const {
+  static bool bearer_matches(const HttpRequest& req, const std::string& secret) {
     const std::string& auth = req.headers.get("Authorization");
     const size_t sp = auth.find(' ');
     if (sp == std::string::npos || !iequals(auth.substr(0, sp), "Bearer")) return false;
@@ -1303,8 +1356,9 @@ struct Server::Impl {
     if (key_start == std::string::npos) return false;
     std::string key = auth.substr(key_start);
     while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
-    return same_secret(key, cfg.api_key);
+    return same_secret(key, secret);
   }
+  bool authorized(const HttpRequest& req) const { return bearer_matches(req, cfg.api_key); }
 
   bool cors_allows(const std::string& origin) const {
     for (const auto& o : cfg.cors_origins)
@@ -1345,7 +1399,21 @@ struct Server::Impl {
     const bool open = req.path == "/health" || ((req.method == "GET" || req.method == "HEAD") && is_static_path(req.path));
     // Ollama's routes answer {"error": "..."}, which its clients show as the message.
     const bool ollama = req.path.rfind("/api/", 0) == 0;
-    if (!cfg.api_key.empty() && !open && !authorized(req)) {
+    // The admin routes have a key of their own, and only it opens them: the API key, which
+    // every client holds, must not be enough to replace the model.
+    if (req.path.rfind("/admin/", 0) == 0) {
+      if (cfg.admin_key.empty()) {
+        set_error(res, 403, "The admin endpoints are off on this server (start it with --admin-key KEY, or set "
+                            "TERN_ADMIN_KEY).");
+        return true;
+      }
+      if (!bearer_matches(req, cfg.admin_key)) {
+        res.headers.set("WWW-Authenticate", "Bearer");
+        set_error(res, 401, "Incorrect or missing admin key. Send it as 'Authorization: Bearer ADMIN_KEY'.", "",
+                  "invalid_admin_key");
+        return true;
+      }
+    } else if (!cfg.api_key.empty() && !open && !authorized(req)) {
       res.headers.set("WWW-Authenticate", "Bearer");
       const char* message = "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.";
       if (ollama) set_json(res, 401, ollama::error_body(message));
@@ -1390,6 +1458,8 @@ struct Server::Impl {
                guard([this](HttpRequest& req, HttpResponse& res) { handle_lora_update(req, res, true); }));
     http.route("POST", "/v1/unload_lora_adapter",
                guard([this](HttpRequest& req, HttpResponse& res) { handle_lora_update(req, res, false); }));
+    http.route("POST", "/admin/swap_base",
+               guard([this](HttpRequest& req, HttpResponse& res) { handle_swap_base(req, res); }));
     http.route_prefix("GET", "/v1/models/",
                       guard([this](HttpRequest& req, HttpResponse& res) { handle_models(req, res); }));
     // Health and metrics run on the HTTP layer's own threads: they answer while every worker

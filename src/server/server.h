@@ -7,6 +7,7 @@
 //   POST /api/chat, /api/generate (NDJSON streams), /api/embed, /api/embeddings, /api/show;
 //   GET  /api/tags, /api/ps, /api/version   (Ollama's API, server/ollama_format.h)
 //   GET  /  and the chat page's files (embedded, see web_assets.h)
+//   POST /admin/swap_base   (a live base swap; off unless ServerConfig::admin_key is set)
 //
 // Models come from a ModelProvider (server/model_provider.h): one model, or many loaded on
 // demand; each request holds the model it names until its answer is written.
@@ -71,6 +72,9 @@ struct ServerConfig {
   // provider must serve adapters): off unless set (--allow-lora-updates), as a request names a
   // file on the server's disk.
   bool allow_lora_updates = false;
+  // The /admin/ routes (POST /admin/swap_base): "Authorization: Bearer ADMIN_KEY" required, the
+  // API key does not open them. Empty: they answer 403 (off).
+  std::string admin_key;
 };
 
 class Server {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -69,6 +70,91 @@ void serve_until_signal(server::Server& srv, int port, const server::ServerConfi
   // and can be joined (shutdown is idempotent).
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
+}
+
+// One base as `tern serve -m FILE` loads it: the file, its engine (started) and the backend
+// the server talks to, owned by the ServedModel (ServedModel::owner) so that a base swapped
+// away lives on until the last request using it has ended.
+struct LoadedEngine {
+  std::shared_ptr<const GgufFile> file;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<server::EngineBackend> backend;
+  ~LoadedEngine() {
+    if (engine) engine->stop();
+  }
+};
+
+// The start-up settings every load of the base gets, at start-up and on each swap.
+struct SingleLoadSettings {
+  EngineConfig engine;              // n_ctx replaced by the file's plan
+  int64_t ctx = 0;
+  bool ctx_given = false;
+  int64_t kv_memory_bytes = 0;
+  std::string chat_template;        // --chat-template ("" : the file's own)
+  std::optional<server::ToolFormat> tool_format;
+  std::string command = "tern serve";
+  std::string tokenizer_bin;        // --tokenizer: a llama2.c .bin's
+  std::string model_id;
+};
+
+// Loads `path` with `s`; the engine is started. `note` (if given) gets the chat template's note.
+server::SingleModelProvider::LoadedBase load_single_base(const std::string& path, const SingleLoadSettings& s,
+                                                         std::string* note) {
+  const std::filesystem::path model_path(path);
+  auto owner = std::make_shared<LoadedEngine>();
+  owner->file = open_model_file(path, s.tokenizer_bin);
+  owner->tokenizer = Tokenizer::from_gguf(*owner->file);
+  const GgufFile& file = *owner->file;
+  const Tokenizer& tok = *owner->tokenizer;
+  EngineConfig ecfg = s.engine;
+  ContextRequest ctx_req;
+  ctx_req.kv_type = ecfg.kv_type;
+  ctx_req.n_ctx = s.ctx;
+  ctx_req.n_parallel = ecfg.n_parallel;
+  ctx_req.kv_memory_bytes = s.kv_memory_bytes;
+  ctx_req.serving = true;
+  ecfg.n_ctx = plan_model_context(file, ctx_req, s.command, s.ctx_given).n_ctx;
+  ecfg.kv_memory_bytes = s.kv_memory_bytes;
+  if (ecfg.max_running < ecfg.n_parallel) ecfg.max_running = ecfg.n_parallel;
+
+  auto served = std::make_shared<server::ServedModel>();
+  served->id = s.model_id;
+  const auto token_text = [&](int32_t id) {
+    return id >= 0 && id < tok.n_vocab() ? tok.tokens()[size_t(id)] : std::string();
+  };
+  std::string template_note;
+  served->chat_template = server::select_chat_template(s.chat_template, file.get_string("tokenizer.chat_template", ""),
+                                                       token_text(tok.bos_id()), token_text(tok.eos_id()), &template_note);
+  if (note) *note = template_note;
+  if (s.tool_format) served->chat_template.tool_format = *s.tool_format;
+  {
+    // Same build, same file, same K/V type and context: same fingerprint (OpenAI's meaning:
+    // a change of it says that a seed may now give another answer).
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(model_path, ec);
+    served->system_fingerprint = server::system_fingerprint_of(
+        str_cat(kVersion, "|", model_path.filename().string(), "|", ec ? 0 : size, "|",
+                file.get_string("general.name", ""), "|", kv_type_name(ecfg.kv_type), "|", ecfg.n_ctx));
+  }
+  owner->engine = std::make_unique<Engine>(owner->file, owner->tokenizer, ecfg);
+  owner->backend = std::make_unique<server::EngineBackend>(*owner->engine);
+  served->backend = owner->backend.get();
+  served->structured = std::make_shared<server::StructuredOutput>(tok);
+  served->entry = server::inspect_model_file(model_path);
+  served->entry.name = s.model_id;
+  served->metadata = gguf_metadata_json(file);
+  served->bytes = int64_t(file.file_size()) + owner->engine->metrics().kv_bytes;  // the arena exists from construction
+  // The check holds the engine by address: the provider uses it only while this base is the
+  // one served, which its owner outlives.
+  const Engine* engine = owner->engine.get();
+  owner->engine->start();
+  server::SingleModelProvider::LoadedBase out;
+  out.check = [engine](const LoraAdapter& a) { engine->check_lora(a); };
+  out.other_names = {model_path.filename().string(), path};
+  served->owner = std::move(owner);
+  out.model = std::move(served);
+  return out;
 }
 
 void print_stopped(const EngineMetrics& end) {
@@ -173,6 +259,9 @@ int cmd_serve(int argc, char** argv) {
                  "on SIGTERM/SIGINT, seconds in-flight requests get to finish before they are aborted")
       ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
   app.add_flag("-v,--verbose", scfg.log_requests, "log every request to stderr");
+  app.add_option("--admin-key", scfg.admin_key,
+                 "enable the admin endpoints (POST /admin/swap_base: replace the model live), opened only by "
+                 "'Authorization: Bearer KEY' (default: $TERN_ADMIN_KEY if set; without one they answer 403)");
   app.add_flag("--allow-lora-updates", scfg.allow_lora_updates,
                "allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (adapters from the server's disk)");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
@@ -182,6 +271,8 @@ int cmd_serve(int argc, char** argv) {
   }
   if (scfg.api_key.empty())
     if (const char* k = std::getenv("TERN_API_KEY")) scfg.api_key = k;
+  if (scfg.admin_key.empty())
+    if (const char* k = std::getenv("TERN_ADMIN_KEY")) scfg.admin_key = k;
   const int64_t kv_memory_bytes = kv_memory.empty() ? 0 : parse_memory_size(kv_memory);
   const bool single = models_dir.empty() && model_args.size() == 1 && !names_a_model(model_args[0]);
   if (single) margs.model = model_args[0];
@@ -258,61 +349,44 @@ int cmd_serve(int argc, char** argv) {
     return 0;
   }
 
-  // One model, loaded now.
-  std::shared_ptr<const GgufFile> file = open_model_file(margs.model, margs.tokenizer_bin);
-  std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::from_gguf(*file);
-  ContextRequest ctx_req;
-  ctx_req.kv_type = ecfg.kv_type;
-  ctx_req.n_ctx = margs.ctx;
-  ctx_req.n_parallel = ecfg.n_parallel;
-  ctx_req.kv_memory_bytes = kv_memory_bytes;
-  ctx_req.serving = true;
-  ecfg.n_ctx = plan_model_context(*file, ctx_req, margs.command(), margs.ctx_given()).n_ctx;
-  ecfg.kv_memory_bytes = kv_memory_bytes;
-  if (ecfg.max_running < ecfg.n_parallel) ecfg.max_running = ecfg.n_parallel;
-
-  const std::filesystem::path model_path(margs.model);
-  scfg.model_id = alias.empty() ? model_path.stem().string() : alias;
-  scfg.strict_model_names = !alias.empty();
-  scfg.model_names = {model_path.filename().string(), margs.model};
-  std::string note;
-  const auto token_text = [&](int32_t id) {
-    return id >= 0 && id < tokenizer->n_vocab() ? tokenizer->tokens()[size_t(id)] : std::string();
-  };
-  scfg.chat_template = server::select_chat_template(chat_template, file->get_string("tokenizer.chat_template", ""),
-                                                    token_text(tokenizer->bos_id()), token_text(tokenizer->eos_id()),
-                                                    &note);
-
+  // One model, loaded now; the same loader replaces it on POST /admin/swap_base.
+  SingleLoadSettings load;
+  load.engine = ecfg;
+  load.ctx = margs.ctx;
+  load.ctx_given = margs.ctx_given();
+  load.kv_memory_bytes = kv_memory_bytes;
+  load.chat_template = chat_template;
   if (!tool_format.empty()) {
-    const auto f = server::tool_format_from_name(tool_format);
-    if (!f) throw Error(str_cat("--tool-format: unknown format '", tool_format, "' (hermes, llama3, mistral or generic)"));
-    scfg.chat_template.tool_format = *f;
+    load.tool_format = server::tool_format_from_name(tool_format);
+    if (!load.tool_format)
+      throw Error(str_cat("--tool-format: unknown format '", tool_format, "' (hermes, llama3, mistral or generic)"));
   }
+  load.command = margs.command();
+  load.tokenizer_bin = margs.tokenizer_bin;
+  load.model_id = alias.empty() ? std::filesystem::path(margs.model).stem().string() : alias;
+
+  std::string note;
+  server::SingleModelProvider::LoadedBase first = load_single_base(margs.model, load, &note);
+  scfg.model_id = load.model_id;
+  scfg.strict_model_names = !alias.empty();
+  scfg.model_names = first.other_names;
+  scfg.chat_template = first.model->chat_template;
+  scfg.system_fingerprint = first.model->system_fingerprint;
+  // For the start-up line, read now: the provider owns the engine from here on (and a swap
+  // may replace it).
+  EngineConfig first_ecfg;
+  EngineMetrics em;
+  int64_t first_n_ctx = 0;
   {
-    // Same build, same file, same K/V type and context: same fingerprint (OpenAI's meaning:
-    // a change of it says that a seed may now give another answer).
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(model_path, ec);
-    scfg.system_fingerprint = server::system_fingerprint_of(
-        str_cat(kVersion, "|", model_path.filename().string(), "|", ec ? 0 : size, "|",
-                file->get_string("general.name", ""), "|", kv_type_name(ecfg.kv_type), "|", ecfg.n_ctx));
+    const Engine& e = *static_cast<const LoadedEngine*>(first.model->owner.get())->engine;
+    first_ecfg = e.config();
+    em = e.metrics();
+    first_n_ctx = e.n_ctx();
   }
 
-  Engine engine(file, tokenizer, ecfg);
-  server::EngineBackend backend(engine);
-  auto served = std::make_shared<server::ServedModel>();
-  served->id = scfg.model_id;
-  served->backend = &backend;
-  served->chat_template = scfg.chat_template;
-  served->system_fingerprint = scfg.system_fingerprint;
-  served->structured = std::make_unique<server::StructuredOutput>(*tokenizer);
-  served->entry = server::inspect_model_file(model_path);
-  served->entry.name = scfg.model_id;
-  served->metadata = gguf_metadata_json(*file);
-  served->bytes = int64_t(file->file_size()) + engine.metrics().kv_bytes;  // the arena exists from construction
-  server::SingleModelProvider provider(served, scfg.model_names, scfg.strict_model_names);
+  server::SingleModelProvider provider(first.model, first.other_names, scfg.strict_model_names);
   if (!lora_args.empty() || scfg.allow_lora_updates) {
-    provider.enable_adapters([&engine](const LoraAdapter& a) { engine.check_lora(a); });
+    provider.enable_adapters(first.check);
     for (const std::string& arg : lora_args) {
       const size_t eq = arg.find('=');
       const std::string spec = eq == std::string::npos ? arg : arg.substr(eq + 1);
@@ -327,18 +401,26 @@ int cmd_serve(int argc, char** argv) {
       std::fprintf(stderr, "tern serve: LoRA adapter \"%s\": %s (scale %g)\n", name.c_str(), path.c_str(), double(scale));
     }
   }
+  first = {};
+  if (!scfg.admin_key.empty())
+    provider.enable_swap([load](const std::string& path) {
+      // --tokenizer goes with a llama2.c .bin only: a GGUF carries its own.
+      SingleLoadSettings s = load;
+      if (std::filesystem::path(path).extension() != ".bin") s.tokenizer_bin.clear();
+      return load_single_base(path, s, nullptr);
+    });
   server::Server srv(provider, scfg);
   const int port = srv.bind();
-  engine.start();
-  const EngineMetrics em = engine.metrics();
   std::fprintf(stderr, "tern serve: model %s (id \"%s\"), context %lld tokens, KV %s (%s) in %lld blocks of %lld tokens\n",
-               margs.model.c_str(), scfg.model_id.c_str(), static_cast<long long>(engine.n_ctx()),
-               format_bytes(em.kv_bytes).c_str(), kv_type_name(ecfg.kv_type), static_cast<long long>(em.kv_blocks_total),
-               static_cast<long long>(ecfg.kv_block_size));
+               margs.model.c_str(), scfg.model_id.c_str(), static_cast<long long>(first_n_ctx),
+               format_bytes(em.kv_bytes).c_str(), kv_type_name(first_ecfg.kv_type),
+               static_cast<long long>(em.kv_blocks_total), static_cast<long long>(first_ecfg.kv_block_size));
   std::fprintf(stderr, "tern serve: %s\n", note.c_str());
+  if (!scfg.admin_key.empty()) std::fprintf(stderr, "tern serve: admin endpoints on (POST /admin/swap_base)\n");
   serve_until_signal(srv, port, scfg, signals, grace_s);
-  engine.stop();
-  print_stopped(engine.metrics());
+  // The totals of every base served, swapped-away ones included; the provider's end stops the
+  // engines.
+  print_stopped(provider.metrics());
   return 0;
 }
 
