@@ -10,16 +10,6 @@ namespace tern::server {
 
 namespace {
 
-// Counters only (a dropped engine's gauges are gone with it).
-void add_counters(EngineMetrics& to, const EngineMetrics& m) {
-  to.n_preempted_total += m.n_preempted_total;
-  to.prompt_tokens_total += m.prompt_tokens_total;
-  to.generated_tokens_total += m.generated_tokens_total;
-  to.requests_finished += m.requests_finished;
-  to.requests_aborted += m.requests_aborted;
-  to.requests_failed += m.requests_failed;
-  to.steps += m.steps;
-}
 
 // A retired base still busy after this long is dropped anyway (its requests have been told to
 // end by their deadline long before): a leak must not keep an engine forever.
@@ -212,27 +202,9 @@ EngineMetrics SingleModelProvider::metrics() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!swapped_)
     return cur_->model->backend->metrics();  // never swapped: the engine's own figures
-  EngineMetrics sum = reaped_;
-  double cached = reaped_cached_tokens_, waste = 0;
-  int64_t weighed_blocks = 0;
-  const auto add = [&](const Backend& b) {
-    const EngineMetrics e = b.metrics();
-    add_counters(sum, e);
-    sum.n_running += e.n_running;
-    sum.n_waiting += e.n_waiting;
-    sum.kv_blocks_total += e.kv_blocks_total;
-    sum.kv_blocks_used += e.kv_blocks_used;
-    sum.kv_blocks_free += e.kv_blocks_free;
-    sum.kv_bytes += e.kv_bytes;
-    cached += e.prefix_hit_rate * double(e.prompt_tokens_total);
-    waste += e.kv_waste_pct * double(e.kv_blocks_used);
-    weighed_blocks += e.kv_blocks_used;
-  };
-  add(*cur_->model->backend);
-  for (const Retired& r : retired_) add(*r.backend);
-  sum.prefix_hit_rate = sum.prompt_tokens_total > 0 ? cached / double(sum.prompt_tokens_total) : 0;
-  sum.kv_waste_pct = weighed_blocks > 0 ? waste / double(weighed_blocks) : 0;
-  return sum;
+  std::vector<EngineMetrics> live = {cur_->model->backend->metrics()};
+  for (const Retired& r : retired_) live.push_back(r.backend->metrics());
+  return reaped_.total(live);
 }
 
 int64_t SingleModelProvider::n_ctx_of(const std::string&) const { return snapshot()->model->backend->n_ctx(); }
@@ -255,8 +227,7 @@ void SingleModelProvider::collect() {
         ++it;
         continue;
       }
-      add_counters(reaped_, m);
-      reaped_cached_tokens_ += m.prefix_hit_rate * double(m.prompt_tokens_total);
+      reaped_.retire(m);
       drop.push_back(std::move(it->owner));
       it = retired_.erase(it);
     }

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/metrics_sum.h"
 #include "server/backend.h"
 #include "server/chat_template.h"
 #include "server/model_catalog.h"
@@ -216,7 +217,7 @@ class SingleModelProvider final : public ModelProvider {
   void check_adapter_name(const Snapshot& s, const std::string& name) const;
 
   bool strict_names_;
-  mutable std::mutex mu_;  // guards cur_ (the pointer), strict_names_, check_adapter_, retired_, reaped_*
+  mutable std::mutex mu_;  // guards cur_ (the pointer), strict_names_, check_adapter_, retired_, reaped_
   // Never changed in place: a change publishes a new one, so a reader copies one pointer and
   // reads at leisure.
   std::shared_ptr<const Snapshot> cur_;
@@ -228,8 +229,7 @@ class SingleModelProvider final : public ModelProvider {
   BaseLoader loader_;
   std::vector<Retired> retired_;
   bool swapped_ = false;
-  EngineMetrics reaped_;              // counters of retired bases already dropped
-  double reaped_cached_tokens_ = 0;   // their prefix-cache hits, in tokens
+  EngineMetricsSum reaped_;           // counters of retired bases already dropped
 };
 
 }  // namespace tern::server

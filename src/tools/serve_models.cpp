@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "engine/metrics_sum.h"
 #include "models/model.h"
 #include "runtime/context_fit.h"
 #include "server/api_error.h"
@@ -37,15 +38,6 @@ std::string names_text(const std::vector<ModelEntry>& entries) {
 }
 
 // Counters only (the gauges of an unloaded engine are gone with it).
-void add_counters(EngineMetrics& to, const EngineMetrics& m) {
-  to.n_preempted_total += m.n_preempted_total;
-  to.prompt_tokens_total += m.prompt_tokens_total;
-  to.generated_tokens_total += m.generated_tokens_total;
-  to.requests_finished += m.requests_finished;
-  to.requests_aborted += m.requests_aborted;
-  to.requests_failed += m.requests_failed;
-  to.steps += m.steps;
-}
 
 }  // namespace
 
@@ -95,16 +87,14 @@ struct PoolModelProvider::Impl {
 
   mutable std::mutex live_mu;           // guards live and retired
   std::vector<Loaded*> live;            // per entry: the loaded model, nullptr when not
-  EngineMetrics retired;                // counters of engines already unloaded
-  double retired_cached_prompt_tokens = 0;
+  EngineMetricsSum retired;             // counters of engines already unloaded
 
   std::unique_ptr<ModelPool> pool;      // last: destroyed first (unloads while the rest lives)
 
   void retire(size_t index, const Engine& engine) {
     const EngineMetrics m = engine.metrics();
     std::lock_guard lock(live_mu);
-    add_counters(retired, m);
-    retired_cached_prompt_tokens += m.prefix_hit_rate * double(m.prompt_tokens_total);
+    retired.retire(m);
     live[index] = nullptr;
     if (settings.log_loads)
       std::fprintf(stderr, "%s: unloaded %s (%lld requests served)\n", settings.command.c_str(),
@@ -324,26 +314,10 @@ std::vector<server::LoadedModelInfo> PoolModelProvider::loaded() const {
 EngineMetrics PoolModelProvider::metrics() const {
   const Impl& d = *impl_;
   std::lock_guard lock(d.live_mu);
-  EngineMetrics sum = d.retired;
-  double cached = d.retired_cached_prompt_tokens, waste = 0;
-  int64_t weighed_blocks = 0;
-  for (const Impl::Loaded* m : d.live) {
-    if (!m) continue;
-    const EngineMetrics e = m->engine->metrics();
-    add_counters(sum, e);
-    sum.n_running += e.n_running;
-    sum.n_waiting += e.n_waiting;
-    sum.kv_blocks_total += e.kv_blocks_total;
-    sum.kv_blocks_used += e.kv_blocks_used;
-    sum.kv_blocks_free += e.kv_blocks_free;
-    sum.kv_bytes += e.kv_bytes;
-    cached += e.prefix_hit_rate * double(e.prompt_tokens_total);
-    waste += e.kv_waste_pct * double(e.kv_blocks_used);
-    weighed_blocks += e.kv_blocks_used;
-  }
-  sum.prefix_hit_rate = sum.prompt_tokens_total > 0 ? cached / double(sum.prompt_tokens_total) : 0;
-  sum.kv_waste_pct = weighed_blocks > 0 ? waste / double(weighed_blocks) : 0;
-  return sum;
+  std::vector<EngineMetrics> live;
+  for (const Impl::Loaded* m : d.live)
+    if (m) live.push_back(m->engine->metrics());
+  return d.retired.total(live);
 }
 
 int64_t PoolModelProvider::n_ctx_of(const std::string& name) const {
