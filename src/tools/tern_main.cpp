@@ -28,7 +28,7 @@ const std::vector<Command>& commands() {
       {"list", "list the models in a directory: size, type, architecture, context, or why one is unusable", cmd_list},
       {"ps", "show the models a running tern serve has loaded and when each is unloaded", cmd_ps},
       {"train", "train a model on text: a new shape or continue a GGUF (checkpoints, resume)", cmd_train},
-      {"finetune", "fine-tune a LoRA adapter on a frozen base (text or prompt/completion JSONL)", cmd_finetune},
+      {"finetune", "fine-tune a LoRA adapter on a frozen (or quantized) base: text, prompt/completion or chat JSONL", cmd_finetune},
       {"eval", "base-model replacement: retrain a suite's LoRA adapters on a candidate base, three-way gate", cmd_eval},
       {"lora", "LoRA adapters: merge them into a base model (tern lora merge)", cmd_lora},
       {"distill", "knowledge distillation from a teacher GGUF (token-level KL, sequence-level samples)", cmd_distill},
