@@ -86,14 +86,9 @@ struct LoadedEngine {
 };
 
 // The start-up settings every load of the base gets, at start-up and on each swap.
-struct SingleLoadSettings {
-  EngineConfig engine;              // n_ctx replaced by the file's plan
-  int64_t ctx = 0;
-  bool ctx_given = false;
-  int64_t kv_memory_bytes = 0;
-  std::string chat_template;        // --chat-template ("" : the file's own)
-  std::optional<server::ToolFormat> tool_format;
-  std::string command = "tern serve";
+// The pool's load settings, and what only one model served with -m has.
+struct SingleLoadSettings : ServeLoadSettings {
+  std::optional<server::ToolFormat> parsed_tool_format;  // tool_format, checked at start-up
   std::string tokenizer_bin;        // --tokenizer: a llama2.c .bin's
   std::string model_id;
 };
@@ -127,7 +122,7 @@ server::SingleModelProvider::LoadedBase load_single_base(const std::string& path
   served->chat_template = server::select_chat_template(s.chat_template, file.get_string("tokenizer.chat_template", ""),
                                                        token_text(tok.bos_id()), token_text(tok.eos_id()), &template_note);
   if (note) *note = template_note;
-  if (s.tool_format) served->chat_template.tool_format = *s.tool_format;
+  if (s.parsed_tool_format) served->chat_template.tool_format = *s.parsed_tool_format;
   {
     // Same build, same file, same K/V type and context: same fingerprint (OpenAI's meaning:
     // a change of it says that a seed may now give another answer).
@@ -302,6 +297,16 @@ int cmd_serve(int argc, char** argv) {
 
   // Several models: a pool of them, loaded on demand.
   std::unique_ptr<PoolModelProvider> pool;
+  // How a model is loaded, for the pool's models and for the one model of -m alike.
+  ServeLoadSettings load_settings;
+  load_settings.engine = ecfg;
+  load_settings.ctx = margs.ctx;
+  load_settings.ctx_given = margs.ctx_given();
+  load_settings.kv_memory_bytes = kv_memory_bytes;
+  load_settings.chat_template = chat_template;
+  load_settings.tool_format = tool_format;
+  load_settings.command = margs.command();
+
   if (!single) {
     std::vector<server::ModelEntry> entries;
     if (!models_dir.empty()) entries = server::scan_models_dir(models_dir);
@@ -315,16 +320,8 @@ int cmd_serve(int argc, char** argv) {
     pcfg.max_memory_bytes = max_memory.empty() ? machine_memory().available : parse_memory_size(max_memory);
     pcfg.max_loaded = max_loaded;
     pcfg.default_keep_alive_s = keep_alive_seconds(keep_alive);
-    ServeLoadSettings load;
-    load.engine = ecfg;
-    load.ctx = margs.ctx;
-    load.ctx_given = margs.ctx_given();
-    load.kv_memory_bytes = kv_memory_bytes;
-    load.chat_template = chat_template;
-    load.tool_format = tool_format;
-    load.command = margs.command();
     try {
-      pool = std::make_unique<PoolModelProvider>(std::move(entries), pcfg, load);
+      pool = std::make_unique<PoolModelProvider>(std::move(entries), pcfg, load_settings);
     } catch (const std::invalid_argument& e) {  // the budget is below the smallest model
       std::fprintf(stderr, "tern serve: error: %s (raise --max-memory)\n", e.what());
       return 1;
@@ -351,17 +348,12 @@ int cmd_serve(int argc, char** argv) {
 
   // One model, loaded now; the same loader replaces it on POST /admin/swap_base.
   SingleLoadSettings load;
-  load.engine = ecfg;
-  load.ctx = margs.ctx;
-  load.ctx_given = margs.ctx_given();
-  load.kv_memory_bytes = kv_memory_bytes;
-  load.chat_template = chat_template;
+  static_cast<ServeLoadSettings&>(load) = load_settings;
   if (!tool_format.empty()) {
-    load.tool_format = server::tool_format_from_name(tool_format);
-    if (!load.tool_format)
+    load.parsed_tool_format = server::tool_format_from_name(tool_format);
+    if (!load.parsed_tool_format)
       throw Error(str_cat("--tool-format: unknown format '", tool_format, "' (hermes, llama3, mistral or generic)"));
   }
-  load.command = margs.command();
   load.tokenizer_bin = margs.tokenizer_bin;
   load.model_id = alias.empty() ? std::filesystem::path(margs.model).stem().string() : alias;
 
