@@ -348,6 +348,16 @@ TEST(EvalCli, BadArgumentsAreClearErrors) {
                             " --candidate-base " + kCandidate + " --reuse --retrain",
                         &out, &err),
             1);
+  // Outputs: --work that is a file, a chart over an input or onto a folder.
+  const std::string common = kTern + " eval --suite " + s.path("suite.json") + " --online-base " + kCandidate +
+                             " --candidate-base " + kCandidate + " -q -t 2";
+  EXPECT_EQ(run_command(common + " --work " + s.path("train.jsonl"), &out, &err), 1);
+  EXPECT_NE(err.find("is not a folder"), std::string::npos) << err;
+  const std::string suite_before = tern::testing::read_file_bytes(s.path("suite.json"));
+  EXPECT_EQ(run_command(common + " --work " + s.path("w1") + " --svg " + s.path("suite.json"), &out, &err), 1);
+  EXPECT_EQ(tern::testing::read_file_bytes(s.path("suite.json")), suite_before) << "the suite was overwritten";
+  EXPECT_EQ(run_command(common + " --work " + s.path("w1") + " --svg " + s.dir, &out, &err), 1);
+  EXPECT_FALSE(err.empty());
   // An online adapter made for another base is refused, naming the scenario.
   write_text(s.path("opening.online.gguf"), "not a gguf file at all");
   EXPECT_EQ(run_command(kTern + " eval --suite " + s.path("suite.json") + " --online-base " + kCandidate +
