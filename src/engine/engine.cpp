@@ -131,6 +131,9 @@ struct Engine::Impl {
   std::unique_ptr<KvStore> kv_store;
   std::unique_ptr<KvCacheManager> kv;
   std::unique_ptr<Scheduler> sched;
+  StepCostModel cost_model;           // learnt from every step (and the start-up calibration)
+  double tbt_target = 0;              // in force (resolved from cfg.tbt_target_ms), 0: none
+  double decode_ms = 0;               // a one-sequence decode step, as calibrated at start
 
   // --- submission (any thread), guarded by mu --------------------------------------------
   mutable std::mutex mu;
@@ -140,6 +143,11 @@ struct Engine::Impl {
   uint64_t next_id = 1;
   EngineMetrics snapshot;
   std::atomic<int64_t> n_queued{0};   // waiting in the scheduler (for add_request's 429)
+  // For add_request's queue-time estimate (max_queue_ms): prompt tokens queued ahead of a new
+  // request (in the scheduler at the last step, and submitted since) and what one costs.
+  int64_t queue_tokens = 0, incoming_tokens = 0;
+  double prefill_ms_per_token = 0;
+  int64_t refused_queue = 0;
   std::atomic<int64_t> n_active{0};   // requests taken off the queue and not yet retired
 
   // --- background loop ------------------------------------------------------------------
@@ -182,6 +190,10 @@ struct Engine::Impl {
   void deliver(Request& r);
   void retire_if_done(Request& r);
   void update_snapshot();
+  void calibrate();
+  void plan_headroom();
+  void record_step(const StepPlan& plan, double ms);
+  double estimate_prefill_ms_per_token() const;
 };
 
 Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Tokenizer> t,
@@ -243,6 +255,138 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
   logits.assign(std::min(max_seqs, size_t(cfg.max_batch_tokens)) * size_t(n_vocab), 0.0f);
   snapshot.kv_blocks_total = snapshot.kv_blocks_free = n_blocks;
   snapshot.kv_bytes = kv_store->bytes();
+
+  // Latency objectives.
+  const auto bad_target = [](double v) { return !std::isfinite(v) || (v < 0 && v != EngineConfig::kTbtAuto); };
+  if (bad_target(cfg.tbt_target_ms))
+    fail("--tbt-target-ms must be a positive number of milliseconds, auto or off, got ", cfg.tbt_target_ms);
+  if (!std::isfinite(cfg.tbt_auto_factor) || cfg.tbt_auto_factor < 1)
+    fail("the automatic TBT target's factor must be >= 1, got ", cfg.tbt_auto_factor);
+  if (!std::isfinite(cfg.ttft_target_ms) || cfg.ttft_target_ms < 0)
+    fail("--ttft-target-ms must be a positive number of milliseconds, got ", cfg.ttft_target_ms);
+  if (!std::isfinite(cfg.max_queue_ms) || cfg.max_queue_ms < 0)
+    fail("--max-queue-ms must be a positive number of milliseconds, got ", cfg.max_queue_ms);
+  if (cfg.tbt_target_ms != 0 || cfg.max_queue_ms > 0) {
+    calibrate();
+    // A one-sequence decode step at a modest context: the floor of any TBT target.
+    StepShape one;
+    one.add(64, 1, true);
+    decode_ms = cost_model.predict_ms(one);
+    if (cfg.tbt_target_ms == EngineConfig::kTbtAuto) {
+      // A decode step of the sequences the arena was sized for must fit with room to spare,
+      // or the target would be missed by decodes alone at the load the server expects.
+      StepShape parallel;
+      for (int64_t i = 0; i < std::min(cfg.n_parallel, cfg.max_running); ++i) parallel.add(64, 1, true);
+      tbt_target = std::max(cfg.tbt_auto_factor * decode_ms, 2.0 * cost_model.predict_ms(parallel));
+    } else if (cfg.tbt_target_ms > 0) {
+      if (cfg.tbt_target_ms < decode_ms)
+        fail("--tbt-target-ms ", cfg.tbt_target_ms, " is below one decode step of this model on this machine (",
+             decode_ms, " ms, measured at start): the smallest target is ", std::ceil(decode_ms), " ms");
+      tbt_target = cfg.tbt_target_ms;
+    }
+    plan_headroom();
+    snapshot.tbt_target_ms = tbt_target;
+    snapshot.decode_step_ms = decode_ms;
+    prefill_ms_per_token = estimate_prefill_ms_per_token();
+  }
+}
+
+// The step-cost model's first measurements: forward steps over scratch tokens in the empty
+// arena (each probe sequence starts at position 0 in slots of its own, which no request has
+// yet: a request's step writes its slots before reading them). Shapes: decodes of 1, 4 and 16
+// sequences, prompts of 16 and 128 tokens, bounded by the step budget and the arena.
+void Engine::Impl::calibrate() {
+  const int64_t n_slots = kv_store->n_slots();
+  std::vector<int32_t> toks, slots;
+  const auto probe = [&](int64_t n_seqs, int64_t n_tok, bool keep) {
+    n_seqs = std::max<int64_t>(1, std::min(n_seqs, cfg.max_running));
+    n_tok = std::max<int64_t>(1, std::min(n_tok, cfg.max_batch_tokens / n_seqs));
+    if (n_seqs * n_tok > n_slots) return;
+    toks.resize(size_t(n_seqs * n_tok));
+    slots.resize(toks.size());
+    for (size_t i = 0; i < toks.size(); ++i) {
+      toks[i] = int32_t((i * 7919 + 13) % size_t(n_vocab));
+      slots[i] = int32_t(i);
+    }
+    batch.clear();
+    StepShape shape;
+    for (int64_t q = 0; q < n_seqs; ++q) {
+      SeqBatch sb;
+      sb.n_past = 0;
+      sb.tokens = std::span<const int32_t>(toks.data() + q * n_tok, size_t(n_tok));
+      sb.slots = std::span<const int32_t>(slots.data() + q * n_tok, size_t(n_tok));
+      batch.push_back(sb);
+      shape.add(0, n_tok, true);
+    }
+    // The median of three runs: one run disturbed by another process must not set the
+    // model (and the automatic target) for good.
+    double ms[3];
+    for (double& t : ms) {
+      const int64_t t0 = now_ns();
+      model->forward(batch, *kv_store, logits.data(), pool);
+      t = ms_between(t0, now_ns());
+    }
+    std::sort(ms, ms + 3);
+    if (keep) cost_model.observe_anchor(shape, ms[1]);
+  };
+  probe(1, 16, false);  // pages the weights in
+  probe(1, 1, true);
+  probe(4, 1, true);
+  probe(16, 1, true);
+  probe(1, 16, true);
+  probe(1, 128, true);
+  batch.clear();
+}
+
+// The scheduler plans to a little under the target: by the cost model's recent error (its
+// 90th percentile, between 10% and 30%), so that a step the model underestimates still lands
+// within the target.
+void Engine::Impl::plan_headroom() {
+  if (tbt_target <= 0) return;
+  const double margin = std::clamp(cost_model.rel_error_p90(), 0.10, 0.30);
+  sched->set_step_target(&cost_model, tbt_target * (1 - margin));
+}
+
+void Engine::Impl::record_step(const StepPlan& plan, double ms) {
+  cost_model.observe(plan.shape, ms);
+  plan_headroom();
+  size_t b = 0;
+  while (b < EngineMetrics::kStepMsBounds.size() && ms > EngineMetrics::kStepMsBounds[b]) ++b;
+  ++totals.step_ms_counts[b];
+  if (plan.time_limited) ++totals.steps_prefill_cut;
+  totals.step_ms_sum += ms;
+  if (tbt_target > 0 && ms > tbt_target) {
+    for (const ScheduledSeq& e : plan.seqs)
+      if (!e.prefill) {
+        ++totals.steps_over_target;
+        break;
+      }
+  }
+}
+
+// What a prompt token in the queue costs, with the decodes now running beside it: a step
+// holds the running decodes and the prefill tokens the TBT target (or the token budget)
+// leaves; the queue drains at those tokens per step time.
+double Engine::Impl::estimate_prefill_ms_per_token() const {
+  if (!cost_model.ready()) return 0;
+  const int64_t n_dec = std::min(sched->n_running(), cfg.max_batch_tokens - 1);
+  StepShape dec;
+  for (int64_t i = 0; i < n_dec; ++i) dec.add(256, 1, true);
+  const auto with_chunk = [&](int64_t p) {
+    StepShape s = dec;
+    s.add(0, p, true);
+    return cost_model.predict_ms(s);
+  };
+  int64_t p = cfg.max_batch_tokens - n_dec;
+  if (tbt_target > 0 && n_dec > 0 && with_chunk(p) > tbt_target) {
+    int64_t lo = 1, hi = p;  // the largest chunk within the target, at least one token
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (with_chunk(mid) <= tbt_target) lo = mid; else hi = mid;
+    }
+    p = lo;
+  }
+  return with_chunk(p) / double(p);
 }
 
 void Engine::Impl::validate(const RequestParams& p) const {
@@ -301,6 +445,8 @@ void Engine::Impl::take_submissions() {
     std::lock_guard<std::mutex> lock(mu);
     // Counted as active before leaving the queue, so has_work() never sees a gap.
     n_active.fetch_add(int64_t(incoming.size()));
+    for (const Pending& p : incoming) queue_tokens += int64_t(p.params.prompt_ids.size());
+    incoming_tokens = 0;
     std::swap(taken, incoming);
     std::swap(taken_aborts, aborts);
   }
@@ -349,6 +495,7 @@ bool Engine::Impl::run_step() {
     update_snapshot();
     return false;
   }
+  const int64_t t_sched = now_ns();
   const StepPlan& plan = sched->schedule();
   if (plan.empty()) {
     update_snapshot();
@@ -433,6 +580,8 @@ bool Engine::Impl::run_step() {
     if (!e.sample) continue;
     on_sampled(e.id, logits.data() + i * size_t(n_vocab));
   }
+  // (The plan is intact: requests finishing above change the scheduler, not its last plan.)
+  record_step(plan, ms_between(t_sched, now_ns()));
   update_snapshot();
   return true;
 }
@@ -636,6 +785,17 @@ void Engine::Impl::finish(Completion& c, FinishReason reason, const std::string&
   m.ttft_ms = c.ttft_ms;
   m.e2e_ms = ms_between(r.arrival_ns, t);
   m.tbt_ms = c.tbt_ms;
+  if (reason == FinishReason::Stop || reason == FinishReason::Length) {
+    if (cfg.ttft_target_ms > 0) m.ttft_met = c.n_generated > 0 && m.ttft_ms <= cfg.ttft_target_ms;
+    if (tbt_target > 0 && !m.tbt_ms.empty()) {
+      double sum = 0;
+      for (double g : m.tbt_ms) sum += g;
+      m.tbt_met = sum / double(m.tbt_ms.size()) <= tbt_target;
+    }
+    if (!m.ttft_met) ++totals.slo_ttft_missed;
+    if (!m.tbt_met) ++totals.slo_tbt_missed;
+    if (m.ttft_met && m.tbt_met) ++totals.slo_good;
+  }
   out.request_id = r.id;
   out.index = c.index;
   out.finished = true;
@@ -708,9 +868,18 @@ void Engine::Impl::update_snapshot() {
   m.kv_waste_pct = kv->waste_pct();
   m.prompt_tokens_total = prompt_tokens_seen;
   m.prefix_hit_rate = prompt_tokens_seen > 0 ? double(cached_tokens_seen) / double(prompt_tokens_seen) : 0.0;
+  m.tbt_target_ms = tbt_target;
+  m.decode_step_ms = decode_ms;
+  m.step_cost_error_p50 = cost_model.rel_error_p50();
+  m.step_cost_error_p90 = cost_model.rel_error_p90();
   n_queued.store(m.n_waiting, std::memory_order_relaxed);
+  const int64_t pending = sched->n_prefill_pending();
+  const double ms_per_token = cfg.max_queue_ms > 0 ? estimate_prefill_ms_per_token() : 0;
   std::lock_guard<std::mutex> lock(mu);
   m.n_waiting += int64_t(incoming.size());
+  m.requests_refused_queue = refused_queue;
+  queue_tokens = pending;
+  prefill_ms_per_token = ms_per_token;
   snapshot = m;
 }
 
@@ -736,6 +905,18 @@ uint64_t Engine::add_request(RequestParams params, OutputCallback on_output) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   const int64_t waiting = impl_->n_queued.load(std::memory_order_relaxed) + int64_t(impl_->incoming.size());
   if (waiting >= impl_->cfg.max_waiting) return 0;  // "not now": the caller answers 429
+  if (impl_->cfg.max_queue_ms > 0 && impl_->prefill_ms_per_token > 0) {
+    const double wait_ms = double(impl_->queue_tokens + impl_->incoming_tokens) * impl_->prefill_ms_per_token;
+    if (wait_ms > impl_->cfg.max_queue_ms) {
+      ++impl_->refused_queue;
+      impl_->snapshot.requests_refused_queue = impl_->refused_queue;
+      throw EngineOverloaded(str_cat("the queue would hold this request for about ", int64_t(wait_ms),
+                                     " ms before its prompt starts, over the limit of ", impl_->cfg.max_queue_ms,
+                                     " ms (--max-queue-ms)"),
+                             std::max(1.0, std::ceil((wait_ms - impl_->cfg.max_queue_ms) / 1000.0)));
+    }
+  }
+  impl_->incoming_tokens += int64_t(params.prompt_ids.size());
   const uint64_t id = impl_->next_id++;
   impl_->incoming.push_back(Impl::Pending{id, std::move(params), std::move(on_output), t});
   impl_->cv.notify_one();

@@ -11,12 +11,14 @@
 //     except abort() (which is always allowed);
 //   - start() runs step() on a background thread until stop(); or a caller can drive step()
 //     itself (tests, bench-serve) when the engine was not started.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "gguf/gguf.h"
 #include "models/model.h"
 #include "sampling/constraint.h"
@@ -36,6 +38,35 @@ struct EngineConfig {
   int64_t max_waiting = 1024;      // queue length past which add_request refuses (429)
   bool prefix_caching = true;
   KvType kv_type = KvType::F32;    // element type of the K/V arena (--kv-type; serve's default is f16)
+  // Latency objectives (docs/serving.md, "Latency targets").
+  //   tbt_target_ms: a step in which some request decodes is kept under this time (its prefill
+  //     chunk sized by the step-cost model, Sarathi-Serve's stall-free batching); 0: off, the
+  //     token budget alone; kTbtAuto: tbt_auto_factor x a one-sequence decode step as
+  //     calibrated at start, or 2 x a decode step of n_parallel sequences if that is more
+  //     (decodes alone must fit at the load the arena is sized for). A positive target below
+  //     one decode step is refused (naming the minimum). Steps are planned to a margin under
+  //     the target (the cost model's recent error, 10-30%).
+  //   ttft_target_ms: time to first token objective, reported (RequestMetrics, EngineMetrics);
+  //     0: none.
+  //   max_queue_ms: a request whose predicted time to first token exceeds this is refused by
+  //     add_request (EngineOverloaded: the server answers 503 with Retry-After); 0: never.
+  // A tbt target or a queue limit calibrates the step-cost model at start (a few forward steps
+  // over scratch tokens: ~0.1 s on a 1B model) and keeps learning it from every step.
+  static constexpr double kTbtAuto = -1;
+  double tbt_target_ms = 0;
+  double tbt_auto_factor = 3;
+  double ttft_target_ms = 0;
+  double max_queue_ms = 0;
+};
+
+// add_request's refusal when a request is predicted to wait longer than max_queue_ms.
+class EngineOverloaded : public Error {
+ public:
+  EngineOverloaded(const std::string& message, double retry_after_s) : Error(message), retry_after_s_(retry_after_s) {}
+  double retry_after_s() const { return retry_after_s_; }  // when the queue should have drained enough
+
+ private:
+  double retry_after_s_;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
@@ -110,6 +141,10 @@ struct RequestMetrics {
   double ttft_ms = 0;            // arrival -> first token
   double e2e_ms = 0;             // arrival -> finish
   std::vector<double> tbt_ms;    // gaps between consecutive tokens
+  // Objectives (EngineConfig): met unless set and missed. The TBT objective is met when the
+  // mean gap (time per output token, as vLLM's and DistServe's goodput count it) is within it.
+  bool ttft_met = true;
+  bool tbt_met = true;
 };
 
 // What a callback receives: everything new since the previous call for this request.
@@ -137,6 +172,21 @@ struct EngineMetrics {
   int64_t prompt_tokens_total = 0, generated_tokens_total = 0;
   int64_t requests_finished = 0, requests_aborted = 0, requests_failed = 0;
   int64_t steps = 0;
+  // Latency objectives: finished completions that met both (goodput), and each one's misses.
+  int64_t slo_good = 0, slo_ttft_missed = 0, slo_tbt_missed = 0;
+  int64_t requests_refused_queue = 0;  // refused by max_queue_ms
+  // Step times: counts per bucket of kStepMsBounds (non-cumulative; the last counts the rest),
+  // their sum, and the steps with a decode that went over the TBT target.
+  static constexpr std::array<double, 14> kStepMsBounds{1, 2.5, 5, 10, 20, 40, 60, 80, 100, 150, 200, 300, 500, 1000};
+  std::array<int64_t, 15> step_ms_counts{};
+  double step_ms_sum = 0;
+  int64_t steps_over_target = 0;
+  int64_t steps_prefill_cut = 0;  // steps whose prefill the TBT target cut short
+  // Gauges: the TBT target in force (0: none), the step-cost model's relative error of its
+  // recent predictions (median, 90th percentile) and its prediction of a one-sequence decode.
+  double tbt_target_ms = 0;
+  double step_cost_error_p50 = 0, step_cost_error_p90 = 0;
+  double decode_step_ms = 0;
 };
 
 class Engine {
@@ -147,7 +197,8 @@ class Engine {
 
   // Queues a request. Returns its id (> 0). Throws tern::Error for a request that can never
   // run (empty prompt, prompt + 1 longer than n_ctx, bad sampling params, bad token ids).
-  // Returns 0 when the waiting queue is full ("not now": the server answers 429).
+  // Returns 0 when the waiting queue is full ("not now": the server answers 429). Throws
+  // EngineOverloaded when max_queue_ms is set and the request would wait longer.
   uint64_t add_request(RequestParams params, OutputCallback on_output);
   // Aborts a waiting or running request; its blocks are freed at the start of the next step and
   // its callback receives a final output with FinishReason::Abort. Unknown ids are ignored.

@@ -1,6 +1,7 @@
 #include "sched/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -91,6 +92,16 @@ std::span<const int32_t> Scheduler::tokens(SeqId id) const { return get(id).toke
 const BlockTable& Scheduler::block_table(SeqId id) const { return get(id).table; }
 int64_t Scheduler::n_preempted(SeqId id) const { return get(id).n_preempted; }
 
+int64_t Scheduler::n_prefill_pending() const {
+  int64_t n = 0;
+  for (const Seq* s : waiting_) n += int64_t(s->tokens.size()) - s->table.n_computed;
+  for (const Seq* s : running_) {
+    const int64_t remaining = int64_t(s->tokens.size()) - s->table.n_computed;
+    if (remaining > 1) n += remaining;
+  }
+  return n;
+}
+
 int64_t Scheduler::tokens_that_fit(const Seq& s, int64_t n, int64_t free_blocks) const {
   if (kv_.blocks_needed(s.table, n) <= free_blocks) return n;
   // blocks_needed is monotonic in n: binary search the largest m that fits.
@@ -107,8 +118,11 @@ void Scheduler::preempt(Seq& s) {
   if (s.plan_index >= 0) {
     // Planned earlier in this step: take it out of the plan and give its budget back.
     const size_t i = size_t(s.plan_index);
-    budget_ += plan_.seqs[i].n_tokens;
-    plan_.n_tokens -= plan_.seqs[i].n_tokens;
+    const ScheduledSeq& e = plan_.seqs[i];
+    budget_ += e.n_tokens;
+    plan_.n_tokens -= e.n_tokens;
+    plan_.shape.remove(e.n_past, e.n_tokens, e.sample);
+    if (e.prefill) prefill_planned_ -= e.n_tokens;
     plan_.seqs.erase(plan_.seqs.begin() + ptrdiff_t(i));
     for (size_t j = i; j < plan_.seqs.size(); ++j) get(plan_.seqs[j].id).plan_index = int32_t(j);
     s.plan_index = -1;
@@ -122,14 +136,49 @@ void Scheduler::preempt(Seq& s) {
   plan_.preempted.push_back(s.id);
 }
 
-void Scheduler::plan_seq(Seq& s, int64_t n) {
+void Scheduler::plan_seq(Seq& s, int64_t n, bool prefill) {
   const bool ok = kv_.reserve(s.table, n);
   TERN_ASSERT(ok);
   const int64_t n_past = s.table.n_computed;
+  const bool sample = n_past + n == int64_t(s.tokens.size());
   s.plan_index = int32_t(plan_.seqs.size());
-  plan_.seqs.push_back(ScheduledSeq{s.id, n_past, n, n_past + n == int64_t(s.tokens.size())});
+  plan_.seqs.push_back(ScheduledSeq{s.id, n_past, n, sample, prefill});
+  if (prefill) prefill_planned_ += n;
   plan_.n_tokens += n;
+  plan_.shape.add(n_past, n, sample);
   budget_ -= n;
+}
+
+void Scheduler::set_step_target(const StepCostPredictor* cost, double target_ms) {
+  TERN_ASSERT(!planned_);
+  const bool on = cost && target_ms > 0 && std::isfinite(target_ms);
+  cost_ = on ? cost : nullptr;
+  target_ms_ = on ? target_ms : 0;
+}
+
+int64_t Scheduler::tokens_in_time(const Seq& s, int64_t want) const {
+  if (!limit_time_ || want <= 0) return want;
+  const int64_t n_past = s.table.n_computed;
+  const auto fits = [&](int64_t m) {
+    StepShape sh = plan_.shape;
+    sh.add(n_past, m, n_past + m == int64_t(s.tokens.size()));
+    return cost_->predict_ms(sh) <= target_ms_;
+  };
+  int64_t m = 0;
+  if (fits(want)) {
+    m = want;
+  } else {
+    // The prediction does not decrease with m: binary search the largest m that fits.
+    int64_t lo = 0, hi = want;  // fits(lo) (or lo == 0), !fits(hi)
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (fits(mid)) lo = mid; else hi = mid;
+    }
+    m = lo;
+  }
+  // Progress guarantee: a step always advances some prefill by at least one token.
+  if (m == 0 && prefill_planned_ == 0) m = 1;
+  return m;
 }
 
 const StepPlan& Scheduler::schedule() {
@@ -137,17 +186,26 @@ const StepPlan& Scheduler::schedule() {
   plan_.seqs.clear();
   plan_.preempted.clear();
   plan_.n_tokens = 0;
+  plan_.shape = StepShape{};
+  plan_.predicted_ms = 0;
+  plan_.time_limited = false;
   budget_ = cfg_.max_batch_tokens;
+  limit_time_ = false;
+  prefill_planned_ = 0;
   for (Seq* s : running_) s->plan_index = -1;
 
   // Passes 1 (decodes) and 2 (prefill chunks) over the running set, oldest first.
   for (int pass = 0; pass < 2; ++pass) {
+    // After the decodes: with a target, prefill only fills the time they leave.
+    if (pass == 1) limit_time_ = cost_ != nullptr && !plan_.seqs.empty();
     for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
       Seq& s = *running_[i];
       const int64_t remaining = int64_t(s.tokens.size()) - s.table.n_computed;
       if (remaining <= 0 || s.plan_index >= 0) continue;
       if ((pass == 0) != (remaining == 1)) continue;
-      const int64_t want = std::min(remaining, budget_);
+      const int64_t want = tokens_in_time(s, std::min(remaining, budget_));
+      if (want < std::min(remaining, budget_)) plan_.time_limited = true;
+      if (want == 0) continue;
       int64_t n = tokens_that_fit(s, want, kv_.n_free_blocks());
       while (n == 0) {
         // Out of blocks: the newest running sequence gives its blocks up (possibly s itself).
@@ -157,7 +215,7 @@ const StepPlan& Scheduler::schedule() {
         n = tokens_that_fit(s, want, kv_.n_free_blocks());
       }
       if (!s.running) break;  // s was the newest: everyone after it is gone too
-      plan_seq(s, n);
+      plan_seq(s, n, /*prefill=*/pass == 1);
     }
   }
 
@@ -170,7 +228,9 @@ const StepPlan& Scheduler::schedule() {
     TERN_ASSERT(remaining > 0);
     const int64_t reserve_for_running = running_.empty() ? 0 : cfg_.watermark_blocks;
     const int64_t free_blocks = kv_.n_free_blocks() - reserve_for_running;
-    const int64_t n = free_blocks > 0 ? tokens_that_fit(s, std::min(remaining, budget_), free_blocks) : 0;
+    const int64_t want = tokens_in_time(s, std::min(remaining, budget_));
+    if (want < std::min(remaining, budget_)) plan_.time_limited = true;
+    const int64_t n = free_blocks > 0 && want > 0 ? tokens_that_fit(s, want, free_blocks) : 0;
     if (n == 0) {
       // Strict FCFS: nobody overtakes the head of the queue. Matched blocks go back (still
       // cached) so that waiting holds no blocks.
@@ -180,8 +240,9 @@ const StepPlan& Scheduler::schedule() {
     waiting_.erase(waiting_.begin());
     s.running = true;
     insert_sorted(running_, &s);
-    plan_seq(s, n);
+    plan_seq(s, n, /*prefill=*/true);
   }
+  if (cost_) plan_.predicted_ms = cost_->predict_ms(plan_.shape);
   planned_ = !plan_.seqs.empty();
   return plan_;
 }

@@ -9,6 +9,11 @@
 //      first, in chunks of whatever budget and blocks are left (chunked prefill);
 //   3. waiting sequences (lower priority value first, FCFS within one), while budget, blocks
 //      and max_running allow, after a prefix-cache lookup that may cover part of the prompt.
+// With a step-time target (set_step_target: a cost predictor and a time-between-tokens target,
+// Sarathi-Serve's stall-free batching), a step in which some sequence decodes takes, in passes
+// 2 and 3, only the prefill tokens that keep its predicted time under the target; when not one
+// prefill token fits, one is scheduled anyway (the smallest step that still makes progress), so
+// prefill never stops. A step without decodes is limited by the token budget alone.
 // When a running sequence cannot get a block it preempts the newest running sequence (lowest
 // priority first): its blocks are freed and it goes back to the waiting queue to be recomputed
 // later from its tokens (prompt + what it generated). Nothing fails for lack of KV memory.
@@ -23,6 +28,7 @@
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
+#include "sched/step_cost.h"
 
 namespace tern {
 
@@ -42,12 +48,16 @@ struct ScheduledSeq {
   int64_t n_past = 0;    // tokens already in the cache: the step computes n_past .. n_past+n_tokens-1
   int64_t n_tokens = 0;  // new tokens this step (1 for a decode, a chunk for a prefill)
   bool sample = false;   // the step reaches the sequence's last known token: sample the next one
+  bool prefill = false;  // a prompt (or recompute) chunk, passes 2 and 3; false: a decode
 };
 
 struct StepPlan {
   std::vector<ScheduledSeq> seqs;  // batch order
   std::vector<SeqId> preempted;    // preempted while planning this step (blocks already freed)
   int64_t n_tokens = 0;            // sum of seqs[].n_tokens
+  StepShape shape;                 // what the cost model sees of it
+  double predicted_ms = 0;         // the cost predictor's estimate (0 without one)
+  bool time_limited = false;       // its prefill was cut to meet the step-time target
   bool empty() const { return seqs.empty(); }
 };
 
@@ -71,6 +81,11 @@ class Scheduler {
   // Not between schedule() and commit()/rollback().
   void remove(SeqId id);
 
+  // A step-time target (see above); cost null or target_ms <= 0: none. The predictor must
+  // outlive the scheduler or the next call. Not between schedule() and commit()/rollback().
+  void set_step_target(const StepCostPredictor* cost, double target_ms);
+  double step_target_ms() const { return cost_ ? target_ms_ : 0; }
+
   // Plans the next step and reserves its blocks. The plan stays valid until the next call.
   const StepPlan& schedule();
   // The step's forward pass succeeded: the scheduled tokens are in the cache.
@@ -87,6 +102,9 @@ class Scheduler {
   int64_t n_running() const { return int64_t(running_.size()); }
   int64_t n_waiting() const { return int64_t(waiting_.size()); }
   int64_t n_preempted_total() const { return n_preempted_total_; }
+  // Tokens still to be computed before the sequences now waiting or prefilling can sample
+  // (decodes excluded): the prefill queue a new request would wait behind.
+  int64_t n_prefill_pending() const;
   const SchedulerConfig& config() const { return cfg_; }
   KvCacheManager& kv() { return kv_; }
 
@@ -113,7 +131,10 @@ class Scheduler {
   // Largest m <= n whose blocks fit in `free_blocks`.
   int64_t tokens_that_fit(const Seq& s, int64_t n, int64_t free_blocks) const;
   void preempt(Seq& s);
-  void plan_seq(Seq& s, int64_t n);
+  void plan_seq(Seq& s, int64_t n, bool prefill);
+  // With a step-time target in force this step: the largest m <= want prefill tokens of s
+  // that keep the predicted step time under it (at least 1 when the step has no prefill yet).
+  int64_t tokens_in_time(const Seq& s, int64_t want) const;
 
   SchedulerConfig cfg_;
   KvCacheManager& kv_;
@@ -123,6 +144,10 @@ class Scheduler {
   StepPlan plan_;
   int64_t budget_ = 0;
   bool planned_ = false;        // schedule() ran; commit()/rollback() pending
+  const StepCostPredictor* cost_ = nullptr;
+  double target_ms_ = 0;
+  bool limit_time_ = false;     // this step decodes and a target is set
+  int64_t prefill_planned_ = 0; // prefill tokens planned this step (passes 2 and 3)
   uint64_t next_order_ = 0;
   int64_t n_preempted_total_ = 0;
 };

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "engine/engine.h"
 
 namespace tern::server {
 
@@ -20,8 +21,15 @@ class ApiError : public Error {
   const std::string& type() const { return type_; }    // "invalid_request_error", ...
   const std::string& param() const { return param_; }  // "" -> null
   const std::string& code() const { return code_; }    // "" -> null
+  // Seconds for a 429/503's Retry-After when the refusal knows them (0: the server's default).
+  double retry_after_s() const { return retry_after_s_; }
+  ApiError& set_retry_after(double s) {
+    retry_after_s_ = s;
+    return *this;
+  }
 
  private:
+  double retry_after_s_ = 0;
   int status_;
   std::string type_, param_, code_;
 };
@@ -30,6 +38,13 @@ class ApiError : public Error {
 template <class... Args>
 [[noreturn]] void bad_request(const std::string& param, Args&&... args) {
   throw ApiError(400, "invalid_request_error", param, "", str_cat(std::forward<Args>(args)...));
+}
+
+// 503 for a request the engine's queue-time limit refused, with its Retry-After estimate.
+inline ApiError overloaded_error(const EngineOverloaded& e) {
+  ApiError a(503, "server_error", "", "queue_time_limit", str_cat("The server is overloaded: ", e.what(), "."));
+  a.set_retry_after(e.retry_after_s());
+  return a;
 }
 
 }  // namespace tern::server

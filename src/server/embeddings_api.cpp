@@ -251,6 +251,9 @@ EmbeddingsResult serve_embeddings(std::string_view body, Backend& backend, const
     } catch (const ApiError&) {
       abort_unfinished();
       throw;
+    } catch (const EngineOverloaded& e) {
+      abort_unfinished();
+      throw overloaded_error(e);
     } catch (const Error& e) {
       abort_unfinished();
       bad_request(many ? str_cat("input[", i, "]") : "input", e.what());

@@ -167,6 +167,41 @@ std::string ServerMetrics::render(const EngineMetrics& em, const ConnectionCount
   counter("tern_engine_requests_failed_total", "Engine requests failed.", double(em.requests_failed));
   counter("tern_engine_preemptions_total", "Times a running request was preempted.", double(em.n_preempted_total));
   counter("tern_engine_steps_total", "Engine steps run.", double(em.steps));
+  // Latency objectives (docs/serving.md, "Latency targets").
+  {
+    const char* name = "tern_engine_step_duration_seconds";
+    w.family(name, "histogram", "Wall time of one engine step (what every decoding request waits per token).");
+    int64_t cumulative = 0;
+    for (size_t b = 0; b < EngineMetrics::kStepMsBounds.size(); ++b) {
+      cumulative += em.step_ms_counts[b];
+      w.sample(std::string(name) + "_bucket", {{"le", PrometheusWriter::format_value(EngineMetrics::kStepMsBounds[b] / 1000.0)}},
+               double(cumulative));
+    }
+    cumulative += em.step_ms_counts.back();
+    w.sample(std::string(name) + "_bucket", {{"le", "+Inf"}}, double(cumulative));
+    w.sample(std::string(name) + "_sum", {}, em.step_ms_sum / 1000.0);
+    w.sample(std::string(name) + "_count", {}, double(cumulative));
+  }
+  gauge("tern_tbt_target_seconds", "The step-time (time between tokens) target in force; 0: none.", em.tbt_target_ms / 1000.0);
+  gauge("tern_decode_step_seconds", "A one-sequence decode step, as calibrated at start (0: not calibrated).",
+        em.decode_step_ms / 1000.0);
+  w.family("tern_step_cost_relative_error", "gauge",
+           "|predicted - measured| / measured step time of the recent steps (the step-cost model's accuracy).");
+  w.sample("tern_step_cost_relative_error", {{"quantile", "0.5"}}, em.step_cost_error_p50);
+  w.sample("tern_step_cost_relative_error", {{"quantile", "0.9"}}, em.step_cost_error_p90);
+  counter("tern_engine_steps_over_tbt_target_total", "Steps with a decoding request that took longer than the TBT target.",
+          double(em.steps_over_target));
+  counter("tern_engine_steps_prefill_cut_total", "Steps whose prefill the TBT target cut short.",
+          double(em.steps_prefill_cut));
+  counter("tern_requests_slo_good_total",
+          "Completions that met their TTFT and TBT (mean time per output token) objectives: the goodput.",
+          double(em.slo_good));
+  counter("tern_requests_ttft_missed_total", "Completions whose first token came later than the TTFT objective.",
+          double(em.slo_ttft_missed));
+  counter("tern_requests_tbt_missed_total", "Completions whose mean time per output token exceeded the TBT target.",
+          double(em.slo_tbt_missed));
+  counter("tern_requests_refused_queue_total", "Requests refused (503) because the queue would hold them past --max-queue-ms.",
+          double(em.requests_refused_queue));
   gauge("tern_http_connections_open", "Client connections open now.", double(conns.open));
   counter("tern_http_connections_accepted_total", "Client connections accepted.", double(conns.accepted));
   counter("tern_http_connections_refused_total", "Connections answered 503 and closed at a connection cap.",

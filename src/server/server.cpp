@@ -489,6 +489,8 @@ struct Server::Impl {
         });
       } catch (const ApiError&) {
         throw;
+      } catch (const EngineOverloaded& e) {
+        throw overloaded_error(e);
       } catch (const Error& e) {
         bad_request("", e.what());
       }
@@ -501,6 +503,11 @@ struct Server::Impl {
   }
 
   // ---- generation handlers ---------------------------------------------------------------
+
+  // A refusal's Retry-After: its own estimate (the engine's queue-time limit) or the default.
+  std::string retry_after_value(const ApiError& e) const {
+    return std::to_string(e.retry_after_s() > 0 ? int64_t(std::ceil(e.retry_after_s())) : int64_t(cfg.retry_after_s));
+  }
 
   // 503 + Retry-After when more requests are in flight than the HTTP threads can serve.
   bool refuse_when_busy(HttpResponse& res, bool ollama = false) const {
@@ -527,7 +534,7 @@ struct Server::Impl {
     try {
       job = prepare(hreq.body, kind);
     } catch (const ApiError& e) {
-      if (e.status() == 429 || e.status() == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
+      if (e.status() == 429 || e.status() == 503) res.headers.set("Retry-After", retry_after_value(e));
       set_api_error(res, e);
       return;
     } catch (const Error& e) {
@@ -800,7 +807,7 @@ struct Server::Impl {
     try {
       r = run_embeddings(hreq, hreq.body);
     } catch (const ApiError& e) {
-      if (e.status() == 429 || e.status() == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
+      if (e.status() == 429 || e.status() == 503) res.headers.set("Retry-After", retry_after_value(e));
       set_api_error(res, e);
       return;
     } catch (const Error& e) {
@@ -1285,7 +1292,7 @@ struct Server::Impl {
     try {
       fn();
     } catch (const ApiError& e) {
-      if (e.status() == 429 || e.status() == 503) res.headers.set("Retry-After", std::to_string(cfg.retry_after_s));
+      if (e.status() == 429 || e.status() == 503) res.headers.set("Retry-After", retry_after_value(e));
       set_json(res, e.status(), ollama::error_body(e.what()));
     } catch (const Error& e) {
       set_json(res, 400, ollama::error_body(e.what()));

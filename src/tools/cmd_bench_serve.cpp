@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "kernels/matmul.h"
 #include "tools/cli_util.h"
+#include "tools/latency_args.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
 
@@ -49,6 +50,29 @@ std::vector<std::string> read_sharegpt(const std::string& path) {
   }
   if (out.empty()) fail(path, ": no conversations with a first turn");
   return out;
+}
+
+// vLLM's --goodput: "ttft:MS", "tpot:MS", "e2el:MS" (time to first token, mean time per
+// output token, end-to-end latency); a request is good when it meets every one given.
+struct GoodputSlo {
+  double ttft_ms = 0, tpot_ms = 0, e2el_ms = 0;
+  bool any() const { return ttft_ms > 0 || tpot_ms > 0 || e2el_ms > 0; }
+};
+
+GoodputSlo parse_goodput(const std::vector<std::string>& items) {
+  GoodputSlo g;
+  for (const std::string& item : items) {
+    const size_t colon = item.find(':');
+    const std::string key = item.substr(0, colon);
+    double* slot = key == "ttft" ? &g.ttft_ms : key == "tpot" ? &g.tpot_ms : key == "e2el" ? &g.e2el_ms : nullptr;
+    char* end = nullptr;
+    const std::string val = colon == std::string::npos ? "" : item.substr(colon + 1);
+    const double v = std::strtod(val.c_str(), &end);
+    if (!slot || val.empty() || end != val.c_str() + val.size() || !std::isfinite(v) || v <= 0)
+      fail("--goodput takes KEY:MS with KEY one of ttft, tpot, e2el and MS > 0, got '", item, "'");
+    *slot = v;
+  }
+  return g;
 }
 
 struct Record {
@@ -106,6 +130,12 @@ int cmd_bench_serve(int argc, char** argv) {
   app.add_option("--max-running", ecfg.max_running, "most sequences decoding at once")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
   app.add_flag("--no-prefix-cache", no_prefix_cache, "disable prefix caching");
+  LatencyArgs latency;
+  add_latency_options(app, latency, /*with_queue_limit=*/false);
+  std::vector<std::string> goodput_args;
+  app.add_option("--goodput", goodput_args,
+                 "objectives a request must meet to count in the goodput, as vLLM's benchmark: ttft:MS tpot:MS "
+                 "e2el:MS (default: ttft from --ttft-target-ms, tpot from the TBT target in force)");
   app.add_option("--warmup", warmup, "short requests run before timing (page in the weights)")->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(64)));
   std::string save_prompts;
@@ -126,6 +156,8 @@ int cmd_bench_serve(int argc, char** argv) {
   ecfg.kv_type = kv_type_from_name(kv_type);
   ecfg.prefix_caching = !no_prefix_cache;
   ecfg.max_waiting = std::max<int64_t>(ecfg.max_waiting, num_prompts + warmup + 1);
+  apply_latency_args(latency, ecfg);
+  GoodputSlo slo = parse_goodput(goodput_args);
 
   // Before the engine: callbacks write here, and ~Engine would call them for anything unfinished.
   std::vector<Record> records(static_cast<size_t>(num_prompts));
@@ -195,12 +227,6 @@ int cmd_bench_serve(int argc, char** argv) {
     }
   }
 
-  if (!save_prompts.empty()) {
-    std::ofstream out(save_prompts);
-    if (!out) fail("cannot write ", save_prompts);
-    out << nlohmann::json{{"max_tokens", max_tokens}, {"prompts", prompts}}.dump() << "\n";
-  }
-
   auto make_params = [&](const std::vector<int32_t>& ids, int64_t n_out, uint64_t s) {
     RequestParams p;
     p.prompt_ids = ids;
@@ -222,6 +248,11 @@ int cmd_bench_serve(int argc, char** argv) {
   }
   while (engine.has_work()) engine.step();
   const EngineMetrics base = engine.metrics();
+  if (goodput_args.empty()) {
+    slo.ttft_ms = ecfg.ttft_target_ms;
+    slo.tpot_ms = base.tbt_target_ms;
+  }
+  std::vector<double> step_ms;  // wall time of every step that ran
 
   // Arrival times (open loop): exponential gaps at request_rate.
   std::vector<double> arrival_s(size_t(num_prompts), 0.0);
@@ -234,6 +265,18 @@ int cmd_bench_serve(int argc, char** argv) {
     }
   }
   const int64_t in_flight_cap = request_rate > 0 ? num_prompts : (concurrency > 0 ? concurrency : num_prompts);
+  if (!save_prompts.empty()) {
+    // The token ids, and with --request-rate the arrival times, for a peer engine to replay
+    // (bench/llamacpp_serve.mjs --open-loop).
+    nlohmann::json j{{"max_tokens", max_tokens}, {"prompts", prompts}};
+    if (request_rate > 0) {
+      j["request_rate"] = request_rate;
+      j["arrival_s"] = arrival_s;
+    }
+    std::ofstream out(save_prompts);
+    if (!out) fail("cannot write ", save_prompts);
+    out << j.dump() << "\n";
+  }
 
   std::vector<uint64_t> ids;
   int64_t next = 0, n_done = 0, in_flight = 0;
@@ -270,7 +313,9 @@ int cmd_bench_serve(int argc, char** argv) {
       ++next;
       ++in_flight;
     }
+    const int64_t t_step = now_ns();
     if (engine.step()) {
+      step_ms.push_back(double(now_ns() - t_step) / 1e6);
       const EngineMetrics m = engine.metrics();
       if (m.n_running > 0) {
         waste_sum += m.kv_waste_pct;
@@ -307,6 +352,25 @@ int cmd_bench_serve(int argc, char** argv) {
   const double hit_rate = n_in > 0 ? double(n_cached) / double(n_in) : 0;
   const int64_t preempted = m.n_preempted_total - base.n_preempted_total;
   const int64_t rss = peak_rss_bytes();
+  // Goodput: requests (and their output tokens) that met every objective.
+  int64_t n_good = 0, good_tokens = 0;
+  for (const Record& r : records) {
+    if (r.reason == FinishReason::Error || r.reason == FinishReason::Abort) continue;
+    const double tpot = r.tbt_ms.empty() ? 0 : mean(r.tbt_ms);
+    const bool good = (slo.ttft_ms <= 0 || r.ttft_ms <= slo.ttft_ms) && (slo.tpot_ms <= 0 || tpot <= slo.tpot_ms) &&
+                      (slo.e2el_ms <= 0 || r.e2e_ms <= slo.e2el_ms);
+    if (good) {
+      ++n_good;
+      good_tokens += r.n_generated;
+    }
+  }
+  const double goodput_req_s = duration_s > 0 ? double(n_good) / duration_s : 0;
+  const double goodput_tok_s = duration_s > 0 ? double(good_tokens) / duration_s : 0;
+  const double tbt_target = m.tbt_target_ms;
+  int64_t tbt_within = 0;
+  for (double g : tbt) tbt_within += tbt_target > 0 && g <= tbt_target ? 1 : 0;
+  const int64_t steps_over = m.steps_over_target - base.steps_over_target;
+  const int64_t steps_cut = m.steps_prefill_cut - base.steps_prefill_cut;
 
   if (json) {
     nlohmann::json j;
@@ -337,6 +401,25 @@ int cmd_bench_serve(int argc, char** argv) {
     j["e2e_ms_p50"] = percentile(e2e, 50);
     j["e2e_ms_p99"] = percentile(e2e, 99);
     j["queue_ms_mean"] = mean(queue);
+    j["tbt_target_ms"] = tbt_target;
+    j["ttft_target_ms"] = ecfg.ttft_target_ms;
+    j["decode_step_ms"] = m.decode_step_ms;
+    j["goodput_slo"] = {{"ttft_ms", slo.ttft_ms}, {"tpot_ms", slo.tpot_ms}, {"e2el_ms", slo.e2el_ms}};
+    j["good_requests"] = n_good;
+    j["goodput_req_s"] = goodput_req_s;
+    j["goodput_tok_s"] = goodput_tok_s;
+    j["slo_attainment_pct"] = num_prompts > 0 ? 100.0 * double(n_good) / double(num_prompts) : 0;
+    j["tbt_within_target_pct"] = tbt.empty() || tbt_target <= 0 ? nlohmann::json(nullptr)
+                                                                : nlohmann::json(100.0 * double(tbt_within) / double(tbt.size()));
+    j["steps"] = int64_t(step_ms.size());
+    j["step_ms_p50"] = percentile(step_ms, 50);
+    j["step_ms_p90"] = percentile(step_ms, 90);
+    j["step_ms_p99"] = percentile(step_ms, 99);
+    j["step_ms_max"] = step_ms.empty() ? 0.0 : *std::max_element(step_ms.begin(), step_ms.end());
+    j["steps_over_target"] = steps_over;
+    j["steps_prefill_cut"] = steps_cut;
+    j["step_cost_error_p50"] = m.step_cost_error_p50;
+    j["step_cost_error_p90"] = m.step_cost_error_p90;
     j["lora_adapters"] = int64_t(lora_sets.size()) - (lora_with_base && !lora_sets.empty() ? 1 : 0);
     j["lora_with_base"] = lora_with_base;
     j["kv_type"] = kv_type_name(ecfg.kv_type);
@@ -355,6 +438,13 @@ int cmd_bench_serve(int argc, char** argv) {
   if (!lora_sets.empty())
     std::printf("LoRA: requests rotate over %zu adapter set(s)%s\n", lora_sets.size() - (lora_with_base ? 1 : 0),
                 lora_with_base ? " and the base model" : "");
+  std::string target_desc = "off (token budget alone)";
+  if (tbt_target > 0) target_desc = str_cat(int64_t(tbt_target * 100) / 100.0, " ms (one decode step: ", int64_t(m.decode_step_ms * 100) / 100.0, " ms)");
+  std::string slo_desc;
+  if (slo.ttft_ms > 0) slo_desc += str_cat("TTFT <= ", slo.ttft_ms, " ms ");
+  if (slo.tpot_ms > 0) slo_desc += str_cat("TPOT <= ", int64_t(slo.tpot_ms * 100) / 100.0, " ms ");
+  if (slo.e2el_ms > 0) slo_desc += str_cat("E2E <= ", slo.e2el_ms, " ms ");
+  slo_desc = slo_desc.empty() ? "no objective" : slo_desc.substr(0, slo_desc.size() - 1);
   char load_desc[64];
   if (request_rate > 0) std::snprintf(load_desc, sizeof load_desc, "Poisson %g req/s", request_rate);
   else std::snprintf(load_desc, sizeof load_desc, "concurrency %lld", static_cast<long long>(in_flight_cap));
@@ -368,6 +458,10 @@ int cmd_bench_serve(int argc, char** argv) {
       "TBT  mean/p50/p99       %10.2f / %.2f / %.2f ms\n"
       "E2E  mean/p50/p99       %10.2f / %.2f / %.2f ms\n"
       "queue time mean         %10.2f ms\n"
+      "TBT target              %10s\n"
+      "steps p50/p90/p99/max   %10.2f / %.2f / %.2f / %.2f ms   (%lld steps, %lld over the target, %lld with prefill cut)\n"
+      "step-cost model error   %10.1f %% median, %.1f %% p90\n"
+      "goodput                 %10.2f req/s   %.2f tok/s   (%lld of %lld requests met %s)\n"
       "running at once (max)   %10lld\n"
       "KV arena                %10s (%lld blocks x %lld tokens), peak used %s\n"
       "KV waste (mean)         %10.2f %%   (allocated but unfilled slots)\n"
@@ -381,7 +475,13 @@ int cmd_bench_serve(int argc, char** argv) {
       static_cast<long long>(n_failed), out_tok_s, static_cast<long long>(n_out), total_tok_s,
       static_cast<long long>(n_in), n_truncated ? (", " + std::to_string(n_truncated) + " truncated").c_str() : "",
       mean(ttft), percentile(ttft, 50), percentile(ttft, 99), mean(tbt), percentile(tbt, 50), percentile(tbt, 99),
-      mean(e2e), percentile(e2e, 50), percentile(e2e, 99), mean(queue), static_cast<long long>(max_running_seen),
+      mean(e2e), percentile(e2e, 50), percentile(e2e, 99), mean(queue), target_desc.c_str(),
+      percentile(step_ms, 50), percentile(step_ms, 90), percentile(step_ms, 99),
+      step_ms.empty() ? 0.0 : *std::max_element(step_ms.begin(), step_ms.end()),
+      static_cast<long long>(step_ms.size()), static_cast<long long>(steps_over), static_cast<long long>(steps_cut),
+      100 * m.step_cost_error_p50, 100 * m.step_cost_error_p90, goodput_req_s, goodput_tok_s,
+      static_cast<long long>(n_good), static_cast<long long>(num_prompts), slo_desc.c_str(),
+      static_cast<long long>(max_running_seen),
       format_bytes(m.kv_bytes).c_str(), static_cast<long long>(m.kv_blocks_total),
       static_cast<long long>(engine.config().kv_block_size), format_bytes(kv_used_peak * block_bytes).c_str(),
       waste_pct, 100.0 * hit_rate, static_cast<long long>(preempted), format_bytes(rss).c_str());

@@ -23,6 +23,7 @@
 #include "server/openai_format.h"
 #include "server/server.h"
 #include "tools/cli_util.h"
+#include "tools/latency_args.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
 #include "tools/serve_models.h"
@@ -221,6 +222,8 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-waiting", ecfg.max_waiting, "waiting requests past which new ones get 429")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20))->capture_default_str();
   app.add_flag("--no-prefix-cache", no_prefix_cache, "do not share KV blocks of common prompt prefixes");
+  LatencyArgs latency;
+  add_latency_options(app, latency, /*with_queue_limit=*/true);
   std::string tool_format;
   app.add_option("--tool-format", tool_format,
                  "hermes|llama3|mistral|generic: the tool-call syntax the model answers in (default: from the chat template)");
@@ -291,6 +294,7 @@ int cmd_serve(int argc, char** argv) {
   ecfg.max_batch_tokens = margs.batch;
   ecfg.kv_type = kv_type_from_name(margs.kv_type);
   ecfg.prefix_caching = !no_prefix_cache;
+  apply_latency_args(latency, ecfg);
   scfg.timings = !no_timings;
   // /api/version: the number of `tern --version` ("tern 0.1.0").
   scfg.version = std::string(kVersion).substr(std::string(kVersion).find(' ') + 1);

@@ -1,6 +1,8 @@
 // `tern bench-serve`: runs end to end on a small model and reports the documented JSON fields.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -77,6 +79,63 @@ TEST(BenchServeCli, BadArgumentsAreUsageErrors) {
   EXPECT_NE(err.find("unknown size unit"), std::string::npos) << err;
   EXPECT_EQ(run_command(std::string(TERN_BINARY) + " bench-serve" + m + " --prompts /nonexistent.json", &out, &err), 1);
   EXPECT_NE(err.find("cannot open prompts file"), std::string::npos) << err;
+}
+
+TEST(BenchServeCli, LatencyTargetsAndGoodput) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  const std::string m = "-m " + shared_path("models/stories260K.gguf") +
+                        " -t 2 --num-prompts 8 --max-tokens 6 --input-len 24 --json";
+  // The default: an automatic TBT target, calibrated at start, and the goodput judged by it.
+  const auto a = bench(m + " --concurrency 4");
+  for (const char* key : {"tbt_target_ms", "decode_step_ms", "goodput_req_s", "goodput_tok_s", "good_requests",
+                          "slo_attainment_pct", "tbt_within_target_pct", "step_ms_p50", "step_ms_p99", "step_ms_max",
+                          "steps", "steps_over_target", "steps_prefill_cut", "step_cost_error_p50"})
+    EXPECT_TRUE(a.contains(key)) << key;
+  EXPECT_GT(a.value("tbt_target_ms", 0.0), 0.0);
+  EXPECT_GE(a.value("tbt_target_ms", 0.0), 3 * a.value("decode_step_ms", 1e9) - 1e-9);
+  EXPECT_EQ(a["goodput_slo"].value("tpot_ms", 0.0), a.value("tbt_target_ms", -1.0));
+  EXPECT_GT(a.value("steps", 0), 0);
+  // Off: no target; an objective no request can meet gives a goodput of 0.
+  const auto off = bench(m + " --concurrency 4 --tbt-target-ms off --goodput ttft:0.000001");
+  EXPECT_EQ(off.value("tbt_target_ms", -1.0), 0.0);
+  EXPECT_EQ(off.value("good_requests", -1), 0);
+  EXPECT_EQ(off.value("goodput_req_s", -1.0), 0.0);
+  EXPECT_EQ(off.value("completed", 0), 8);
+  // One every request meets.
+  const auto all = bench(m + " --concurrency 4 --goodput ttft:1000000 tpot:1000000 e2el:1000000");
+  EXPECT_EQ(all.value("good_requests", -1), 8);
+  EXPECT_DOUBLE_EQ(all.value("slo_attainment_pct", 0.0), 100.0);
+}
+
+TEST(BenchServeCli, SavedPromptsCarryTheArrivalsOfAnOpenLoop) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  const std::string path = ::testing::TempDir() + "tern_bench_prompts.json";
+  const auto j = bench("-m " + shared_path("models/stories260K.gguf") +
+                       " -t 2 --num-prompts 6 --max-tokens 4 --input-len 16 --request-rate 50 --json --save-prompts " + path);
+  EXPECT_EQ(j.value("completed", 0), 6);
+  std::ifstream in(path);
+  const auto saved = nlohmann::json::parse(in);
+  ASSERT_EQ(saved["prompts"].size(), 6u);
+  ASSERT_EQ(saved["arrival_s"].size(), 6u);
+  EXPECT_EQ(saved.value("request_rate", 0.0), 50.0);
+  for (size_t i = 1; i < 6; ++i) EXPECT_GE(saved["arrival_s"][i].get<double>(), saved["arrival_s"][i - 1].get<double>());
+  std::remove(path.c_str());
+}
+
+TEST(BenchServeCli, BadLatencyTargetsAreUsageErrors) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  std::string out, err;
+  const std::string cmd = std::string(TERN_BINARY) + " bench-serve -m " + shared_path("models/stories260K.gguf");
+  for (const char* bad : {"0", "-3", "fast", "nan", "inf"}) {
+    EXPECT_EQ(run_command(cmd + " --tbt-target-ms " + bad, &out, &err), 2) << bad;
+    EXPECT_NE(err.find("--tbt-target-ms"), std::string::npos) << err;
+  }
+  EXPECT_EQ(run_command(cmd + " --ttft-target-ms -1", &out, &err), 2);
+  EXPECT_EQ(run_command(cmd + " --goodput latency:5", &out, &err), 1);
+  EXPECT_NE(err.find("--goodput takes KEY:MS"), std::string::npos) << err;
+  // A positive target below one decode step: refused naming the minimum.
+  EXPECT_EQ(run_command(cmd + " --tbt-target-ms 0.000001 --num-prompts 2", &out, &err), 1);
+  EXPECT_NE(err.find("the smallest target is"), std::string::npos) << err;
 }
 
 }  // namespace

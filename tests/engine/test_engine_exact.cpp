@@ -53,6 +53,7 @@ struct ExactCase {
   bool expect_preemption;
   bool expect_prefix_hits;
   KvType kv_type = KvType::F32;  // of the engine and of the single-run oracle
+  double tbt_target_ms = 0;      // a step-time target (EngineConfig::tbt_target_ms)
 };
 
 class EngineExact : public ::testing::TestWithParam<ExactCase> {};
@@ -87,6 +88,7 @@ TEST_P(EngineExact, SixteenConcurrentPromptsEqualEachRunAlone) {
   cfg.kv_block_size = tc.block_size;
   cfg.max_batch_tokens = tc.batch_tokens;
   cfg.kv_type = tc.kv_type;
+  cfg.tbt_target_ms = tc.tbt_target_ms;
   if (tc.kv_tokens > 0) cfg.kv_memory_bytes = tc.kv_tokens * kv_bytes_per_token(*file, tc.kv_type);
   Engine engine(file, tok, cfg);
   Sink sink;
@@ -173,7 +175,13 @@ INSTANTIATE_TEST_SUITE_P(
         ExactCase{"stories_prefix_cache_and_preemption_kv_f16", false, DType::F32, 4, 300, 64, true, true, true,
                   KvType::F16},
         ExactCase{"synthetic_f16_preemption_prefix_kv_f16", true, DType::F16, 4, 300, 64, true, true, true,
-                  KvType::F16}),
+                  KvType::F16},
+        // Under a step-time target the prefill chunks follow the measured step times (different
+        // every run): the tokens must not change.
+        ExactCase{"stories_tbt_target_auto", false, DType::F32, 4, 0, 512, false, false, false, KvType::F32,
+                  EngineConfig::kTbtAuto},
+        ExactCase{"stories_tbt_target_auto_preemption_prefix", false, DType::F32, 4, 300, 64, true, true, true,
+                  KvType::F32, EngineConfig::kTbtAuto}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // n completions of one prompt share its blocks copy-on-write; with a seed, completion i

@@ -24,13 +24,14 @@ namespace {
 constexpr const char* kModel = "models/stories260K.gguf";
 
 struct RealFixture {
-  explicit RealFixture(int64_t n_ctx = 256) {
+  explicit RealFixture(int64_t n_ctx = 256, double max_queue_ms = 0, bool start_engine = true) {
     file = open_model_file(shared_path(kModel), "");
     tok = Tokenizer::from_gguf(*file);
     EngineConfig ec;
     ec.n_threads = 1;
     ec.n_ctx = n_ctx;
     ec.n_parallel = 4;
+    ec.max_queue_ms = max_queue_ms;
     engine = std::make_unique<Engine>(file, tok, ec);
     backend = std::make_unique<EngineBackend>(*engine);
     ServerConfig sc;
@@ -39,7 +40,7 @@ struct RealFixture {
     sc.http_threads = 16;
     server = std::make_unique<Server>(*backend, sc);
     server->start();
-    engine->start();
+    if (start_engine) engine->start();
     client = std::make_unique<httplib::Client>("127.0.0.1", server->port());
     client->set_read_timeout(60, 0);
   }
@@ -156,6 +157,35 @@ TEST(EngineServer, EngineRefusalsBecome400) {
   const json t = f.post("/tokenize", {{"prompt", "Once upon a time"}});
   EXPECT_EQ(t["tokens"], json({1, 403, 407, 261, 378}));
   EXPECT_EQ(f.post("/detokenize", {{"tokens", t["tokens"]}})["prompt"], "Once upon a time");
+}
+
+TEST(EngineServer, AQueuePastItsTimeLimitAnswers503WithRetryAfter) {
+  TERN_REQUIRE_SHARED(kModel);
+  // The engine thread starts late, so the first request is surely still queued when the
+  // second comes: 40 prompt tokens ahead of it are over a 1 us limit.
+  RealFixture f(256, /*max_queue_ms=*/1e-3, /*start_engine=*/false);
+  const json body = {{"prompt", std::string(120, 'a')}, {"max_tokens", 2}, {"temperature", 0}};
+  int first_status = 0;
+  std::thread first([&] {
+    httplib::Client c("127.0.0.1", f.server->port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    first_status = r ? r->status : -1;
+  });
+  for (int i = 0; i < 400 && !f.engine->has_work(); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(f.engine->has_work());  // the first request is queued
+  auto r = f.client->Post("/v1/completions", body.dump(), "application/json");
+  f.engine->start();  // the first one was not harmed
+  first.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "queue_time_limit") << r->body;
+  ASSERT_TRUE(r->has_header("Retry-After"));
+  EXPECT_GE(std::stoi(r->get_header_value("Retry-After")), 1);
+  EXPECT_EQ(first_status, 200);
+  auto m = f.client->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("tern_requests_refused_queue_total 1\n"), std::string::npos);
 }
 
 TEST(EngineServer, ChatContentIsTextNeverControlTokens) {

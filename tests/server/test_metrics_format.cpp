@@ -71,6 +71,38 @@ TEST(Metrics, ServerMetricsRenderEngineGauges) {
   }
 }
 
+TEST(Metrics, LatencyObjectivesAndStepTimes) {
+  ServerMetrics m;
+  EngineMetrics em;
+  em.step_ms_counts[0] = 2;    // <= 1 ms
+  em.step_ms_counts[6] = 3;    // (40, 60] ms
+  em.step_ms_counts.back() = 1;  // > 1 s
+  em.step_ms_sum = 1500;
+  em.tbt_target_ms = 50;
+  em.decode_step_ms = 16;
+  em.step_cost_error_p50 = 0.05;
+  em.step_cost_error_p90 = 0.125;
+  em.steps_over_target = 4;
+  em.steps_prefill_cut = 7;
+  em.slo_good = 9;
+  em.slo_ttft_missed = 2;
+  em.slo_tbt_missed = 1;
+  em.requests_refused_queue = 3;
+  const std::string t = m.render(em);
+  for (const char* line :
+       {"tern_engine_step_duration_seconds_bucket{le=\"0.001\"} 2\n",
+        "tern_engine_step_duration_seconds_bucket{le=\"0.04\"} 2\n",
+        "tern_engine_step_duration_seconds_bucket{le=\"0.06\"} 5\n",
+        "tern_engine_step_duration_seconds_bucket{le=\"1\"} 5\n",
+        "tern_engine_step_duration_seconds_bucket{le=\"+Inf\"} 6\n", "tern_engine_step_duration_seconds_sum 1.5\n",
+        "tern_engine_step_duration_seconds_count 6\n", "tern_tbt_target_seconds 0.05\n",
+        "tern_decode_step_seconds 0.016\n", "tern_step_cost_relative_error{quantile=\"0.9\"} 0.125\n",
+        "tern_engine_steps_over_tbt_target_total 4\n", "tern_engine_steps_prefill_cut_total 7\n",
+        "tern_requests_slo_good_total 9\n", "tern_requests_ttft_missed_total 2\n", "tern_requests_tbt_missed_total 1\n",
+        "tern_requests_refused_queue_total 3\n"})
+    EXPECT_NE(t.find(line), std::string::npos) << line;
+}
+
 TEST(Format, ResponsesAndChunks) {
   tern::testing::ByteTokenizer tok;
   ResponseMeta meta{ApiKind::Chat, "chatcmpl-1", 1700000000, "m", system_fingerprint_of("config"), false};
