@@ -9,6 +9,7 @@ engine's goodput (requests/s meeting the objectives) and the offered rate as the
 import json
 import os
 import sys
+from html import escape
 
 
 def load(path, key):
@@ -40,7 +41,7 @@ def main():
     py = lambda y: h - bottom - (h - top - bottom) * y / y_max
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
              f'<rect width="{w}" height="{h}" fill="white"/>',
-             f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">Goodput vs request rate ({title})</text>']
+             f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">Goodput vs request rate ({escape(title)})</text>']
     for i in range(6):
         y = y_max * i / 5
         parts.append(f'<line x1="{left}" y1="{py(y):.1f}" x2="{w - right}" y2="{py(y):.1f}" stroke="#ddd"/>')
@@ -58,7 +59,7 @@ def main():
         for a, b in pts:
             parts.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{color}"/>')
         parts.append(f'<rect x="{left + 10}" y="{top + 4 + 18 * k}" width="12" height="12" fill="{color}"/>')
-        parts.append(f'<text x="{left + 28}" y="{top + 14 + 18 * k}">{label}</text>')
+        parts.append(f'<text x="{left + 28}" y="{top + 14 + 18 * k}">{escape(label)}</text>')
     parts.append(f'<text x="{left + 28}" y="{top + 14 + 18 * len(data)}" fill="#999">- - offered rate (all requests good)</text>')
     parts.append("</svg>")
     with open(svg_path, "w") as f:

@@ -10,11 +10,11 @@
 //
 //   bash ../shared/peer/setup.sh      # installs node-llama-cpp into $PEER_DIR once
 //   node bench/llamacpp_serve.mjs --model M.gguf --prompts prompts.json --concurrency 16 \
-//        [--threads 2] [--ctx-per-seq 512] [--batch 512] [--open-loop] [--goodput ttft:MS,tpot:MS]
+//        [--threads 2] [--ctx-per-seq 512] [--batch 512] [--open-loop] [--goodput ttft:MS,tpot:MS,tbt:MS]
 //
 // Prints one JSON line: output_tok_s, total_tok_s, request_throughput, ttft/tbt percentiles,
 // and with --goodput the requests that met every objective (vLLM's definition: TTFT, mean time
-// per output token, end-to-end latency).
+// per output token, end-to-end latency; and tbt: the request's longest gap between tokens).
 import { readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
@@ -72,11 +72,11 @@ if (openLoop && (!Array.isArray(arrivals) || arrivals.length !== prompts.length)
   console.error("--open-loop needs the prompts file's arrival_s (tern bench-serve --request-rate R --save-prompts FILE)");
   process.exit(2);
 }
-const slo = { ttft: 0, tpot: 0, e2el: 0 };
+const slo = { ttft: 0, tpot: 0, e2el: 0, tbt: 0 };
 for (const item of String(arg("goodput", "")).split(",").filter((x) => x)) {
   const [k, v] = item.split(":");
   if (!(k in slo) || !(Number(v) > 0)) {
-    console.error(`--goodput takes ttft:MS,tpot:MS,e2el:MS, got ${item}`);
+    console.error(`--goodput takes ttft:MS,tpot:MS,e2el:MS,tbt:MS, got ${item}`);
     process.exit(2);
   }
   slo[k] = Number(v);
@@ -110,7 +110,9 @@ async function worker(seq) {
     nOut += n;
     nIn += p.length;
     const tpot = gaps.length ? mean(gaps) : 0;
-    if ((!slo.ttft || first <= slo.ttft) && (!slo.tpot || tpot <= slo.tpot) && (!slo.e2el || last - start <= slo.e2el)) {
+    const longest = gaps.length ? Math.max(...gaps) : 0;
+    if ((!slo.ttft || first <= slo.ttft) && (!slo.tpot || tpot <= slo.tpot) && (!slo.e2el || last - start <= slo.e2el) &&
+        (!slo.tbt || longest <= slo.tbt)) {
       ++nGood;
       goodTokens += n;
     }

@@ -102,8 +102,11 @@ TEST(BenchServeCli, LatencyTargetsAndGoodput) {
   EXPECT_EQ(off.value("goodput_req_s", -1.0), 0.0);
   EXPECT_EQ(off.value("completed", 0), 8);
   // One every request meets.
-  const auto all = bench(m + " --concurrency 4 --goodput ttft:1000000 tpot:1000000 e2el:1000000");
+  const auto all = bench(m + " --concurrency 4 --goodput ttft:1000000 tpot:1000000 e2el:1000000 tbt:1000000");
   EXPECT_EQ(all.value("good_requests", -1), 8);
+  // No stream may pause longer than 1 ns: none is good (the tbt objective is every gap's).
+  const auto gap = bench(m + " --concurrency 4 --goodput tbt:0.000001");
+  EXPECT_EQ(gap.value("good_requests", -1), 0);
   EXPECT_DOUBLE_EQ(all.value("slo_attainment_pct", 0.0), 100.0);
 }
 
