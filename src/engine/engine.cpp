@@ -262,6 +262,8 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
     fail("--tbt-target-ms must be a positive number of milliseconds, auto or off, got ", cfg.tbt_target_ms);
   if (!std::isfinite(cfg.tbt_auto_factor) || cfg.tbt_auto_factor < 1)
     fail("the automatic TBT target's factor must be >= 1, got ", cfg.tbt_auto_factor);
+  if (!std::isfinite(cfg.tbt_auto_floor_ms) || cfg.tbt_auto_floor_ms < 0)
+    fail("the automatic TBT target's floor must be >= 0 ms, got ", cfg.tbt_auto_floor_ms);
   if (!std::isfinite(cfg.ttft_target_ms) || cfg.ttft_target_ms < 0)
     fail("--ttft-target-ms must be a positive number of milliseconds, got ", cfg.ttft_target_ms);
   if (!std::isfinite(cfg.max_queue_ms) || cfg.max_queue_ms < 0)
@@ -277,7 +279,8 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
       // or the target would be missed by decodes alone at the load the server expects.
       StepShape parallel;
       for (int64_t i = 0; i < std::min(cfg.n_parallel, cfg.max_running); ++i) parallel.add(64, 1, true);
-      tbt_target = std::max(cfg.tbt_auto_factor * decode_ms, 2.0 * cost_model.predict_ms(parallel));
+      tbt_target = std::max({cfg.tbt_auto_factor * decode_ms, 2.0 * cost_model.predict_ms(parallel),
+                             cfg.tbt_auto_floor_ms});
     } else if (cfg.tbt_target_ms > 0) {
       if (cfg.tbt_target_ms < decode_ms)
         fail("--tbt-target-ms ", cfg.tbt_target_ms, " is below one decode step of this model on this machine (",

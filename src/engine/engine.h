@@ -43,7 +43,9 @@ struct EngineConfig {
   //     chunk sized by the step-cost model, Sarathi-Serve's stall-free batching); 0: off, the
   //     token budget alone; kTbtAuto: tbt_auto_factor x a one-sequence decode step as
   //     calibrated at start, or 2 x a decode step of n_parallel sequences if that is more
-  //     (decodes alone must fit at the load the arena is sized for). A positive target below
+  //     (decodes alone must fit at the load the arena is sized for), and at least
+  //     tbt_auto_floor_ms (a gap nobody sees: cutting a tiny model's steps to a fraction of a
+  //     millisecond would only cost throughput). A positive target below
   //     one decode step is refused (naming the minimum). Steps are planned to a margin under
   //     the target (the cost model's recent error, 10-30%).
   //   ttft_target_ms: time to first token objective, reported (RequestMetrics, EngineMetrics);
@@ -55,6 +57,7 @@ struct EngineConfig {
   static constexpr double kTbtAuto = -1;
   double tbt_target_ms = 0;
   double tbt_auto_factor = 3;
+  double tbt_auto_floor_ms = 50;  // 20 tokens/s: faster than anyone reads
   double ttft_target_ms = 0;
   double max_queue_ms = 0;
 };

@@ -412,6 +412,12 @@ int cmd_serve(int argc, char** argv) {
                format_bytes(em.kv_bytes).c_str(), kv_type_name(first_ecfg.kv_type),
                static_cast<long long>(em.kv_blocks_total), static_cast<long long>(first_ecfg.kv_block_size));
   std::fprintf(stderr, "tern serve: %s\n", note.c_str());
+  if (em.tbt_target_ms > 0)
+    std::fprintf(stderr, "tern serve: steps kept under a TBT target of %.1f ms%s (a one-sequence decode step: %.1f ms)\n",
+                 em.tbt_target_ms, latency.tbt_target == "auto" ? " (auto)" : "", em.decode_step_ms);
+  else
+    std::fprintf(stderr, "tern serve: no TBT target: steps bounded by --batch %lld tokens alone\n",
+                 static_cast<long long>(first_ecfg.max_batch_tokens));
   if (!scfg.admin_key.empty()) std::fprintf(stderr, "tern serve: admin endpoints on (POST /admin/swap_base)\n");
   serve_until_signal(srv, port, scfg, signals, grace_s);
   // The totals of every base served, swapped-away ones included; the provider's end stops the

@@ -21,7 +21,8 @@ void add_latency_options(CLI::App& app, LatencyArgs& args, bool with_queue_limit
   app.add_option("--tbt-target-ms", args.tbt_target,
                  "time-between-tokens target: a step with decoding requests takes only the prefill that keeps it "
                  "under MS (step times predicted by a cost model learnt online); auto: 3x a one-sequence decode "
-                 "step measured at start; off: the --batch-tokens budget alone")
+                 "step measured at start, or 2x a decode step of --parallel sequences, and at least 50 ms; off: the "
+                 "--batch-tokens budget alone")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {

@@ -43,6 +43,7 @@ TEST(EngineLatency, AnAutomaticTargetIsCalibratedAndChangesNoToken) {
   Fixture f;
   EngineConfig cfg = base_config();
   cfg.tbt_target_ms = EngineConfig::kTbtAuto;
+  cfg.tbt_auto_floor_ms = 0;  // this model's steps take well under a millisecond: let the target bind
   Engine engine(f.file, f.tok, cfg);
   EngineMetrics m0 = engine.metrics();
   ASSERT_GT(m0.decode_step_ms, 0.0);
@@ -79,6 +80,20 @@ TEST(EngineLatency, AnAutomaticTargetIsCalibratedAndChangesNoToken) {
   EXPECT_EQ(m.slo_good + m.slo_tbt_missed, 12);  // every completion judged against the target
   EXPECT_EQ(m.slo_ttft_missed, 0);
   EXPECT_GE(m.step_cost_error_p90, m.step_cost_error_p50);
+}
+
+TEST(EngineLatency, TheAutomaticTargetHasAFloorNobodySees) {
+  // A tiny model decodes in a fraction of a millisecond: cutting its steps that short would
+  // only cost throughput, so auto is at least tbt_auto_floor_ms.
+  Fixture f;
+  EngineConfig cfg = base_config();
+  cfg.tbt_target_ms = EngineConfig::kTbtAuto;
+  Engine engine(f.file, f.tok, cfg);
+  const EngineMetrics m = engine.metrics();
+  EXPECT_GE(m.tbt_target_ms, 50.0);
+  EXPECT_GE(m.tbt_target_ms, 3 * m.decode_step_ms - 1e-9);
+  cfg.tbt_auto_floor_ms = -1;
+  EXPECT_THROW(Engine(f.file, f.tok, cfg), Error);
 }
 
 TEST(EngineLatency, ATargetBelowOneDecodeStepIsRefusedNamingTheMinimum) {
