@@ -9,13 +9,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
 
 #include "core/error.h"
+#include "core/output_file.h"
 #include "core/read_file.h"
 #include "core/stats.h"
 #include "engine/engine.h"
@@ -164,6 +164,11 @@ int cmd_bench_serve(int argc, char** argv) {
   ecfg.max_waiting = std::max<int64_t>(ecfg.max_waiting, num_prompts + warmup + 1);
   apply_latency_args(latency, ecfg);
   GoodputSlo slo = parse_goodput(goodput_args);
+  if (!save_prompts.empty()) {
+    // Before the model loads: a path that cannot be written, or that is one of the inputs.
+    check_output_path(save_prompts);
+    check_output_not_input(save_prompts, {model_path, tokenizer_bin, prompts_file});
+  }
 
   // Before the engine: callbacks write here, and ~Engine would call them for anything unfinished.
   std::vector<Record> records(static_cast<size_t>(num_prompts));
@@ -279,9 +284,7 @@ int cmd_bench_serve(int argc, char** argv) {
       j["request_rate"] = request_rate;
       j["arrival_s"] = arrival_s;
     }
-    std::ofstream out(save_prompts);
-    if (!out) fail("cannot write ", save_prompts);
-    out << j.dump() << "\n";
+    write_output_file(save_prompts, j.dump() + "\n");
   }
 
   std::vector<uint64_t> ids;

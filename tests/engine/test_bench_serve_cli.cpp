@@ -137,6 +137,14 @@ TEST(BenchServeCli, BadLatencyTargetsAreUsageErrors) {
   EXPECT_EQ(run_command(cmd + " --ttft-target-ms -1", &out, &err), 2);
   EXPECT_EQ(run_command(cmd + " --goodput latency:5", &out, &err), 1);
   EXPECT_NE(err.find("--goodput takes KEY:MS"), std::string::npos) << err;
+  // --save-prompts over an input or into a directory: refused before anything runs.
+  const std::string prompts = shared_path("data/prompts/ShareGPT_V3_filtered_500.json");
+  if (std::ifstream(prompts)) {
+    EXPECT_EQ(run_command(cmd + " --prompts " + prompts + " --save-prompts " + prompts, &out, &err), 1);
+    EXPECT_NE(err.find(prompts), std::string::npos) << err;
+  }
+  EXPECT_EQ(run_command(cmd + " --save-prompts " + shared_path("models/stories260K.gguf"), &out, &err), 1);
+  EXPECT_EQ(run_command(cmd + " --save-prompts " + ::testing::TempDir(), &out, &err), 1);
   // A positive target below one decode step: refused naming the minimum.
   EXPECT_EQ(run_command(cmd + " --tbt-target-ms 0.000001 --num-prompts 2", &out, &err), 1);
   EXPECT_NE(err.find("the smallest target is"), std::string::npos) << err;
