@@ -191,7 +191,7 @@ struct HttpServer::Impl {
   std::vector<Route> routes;
   HttpHandler fallback;
   std::function<bool(HttpRequest&, HttpResponse&)> pre_route;
-  std::function<void(HttpResponse&, int, const std::string&)> render_error;
+  std::function<void(HttpResponse&, int, const std::string&, const std::string&)> render_error;
   std::function<void(const HttpRequest&, const HttpResponse&)> logger;
   std::function<void()> after_request;
   HttpServerStats stats;
@@ -215,7 +215,7 @@ struct HttpServer::Impl {
 
   explicit Impl(HttpServerConfig c) : cfg(std::move(c)) {
     if (cfg.max_queued <= 0) cfg.max_queued = cfg.workers;
-    render_error = [](HttpResponse& res, int status, const std::string& message) {
+    render_error = [](HttpResponse& res, int status, const std::string& message, const std::string&) {
       res.status = status;
       res.set_content(message + "\n", "text/plain; charset=utf-8");
     };
@@ -401,7 +401,7 @@ struct HttpServer::Impl {
   void refuse(int fd, const std::string& message) {
     stats.connections_refused.fetch_add(1);
     HttpResponse res;
-    render_error(res, 503, message);
+    render_error(res, 503, message, "");  // no request read yet
     res.headers.set("Retry-After", "1");
     send_final(fd, res, 1);
     ::close(fd);
@@ -503,7 +503,7 @@ struct HttpServer::Impl {
   void answer_error(Conn* c, int status, const std::string& message) {
     if (status == 408) stats.requests_timed_out.fetch_add(1);
     HttpResponse res;
-    render_error(res, status, message);
+    render_error(res, status, message, c->parser.request().path);
     // What of the request was read, for the log (answered as HTTP/1.1 whatever it was).
     HttpRequest logged;
     logged.method = c->parser.request().method;
@@ -578,7 +578,7 @@ struct HttpServer::Impl {
     reading.emplace(c->fd, std::move(owned));
     epoll_add(c->fd);
     HttpResponse res;
-    render_error(res, 503, "The server is busy (every worker is serving). Please retry after a short wait.");
+    render_error(res, 503, "The server is busy (every worker is serving). Please retry after a short wait.", req->path);
     res.headers.set("Retry-After", "1");
     answer_and_linger(c, *req, res);
   }
@@ -605,13 +605,13 @@ struct HttpServer::Impl {
       if (!(pre_route && pre_route(req, res))) {
         if (route) route->handler(req, res);
         else if (status == 404 && fallback && (req.method == "GET" || req.method == "HEAD")) fallback(req, res);
-        else if (status == 405) render_error(res, 405, str_cat("Method ", req.method, " is not allowed on ", req.path));
-        else render_error(res, 404, str_cat("Unknown endpoint: ", req.method, " ", req.path));
+        else if (status == 405) render_error(res, 405, str_cat("Method ", req.method, " is not allowed on ", req.path), req.path);
+        else render_error(res, 404, str_cat("Unknown endpoint: ", req.method, " ", req.path), req.path);
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tern serve: internal error: %s\n", e.what());
       res = HttpResponse{};
-      render_error(res, 500, "internal server error");
+      render_error(res, 500, "internal server error", req.path);
     }
     const bool stopping_now = stopping.load();
     bool keep = req.keep_alive && !stopping_now && c->served + 1 < cfg.max_requests_per_connection &&
@@ -706,7 +706,8 @@ void HttpServer::set_fallback(HttpHandler handler) { impl_->fallback = std::move
 void HttpServer::set_pre_route(std::function<bool(HttpRequest&, HttpResponse&)> pre_route) {
   impl_->pre_route = std::move(pre_route);
 }
-void HttpServer::set_error_renderer(std::function<void(HttpResponse&, int, const std::string&)> render) {
+void HttpServer::set_error_renderer(
+    std::function<void(HttpResponse&, int, const std::string&, const std::string&)> render) {
   impl_->render_error = std::move(render);
 }
 void HttpServer::set_logger(std::function<void(const HttpRequest&, const HttpResponse&)> log) {

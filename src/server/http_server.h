@@ -73,7 +73,10 @@ class HttpServer {
   // Runs before routing on a worker; returns true when it answered the request itself.
   void set_pre_route(std::function<bool(HttpRequest&, HttpResponse&)> pre_route);
   // Fills the body of an error the HTTP layer answers itself (400, 404, 405, 408, 413, ...).
-  void set_error_renderer(std::function<void(HttpResponse&, int status, const std::string& message)> render);
+  // `path`: the request's path as far as it was read ("" when none was), so that each API
+  // family answers in its own error shape.
+  void set_error_renderer(
+      std::function<void(HttpResponse&, int status, const std::string& message, const std::string& path)> render);
   // Called once per answered request (the loop's own error answers included), after the
   // response has been written or has failed.
   void set_logger(std::function<void(const HttpRequest&, const HttpResponse&)> log);

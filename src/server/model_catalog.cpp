@@ -100,15 +100,52 @@ void check_type(const json& v, bool ok, const std::string& where, const char* ke
   if (!ok) fail(where, ": \"", key, "\" must be ", want, " (got ", v.type_name(), ")");
 }
 
-ModelDefaults parse_defaults(const json& m, const std::string& where) {
+// A relative path in models.json is relative to the models directory.
+fs::path in_dir(const fs::path& dir, const std::string& path) {
+  const fs::path p = path;
+  return p.is_relative() ? dir / p : p;
+}
+
+// "adapters": ["a.gguf", {"file": "b.gguf", "scale": 0.5}, ...]
+std::vector<AdapterSpec> parse_adapters(const json& a, const std::string& where, const fs::path& dir) {
+  const char* kWant = "an array of adapter files or {\"file\", \"scale\"} objects";
+  check_type(a, a.is_array(), where, "adapters", kWant);
+  std::vector<AdapterSpec> out;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const json& x = a[i];
+    const std::string xwhere = str_cat(where, ": \"adapters\"[", i, "]");
+    AdapterSpec spec;
+    json file = x;
+    if (x.is_object()) {
+      for (const auto& [key, value] : x.items())
+        if (key != "file" && key != "scale") fail(xwhere, ": unknown key \"", key, "\" (known: file, scale)");
+      file = x.value("file", json());
+      if (x.contains("scale")) {
+        const json& v = x["scale"];
+        // 1e300 is a JSON number but no float: the scale the engine runs with must be finite.
+        check_type(v, v.is_number() && std::isfinite(float(v.get<double>())), xwhere, "scale", "a finite number");
+        spec.scale = float(v.get<double>());
+      }
+    }
+    if (x.is_object()) check_type(file, file.is_string() && !file.get<std::string>().empty(), xwhere, "file", "a path");
+    else check_type(x, x.is_string() && !x.get<std::string>().empty(), where, "adapters", kWant);
+    spec.path = in_dir(dir, file.get<std::string>());
+    std::error_code ec;
+    if (!fs::is_regular_file(spec.path, ec)) fail(where, ": \"adapters\": ", spec.path.string(), " does not exist");
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+ModelDefaults parse_defaults(const json& m, const std::string& where, const fs::path& dir) {
   ModelDefaults d;
-  static const char* kKnown[] = {"file", "aliases", "ctx", "threads", "parallel", "chat_template", "system",
-                                 "options", "keep_alive"};
+  static const char* kKnown[] = {"file", "from", "aliases", "ctx", "threads", "parallel", "chat_template", "system",
+                                 "options", "keep_alive", "adapters"};
   for (const auto& [key, value] : m.items()) {
     if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return key == k; }) ==
         std::end(kKnown))
-      fail(where, ": unknown key \"", key, "\" (known: file, aliases, ctx, threads, parallel, chat_template, system, "
-           "options, keep_alive)");
+      fail(where, ": unknown key \"", key, "\" (known: file, from, aliases, ctx, threads, parallel, chat_template, "
+           "system, options, keep_alive, adapters)");
     (void)value;
   }
   if (m.contains("aliases")) {
@@ -147,7 +184,59 @@ ModelDefaults parse_defaults(const json& m, const std::string& where) {
       fail(where, ": \"keep_alive\": ", e.what());
     }
   }
+  if (m.contains("adapters")) d.adapters = parse_adapters(m["adapters"], where, dir);
   return d;
+}
+
+// A variant's "from", checked against the rest of its entry: it has no file and no engine
+// settings of its own.
+std::string parse_from(const json& m, const std::string& where) {
+  const json& from = m["from"];
+  check_type(from, from.is_string() && !from.get<std::string>().empty(), where, "from", "the name of another model");
+  const std::string base = from.get<std::string>();
+  if (m.contains("file"))
+    fail(where, ": \"from\" and \"file\" together: a variant runs on the file of the model \"from\" names (",
+         base, "); give one of them");
+  for (const char* key : {"ctx", "threads", "parallel"})
+    if (m.contains(key))
+      fail(where, ": \"", key, "\" on a variant: it runs on ", base, "'s engine; set \"", key, "\" on models.", base);
+  return base;
+}
+
+bool is_named(const std::string& name, const std::string& model, const ModelDefaults& d) {
+  return name == model || std::find(d.aliases.begin(), d.aliases.end(), name) != d.aliases.end();
+}
+
+// models.json's variants ("from"), by name.
+struct VariantSpec {
+  std::string from;
+  ModelDefaults defaults;
+};
+using Variants = std::map<std::string, VariantSpec>;
+
+// The entry of the variant `name`: its base's file facts, its own name, defaults and parent.
+// `files`: the models with a file.
+ModelEntry variant_entry(const std::string& name, const Variants& variants, const std::vector<ModelEntry>& files,
+                         const std::string& where) {
+  const std::string& from = variants.at(name).from;
+  const auto base = std::find_if(files.begin(), files.end(),
+                                 [&](const ModelEntry& e) { return is_named(from, e.name, e.defaults); });
+  if (base == files.end()) {
+    for (const auto& [other, spec] : variants)
+      if (is_named(from, other, spec.defaults))
+        fail(where, ": \"from\": ", from, " is itself a variant (of ", spec.from, "); name a model with a file, such as ",
+             spec.from, " (variants do not chain)");
+    fail(where, ": \"from\": ", from, " names no model (no ", from, ".gguf and no entry with a \"file\" of that name)");
+  }
+  for (const ModelEntry& e : files)
+    if (e.name == name)
+      fail(where, ": the variant's name is also the name of ", e.path.string(), "; give the variant another name");
+  ModelEntry v = *base;
+  v.name = name;
+  v.defaults = variants.at(name).defaults;
+  v.parent = base->name;
+  if (!base->usable()) v.error = str_cat("its base ", base->name, " is unusable: ", base->error);
+  return v;
 }
 
 }  // namespace
@@ -179,7 +268,9 @@ ModelEntry inspect_model_file(const fs::path& path) {
     for (const auto& t : f.tensors()) e.n_params += t.n_elements();
     e.parameter_size = parameter_size_text(e.n_params);
     if (!e.architecture.empty()) e.context_length = int64_t(f.get_uint(e.architecture + ".context_length", 0));
-    if (e.architecture.empty()) e.error = "no general.architecture key";
+    if (f.get_string("general.type", "") == "adapter")
+      e.error = "a LoRA adapter, not a model: apply it to its base (\"adapters\" in models.json, or tern serve --lora)";
+    else if (e.architecture.empty()) e.error = "no general.architecture key";
     else if (!architecture_known(e.architecture))
       e.error = str_cat("unsupported architecture '", e.architecture, "' (tern runs: ", architecture_list(), ")");
     else if (f.tensors().empty())
@@ -243,6 +334,8 @@ std::vector<ModelEntry> scan_models_dir(const fs::path& dir) {
   const fs::path config_path = dir / "models.json";
   std::map<std::string, ModelDefaults> defaults;   // by model name
   std::map<std::string, fs::path> named_files;     // name -> file given by "file"
+  Variants variants;
+  std::vector<fs::path> adapter_files;             // every "adapters" file: not a model
   if (fs::exists(config_path, ec)) {
     const std::string where = config_path.string();
     json cfg;
@@ -257,11 +350,17 @@ std::vector<ModelEntry> scan_models_dir(const fs::path& dir) {
       const std::string mwhere = str_cat(where, ": models.", name);
       if (name.empty()) fail(where, ": a model name is empty");
       if (!m.is_object()) fail(mwhere, " must be an object");
-      defaults[name] = parse_defaults(m, mwhere);
+      const std::string from = m.contains("from") ? parse_from(m, mwhere) : "";
+      ModelDefaults d = parse_defaults(m, mwhere, dir);
+      for (const AdapterSpec& a : d.adapters) adapter_files.push_back(a.path);
+      if (!from.empty()) {
+        variants[name] = VariantSpec{from, std::move(d)};
+        continue;
+      }
+      defaults[name] = std::move(d);
       if (m.contains("file")) {
         check_type(m["file"], m["file"].is_string(), mwhere, "file", "a path (relative to the directory)");
-        fs::path p = m["file"].get<std::string>();
-        if (p.is_relative()) p = dir / p;
+        const fs::path p = in_dir(dir, m["file"].get<std::string>());
         if (!fs::is_regular_file(p, ec)) fail(mwhere, ": \"file\": ", p.string(), " does not exist");
         named_files[name] = p;
       }
@@ -279,8 +378,8 @@ std::vector<ModelEntry> scan_models_dir(const fs::path& dir) {
     entries.push_back(std::move(e));
   }
   for (const auto& p : files) {
-    // A file models.json already names is that model, not a second one.
-    bool named = false;
+    // A file models.json already names is that model (or an adapter), not a model of its own.
+    bool named = std::any_of(adapter_files.begin(), adapter_files.end(), [&](const fs::path& a) { return same_file(a, p); });
     for (const auto& [name, np] : named_files) named = named || same_file(np, p);
     if (!named) entries.push_back(inspect_model_file(p));
   }
@@ -292,6 +391,10 @@ std::vector<ModelEntry> scan_models_dir(const fs::path& dir) {
       fail(config_path.string(), ": models.", name, " names no model (no ", name, ".gguf in ", dir.string(),
            " and no \"file\")");
   }
+  std::vector<ModelEntry> variant_entries;
+  for (const auto& [name, spec] : variants)
+    variant_entries.push_back(variant_entry(name, variants, entries, str_cat(config_path.string(), ": models.", name)));
+  entries.insert(entries.end(), variant_entries.begin(), variant_entries.end());
   std::sort(entries.begin(), entries.end(), [](const ModelEntry& a, const ModelEntry& b) { return a.name < b.name; });
   check_unique_names(entries);
   return entries;
@@ -369,6 +472,21 @@ double parse_duration_seconds(const json& value) {
   return negative ? -total : total;
 }
 
+namespace {
+
+// "ok", "ok, variant of base", "ok, variant of base with 2 adapters", "ok, with 1 adapter", or
+// why the model cannot be used.
+std::string status_text(const ModelEntry& e) {
+  if (!e.usable()) return "unusable: " + e.error;
+  std::string s = "ok";
+  if (!e.parent.empty()) s += ", variant of " + e.parent;
+  if (const size_t n = e.defaults.adapters.size(); n > 0)
+    s += str_cat(e.parent.empty() ? ", with " : " with ", n, n == 1 ? " adapter" : " adapters");
+  return s;
+}
+
+}  // namespace
+
 std::string models_table(const std::vector<ModelEntry>& entries) {
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"NAME", "SIZE", "TYPE", "ARCH", "CONTEXT", "PARAMS", "STATUS"});
@@ -378,7 +496,7 @@ std::string models_table(const std::vector<ModelEntry>& entries) {
     rows.push_back({name, format_bytes(e.file_bytes), e.usable() ? e.file_type : "-",
                     e.architecture.empty() ? "-" : e.architecture,
                     e.context_length > 0 ? std::to_string(e.context_length) : "-",
-                    e.usable() ? e.parameter_size : "-", e.usable() ? "ok" : "unusable: " + e.error});
+                    e.usable() ? e.parameter_size : "-", status_text(e)});
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows)
@@ -406,6 +524,9 @@ json models_json(const std::vector<ModelEntry>& entries) {
     if (e.defaults.threads) d["threads"] = *e.defaults.threads;
     if (e.defaults.parallel) d["parallel"] = *e.defaults.parallel;
     if (e.defaults.keep_alive_s) d["keep_alive_s"] = *e.defaults.keep_alive_s;
+    json adapters = json::array();
+    for (const AdapterSpec& a : e.defaults.adapters) adapters.push_back({{"path", a.path.string()}, {"scale", a.scale}});
+    d["adapters"] = std::move(adapters);
     arr.push_back({{"name", e.name},
                    {"path", e.path.string()},
                    {"size", e.file_bytes},
@@ -419,6 +540,7 @@ json models_json(const std::vector<ModelEntry>& entries) {
                    {"digest", e.digest},
                    {"usable", e.usable()},
                    {"error", e.error},
+                   {"parent", e.parent},
                    {"defaults", std::move(d)}});
   }
   return arr;

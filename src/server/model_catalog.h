@@ -11,7 +11,19 @@
 //               "chat_template": "chatml" | "path/to/template.jinja",
 //               "system": "You are ...",          // system prompt when a request has none
 //               "options": {"temperature": 0.7, "top_k": 40, ...},   // Ollama's option names
-//               "keep_alive": "10m" | 600 | -1}}}
+//               "keep_alive": "10m" | 600 | -1,
+//               "adapters": ["lora.gguf", {"file": "other-lora.gguf", "scale": 0.5}]},
+//      "VARIANT": {"from": "NAME",                // Ollama's FROM: served on NAME's engine
+//                  "aliases": [...], "system": "...", "options": {...}, "chat_template": "...",
+//                  "keep_alive": "1m", "adapters": [...]}}}
+//
+// "adapters" (LoRA adapters in llama.cpp's GGUF format, paths relative to DIR, scale 1 unless
+// given) run with every request to that model, in order. A *variant* ("from") is another name
+// for a model with a file, with defaults and adapters of its own: it runs on that model's
+// engine (one load serves both, nothing held beyond its adapters), so it takes no "file",
+// "ctx", "threads" or "parallel", and it does not inherit the base's system prompt, options or
+// adapters (only its chat template, unless it sets one). No chains: "from" names a model with a
+// file. Its entry carries the base's file facts and `parent` = the base's name.
 //
 // Pure file inspection (no model is loaded): reading a header touches its first pages only.
 #include <cstdint>
@@ -24,6 +36,12 @@
 
 namespace tern::server {
 
+// A LoRA adapter a model's requests run with (models.json "adapters").
+struct AdapterSpec {
+  std::filesystem::path path;          // resolved against the models directory
+  float scale = 1.0f;                  // finite
+};
+
 // Per-model defaults from models.json; every field optional.
 struct ModelDefaults {
   std::vector<std::string> aliases;
@@ -34,6 +52,7 @@ struct ModelDefaults {
   std::string system_prompt;           // "" : none
   nlohmann::json options = nlohmann::json::object();  // Ollama option names -> values
   std::optional<double> keep_alive_s;  // < 0: never unloaded when idle
+  std::vector<AdapterSpec> adapters;   // run with every request, in order
 };
 
 struct ModelEntry {
@@ -53,7 +72,9 @@ struct ModelEntry {
   std::string digest;
   std::string error;                   // non-empty: unusable, and why (not a GGUF, unknown architecture, ...)
   ModelDefaults defaults;
-  std::string parent;                  // a LoRA adapter served as a model: the model it runs on
+  // The model this one runs on: a LoRA adapter served as a model (`tern serve --lora`), or a
+  // models.json variant ("from"), whose file facts above are its base's.
+  std::string parent;
 
   bool usable() const { return error.empty(); }
 };
@@ -62,8 +83,10 @@ struct ModelEntry {
 // subdirectories below it, plus the files models.json names, sorted by name. A file that
 // cannot be read or parsed is an entry with `error` set (never a throw). Throws tern::Error
 // naming the file and key for: DIR missing or not a directory, a models.json that is not valid
-// JSON or has a wrong type, a models.json "file" that does not exist, and two entries (or an
-// alias and a name) with the same name (naming both files).
+// JSON or has a wrong type, a models.json "file" or adapter that does not exist, a variant
+// whose "from" names no model or another variant (or that sets "file", "ctx", "threads" or
+// "parallel"), and two entries (or an alias and a name) with the same name (naming both
+// files). Files models.json names as adapters are adapters, not models.
 std::vector<ModelEntry> scan_models_dir(const std::filesystem::path& dir);
 
 // Entries for `-m NAME=FILE` / `-m FILE` arguments (NAME defaults to the file's stem). Same

@@ -253,6 +253,7 @@ void ModelPool::collect(Clock::time_point now) {
 
 std::vector<ModelPool::Status> ModelPool::status() const {
   std::lock_guard lock(mu_);
+  const Clock::time_point now = Clock::now();
   std::vector<Status> out;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
@@ -263,6 +264,12 @@ std::vector<ModelPool::Status> ModelPool::status() const {
     st.leases = s.leases;
     st.bytes = s.state == State::Loading ? specs_[i].estimated_bytes : s.bytes;
     st.expires = s.expires;
+    if (st.loaded && s.leases > 0) {
+      // In use: it stays at least until now + its keep_alive (Ollama's /api/ps shows that too).
+      const double keep = keep_alive_of(i);
+      if (keep >= 0) st.expires = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(keep));
+      else st.expires.reset();
+    }
     st.last_used = s.last_used;
     out.push_back(std::move(st));
   }

@@ -117,7 +117,9 @@ class ModelPool {
     bool loading = false;
     int leases = 0;
     int64_t bytes = 0;                      // loaded: real; loading: the estimate
-    std::optional<Clock::time_point> expires;  // idle and loaded: when it unloads; nullopt: never / in use
+    // Loaded: when it unloads if no new request comes (in use: now + its keep_alive, the
+    // earliest it can); nullopt: never (keep_alive < 0) or not loaded.
+    std::optional<Clock::time_point> expires;
     Clock::time_point last_used{};
   };
   std::vector<Status> status() const;

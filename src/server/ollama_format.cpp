@@ -515,6 +515,25 @@ std::string unix_rfc3339(int64_t seconds) {
 // (the CLI prints "Forever" for anything over 20 years away) and, unlike a time_point, does not
 // overflow the nanosecond clock, which ends in 2262.
 constexpr const char* kForeverExpiry = "2318-01-01T00:00:00Z";
+// Go's zero time.Time, as Ollama writes a date that was never set.
+constexpr const char* kZeroTime = "0001-01-01T00:00:00Z";
+
+std::string expiry_text(const std::optional<std::chrono::system_clock::time_point>& expires) {
+  return expires ? rfc3339(*expires) : std::string(kForeverExpiry);
+}
+
+// The GGUF's general.license (a string, or a list of them joined by lines, as Ollama joins
+// its LICENSE layers); "" without one.
+std::string license_text(const json& metadata) {
+  if (!metadata.is_object() || !metadata.contains("general.license")) return "";
+  const json& v = metadata["general.license"];
+  if (v.is_string()) return v.get<std::string>();
+  std::string out;
+  if (v.is_array())
+    for (const json& x : v)
+      if (x.is_string()) out += (out.empty() ? "" : "\n") + x.get<std::string>();
+  return out;
+}
 
 std::string parameter_value(const json& v) {
   // Go's %#v: strings quoted, numbers and booleans as written.
@@ -700,8 +719,13 @@ std::string rfc3339(std::chrono::system_clock::time_point t) {
 }
 
 json chat_chunk(const std::string& model, const std::string& created_at, const std::string& content,
-                const std::vector<ToolCall>& calls) {
-  return json{{"model", model}, {"created_at", created_at}, {"message", chat_message(content, calls)}, {"done", false}};
+                const std::vector<ToolCall>& calls, const Durations& so_far) {
+  json j = {{"model", model},
+            {"created_at", created_at},
+            {"message", chat_message(content, calls)},
+            {"done", false},
+            {"done_reason", ""}};
+  return durations_fields(std::move(j), so_far);
 }
 
 json chat_final(const std::string& model, const std::string& created_at, const std::string& content,
@@ -714,8 +738,11 @@ json chat_final(const std::string& model, const std::string& created_at, const s
   return durations_fields(std::move(j), d);
 }
 
-json generate_chunk(const std::string& model, const std::string& created_at, const std::string& response) {
-  return json{{"model", model}, {"created_at", created_at}, {"response", response}, {"done", false}};
+json generate_chunk(const std::string& model, const std::string& created_at, const std::string& response,
+                    const Durations& so_far) {
+  json j = {{"model", model}, {"created_at", created_at}, {"response", response},
+            {"done", false},  {"done_reason", ""},        {"context", json::array()}};
+  return durations_fields(std::move(j), so_far);
 }
 
 json generate_final(const std::string& model, const std::string& created_at, const std::string& response,
@@ -723,6 +750,25 @@ json generate_final(const std::string& model, const std::string& created_at, con
   json j = {{"model", model},         {"created_at", created_at}, {"response", response},
             {"done", true},           {"done_reason", done_reason}, {"context", context}};
   return durations_fields(std::move(j), d);
+}
+
+std::vector<float> embedding_vector(std::vector<float> v, std::optional<int64_t> dimensions) {
+  const auto normalize = [](std::vector<float>& x) {
+    double sum = 0;
+    for (const float f : x) {
+      if (!std::isfinite(f)) throw ApiError(500, "server_error", "", "", "embedding contains NaN or Inf values");
+      sum += double(f) * f;
+    }
+    // A zero vector stays zero (Ollama divides by max(norm, 1e-12)).
+    const float scale = float(1.0 / std::max(std::sqrt(sum), 1e-12));
+    for (float& f : x) f *= scale;
+  };
+  normalize(v);
+  if (dimensions && *dimensions > 0 && size_t(*dimensions) < v.size()) {
+    v.resize(size_t(*dimensions));
+    normalize(v);
+  }
+  return v;
 }
 
 json embed_response(const std::string& model, const std::vector<std::vector<float>>& vectors, const Durations& d) {
@@ -740,7 +786,7 @@ json legacy_embedding_response(const std::vector<float>& vector) { return json{{
 json model_details(const ModelEntry& e) {
   json families = json::array();
   if (!e.architecture.empty()) families.push_back(e.architecture);
-  return json{{"parent_model", ""},
+  return json{{"parent_model", e.parent},
               {"format", "gguf"},
               {"family", e.architecture},
               {"families", std::move(families)},
@@ -748,16 +794,25 @@ json model_details(const ModelEntry& e) {
               {"quantization_level", e.file_type}};
 }
 
-json tags_response(const std::vector<ModelEntry>& entries) {
+json tags_response(const std::vector<ModelEntry>& entries, const std::vector<LoadedRow>& loaded) {
   json models = json::array();
   for (const ModelEntry& e : entries) {
     if (!e.usable()) continue;
+    // expires_at and size_vram are /api/ps's, but the client's ModelResponse, which both
+    // routes share, declares them: a loaded model's expiry, else Go's zero time.
+    // A variant (models.json "from") goes with its base's engine.
+    std::string expires = kZeroTime;
+    const std::string& engine_name = e.parent.empty() ? e.name : e.parent;
+    for (const LoadedRow& row : loaded)
+      if (row.entry && row.entry->name == engine_name) expires = expiry_text(row.expires);
     models.push_back({{"name", e.name},
                       {"model", e.name},
                       {"modified_at", unix_rfc3339(e.modified_unix)},
                       {"size", e.file_bytes},
                       {"digest", e.digest},
-                      {"details", model_details(e)}});
+                      {"details", model_details(e)},
+                      {"expires_at", expires},
+                      {"size_vram", 0}});
   }
   return json{{"models", std::move(models)}};
 }
@@ -772,8 +827,9 @@ json ps_response(const std::vector<LoadedRow>& rows) {
                       {"size", row.size_bytes},
                       {"digest", e.digest},
                       {"details", model_details(e)},
-                      {"expires_at", row.expires ? rfc3339(*row.expires) : std::string(kForeverExpiry)},
+                      {"expires_at", expiry_text(row.expires)},
                       {"size_vram", 0},
+                      {"modified_at", unix_rfc3339(e.modified_unix)},
                       {"context_length", row.context_length}});
   }
   return json{{"models", std::move(models)}};
@@ -805,6 +861,11 @@ json show_response(const ModelEntry& e, const std::string& chat_template_text, c
   if (!chat_template_text.empty()) modelfile += "TEMPLATE \"\"\"" + chat_template_text + "\"\"\"\n";
   if (!e.defaults.system_prompt.empty()) modelfile += "SYSTEM \"\"\"" + e.defaults.system_prompt + "\"\"\"\n";
   modelfile += modelfile_parameters;
+  // Ollama's ADAPTER has no scale; a scale other than 1 is said in a comment above it.
+  for (const AdapterSpec& a : e.defaults.adapters) {
+    if (a.scale != 1.0f) modelfile += "# tern: adapter scale " + parameter_value(json(a.scale)) + "\n";
+    modelfile += "ADAPTER " + a.path.string() + "\n";
+  }
 
   // model_info: the header's scalar keys under their GGUF names (arrays, e.g. the vocabulary,
   // are megabytes; Ollama leaves them out unless asked for verbose output).
@@ -822,9 +883,11 @@ json show_response(const ModelEntry& e, const std::string& chat_template_text, c
             {"details", model_details(e)},
             {"model_info", std::move(model_info)},
             {"capabilities", capabilities},
-            {"modified_at", unix_rfc3339(e.modified_unix)}};
-  // Ollama's "system" is omitted when empty (omitempty); the JS client's ShowResponse has it.
-  if (!e.defaults.system_prompt.empty()) j["system"] = e.defaults.system_prompt;
+            {"modified_at", unix_rfc3339(e.modified_unix)},
+            // Ollama leaves these three out when empty; the client's ShowResponse declares them.
+            {"license", license_text(metadata)},
+            {"system", e.defaults.system_prompt},
+            {"messages", json::array()}};
   return j;
 }
 

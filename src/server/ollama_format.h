@@ -112,18 +112,29 @@ struct Durations {
 std::string rfc3339(std::chrono::system_clock::time_point t);
 
 // A streamed piece of a chat answer (done false): {"model", "created_at", "message":
-// {"role": "assistant", "content", "tool_calls"?}, "done": false}. tool_calls' arguments are
-// JSON objects (parsed from the call's text; text that is not an object is kept as a string).
+// {"role": "assistant", "content", "tool_calls"?}, "done": false, "done_reason": "", and the
+// durations so far}. tool_calls' arguments are JSON objects (parsed from the call's text; text
+// that is not an object is kept as a string). Ollama itself leaves done_reason and the
+// durations out until the last line; the ollama client's ChatResponse declares them on every
+// line, so they are sent, with the running figures (`so_far`).
 nlohmann::json chat_chunk(const std::string& model, const std::string& created_at, const std::string& content,
-                          const std::vector<ToolCall>& calls = {});
+                          const std::vector<ToolCall>& calls = {}, const Durations& so_far = {});
 // The last object of a chat answer: done true, done_reason ("stop", "length", "load",
 // "unload"), the durations; `content` and `calls` are the whole answer when not streamed.
 nlohmann::json chat_final(const std::string& model, const std::string& created_at, const std::string& content,
                           const std::vector<ToolCall>& calls, const std::string& done_reason, const Durations& d);
-nlohmann::json generate_chunk(const std::string& model, const std::string& created_at, const std::string& response);
+// A streamed piece of a generate answer: as chat_chunk, with "response" and an empty "context"
+// (the whole context comes with the last line).
+nlohmann::json generate_chunk(const std::string& model, const std::string& created_at, const std::string& response,
+                              const Durations& so_far = {});
 // "context": the prompt's and the answer's token ids (a client sends them back to continue).
 nlohmann::json generate_final(const std::string& model, const std::string& created_at, const std::string& response,
                               const std::string& done_reason, const Durations& d, const std::vector<int32_t>& context);
+// One vector of /api/embed as Ollama gives it: L2-normalized, then, when `dimensions` is below
+// its length, cut to that many values and normalized again (Matryoshka truncation; a larger
+// `dimensions` leaves it whole). Throws ApiError(500) for a NaN or infinite value. (The older
+// /api/embeddings answers the engine's vector unnormalized, as Ollama does.)
+std::vector<float> embedding_vector(std::vector<float> v, std::optional<int64_t> dimensions);
 // {"model", "embeddings": [[...]], "total_duration", "load_duration", "prompt_eval_count"}
 nlohmann::json embed_response(const std::string& model, const std::vector<std::vector<float>>& vectors,
                               const Durations& d);
@@ -133,10 +144,6 @@ nlohmann::json legacy_embedding_response(const std::vector<float>& vector);
 // "details" of a model as /api/tags, /api/ps and /api/show give it: {"parent_model": "",
 // "format": "gguf", "family", "families", "parameter_size", "quantization_level"}.
 nlohmann::json model_details(const ModelEntry& e);
-// GET /api/tags: every usable model {"name", "model", "modified_at", "size", "digest", "details"}
-// (name and model are "NAME:latest"-free: tern names are the file stems).
-nlohmann::json tags_response(const std::vector<ModelEntry>& entries);
-
 // One loaded model as /api/ps shows it.
 struct LoadedRow {
   const ModelEntry* entry = nullptr;
@@ -144,12 +151,20 @@ struct LoadedRow {
   std::optional<std::chrono::system_clock::time_point> expires;  // nullopt: never (keep_alive < 0)
   int64_t context_length = 0;                                   // the context it was loaded with
 };
+
+// GET /api/tags: every usable model {"name", "model", "modified_at", "size", "digest",
+// "details", "expires_at", "size_vram": 0} (name and model are "NAME:latest"-free: tern names
+// are the file stems). expires_at is a loaded model's (from `loaded`), else Go's zero time.
+nlohmann::json tags_response(const std::vector<ModelEntry>& entries, const std::vector<LoadedRow>& loaded = {});
+
 // {"models": [{"name", "model", "size", "digest", "details", "expires_at", "size_vram": 0,
-// "context_length"}]}; a model kept forever expires in the far future, as Ollama shows it.
+// "modified_at", "context_length"}]}; a model kept forever expires in the far future, as
+// Ollama shows it.
 nlohmann::json ps_response(const std::vector<LoadedRow>& rows);
 
 // POST /api/show: {"modelfile", "parameters", "template", "details", "model_info",
-// "capabilities", "modified_at"}. model_info holds general.* and ARCH.* header keys as Ollama
+// "capabilities", "modified_at", "license" (the header's general.license), "system",
+// "messages": []}. model_info holds general.* and ARCH.* header keys as Ollama
 // names them ("general.architecture", "llama.context_length", ...), from `metadata` (scalar
 // keys of the file; arrays left out as Ollama does unless verbose).
 nlohmann::json show_response(const ModelEntry& e, const std::string& chat_template_text,

@@ -66,6 +66,9 @@ void set_error(HttpResponse& res, int status, const std::string& message, const 
 
 void set_api_error(HttpResponse& res, const ApiError& e) { set_json(res, e.status(), error_json(e)); }
 
+// Ollama's routes, whose errors are {"error": "..."} (what its clients show as the message).
+bool is_ollama_path(const std::string& path) { return path.rfind("/api/", 0) == 0; }
+
 // The per-request label of tern_requests_total: known routes by name, the rest as one value
 // so that random paths cannot grow the metric without bound.
 std::string endpoint_label(const std::string& path) {
@@ -204,6 +207,9 @@ struct Server::Impl {
     std::unique_ptr<InFlight> in_flight;
     // Which API answers: OpenAI's (error objects, SSE) or Ollama's ({"error"}, NDJSON).
     bool ollama = false;
+    // Ollama's "model" in answers: the name as the request gave it ("x:latest" stays so), as
+    // Ollama echoes it.
+    std::string answer_name;
     std::string endpoint;                 // the tern_requests_total label of the route
     bool keep_answer_ids = false;         // /api/generate's "context": the answer's token ids
     std::vector<int32_t> answer_ids;      // of choice 0
@@ -822,7 +828,9 @@ struct Server::Impl {
   json model_object(const ModelEntry& e) const {
     json o = {{"id", e.name}, {"object", "model"}, {"created", started}, {"owned_by", "tern"},
               {"max_model_len", provider.n_ctx_of(e.name)}};
-    if (!e.parent.empty()) {  // a LoRA adapter, as vLLM lists one: its file and its base
+    // A LoRA adapter (--lora), as vLLM lists one: its file and its base; a models.json
+    // variant: its base's file and its base.
+    if (!e.parent.empty()) {
       o["root"] = e.path.string();
       o["parent"] = e.parent;
     }
@@ -936,11 +944,16 @@ struct Server::Impl {
     for (const auto& e : provider.models()) {
       ModelGauges g;
       g.model = e.name;
+      // A variant or an adapter runs on its base's engine: loaded with it; its memory and
+      // leases are the base's row, so they are not counted twice.
+      const std::string& engine_name = e.parent.empty() ? e.name : e.parent;
       for (const auto& l : loaded)
-        if (l.entry.name == e.name) {
+        if (l.entry.name == engine_name) {
           g.loaded = true;
-          g.bytes = l.bytes;
-          g.leases = l.leases;
+          if (e.parent.empty()) {
+            g.bytes = l.bytes;
+            g.leases = l.leases;
+          }
         }
       out.push_back(std::move(g));
     }
@@ -1012,7 +1025,9 @@ struct Server::Impl {
       res.set_content(std::string(reinterpret_cast<const char*>(a.data), a.size), a.mime);
       return;
     }
-    set_error(res, 404, str_cat("Unknown path: GET ", req.path));
+    const std::string message = str_cat("Unknown path: ", req.method, " ", req.path);
+    if (is_ollama_path(req.path)) set_json(res, 404, ollama::error_body(message));
+    else set_error(res, 404, message);
   }
 
   // ---- Ollama's API (server/ollama_format.h) ----------------------------------------------
@@ -1082,7 +1097,7 @@ struct Server::Impl {
       ollama::Durations d;
       d.load_ns = a.load_ns;
       d.total_ns = ns_since(t0);
-      set_json(res, 200, ollama::chat_final(a.model->id, now_text(), "", {}, "load", d));
+      set_json(res, 200, ollama::chat_final(r.common.model, now_text(), "", {}, "load", d));
       return;
     }
     nlohmann::ordered_json body = ollama::chat_to_openai(r, a.model->default_options, a.model->default_system);
@@ -1093,6 +1108,7 @@ struct Server::Impl {
     opt.endpoint = "/api/chat";
     auto job = prepare(body.dump(), ApiKind::Chat, std::move(opt));
     job->started = t0;
+    job->answer_name = r.common.model;
     go_live(*job, std::move(guard), hreq);
     if (r.common.stream) {
       start_ndjson_stream(job, res, /*chat=*/true);
@@ -1101,7 +1117,7 @@ struct Server::Impl {
     if (!collect_whole(job, res)) return;
     job->finish_accounting(200);
     const ChoiceResult& c = job->choices.at(0);
-    set_json(res, 200, ollama::chat_final(job->model->id, now_text(), c.text, c.tool_calls, done_reason_of(c.finish),
+    set_json(res, 200, ollama::chat_final(job->answer_name, now_text(), c.text, c.tool_calls, done_reason_of(c.finish),
                                           durations_of(*job)));
   }
 
@@ -1122,7 +1138,7 @@ struct Server::Impl {
       ollama::Durations d;
       d.load_ns = a.load_ns;
       d.total_ns = ns_since(t0);
-      set_json(res, 200, ollama::generate_final(a.model->id, now_text(), "", "load", d, {}));
+      set_json(res, 200, ollama::generate_final(g.common.model, now_text(), "", "load", d, {}));
       return;
     }
     const ServedModel& m = *a.model;
@@ -1150,6 +1166,7 @@ struct Server::Impl {
     opt.keep_answer_ids = true;
     auto job = prepare(body.dump(), ApiKind::Completion, std::move(opt));
     job->started = t0;
+    job->answer_name = g.common.model;
     go_live(*job, std::move(guard), hreq);
     if (g.common.stream) {
       start_ndjson_stream(job, res, /*chat=*/false);
@@ -1158,7 +1175,7 @@ struct Server::Impl {
     if (!collect_whole(job, res)) return;
     job->finish_accounting(200);
     const ChoiceResult& c = job->choices.at(0);
-    set_json(res, 200, ollama::generate_final(job->model->id, now_text(), c.text, done_reason_of(c.finish),
+    set_json(res, 200, ollama::generate_final(job->answer_name, now_text(), c.text, done_reason_of(c.finish),
                                               durations_of(*job), generate_context(*job)));
   }
 
@@ -1182,11 +1199,26 @@ struct Server::Impl {
   // message once the answer is complete; an error as {"error": ...} and the end.
   bool ndjson_stream_body(Job& job, HttpStreamSink& sink, bool chat) {
     const OpenAiRequest& r = job.req;
-    const std::string& name = job.model->id;
+    const std::string& name = job.answer_name;
     auto line = [](const json& j) { return dump_json(j) + "\n"; };
     std::vector<ToolCall> calls;
     FinishReason finish = FinishReason::Stop;
-    const StreamEnd end = pump_stream(job, sink, [&](ChoiceResult&, const RequestOutput& o, std::string& out) {
+    // The running figures every line carries (the last line's are the engine's own).
+    std::optional<Clock::time_point> first_output;
+    const auto so_far = [&](const ChoiceResult& c) {
+      const auto now = Clock::now();
+      if (!first_output) first_output = now;
+      ollama::Durations d;
+      d.total_ns = ns_since(job.started);
+      d.load_ns = job.load_ns;
+      d.prompt_eval_count = job.prompt_tokens.empty() ? 0 : job.prompt_tokens[0];
+      const auto prompt_start = job.started + std::chrono::nanoseconds(job.load_ns);
+      d.prompt_eval_ns = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(*first_output - prompt_start).count());
+      d.eval_count = c.n_tokens;
+      d.eval_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *first_output).count();
+      return d;
+    };
+    const StreamEnd end = pump_stream(job, sink, [&](ChoiceResult& c, const RequestOutput& o, std::string& out) {
       std::string text;
       if (job.parse_tools) {
         ToolCallParser& parser = *job.tool_parsers.at(0);
@@ -1212,7 +1244,8 @@ struct Server::Impl {
         text = o.text;
       }
       if (!text.empty())
-        out += line(chat ? ollama::chat_chunk(name, now_text(), text) : ollama::generate_chunk(name, now_text(), text));
+        out += line(chat ? ollama::chat_chunk(name, now_text(), text, {}, so_far(c))
+                         : ollama::generate_chunk(name, now_text(), text, so_far(c)));
       if (normal_finish(o)) finish = o.finish_reason;
     });
     if (end.client_gone) return false;
@@ -1221,7 +1254,7 @@ struct Server::Impl {
       return true;
     }
     std::string tail;
-    if (!calls.empty()) tail += line(ollama::chat_chunk(name, now_text(), "", calls));
+    if (!calls.empty()) tail += line(ollama::chat_chunk(name, now_text(), "", calls, so_far(job.choices.at(0))));
     const ollama::Durations d = durations_of(job);
     tail += line(chat ? ollama::chat_final(name, now_text(), "", {}, done_reason_of(finish), d)
                       : ollama::generate_final(name, now_text(), "", done_reason_of(finish), d, generate_context(job)));
@@ -1240,8 +1273,9 @@ struct Server::Impl {
     Acquired a = ollama_acquire(e.common.model, e.common.keep_alive_s);
     const std::string name = a.model->id;
     const int64_t load_ns = a.load_ns;
+    // Ollama cuts vectors to `dimensions` itself (after normalizing: ollama::embedding_vector),
+    // so the engine's full vectors are asked for.
     json body = {{"input", e.inputs}, {"model", name}};
-    if (e.dimensions) body["dimensions"] = *e.dimensions;
     if (e.truncate) body["truncate_prompt_tokens"] = -1;
     const EmbeddingsResult r = run_embeddings(hreq, body.dump(), std::move(a));
     if (r.status == 499) {
@@ -1258,20 +1292,28 @@ struct Server::Impl {
       return;
     }
     std::vector<std::vector<float>> vectors;
-    for (const auto& item : answer.at("data")) vectors.push_back(item.at("embedding").get<std::vector<float>>());
+    for (const auto& item : answer.at("data")) {
+      std::vector<float> v = item.at("embedding").get<std::vector<float>>();
+      vectors.push_back(legacy ? std::move(v) : ollama::embedding_vector(std::move(v), e.dimensions));
+    }
     ollama::Durations d;
     d.total_ns = ns_since(t0);
     d.load_ns = load_ns;
     d.prompt_eval_count = r.prompt_tokens;
     if (legacy) set_json(res, 200, ollama::legacy_embedding_response(vectors.empty() ? std::vector<float>{} : vectors[0]));
-    else set_json(res, 200, ollama::embed_response(name, vectors, d));
+    else set_json(res, 200, ollama::embed_response(e.common.model, vectors, d));
+  }
+
+  // The rows point into `loaded`, which must outlive them.
+  static std::vector<ollama::LoadedRow> loaded_rows(const std::vector<LoadedModelInfo>& loaded) {
+    std::vector<ollama::LoadedRow> rows;
+    for (const auto& l : loaded) rows.push_back({&l.entry, l.bytes, l.expires, l.n_ctx});
+    return rows;
   }
 
   void handle_ollama_ps(HttpResponse& res) {
     const std::vector<LoadedModelInfo> loaded = provider.loaded();
-    std::vector<ollama::LoadedRow> rows;
-    for (const auto& l : loaded) rows.push_back({&l.entry, l.bytes, l.expires, l.n_ctx});
-    set_json(res, 200, ollama::ps_response(rows));
+    set_json(res, 200, ollama::ps_response(loaded_rows(loaded)));
   }
 
   // POST /api/show: from the file's header; the model is not loaded for it.
@@ -1279,6 +1321,9 @@ struct Server::Impl {
     const std::string name = ollama::parse_model_name(hreq.body, cfg.limits.max_json_depth);
     const ModelProvider::Description d = ollama_named(name, [&] { return provider.describe(name); });
     std::string template_text = d.entry.defaults.chat_template;
+    if (template_text.empty() && !d.entry.parent.empty())  // a variant runs with its base's template
+      for (const ModelEntry& base : provider.models())
+        if (base.name == d.entry.parent) template_text = base.defaults.chat_template;
     if (template_text.empty() && d.metadata.is_object() && d.metadata.contains("tokenizer.chat_template") &&
         d.metadata["tokenizer.chat_template"].is_string())
       template_text = d.metadata["tokenizer.chat_template"].get<std::string>();
@@ -1315,7 +1360,8 @@ struct Server::Impl {
     http.route("POST", "/api/embeddings",
                guard([this](HttpRequest& req, HttpResponse& res) { handle_ollama_embed(req, res, true); }));
     http.route("GET", "/api/tags", guard([this](HttpRequest&, HttpResponse& res) {
-      set_json(res, 200, ollama::tags_response(provider.models()));
+      const std::vector<LoadedModelInfo> loaded = provider.loaded();
+      set_json(res, 200, ollama::tags_response(provider.models(), loaded_rows(loaded)));
     }));
     http.route("GET", "/api/ps", guard([this](HttpRequest&, HttpResponse& res) { handle_ollama_ps(res); }));
     http.route("POST", "/api/show", guard([this](HttpRequest& req, HttpResponse& res) { handle_ollama_show(req, res); }));
@@ -1405,7 +1451,7 @@ struct Server::Impl {
     // files, which hold no data: the page itself asks for the key and sends it with each call.
     const bool open = req.path == "/health" || ((req.method == "GET" || req.method == "HEAD") && is_static_path(req.path));
     // Ollama's routes answer {"error": "..."}, which its clients show as the message.
-    const bool ollama = req.path.rfind("/api/", 0) == 0;
+    const bool ollama = is_ollama_path(req.path);
     // The admin routes have a key of their own, and only it opens them: the API key, which
     // every client holds, must not be enough to replace the model.
     if (req.path.rfind("/admin/", 0) == 0) {
@@ -1489,9 +1535,11 @@ struct Server::Impl {
     setup_ollama_routes();
     http.set_fallback([this](HttpRequest& req, HttpResponse& res) { handle_static(req, res); });
     // Errors the HTTP layer answers itself (400 malformed, 404, 405, 408, 413, 414, 431, 503
-    // over a connection cap) get an OpenAI-style body too.
-    http.set_error_renderer([](HttpResponse& res, int status, const std::string& message) {
-      set_error(res, status, message);
+    // over a connection cap) get the body of the API the path belongs to: Ollama's
+    // {"error": "..."} under /api/, OpenAI's error object elsewhere.
+    http.set_error_renderer([](HttpResponse& res, int status, const std::string& message, const std::string& path) {
+      if (is_ollama_path(path)) set_json(res, status, ollama::error_body(message));
+      else set_error(res, status, message);
     });
     http.set_logger([this](const HttpRequest& req, const HttpResponse& res) {
       // Generation requests that got as far as the engine were counted by their job (a

@@ -332,6 +332,11 @@ int cmd_serve(int argc, char** argv) {
     }
     for (size_t i = 0; i < pool->entries().size(); ++i) {
       const server::ModelEntry& e = pool->entries()[i];
+      if (!e.parent.empty()) {  // runs on its base's engine: no memory of its own beyond adapters
+        std::fprintf(stderr, "tern serve: model %s: variant of %s, %zu adapter(s)\n", e.name.c_str(),
+                     e.parent.c_str(), e.defaults.adapters.size());
+        continue;
+      }
       std::fprintf(stderr, "tern serve: model %s: %s, %s %s, %s (about %s loaded)\n", e.name.c_str(),
                    e.path.string().c_str(), e.architecture.c_str(), e.file_type.c_str(),
                    format_bytes(e.file_bytes).c_str(), format_bytes(pool->estimated_bytes(i)).c_str());

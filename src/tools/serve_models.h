@@ -3,6 +3,12 @@
 // (server/model_catalog.h) served on demand, each loaded into its own Engine when a request
 // names it, under server/model_pool.h's memory budget, count limit and keep-alive rules.
 //
+// A models.json variant ("from") is served on its base's engine: acquiring it leases the base
+// (loading it if needed), and its model is the base's engine with the variant's name, defaults,
+// chat template (when it sets one) and adapters, built once per load of the base. A model's
+// "adapters" (variant or file) run with each of its requests. loaded() lists files only (what
+// holds memory); unload(variant) unloads its base.
+//
 // Thread-safe: the HTTP workers call acquire, loaded, metrics and n_ctx_of at once; loads run
 // on the requesting worker (the pool makes concurrent requests for one model wait for one load).
 #include <cstdint>
@@ -42,9 +48,11 @@ nlohmann::json gguf_metadata_json(const GgufFile& file);
 
 class PoolModelProvider final : public server::ModelProvider {
  public:
-  // `entries`: the catalog; unusable ones (and ones whose context cannot be planned) are warned
-  // about on stderr and left out. Throws tern::Error when no model is left or --tool-format is
-  // unknown, std::invalid_argument (ModelPool) when the budget is below the smallest model.
+  // `entries`: the catalog; unusable ones (and ones whose context cannot be planned, whose
+  // adapters do not load or fit their file, or whose base is left out) are warned about on
+  // stderr and left out. Adapters are loaded here, once per file. Throws tern::Error when no
+  // model is left or --tool-format is unknown, std::invalid_argument (ModelPool) when the budget
+  // is below the smallest model.
   PoolModelProvider(std::vector<server::ModelEntry> entries, server::ModelPoolConfig pool, ServeLoadSettings load);
   ~PoolModelProvider() override;  // unloads every model; every ModelRef must have ended
 
@@ -58,8 +66,8 @@ class PoolModelProvider final : public server::ModelProvider {
   int64_t n_ctx_of(const std::string& name) const override;
   void collect() override;
 
-  // The models served (usable, in name order) and what a load of each is expected to hold
-  // (file + planned K/V), for the start-up log.
+  // The models served (usable, in name order; variants too) and what a load of each is expected
+  // to hold (file + planned K/V; a variant's: its base's), for the start-up log.
   const std::vector<server::ModelEntry>& entries() const;
   int64_t estimated_bytes(size_t index) const;
   const server::ModelPoolConfig& pool_config() const;

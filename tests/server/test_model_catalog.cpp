@@ -117,6 +117,25 @@ TEST(ModelCatalog, ModelsJsonNamesAliasesAndDefaults) {
   EXPECT_NE(models_table(es).find("alpha, a, first"), std::string::npos);
 }
 
+// What scanning a directory of alpha.gguf and this models.json throws (a failure if it does not
+// throw, or if the message does not name models.json; `at_start`: as its first words, with the
+// path).
+std::string models_json_error(const std::string& text, bool at_start) {
+  TempDir d;
+  write_tiny_gguf(d.file("alpha.gguf"), "llama", DType::F32, 8);
+  write_text(d.file("models.json"), text);
+  try {
+    scan_models_dir(d.path());
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (at_start) EXPECT_EQ(what.rfind(d.file("models.json") + ": ", 0), 0u) << what;
+    else EXPECT_NE(what.find("models.json"), std::string::npos) << what;
+    return what;
+  }
+  ADD_FAILURE() << "accepted: " << text;
+  return "";
+}
+
 // Each mistake in models.json stops start-up with the file and key named.
 TEST(ModelCatalog, ModelsJsonErrorsNameTheFileAndKey) {
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -134,17 +153,136 @@ TEST(ModelCatalog, ModelsJsonErrorsNameTheFileAndKey) {
       {R"({"models": {"alpha": {"aliases": ["alpha"]}}})", "two models are named 'alpha'"},
   };
   for (const auto& [text, want] : cases) {
-    TempDir d;
-    write_tiny_gguf(d.file("alpha.gguf"), "llama", DType::F32, 8);
-    write_text(d.file("models.json"), text);
-    try {
-      scan_models_dir(d.path());
-      ADD_FAILURE() << "accepted: " << text;
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(want), std::string::npos) << text << " -> " << what;
-      EXPECT_NE(what.find("models.json"), std::string::npos) << what;
-    }
+    const std::string what = models_json_error(text, /*at_start=*/false);
+    EXPECT_NE(what.find(want), std::string::npos) << text << " -> " << what;
+  }
+}
+
+// A file with an adapter's header (general.type "adapter"): the catalog reads no more of it.
+void write_adapter_header(const std::string& path) {
+  GgufWriter w;
+  w.set("general.architecture", GgufValue::string("llama"));
+  w.set("general.type", GgufValue::string("adapter"));
+  w.set("adapter.type", GgufValue::string("lora"));
+  std::vector<float> a(64 * 2, 0.0f);
+  w.add_tensor("blk.0.attn_q.weight.lora_a", DType::F32, {64, 2}, a.data(), a.size() * sizeof(float));
+  w.write(path);
+}
+
+TEST(ModelCatalog, VariantsAndAdapters) {
+  TempDir d;
+  write_tiny_gguf(d.file("alpha.gguf"), "llama", DType::F16, 100);
+  fs::create_directory(d.file("lora"));
+  write_adapter_header(d.file("lora/a.gguf"));
+  write_adapter_header(d.file("b.gguf"));
+  write_adapter_header(d.file("stray.gguf"));  // an adapter models.json does not name
+  write_text(d.file("models.json"), R"({"models": {
+      "alpha": {"aliases": ["a"], "system": "Base.", "adapters": ["lora/a.gguf"]},
+      "brief": {"from": "a", "aliases": ["terse"], "system": "Be brief.", "options": {"temperature": 0},
+                "chat_template": "chatml", "keep_alive": "1m",
+                "adapters": ["b.gguf", {"file": "lora/a.gguf", "scale": 0.5}, {"file": "b.gguf", "scale": -2}]},
+      "plain": {"from": "alpha"}}})");
+  const auto es = scan_models_dir(d.path());
+  ASSERT_EQ(es.size(), 4u);  // the adapters models.json names are not models
+  const ModelEntry& a = by_name(es, "alpha");
+  EXPECT_TRUE(a.parent.empty());
+  ASSERT_EQ(a.defaults.adapters.size(), 1u);
+  EXPECT_EQ(a.defaults.adapters[0].path, d.file("lora/a.gguf"));
+  EXPECT_EQ(a.defaults.adapters[0].scale, 1.0f);
+
+  const ModelEntry& b = by_name(es, "brief");
+  EXPECT_TRUE(b.usable()) << b.error;
+  EXPECT_EQ(b.parent, "alpha");  // the base's name, though "from" gave its alias
+  // The base's file facts:
+  EXPECT_EQ(b.path, a.path);
+  EXPECT_EQ(b.file_bytes, a.file_bytes);
+  EXPECT_EQ(b.modified_unix, a.modified_unix);
+  EXPECT_EQ(b.architecture, "llama");
+  EXPECT_EQ(b.file_type, "F16");
+  EXPECT_EQ(b.context_length, 512);
+  EXPECT_EQ(b.n_params, a.n_params);
+  EXPECT_EQ(b.parameter_size, a.parameter_size);
+  EXPECT_EQ(b.digest, a.digest);
+  // Its own defaults, none of the base's:
+  EXPECT_EQ(b.defaults.aliases, std::vector<std::string>{"terse"});
+  EXPECT_EQ(b.defaults.system_prompt, "Be brief.");
+  EXPECT_EQ(b.defaults.chat_template, "chatml");
+  EXPECT_EQ(b.defaults.options["temperature"], 0);
+  EXPECT_DOUBLE_EQ(*b.defaults.keep_alive_s, 60);
+  ASSERT_EQ(b.defaults.adapters.size(), 3u);
+  EXPECT_EQ(b.defaults.adapters[0].path, d.file("b.gguf"));
+  EXPECT_EQ(b.defaults.adapters[0].scale, 1.0f);
+  EXPECT_EQ(b.defaults.adapters[1].path, d.file("lora/a.gguf"));
+  EXPECT_EQ(b.defaults.adapters[1].scale, 0.5f);
+  EXPECT_EQ(b.defaults.adapters[2].scale, -2.0f);
+  const ModelEntry& p = by_name(es, "plain");
+  EXPECT_EQ(p.parent, "alpha");
+  EXPECT_TRUE(p.defaults.system_prompt.empty());
+  EXPECT_TRUE(p.defaults.adapters.empty());
+
+  const ModelEntry& stray = by_name(es, "stray");
+  EXPECT_FALSE(stray.usable());
+  EXPECT_NE(stray.error.find("a LoRA adapter, not a model"), std::string::npos) << stray.error;
+
+  const std::string table = models_table(es);
+  EXPECT_NE(table.find("ok, with 1 adapter\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("ok, variant of alpha with 3 adapters"), std::string::npos) << table;
+  EXPECT_NE(table.find("ok, variant of alpha\n"), std::string::npos) << table;
+  const nlohmann::json j = models_json(es);
+  EXPECT_EQ(j[0]["name"], "alpha");
+  EXPECT_EQ(j[0]["parent"], "");
+  EXPECT_EQ(j[1]["name"], "brief");
+  EXPECT_EQ(j[1]["parent"], "alpha");
+  EXPECT_EQ(j[1]["path"], a.path.string());
+  ASSERT_EQ(j[1]["defaults"]["adapters"].size(), 3u);
+  EXPECT_EQ(j[1]["defaults"]["adapters"][1]["path"], d.file("lora/a.gguf"));
+  EXPECT_EQ(j[1]["defaults"]["adapters"][1]["scale"], 0.5);
+}
+
+// A variant of an unusable file is unusable, saying why.
+TEST(ModelCatalog, VariantOfUnusableFileIsUnusable) {
+  TempDir d;
+  write_text(d.file("broken.gguf"), "not a gguf");
+  write_text(d.file("models.json"), R"({"models": {"v": {"from": "broken"}}})");
+  const auto es = scan_models_dir(d.path());
+  ASSERT_EQ(es.size(), 2u);
+  const ModelEntry& v = by_name(es, "v");
+  EXPECT_FALSE(v.usable());
+  EXPECT_EQ(v.error.rfind("its base broken is unusable: ", 0), 0u) << v.error;
+}
+
+// Each mistake with "from" or "adapters" stops start-up naming models.json, the model and the key.
+TEST(ModelCatalog, VariantAndAdapterErrorsNameTheModelAndKey) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {R"({"models": {"v": {"from": "alpha", "file": "alpha.gguf"}}})",
+       {"models.v: \"from\" and \"file\" together", "(alpha)"}},
+      {R"({"models": {"v": {"from": "nobody"}}})", {"models.v: \"from\": nobody names no model"}},
+      {R"({"models": {"v": {"from": 3}}})", {"models.v: \"from\" must be the name of another model (got number)"}},
+      {R"({"models": {"v": {"from": "alpha"}, "w": {"from": "v"}}})",
+       {"models.w: \"from\": v is itself a variant (of alpha)", "do not chain"}},
+      {R"({"models": {"v": {"from": "alpha", "aliases": ["vv"]}, "w": {"from": "vv"}}})",
+       {"models.w: \"from\": vv is itself a variant (of alpha)"}},
+      {R"({"models": {"v": {"from": "alpha", "ctx": 512}}})",
+       {"models.v: \"ctx\" on a variant: it runs on alpha's engine; set \"ctx\" on models.alpha"}},
+      {R"({"models": {"v": {"from": "alpha", "threads": 2}}})", {"models.v: \"threads\" on a variant"}},
+      {R"({"models": {"v": {"from": "alpha", "parallel": 2}}})", {"models.v: \"parallel\" on a variant"}},
+      {R"({"models": {"alpha": {"from": "alpha"}}})", {"models.alpha: the variant's name is also the name of", "alpha.gguf"}},
+      {R"({"models": {"alpha": {"adapters": ["nope.gguf"]}}})", {"models.alpha: \"adapters\": ", "/nope.gguf does not exist"}},
+      {R"({"models": {"v": {"from": "alpha", "adapters": [{"file": "sub/none.gguf", "scale": 2}]}}})",
+       {"models.v: \"adapters\": ", "sub/none.gguf does not exist"}},
+      {R"({"models": {"alpha": {"adapters": "alpha.gguf"}}})", {"models.alpha: \"adapters\" must be an array"}},
+      {R"({"models": {"alpha": {"adapters": [7]}}})", {"models.alpha: \"adapters\" must be an array", "(got number)"}},
+      {R"({"models": {"alpha": {"adapters": [{"file": "alpha.gguf", "scale": "half"}]}}})",
+       {"models.alpha: \"adapters\"[0]: \"scale\" must be a finite number (got string)"}},
+      {R"({"models": {"alpha": {"adapters": ["alpha.gguf", {"file": "alpha.gguf", "scale": 1e300}]}}})",
+       {"models.alpha: \"adapters\"[1]: \"scale\" must be a finite number"}},
+      {R"({"models": {"alpha": {"adapters": [{"file": "alpha.gguf", "weight": 1}]}}})",
+       {"models.alpha: \"adapters\"[0]: unknown key \"weight\" (known: file, scale)"}},
+      {R"({"models": {"alpha": {"adapters": [{"scale": 1}]}}})", {"models.alpha: \"adapters\"[0]: \"file\" must be a path"}},
+  };
+  for (const auto& [text, wants] : cases) {
+    const std::string what = models_json_error(text, /*at_start=*/true);
+    for (const std::string& want : wants) EXPECT_NE(what.find(want), std::string::npos) << text << " -> " << what;
   }
 }
 

@@ -118,6 +118,25 @@ TEST(ModelPool, AModelInUseIsNeverUnloaded) {
   EXPECT_TRUE(loaded(pool2, 2));
 }
 
+TEST(ModelPool, AModelInUseExpiresNoSoonerThanItsKeepAlive) {
+  World w;
+  ModelPoolConfig cfg;
+  cfg.default_keep_alive_s = 60;
+  std::vector<PoolModelSpec> specs = three(10);
+  specs[2].keep_alive_s = -1;
+  ModelPool pool(specs, fake_loader(w, {10, 10, 10}), cfg);
+  auto a = pool.acquire(0);
+  auto c = pool.acquire(2);
+  const auto before = ModelPool::Clock::now();
+  const auto st = pool.status();
+  const auto after = ModelPool::Clock::now();
+  ASSERT_TRUE(st[0].expires.has_value()) << "in use: now + keep_alive, as Ollama's /api/ps shows";
+  EXPECT_GE(*st[0].expires, before + 60s);
+  EXPECT_LE(*st[0].expires, after + 60s);
+  EXPECT_FALSE(st[1].expires.has_value()) << "not loaded";
+  EXPECT_FALSE(st[2].expires.has_value()) << "kept forever";
+}
+
 TEST(ModelPool, KeepAliveZeroForeverAndExpiry) {
   World w;
   ModelPoolConfig cfg;

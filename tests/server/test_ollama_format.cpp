@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -665,9 +666,15 @@ TEST(OllamaRfc3339, AsGoPrintsUtc) {
 }
 
 TEST(OllamaResponses, ChatChunkAndFinal) {
-  const json chunk = chat_chunk("m", "2024-05-01T12:34:56Z", "Hel");
-  EXPECT_EQ(keys(chunk), (std::set<std::string>{"model", "created_at", "message", "done"}));
+  const json chunk = chat_chunk("m", "2024-05-01T12:34:56Z", "Hel", {}, Durations{90, 1, 12, 30, 3, 40});
+  // Every field the ollama client's ChatResponse declares, the running figures included.
+  EXPECT_EQ(keys(chunk), with({"model", "created_at", "message", "done", "done_reason"}, kDurationKeys));
   EXPECT_EQ(chunk["done"], false);
+  EXPECT_EQ(chunk["done_reason"], "");
+  EXPECT_EQ(chunk["total_duration"], 90);
+  EXPECT_EQ(chunk["prompt_eval_count"], 12);
+  EXPECT_EQ(chunk["eval_count"], 3);
+  EXPECT_EQ(chunk["eval_duration"], 40);
   EXPECT_EQ(chunk["model"], "m");
   EXPECT_EQ(chunk["created_at"], "2024-05-01T12:34:56Z");
   EXPECT_EQ(keys(chunk["message"]), (std::set<std::string>{"role", "content"}));
@@ -704,9 +711,11 @@ TEST(OllamaResponses, ChatChunkAndFinal) {
 }
 
 TEST(OllamaResponses, GenerateChunkAndFinal) {
-  const json chunk = generate_chunk("m", "t0", "The");
-  EXPECT_EQ(keys(chunk), (std::set<std::string>{"model", "created_at", "response", "done"}));
+  const json chunk = generate_chunk("m", "t0", "The", Durations{9, 0, 2, 3, 1, 0});
+  EXPECT_EQ(keys(chunk), with({"model", "created_at", "response", "done", "done_reason", "context"}, kDurationKeys));
   EXPECT_EQ(chunk["response"], "The");
+  EXPECT_EQ(chunk["context"], json::array()) << "the whole context comes with the last line";
+  EXPECT_EQ(chunk["eval_count"], 1);
   EXPECT_EQ(chunk["done"], false);
   const json last = generate_final("m", "t1", "", "length", Durations{5, 1, 2, 3, 4, 6}, {1, 2, 3});
   EXPECT_EQ(keys(last), with({"model", "created_at", "response", "done", "done_reason", "context"}, kDurationKeys));
@@ -718,6 +727,23 @@ TEST(OllamaResponses, GenerateChunkAndFinal) {
   // Load / unload answers: empty response, the reason.
   EXPECT_EQ(generate_final("m", "t", "", "load", {}, {})["done_reason"], "load");
   EXPECT_TRUE(generate_final("m", "t", "", "unload", {}, {})["context"].is_array());
+}
+
+TEST(OllamaResponses, EmbeddingVectorsAreNormalizedThenCut) {
+  const std::vector<float> v = embedding_vector({3.0f, 4.0f, 12.0f}, std::nullopt);  // |v| = 13
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_FLOAT_EQ(v[0], 3.0f / 13);
+  EXPECT_FLOAT_EQ(v[1], 4.0f / 13);
+  EXPECT_FLOAT_EQ(v[2], 12.0f / 13);
+  // dimensions 2: the first two of the normalized vector, normalized again (3-4-5).
+  const std::vector<float> cut = embedding_vector({3.0f, 4.0f, 12.0f}, 2);
+  ASSERT_EQ(cut.size(), 2u);
+  EXPECT_FLOAT_EQ(cut[0], 0.6f);
+  EXPECT_FLOAT_EQ(cut[1], 0.8f);
+  EXPECT_EQ(embedding_vector({3.0f, 4.0f}, 5).size(), 2u) << "a larger dimensions leaves the vector whole";
+  EXPECT_EQ(embedding_vector({0.0f, 0.0f}, std::nullopt), (std::vector<float>{0.0f, 0.0f}));
+  EXPECT_THROW(embedding_vector({1.0f, std::numeric_limits<float>::quiet_NaN()}, std::nullopt), ApiError);
+  EXPECT_THROW(embedding_vector({std::numeric_limits<float>::infinity()}, std::nullopt), ApiError);
 }
 
 TEST(OllamaResponses, Embeddings) {
@@ -740,6 +766,9 @@ TEST(OllamaResponses, ModelDetails) {
   const json d = model_details(sample_entry());
   EXPECT_EQ(keys(d), kDetailsKeys);
   EXPECT_EQ(d["parent_model"], "");
+  ModelEntry variant = sample_entry("v");
+  variant.parent = "qwen2-0.5b";
+  EXPECT_EQ(model_details(variant)["parent_model"], "qwen2-0.5b");
   EXPECT_EQ(d["format"], "gguf");
   EXPECT_EQ(d["family"], "qwen2");
   EXPECT_EQ(d["families"], json::array({"qwen2"}));
@@ -750,11 +779,18 @@ TEST(OllamaResponses, ModelDetails) {
 TEST(OllamaResponses, TagsListsUsableModels) {
   ModelEntry broken = sample_entry("broken");
   broken.error = "not a GGUF file";
-  const json tags = tags_response({sample_entry("a"), broken, sample_entry("b")});
+  const ModelEntry b = sample_entry("b");
+  const std::chrono::system_clock::time_point at{std::chrono::seconds(1714566896)};
+  const json tags = tags_response({sample_entry("a"), broken, b}, {{&b, 5, at, 4096}});
   EXPECT_EQ(keys(tags), (std::set<std::string>{"models"}));
   ASSERT_EQ(tags["models"].size(), 2u);
   const json& m = tags["models"][0];
-  EXPECT_EQ(keys(m), (std::set<std::string>{"name", "model", "modified_at", "size", "digest", "details"}));
+  // The client's ModelResponse (shared with /api/ps) declares expires_at and size_vram too.
+  EXPECT_EQ(keys(m), (std::set<std::string>{"name", "model", "modified_at", "size", "digest", "details", "expires_at",
+                                            "size_vram"}));
+  EXPECT_EQ(m["expires_at"], "0001-01-01T00:00:00Z") << "not loaded: Go's zero time";
+  EXPECT_EQ(tags["models"][1]["expires_at"], "2024-05-01T12:34:56Z") << "loaded: its expiry";
+  EXPECT_EQ(m["size_vram"], 0);
   EXPECT_EQ(m["name"], "a");
   EXPECT_EQ(m["model"], "a");
   EXPECT_EQ(m["modified_at"], "2024-05-01T12:34:56Z");
@@ -776,7 +812,8 @@ TEST(OllamaResponses, PsShowsLoadedModels) {
   ASSERT_EQ(ps["models"].size(), 2u);
   const json& m = ps["models"][0];
   EXPECT_EQ(keys(m), (std::set<std::string>{"name", "model", "size", "digest", "details", "expires_at", "size_vram",
-                                            "context_length"}));
+                                            "modified_at", "context_length"}));
+  EXPECT_EQ(m["modified_at"], "2024-05-01T12:34:56Z");
   EXPECT_EQ(m["name"], "a");
   EXPECT_EQ(m["size"], 500000000);
   EXPECT_EQ(m["size_vram"], 0);
@@ -795,10 +832,13 @@ TEST(OllamaResponses, Show) {
                          {"general.name", "Qwen2"},
                          {"qwen2.context_length", 32768},
                          {"qwen2.embedding_length", 896},
+                         {"general.license", "apache-2.0"},
                          {"tokenizer.ggml.tokens", {"a", "b"}}};
   const json show = show_response(e, "{{ messages }}", metadata, {"completion", "tools"});
   EXPECT_EQ(keys(show), (std::set<std::string>{"modelfile", "parameters", "template", "details", "model_info",
-                                               "capabilities", "modified_at", "system"}));
+                                               "capabilities", "modified_at", "system", "license", "messages"}));
+  EXPECT_EQ(show["license"], "apache-2.0");
+  EXPECT_EQ(show["messages"], json::array());
   EXPECT_EQ(show["template"], "{{ messages }}");
   EXPECT_EQ(show["system"], "You are a helper.");
   EXPECT_EQ(show["capabilities"], json::array({"completion", "tools"}));
@@ -820,10 +860,11 @@ TEST(OllamaResponses, Show) {
   EXPECT_EQ(info["general.parameter_count"], 494000000);
   EXPECT_FALSE(info.contains("tokenizer.ggml.tokens"));  // arrays left out
 
-  // No defaults, no template: empty strings, no system key, a modelfile of FROM alone.
+  // No defaults, no template: empty strings (system and license too), a modelfile of FROM alone.
   const json bare = show_response(sample_entry(), "", json::object(), {});
   EXPECT_EQ(bare["parameters"], "");
-  EXPECT_FALSE(bare.contains("system"));
+  EXPECT_EQ(bare["system"], "");
+  EXPECT_EQ(bare["license"], "");
   EXPECT_EQ(bare["modelfile"], "# Modelfile generated by tern\nFROM /models/qwen2-0.5b.gguf\n");
   EXPECT_EQ(bare["capabilities"], json::array());
   EXPECT_TRUE(bare["model_info"].is_object());

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -23,11 +24,12 @@ namespace {
 const std::string kAlphaScript = "alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha ";
 const std::string kBetaScript = "beta beta beta beta beta beta beta beta beta beta beta beta beta beta ";
 
-// Two always-loaded fake models; counts acquires and unloads so the routes' use of the
-// provider can be checked.
+// Two fake models, alpha loaded; counts acquires and unloads so the routes' use of the
+// provider can be checked. `with_variant`: also "alpha-brief", a models.json variant of alpha
+// (its file's facts, parent alpha, an adapter), and alpha has a models.json chat template.
 class TwoModels final : public ModelProvider {
  public:
-  TwoModels() {
+  explicit TwoModels(bool with_variant = false) {
     for (const auto& [name, script] : {std::pair{"alpha", kAlphaScript}, std::pair{"beta", kBetaScript}}) {
       FakeBackend::Options o;
       o.script = script;
@@ -45,10 +47,20 @@ class TwoModels final : public ModelProvider {
       m->metadata = {{"general.architecture", "llama"}, {"tokenizer.chat_template", "{{ messages }}"}};
       models_.push_back(std::move(m));
     }
+    if (with_variant) {
+      models_[0]->entry.defaults.chat_template = "{{ alpha's own }}";
+      variant_ = models_[0]->entry;
+      variant_.name = "alpha-brief";
+      variant_.parent = "alpha";
+      variant_.defaults = {};
+      variant_.defaults.adapters = {AdapterSpec{"/models/lora/brief.gguf", 0.5f}};
+    }
   }
-  Acquired acquire(const std::string& name, std::optional<double> keep_alive_s) override {
+  Acquired acquire(const std::string& requested, std::optional<double> keep_alive_s) override {
     std::lock_guard lock(mu_);
     last_keep_alive_ = keep_alive_s;
+    // Ollama's clients add ":latest" (as the pool, tools/serve_models, resolves it).
+    const std::string name = requested.ends_with(":latest") ? requested.substr(0, requested.size() - 7) : requested;
     for (auto& m : models_)
       if (m->id == name) {
         ++acquires_[name];
@@ -64,16 +76,22 @@ class TwoModels final : public ModelProvider {
     ++unloads_[name];
   }
   Description describe(const std::string& name) const override {
+    if (!variant_.name.empty() && name == variant_.name) return {variant_, models_[0]->metadata};
     for (const auto& m : models_)
       if (m->id == name) return {m->entry, m->metadata};
     throw ApiError(404, "invalid_request_error", "model", "model_not_found", "no " + name);
   }
-  std::vector<ModelEntry> models() const override { return {models_[0]->entry, models_[1]->entry}; }
+  std::vector<ModelEntry> models() const override {
+    std::vector<ModelEntry> out = {models_[0]->entry, models_[1]->entry};
+    if (!variant_.name.empty()) out.push_back(variant_);
+    return out;
+  }
   std::vector<LoadedModelInfo> loaded() const override {
     LoadedModelInfo a;
     a.entry = models_[0]->entry;
     a.bytes = 4000;
     a.n_ctx = 256;
+    a.expires = std::chrono::system_clock::time_point(std::chrono::seconds(4102444800));  // 2100-01-01
     return {a};
   }
   EngineMetrics metrics() const override { return backends_[0]->metrics(); }
@@ -99,10 +117,11 @@ class TwoModels final : public ModelProvider {
   std::mutex mu_;
   std::map<std::string, int> acquires_, unloads_;
   std::optional<double> last_keep_alive_;
+  ModelEntry variant_;  // name "" : none
 };
 
 struct Fixture {
-  Fixture() : server(provider, config()) {
+  explicit Fixture(bool with_variant = false) : provider(with_variant), server(provider, config()) {
     server.start();
     client = std::make_unique<httplib::Client>("127.0.0.1", server.port());
     client->set_read_timeout(20, 0);
@@ -208,16 +227,29 @@ TEST(OllamaHttp, ChatWholeAndStreamedAgree) {
   const std::vector<json> lines = f.post_lines("/api/chat", body);
   ASSERT_GE(lines.size(), 2u);
   std::string text;
+  int64_t eval_count = 0;
   for (size_t i = 0; i + 1 < lines.size(); ++i) {
     EXPECT_EQ(lines[i]["done"], false);
+    EXPECT_EQ(lines[i]["done_reason"], "");
     text += lines[i]["message"]["content"].get<std::string>();
+    // The running figures: tokens so far, never going back.
+    EXPECT_GE(lines[i]["eval_count"].get<int64_t>(), eval_count);
+    eval_count = lines[i]["eval_count"];
+    EXPECT_GT(lines[i]["prompt_eval_count"].get<int64_t>(), 0);
   }
+  EXPECT_GT(eval_count, 0);
   EXPECT_EQ(text, whole["message"]["content"]);
   const json& last = lines.back();
   EXPECT_EQ(last["done"], true);
   EXPECT_EQ(last["done_reason"], "length");
   EXPECT_EQ(last["eval_count"], 12);
   EXPECT_TRUE(last.contains("prompt_eval_count"));
+  // Ollama echoes the model name as the request gave it, on every line.
+  json latest = body;
+  latest["model"] = "beta:latest";
+  for (const json& line : f.post_lines("/api/chat", latest)) EXPECT_EQ(line["model"], "beta:latest");
+  latest["stream"] = false;
+  EXPECT_EQ(f.post_json("/api/chat", latest)["model"], "beta:latest");
 }
 
 TEST(OllamaHttp, OptionsReachTheEngine) {
@@ -303,6 +335,33 @@ TEST(OllamaHttp, ListingRoutes) {
   EXPECT_EQ(show["model_info"]["general.architecture"], "llama");
 }
 
+// A models.json variant runs on its base's engine: listed loaded with it (its memory counted
+// once, on the base), shown with its base's template and a Modelfile naming its adapter.
+TEST(OllamaHttp, VariantGoesWithItsBase) {
+  Fixture f(/*with_variant=*/true);
+  const json tags = json::parse(f.client->Get("/api/tags")->body);
+  ASSERT_EQ(tags["models"].size(), 3u);
+  std::map<std::string, json> by_name;
+  for (const json& m : tags["models"]) by_name[m["name"].get<std::string>()] = m;
+  EXPECT_EQ(by_name["alpha"]["expires_at"], "2100-01-01T00:00:00Z");
+  EXPECT_EQ(by_name["alpha-brief"]["expires_at"], "2100-01-01T00:00:00Z");
+  EXPECT_EQ(by_name["beta"]["expires_at"], "0001-01-01T00:00:00Z");
+  EXPECT_EQ(by_name["alpha-brief"]["details"]["parent_model"], "alpha");
+
+  const std::string metrics = f.client->Get("/metrics")->body;
+  EXPECT_NE(metrics.find("tern_model_loaded{model=\"alpha-brief\"} 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("tern_model_memory_bytes{model=\"alpha\"} 4000"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("tern_model_memory_bytes{model=\"alpha-brief\"} 0"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("tern_model_loaded{model=\"beta\"} 0"), std::string::npos) << metrics;
+
+  const json show = f.post_json("/api/show", {{"model", "alpha-brief"}});
+  EXPECT_EQ(show["template"], "{{ alpha's own }}");  // the base's models.json template, not the file's
+  const std::string modelfile = show["modelfile"];
+  EXPECT_NE(modelfile.find("# tern: adapter scale 0.5\nADAPTER /models/lora/brief.gguf\n"), std::string::npos)
+      << modelfile;
+  EXPECT_EQ(f.post_json("/api/show", {{"model", "beta"}})["template"], "{{ messages }}");
+}
+
 TEST(OllamaHttp, EmbedReturnsTheModelsVectors) {
   Fixture f;
   const json e = f.post_json("/api/embed", {{"model", "beta"}, {"input", {"ab", "c"}}});
@@ -311,17 +370,22 @@ TEST(OllamaHttp, EmbedReturnsTheModelsVectors) {
   const auto want = FakeBackend::fake_embedding({1, 3 + 'a', 3 + 'b'}, 8);
   const auto got = e["embeddings"][0].get<std::vector<float>>();
   ASSERT_EQ(got.size(), want.size());
-  // Ollama's vectors are L2-normalised or not depending on the engine; compare directions.
-  double dot = 0, na = 0, nb = 0;
-  for (size_t k = 0; k < got.size(); ++k) {
-    dot += double(got[k]) * want[k];
-    na += double(got[k]) * got[k];
-    nb += double(want[k]) * want[k];
-  }
-  EXPECT_NEAR(dot / std::sqrt(na * nb), 1.0, 1e-5);
+  // /api/embed's vectors are the engine's, L2-normalized (as Ollama's).
+  double nw = 0;
+  for (const float x : want) nw += double(x) * x;
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_NEAR(got[k], want[k] / std::sqrt(nw), 1e-6) << k;
+  // dimensions: cut, then normalized again.
+  const json cut = f.post_json("/api/embed", {{"model", "beta"}, {"input", "ab"}, {"dimensions", 3}});
+  const auto got3 = cut["embeddings"][0].get<std::vector<float>>();
+  ASSERT_EQ(got3.size(), 3u);
+  const double n3 = std::sqrt(double(want[0]) * want[0] + double(want[1]) * want[1] + double(want[2]) * want[2]);
+  for (size_t k = 0; k < 3; ++k) EXPECT_NEAR(got3[k], want[k] / n3, 1e-6) << k;
+  // The older /api/embeddings gives the engine's vector as it is.
   const json legacy = f.post_json("/api/embeddings", {{"model", "beta"}, {"prompt", "ab"}});
-  EXPECT_EQ(legacy["embedding"].size(), 8u);
-  EXPECT_EQ(ollama_error(f.post("/api/embed", R"({"model":"beta","input":"x","dimensions":3})"), 400).empty(), false);
+  ASSERT_EQ(legacy["embedding"].size(), 8u);
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_FLOAT_EQ(legacy["embedding"][k].get<float>(), want[k]) << k;
+  // The model name is echoed as the request gave it.
+  EXPECT_EQ(f.post_json("/api/embed", {{"model", "beta:latest"}, {"input", "ab"}})["model"], "beta:latest");
 }
 
 TEST(OllamaHttp, ErrorsAreOllamaShaped) {
@@ -343,6 +407,16 @@ TEST(OllamaHttp, ErrorsAreOllamaShaped) {
   // A prompt over the context is refused before anything runs.
   const std::string long_prompt(400, 'x');
   ollama_error(f.post("/api/generate", json{{"model", "alpha"}, {"prompt", long_prompt}, {"raw", true}}.dump()), 400);
+  // Errors the HTTP layer answers itself are Ollama-shaped under /api/ too.
+  m = ollama_error(f.client->Get("/api/nothing-here"), 404);
+  EXPECT_NE(m.find("/api/nothing-here"), std::string::npos) << m;
+  ollama_error(f.client->Get("/api/chat"), 405);
+  ollama_error(f.post("/api/chat", std::string((size_t(8) << 20) + 1, ' ')), 413);
+  // ... and OpenAI-shaped elsewhere.
+  auto openai = f.client->Get("/v1/nothing-here");
+  ASSERT_TRUE(openai);
+  EXPECT_EQ(openai->status, 404);
+  EXPECT_TRUE(json::parse(openai->body)["error"].is_object()) << openai->body;
   // After all of that, both models still answer.
   EXPECT_EQ(f.post_json("/api/generate", {{"model", "beta"}, {"prompt", "x"}, {"stream", false}, {"options", kGreedy}})["response"],
             kBetaScript.substr(0, 12));

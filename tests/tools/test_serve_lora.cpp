@@ -19,6 +19,7 @@
 #include "server/backend.h"
 #include "server/model_provider.h"
 #include "server/server.h"
+#include "lora_fixture.h"
 #include "test_util.h"
 
 namespace tern {
@@ -26,23 +27,13 @@ namespace {
 
 using json = nlohmann::json;
 
-void write_random_adapter(const GgufFile& base, const std::string& path, int64_t rank, uint32_t seed) {
-  write_lora_adapter(path, base.get_string("general.architecture"), float(2 * rank),
-                     LoraAdapter::random_pairs(base, rank, seed, /*b_std=*/0.8f));
-}
+using tern::testing::write_random_adapter;
 
 class ServeLora : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = tern::testing::make_temp_dir("tern_serve_lora");
-    SynthOptions o;
-    o.shape = "llama3-tiny";  // decisive logits: greedy text does not depend on batching
-    o.type = DType::F32;
-    o.seed = 5;
-    synth_model(o, dir_ + "/base.gguf");
-    SynthOptions other = o;
-    other.shape = "qwen2-tiny";
-    synth_model(other, dir_ + "/other.gguf");
+    tern::testing::synth_base_and_other(dir_ + "/base.gguf", dir_ + "/other.gguf");
     const GgufFile base = GgufFile::open(dir_ + "/base.gguf");
     for (int a = 0; a < 5; ++a) write_random_adapter(base, adapter_path(a), int64_t(2) << (a % 4), 40u + uint32_t(a));
     write_random_adapter(GgufFile::open(dir_ + "/other.gguf"), dir_ + "/other-adapter.gguf", 2, 9);

@@ -2,8 +2,12 @@
 // NAME:latest resolve, unknown and missing names are the API's errors, a ModelRef keeps its
 // model loaded, the pool's LRU and keep_alive rules hold over real engines (three synth
 // models), counters survive unloads, and concurrent requests on more models than may be
-// loaded all get the right answers. Then `tern serve --models` errors as a user sees them, and
-// SingleModelProvider's naming rules over a fake backend.
+// loaded all get the right answers. models.json variants ("from") and adapters: a variant and
+// its base share one load, a variant's adapter gives exactly the tokens of that adapter applied
+// to the base, a variant whose adapter does not fit is skipped and one that cannot run on a
+// load answers 500 while the base serves, a variant's lease keeps its base loaded, and a
+// variant's keep_alive rules its own requests. Then `tern serve --models` errors as a user sees
+// them, and SingleModelProvider's naming rules over a fake backend.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,11 +15,15 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "gguf/gguf.h"
+#include "lora_fixture.h"
+#include "models/lora.h"
 #include "models/synth.h"
 #include "server/api_error.h"
 #include "server/model_catalog.h"
@@ -31,11 +39,14 @@ using server::ApiError;
 
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
-// Greedy tokens of `prompt` on `m`, as text of ids ("12 7 301 ...").
-std::string generate(const server::ServedModel& m, const std::string& prompt, int64_t max_tokens = 6) {
+// Greedy tokens of `prompt` on `m`, as text of ids ("12 7 301 ..."), with the model's adapters
+// (as the server runs a request) or, given, `lora` instead.
+std::string generate(const server::ServedModel& m, const std::string& prompt, int64_t max_tokens = 6,
+                     const std::optional<LoraSet>& lora = std::nullopt) {
   RequestParams p;
   p.prompt_ids = m.backend->tokenizer().encode(prompt, /*add_bos=*/true);
   p.max_tokens = max_tokens;
+  p.lora = lora.value_or(m.lora);
   p.ignore_eos = true;
   p.sampling.temperature = 0;
   std::mutex mu;
@@ -66,6 +77,15 @@ std::vector<std::string> loaded_names(const server::ModelProvider& p) {
   return out;
 }
 
+ServeLoadSettings test_settings(bool log_loads = false) {
+  ServeLoadSettings s;
+  s.engine.n_threads = 1;
+  s.engine.n_parallel = 2;
+  s.ctx = 256;
+  s.log_loads = log_loads;
+  return s;
+}
+
 class ServeModels : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -86,14 +106,6 @@ class ServeModels : public ::testing::Test {
       if (x.name == "alpha") x.defaults.aliases = {"first"};
     return e;
   }
-  static ServeLoadSettings settings() {
-    ServeLoadSettings s;
-    s.engine.n_threads = 1;
-    s.engine.n_parallel = 2;
-    s.ctx = 256;
-    s.log_loads = false;
-    return s;
-  }
   static std::unique_ptr<PoolModelProvider> provider(int max_loaded = 0, int64_t max_memory = 0,
                                                       double keep_alive_s = -1) {
     server::ModelPoolConfig c;
@@ -101,7 +113,7 @@ class ServeModels : public ::testing::Test {
     c.max_memory_bytes = max_memory;
     c.default_keep_alive_s = keep_alive_s;
     c.wait_for_room = std::chrono::milliseconds(30000);
-    return std::make_unique<PoolModelProvider>(entries(), c, settings());
+    return std::make_unique<PoolModelProvider>(entries(), c, test_settings());
   }
 
   static constexpr const char* kNames[3] = {"alpha", "beta", "gamma"};
@@ -141,7 +153,7 @@ TEST_F(ServeModels, NamesAliasesAndLatest) {
   EXPECT_EQ(rows[0].leases, 2);
   EXPECT_EQ(rows[0].n_ctx, 256);
   EXPECT_EQ(rows[0].bytes, a.model->bytes);
-  EXPECT_FALSE(rows[0].expires.has_value());  // in use
+  EXPECT_FALSE(rows[0].expires.has_value());  // keep_alive -1: never, in use or not
 }
 
 TEST_F(ServeModels, UnknownAndMissingNames) {
@@ -284,6 +296,184 @@ TEST_F(ServeModels, ConcurrentAcquiresOnMoreModelsThanMayBeLoaded) {
   while (p->metrics().requests_finished < 32 && std::chrono::steady_clock::now() < give_up)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(p->metrics().requests_finished, 32);
+}
+
+// models.json variants and adapters over real engines: `base` (a synth llama), `twin` (a copy of
+// its file with an adapter of its own), variants of `base` with a system prompt, an adapter,
+// a short keep_alive, an adapter made for another architecture and a template that cannot load.
+class ServeModelVariants : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = tern::testing::make_temp_dir("tern_serve_variants");
+    // other.model: not *.gguf, no model of the directory (its adapter is the wrong one).
+    tern::testing::synth_base_and_other(dir_ + "/base.gguf", dir_ + "/other.model");
+    fs::copy_file(dir_ + "/base.gguf", dir_ + "/twin.gguf");
+    fs::create_directory(dir_ + "/lora");
+    tern::testing::write_random_adapter(GgufFile::open(dir_ + "/base.gguf"), dir_ + "/lora/good.gguf", 4, 41);
+    tern::testing::write_random_adapter(GgufFile::open(dir_ + "/other.model"), dir_ + "/lora/wrong.gguf", 2, 9);
+    std::ofstream(dir_ + "/models.json") << R"({"models": {
+        "brief": {"from": "base", "aliases": ["terse"], "system": "Be brief.", "options": {"temperature": 0.25}},
+        "tuned": {"from": "base", "adapters": [{"file": "lora/good.gguf", "scale": 0.5}]},
+        "twin": {"adapters": [{"file": "lora/good.gguf", "scale": 0.5}]},
+        "quick": {"from": "base", "keep_alive": "200ms"},
+        "broken": {"from": "base", "adapters": ["lora/wrong.gguf"]},
+        "untemplated": {"from": "base", "chat_template": "no-such-template.jinja"}}})";
+  }
+  static void TearDownTestSuite() { tern::testing::remove_temp_dir(dir_); }
+
+  // Idle models are kept forever unless a keep_alive says otherwise.
+  static std::unique_ptr<PoolModelProvider> provider(bool log_loads = false) {
+    server::ModelPoolConfig c;
+    c.default_keep_alive_s = -1;
+    return std::make_unique<PoolModelProvider>(server::scan_models_dir(dir_), c, test_settings(log_loads));
+  }
+  static size_t count(const std::string& s, const std::string& needle) {
+    size_t n = 0;
+    for (size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + 1)) ++n;
+    return n;
+  }
+
+  static constexpr const char* kPrompt = "Once upon a time";
+  static std::string dir_;
+};
+std::string ServeModelVariants::dir_;
+
+TEST_F(ServeModelVariants, VariantAndBaseShareOneLoad) {
+  ::testing::internal::CaptureStderr();
+  {
+    auto p = provider(/*log_loads=*/true);
+    std::vector<std::string> names;
+    for (const server::ModelEntry& e : p->models()) names.push_back(e.name);
+    EXPECT_EQ(names, (std::vector<std::string>{"base", "brief", "quick", "tuned", "twin", "untemplated"}));
+    EXPECT_TRUE(p->serves("terse"));
+    EXPECT_EQ(p->n_ctx_of("brief"), 256);
+    EXPECT_TRUE(loaded_names(*p).empty());
+
+    server::Acquired v = p->acquire("brief");
+    EXPECT_GT(v.load_ns, 0);  // the variant's request loaded the base
+    EXPECT_EQ(v.model->id, "brief");
+    EXPECT_EQ(v.model->entry.name, "brief");
+    EXPECT_EQ(v.model->entry.parent, "base");
+    EXPECT_EQ(v.model->default_system, "Be brief.");
+    EXPECT_EQ(v.model->default_options.value("temperature", 0.0), 0.25);
+    EXPECT_TRUE(v.model->lora.empty());
+    server::Acquired b = p->acquire("base");
+    EXPECT_EQ(b.load_ns, 0);  // one load serves both
+    EXPECT_EQ(b.model->id, "base");
+    EXPECT_EQ(b.model->backend, v.model->backend);
+    EXPECT_TRUE(b.model->default_system.empty());
+    EXPECT_EQ(p->acquire("terse:latest").model.get(), v.model.get());  // built once per load
+    EXPECT_EQ(loaded_names(*p), std::vector<std::string>{"base"});
+    EXPECT_EQ(p->loaded()[0].leases, 2);
+    EXPECT_EQ(p->n_ctx_of("brief"), 256);
+    EXPECT_EQ(generate(*v.model, kPrompt), generate(*b.model, kPrompt));  // no adapter: the base's tokens
+
+    const server::ModelProvider::Description d = p->describe("terse");
+    EXPECT_EQ(d.entry.name, "brief");
+    EXPECT_EQ(d.entry.parent, "base");
+    EXPECT_EQ(d.entry.defaults.system_prompt, "Be brief.");
+    EXPECT_EQ(d.metadata.value("general.architecture", ""), "llama");
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count(err, ": loaded base in"), 1u) << err;
+  EXPECT_EQ(count(err, ": unloaded base ("), 1u) << err;
+  EXPECT_EQ(count(err, "loaded brief"), 0u) << err;
+}
+
+TEST_F(ServeModelVariants, AdapterGivesTheTokensOfTheAdapterAppliedToTheBase) {
+  auto p = provider();
+  server::Acquired base = p->acquire("base");
+  server::Acquired tuned = p->acquire("tuned");
+  EXPECT_EQ(tuned.model->backend, base.model->backend);
+  ASSERT_EQ(tuned.model->lora.size(), 1u);
+  EXPECT_EQ(tuned.model->lora[0].scale, 0.5f);
+  EXPECT_EQ(tuned.model->lora[0].adapter->path(), dir_ + "/lora/good.gguf");
+
+  const LoraSet direct = {LoraUse{LoraAdapter::load(dir_ + "/lora/good.gguf"), 0.5f}};
+  const std::string want = generate(*base.model, kPrompt, 8, direct);
+  EXPECT_EQ(generate(*tuned.model, kPrompt, 8), want);
+  EXPECT_NE(generate(*base.model, kPrompt, 8), want);  // the adapter changes the answer
+
+  // A model with a file of its own runs its adapters the same way (twin: base's weights).
+  server::Acquired twin = p->acquire("twin");
+  EXPECT_NE(twin.model->backend, base.model->backend);
+  ASSERT_EQ(twin.model->lora.size(), 1u);
+  EXPECT_EQ(twin.model->lora[0].adapter.get(), tuned.model->lora[0].adapter.get());  // one load per file
+  EXPECT_EQ(generate(*twin.model, kPrompt, 8), want);
+  EXPECT_EQ(loaded_names(*p), (std::vector<std::string>{"base", "twin"}));
+}
+
+TEST_F(ServeModelVariants, AdapterOfAnotherModelSkipsTheVariantWithTheReason) {
+  ::testing::internal::CaptureStderr();
+  auto p = provider();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(err, "skipping broken (variant of base): " + dir_ + "/lora/wrong.gguf")) << err;
+  EXPECT_TRUE(contains(err, "the adapter is for architecture \"qwen2\"")) << err;
+  EXPECT_FALSE(p->serves("broken"));
+  try {
+    p->acquire("broken");
+    FAIL() << "no throw";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 404);
+    EXPECT_EQ(e.code(), "model_not_found");
+  }
+  EXPECT_FALSE(generate(*p->acquire("base").model, kPrompt).empty());  // the base serves
+}
+
+TEST_F(ServeModelVariants, VariantThatCannotRunOnTheLoadIs500AndTheBaseServes) {
+  auto p = provider();
+  EXPECT_TRUE(p->serves("untemplated"));  // the template is read at load time
+  try {
+    p->acquire("untemplated");
+    FAIL() << "no throw";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 500);
+    EXPECT_EQ(e.code(), "model_load_failed");
+    EXPECT_TRUE(contains(e.what(), "The model `untemplated` cannot be served on the engine of `base`: ")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "no-such-template.jinja")) << e.what();
+  }
+  EXPECT_EQ(loaded_names(*p), std::vector<std::string>{"base"});
+  server::Acquired b = p->acquire("base");
+  EXPECT_EQ(b.load_ns, 0);
+  EXPECT_FALSE(generate(*b.model, kPrompt).empty());
+  EXPECT_EQ(generate(*p->acquire("brief").model, kPrompt), generate(*b.model, kPrompt));
+}
+
+TEST_F(ServeModelVariants, VariantLeaseKeepsTheBaseLoaded) {
+  auto p = provider();
+  {
+    server::Acquired v = p->acquire("tuned", /*keep_alive_s=*/0.0);
+    const std::string first = generate(*v.model, kPrompt);
+    p->unload("base");  // in use through the variant: stays until its ref ends
+    EXPECT_EQ(loaded_names(*p), std::vector<std::string>{"base"});
+    EXPECT_EQ(p->loaded()[0].leases, 1);
+    EXPECT_EQ(generate(*v.model, kPrompt), first);
+  }
+  EXPECT_TRUE(loaded_names(*p).empty());  // keep_alive 0: out with the variant's last ref
+  p->acquire("brief");
+  EXPECT_EQ(loaded_names(*p), std::vector<std::string>{"base"});
+  p->unload("terse");  // a variant's name unloads its base (what holds the memory)
+  EXPECT_TRUE(loaded_names(*p).empty());
+}
+
+TEST_F(ServeModelVariants, VariantKeepAliveRulesItsOwnRequests) {
+  auto p = provider();  // the server's default: forever
+  const auto seconds_left = [&]() -> std::optional<double> {
+    const auto rows = p->loaded();
+    if (rows.size() != 1 || !rows[0].expires) return std::nullopt;
+    return std::chrono::duration<double>(*rows[0].expires - std::chrono::system_clock::now()).count();
+  };
+  p->acquire("quick");
+  ASSERT_TRUE(seconds_left().has_value());
+  EXPECT_LT(*seconds_left(), 1.0);  // the variant's 200ms
+  p->acquire("base");
+  EXPECT_FALSE(seconds_left().has_value());  // the base's request: the server's default, not the variant's
+  p->acquire("quick", /*keep_alive_s=*/-1.0);
+  EXPECT_FALSE(seconds_left().has_value());  // the request's own wins
+  p->acquire("quick");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  p->collect();
+  EXPECT_TRUE(loaded_names(*p).empty());
 }
 
 // `tern serve --models` refusing to start, as a user runs it.

@@ -25,47 +25,26 @@ const apiKey = process.env.TERN_TEST_API_KEY;
 const headers = { Authorization: `Bearer ${apiKey}` };
 
 // ---- response shapes: the ollama client's own TypeScript interfaces (ollama_shapes.mjs) --------
-// Required fields (in the client's interfaces) that Ollama's own server leaves out too, so that
-// no Ollama client can count on them: each an allowance of `validate`'s omit, used only on the
-// route named, and only for a field that is absent (one that is there is always checked). Each
-// must still be needed (the last test fails on one that no response used); TERN_SHAPES_STRICT=1
-// drops them all, to see the strict reading of the interfaces fail.
-//   tags:  Ollama's ListModelResponse (api/types.go) has no expires_at or size_vram (/api/ps's)
-//   ps:    Ollama's ProcessModelResponse has no modified_at
-//   show:  Ollama's ShowResponse has license, system and messages `json:",omitempty"`
-//   generateChunk / chatChunk (a streamed line with done: false): Ollama's done_reason, context
-//          and Metrics are omitempty, sent on the last line only
-const METRICS = ["total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration"];
-const OLLAMA_OMITS = {
-  tags: ["ModelResponse.expires_at", "ModelResponse.size_vram"],
-  ps: ["ModelResponse.modified_at"],
-  show: ["ShowResponse.license", "ShowResponse.system", "ShowResponse.messages"],
-  generateChunk: ["done_reason", "context", ...METRICS].map((f) => `GenerateResponse.${f}`),
-  chatChunk: ["done_reason", ...METRICS].map((f) => `ChatResponse.${f}`),
-};
-const STRICT = process.env.TERN_SHAPES_STRICT === "1";
+// Every answer must validate against the type the client declares, strictly: every required
+// field there, with its declared type. (Ollama's own server leaves some out: expires_at and
+// size_vram in /api/tags, modified_at in /api/ps, license/system/messages in /api/show, and
+// done_reason, context and the durations on a stream's lines before the last. tern sends them
+// all, so that a client written against the declarations never meets a missing field.)
 // What the checks saw, over the whole run: fields no interface declares ("Type.field" -> an
-// example), and the allowances used ("route Type.field" -> count).
-const shapeSeen = { extra: new Map(), omitted: new Map(), checked: 0 };
+// example).
+const shapeSeen = { extra: new Map(), checked: 0 };
 
-// Checks one response (`value`, of route `route`: a key of OLLAMA_OMITS, or none) against the
-// client's declaration `type`; a line of a generate or chat stream with done: false takes the
-// route's chunk allowance.
-function checkShape(type, value, path, route) {
-  let key = route;
-  if ((route === "generate" || route === "chat") && value && value.done === false) key = route + "Chunk";
-  const omit = STRICT ? [] : OLLAMA_OMITS[key] || [];
-  const { extra, omitted } = validate(type, value, path, { omit });
+// Checks one response against the client's declaration `type` (throws naming the field).
+function checkShape(type, value, path) {
+  const { extra } = validate(type, value, path);
   shapeSeen.checked++;
   for (const e of extra) if (!shapeSeen.extra.has(e.field)) shapeSeen.extra.set(e.field, e);
-  for (const o of omitted) shapeSeen.omitted.set(`${key} ${o}`, (shapeSeen.omitted.get(`${key} ${o}`) || 0) + 1);
   return value;
 }
 
 // The client, with every answer it gives (and every line of a stream) checked against the type
 // its declaration says that method gives. Errors (ResponseError) pass through unchanged.
 const SHAPED = ["generate", "chat", "list", "show", "embed", "embeddings", "ps", "version"];
-const ROUTE = { list: "tags" };
 function shaped(client, label) {
   return new Proxy(client, {
     get(target, prop) {
@@ -73,7 +52,6 @@ function shaped(client, label) {
       if (typeof v !== "function") return v;
       if (!SHAPED.includes(prop)) return v.bind(target);
       const type = responseTypeOf(prop);
-      const route = ROUTE[prop] || prop;
       return async (...args) => {
         const what = `${label}.${prop}(${args[0]?.model ?? ""}${args[0]?.stream ? ", stream" : ""})`;
         const r = await v.apply(target, args);
@@ -82,11 +60,11 @@ function shaped(client, label) {
             abort: () => r.abort(),
             async *[Symbol.asyncIterator]() {
               let i = 0;
-              for await (const part of r) yield checkShape(type, part, `${what} line ${i++}`, route);
+              for await (const part of r) yield checkShape(type, part, `${what} line ${i++}`);
             },
           };
         }
-        return checkShape(type, r, what, route);
+        return checkShape(type, r, what);
       };
     },
   });
@@ -277,14 +255,18 @@ test("the shape check reads the client's declarations and rejects what they do n
   rejects("ListResponse", { models: [{ name: "a", model: "a", modified_at: "2025-01-02T03:04:05Z", size: 1, digest: "d", details: {} }] },
     /v\.models\[0\]\.details\.format: declared string \(required in ModelDetails\)/, "details without its fields");
   rejects("ShowResponse", { model_info: [] }, /v\.model_info: declared Map<string, any> \(in JSON an object\), got \[\] \(array\)/, "model_info an array");
-  // An allowance takes only its field, only when absent; a field not declared is reported, not failed.
+  // A streamed line as Ollama's own server writes it (no context, done_reason or durations)
+  // fails the strict reading; an allowance takes only its field, only when absent; a field not
+  // declared is reported, not failed.
   const chunk = { model: "m", created_at: "2025-01-02T03:04:05Z", response: "x", done: false };
-  rejects("GenerateResponse", chunk, /v\.context: declared number\[\]/, "a streamed line without the chunk allowance");
-  assert.deepEqual(validate("GenerateResponse", { ...chunk, extra_field: 1 }, "v", { omit: OLLAMA_OMITS.generateChunk }),
-    { extra: [{ path: "v.extra_field", field: "GenerateResponse.extra_field", value: "1 (number)" }], omitted: OLLAMA_OMITS.generateChunk },
-    "a streamed line with the chunk allowance validates; its undeclared field is reported");
+  rejects("GenerateResponse", chunk, /v\.context: declared number\[\]/, "a streamed line without context");
+  const METRICS = ["total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration"];
+  const omit = ["done_reason", "context", ...METRICS].map((f) => `GenerateResponse.${f}`);
+  assert.deepEqual(validate("GenerateResponse", { ...chunk, extra_field: 1 }, "v", { omit }),
+    { extra: [{ path: "v.extra_field", field: "GenerateResponse.extra_field", value: "1 (number)" }], omitted: omit },
+    "a streamed line with allowances validates; its undeclared field is reported");
   rejects("GenerateResponse", { ...chunk, eval_count: -0.5, total_duration: "1" }, /v\.total_duration: declared number, got "1"/,
-    "an allowed field that is there is still checked", { omit: OLLAMA_OMITS.generateChunk });
+    "an allowed field that is there is still checked", { omit });
 });
 
 test("version, list and show describe the three models", async () => {
@@ -355,6 +337,7 @@ test("generate, not streamed and streamed, on each model", async () => {
   // Ollama's clients may add the ":latest" tag to a name.
   const tagged = await ollama.generate({ model: "stories:latest", prompt: PROMPT, options: greedy });
   assert.equal(tagged.response, ref.generate.stories.response, "stories:latest is stories");
+  assert.equal(tagged.model, "stories:latest", "the answer echoes the name as the request gave it, as Ollama's does");
   const answers = NAMES.map((m) => ref.generate[m].response);
   assert.equal(new Set(answers).size, 3, `the three models answer differently (the premise of every mix-up check): ${JSON.stringify(answers)}`);
 
@@ -440,6 +423,10 @@ test("three models, room for two: a model in use is never unloaded", async (t) =
     const s = (await ollama.generate({ model: "stories", prompt: PROMPT, options: greedy, stream: true }))[Symbol.asyncIterator]();
     const firstPart = await s.next();
     assert.ok(!firstPart.done && firstPart.value.done === false, "the Ollama stream on stories sends a first chunk");
+    // In use, it expires no sooner than now + keep_alive (the server's 2m), as Ollama shows it.
+    const inUse = (await ollama.ps()).models.find((m) => m.name === "stories");
+    const leftInUse = (parseTime(inUse.expires_at) - Date.now()) / 1000;
+    assert.ok(leftInUse > 100 && leftInUse < 140, `stories in use: expires_at about 120 s away, got ${leftInUse.toFixed(1)} s (${inUse.expires_at})`);
 
     // tern-stories again: stories is in use, so babble (idle) goes.
     const a = await ollama.generate({ model: "tern-stories", prompt: PROMPT, options: greedy });
@@ -623,7 +610,18 @@ test("embed: vectors of the model's n_embd, the same on every call", async () =>
     assert.equal(alone.embeddings.length, 1, `${model}: a string input gives one vector`);
     alone.embeddings[0].forEach((x, k) =>
       assert.ok(Math.abs(x - r.embeddings[1][k]) < 1e-6, `${model}: component ${k} alone (${x}) equals in the batch (${r.embeddings[1][k]})`));
-    // The older /api/embeddings: the same direction.
+    // Ollama's /api/embed vectors are unit length; `dimensions` cuts and normalizes again.
+    for (const v of r.embeddings) {
+      const norm = Math.sqrt(v.reduce((s, x) => s + x * x, 0));
+      assert.ok(Math.abs(norm - 1) < 1e-5, `${model}: embed() vectors are L2-normalized (norm ${norm})`);
+    }
+    const cut = await ollama.embed({ model, input: inputs[0], dimensions: 16 });
+    assert.equal(cut.embeddings[0].length, 16, `${model}: dimensions 16 gives 16 values`);
+    const head = r.embeddings[0].slice(0, 16);
+    const headNorm = Math.sqrt(head.reduce((s, x) => s + x * x, 0));
+    cut.embeddings[0].forEach((x, k) =>
+      assert.ok(Math.abs(x - head[k] / headNorm) < 1e-5, `${model}: dimensions 16, component ${k}: the first 16 renormalized`));
+    // The older /api/embeddings: the engine's vector, unnormalized, in the same direction.
     const legacy = await ollama.embeddings({ model, prompt: inputs[0] });
     assert.equal(legacy.embedding.length, MODELS[model].n_embd, `${model}: embeddings() has n_embd components`);
     const dot = legacy.embedding.reduce((s, x, k) => s + x * r.embeddings[0][k], 0);
@@ -739,29 +737,29 @@ test("every response has the fields and types the ollama client declares", async
   // The raw JSON, route by route (what every client sees), against the type the client's
   // declaration gives that route's method.
   const gen = await json("POST /api/generate", await post("/api/generate", { model, prompt: PROMPT, options: greedy, stream: false }));
-  checkShape(responseTypeOf("generate"), gen, "(POST /api/generate)", "generate");
+  checkShape(responseTypeOf("generate"), gen, "(POST /api/generate)");
   (await ndjson("POST /api/generate stream", await post("/api/generate", { model, prompt: PROMPT, options: greedy, stream: true })))
-    .forEach((l, i) => checkShape(responseTypeOf("generate"), l, `(POST /api/generate stream line ${i})`, "generate"));
+    .forEach((l, i) => checkShape(responseTypeOf("generate"), l, `(POST /api/generate stream line ${i})`));
   for (const body of [{ model, keep_alive: "2m" }, { model: "babble", keep_alive: 0 }]) // load, unload
     checkShape(responseTypeOf("generate"), await json("POST /api/generate load/unload", await post("/api/generate", { ...body, stream: false })),
-      `(POST /api/generate ${JSON.stringify(body)})`, "generate");
+      `(POST /api/generate ${JSON.stringify(body)})`);
   const chat = await json("POST /api/chat", await post("/api/chat", { model, messages: CHAT, options: greedy, stream: false }));
-  checkShape(responseTypeOf("chat"), chat, "(POST /api/chat)", "chat");
+  checkShape(responseTypeOf("chat"), chat, "(POST /api/chat)");
   (await ndjson("POST /api/chat stream", await post("/api/chat", { model, messages: CHAT, options: greedy, stream: true })))
-    .forEach((l, i) => checkShape(responseTypeOf("chat"), l, `(POST /api/chat stream line ${i})`, "chat"));
+    .forEach((l, i) => checkShape(responseTypeOf("chat"), l, `(POST /api/chat stream line ${i})`));
   checkShape(responseTypeOf("chat"), await json("POST /api/chat load", await post("/api/chat", { model, messages: [], stream: false })),
-    "(POST /api/chat, no messages)", "chat");
-  checkShape(responseTypeOf("embed"), await json("POST /api/embed", await post("/api/embed", { model, input: ["The cat", "a dog"] })), "(POST /api/embed)", "embed");
-  checkShape(responseTypeOf("embeddings"), await json("POST /api/embeddings", await post("/api/embeddings", { model, prompt: PROMPT })), "(POST /api/embeddings)", "embeddings");
+    "(POST /api/chat, no messages)");
+  checkShape(responseTypeOf("embed"), await json("POST /api/embed", await post("/api/embed", { model, input: ["The cat", "a dog"] })), "(POST /api/embed)");
+  checkShape(responseTypeOf("embeddings"), await json("POST /api/embeddings", await post("/api/embeddings", { model, prompt: PROMPT })), "(POST /api/embeddings)");
   for (const name of NAMES)
-    checkShape(responseTypeOf("show"), await json(`POST /api/show ${name}`, await post("/api/show", { model: name })), `(POST /api/show ${name})`, "show");
+    checkShape(responseTypeOf("show"), await json(`POST /api/show ${name}`, await post("/api/show", { model: name })), `(POST /api/show ${name})`);
   const tags = await json("GET /api/tags", await fetch(base + "/api/tags", { headers }));
   assert.equal(tags.models?.length, NAMES.length, "GET /api/tags lists the three models (so their shape is checked)");
-  checkShape(responseTypeOf("list"), tags, "(GET /api/tags)", "tags");
+  checkShape(responseTypeOf("list"), tags, "(GET /api/tags)");
   const ps = await json("GET /api/ps", await fetch(base + "/api/ps", { headers }));
   assert.ok(ps.models?.some((m) => m.name === model), "GET /api/ps lists stories (so a loaded model's shape is checked)");
-  checkShape(responseTypeOf("ps"), ps, "(GET /api/ps)", "ps");
-  checkShape(responseTypeOf("version"), await json("GET /api/version", await fetch(base + "/api/version", { headers })), "(GET /api/version)", "version");
+  checkShape(responseTypeOf("ps"), ps, "(GET /api/ps)");
+  checkShape(responseTypeOf("version"), await json("GET /api/version", await fetch(base + "/api/version", { headers })), "(GET /api/version)");
   // Errors: Ollama's {"error": "..."} (the client's ErrorResponse, what its ResponseError reads).
   for (const [what, res, status] of [
     ["POST /api/generate unknown model", await post("/api/generate", { model: "no-such-model", prompt: PROMPT }), 404],
@@ -786,11 +784,6 @@ test("every response has the fields and types the ollama client declares", async
   await ollama.embeddings({ model, prompt: PROMPT });
   await ollama.ps();
 
-  t.diagnostic(`${shapeSeen.checked} responses checked against the ollama ${clientVersion} client's interfaces${STRICT ? " (strict: no allowances)" : ""}`);
-  for (const [k, n] of shapeSeen.omitted) t.diagnostic(`allowed (Ollama omits it too): ${k}, absent ${n} times`);
+  t.diagnostic(`${shapeSeen.checked} responses checked strictly against the ollama ${clientVersion} client's interfaces`);
   for (const e of shapeSeen.extra.values()) t.diagnostic(`not declared by the client: ${e.field} (e.g. ${e.path} = ${e.value})`);
-  // Every allowance is still needed: one no response used is a field tern now sends; drop it.
-  const used = new Set([...shapeSeen.omitted.keys()]);
-  const unused = STRICT ? [] : Object.entries(OLLAMA_OMITS).flatMap(([route, fs]) => fs.map((f) => `${route} ${f}`)).filter((k) => !used.has(k));
-  assert.deepEqual(unused, [], "every allowance in OLLAMA_OMITS was needed by some response (remove those that were not)");
 });
