@@ -13,7 +13,11 @@ packages=(
 # --aarch64: also the ARM64 cross build's (scripts/test-aarch64.sh): Debian's cross compiler,
 # qemu-user to run its tests, and the arm64 builds of the libraries tern links (multiarch).
 aarch64=0
-[ "${1:-}" = "--aarch64" ] && aarch64=1
+case "$#:${1:-}" in
+  0:) ;;
+  1:--aarch64) aarch64=1 ;;
+  *) echo "usage: bash scripts/install-deps.sh [--aarch64]" >&2; exit 2 ;;
+esac
 missing=()
 # Node.js + npm run the server's contract tests (the official `openai` client) and the peer.
 command -v node >/dev/null 2>&1 || packages+=(nodejs)

@@ -7,6 +7,7 @@
 #include "compress/gptq.h"
 #include "compress/linalg.h"
 #include "quant/quant_tern.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/output_file.h"
 #include "core/stats.h"
@@ -58,8 +59,6 @@ const MethodDef& def_of(const std::string& name) {
   for (const auto& d : defs()) known += std::string(known.empty() ? "" : ", ") + d.info.name;
   fail("unknown method '", name, "' (known: ", known, ")");
 }
-
-bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
 // Names of one layer's tensors.
 struct LayerNames {
@@ -202,7 +201,7 @@ std::vector<std::string> default_compare_methods(DType src_type) {
 void check_method_source(const std::string& method, const GgufFile& src) {
   const MethodDef& m = def_of(method);
   for (const auto& t : src.tensors())
-    if (t.ne.size() == 2 && !is_float_type(t.type) && !(m.kind == Kind::Llama && t.type == m.llama_type))
+    if (t.ne.size() == 2 && !dtype_is_float(t.type) && !(m.kind == Kind::Llama && t.type == m.llama_type))
       fail(src.path(), " is already quantized (", t.name, " is ", dtype_name(t.type), "): ", m.info.name,
            " starts from float weights (f32, f16 or bf16); give it the original model");
 }
@@ -494,7 +493,7 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
   DType main_type = DType::F16;
   int64_t most = -1;
   for (const auto& [t, b] : linear_bytes)
-    if (b > most && !is_float_type(t)) {
+    if (b > most && !dtype_is_float(t)) {
       most = b;
       main_type = t;
     }

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/output_file.h"
 #include "core/stats.h"
@@ -11,8 +12,6 @@
 
 namespace tern {
 namespace {
-
-bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
 // The types `tern quantize --type` writes: ggml's, so that llama.cpp loads the result.
 constexpr DType kQuantizeTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
@@ -68,7 +67,7 @@ DType parse_quantize_type(const std::string& name) {
 std::pair<DType, std::string> default_tensor_type(const GgufFile& src, const GgufTensorInfo& t,
                                                   const QuantizeOptions& opts) {
   const std::string& name = t.name;
-  if (opts.pure || is_float_type(opts.type)) return {opts.type, "default"};
+  if (opts.pure || dtype_is_float(opts.type)) return {opts.type, "default"};
   const bool has_output = src.find_tensor("output.weight") != nullptr;
   if (name == "output.weight" || (!has_output && name == "token_embd.weight")) {
     if (opts.output_type) return {*opts.output_type, "--output-type"};
@@ -179,7 +178,7 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
       o.data = t.data;  // unchanged: borrow the mapping
       o.n_bytes = t.n_bytes;
     } else {
-      if (!is_float_type(t.type) && !is_float_type(type) && !opts.allow_requantize)
+      if (!dtype_is_float(t.type) && !dtype_is_float(type) && !opts.allow_requantize)
         fail(in_path, ": tensor ", t.name, " is already ", dtype_name(t.type), "; requantizing it to ",
              dtype_name(type), " compounds the rounding errors (pass --allow-requantize to do it anyway)");
       const std::vector<float> f = tensor_to_f32(t, pool);
@@ -197,7 +196,7 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
   rep.file_type = llama_file_type(opts.type);
   std::vector<std::pair<std::string, GgufValue>> kv = {
       {"general.file_type", GgufValue::u32(rep.file_type)}};
-  if (!is_float_type(opts.type)) kv.emplace_back("general.quantization_version", GgufValue::u32(2));
+  if (!dtype_is_float(opts.type)) kv.emplace_back("general.quantization_version", GgufValue::u32(2));
   write_model(src, out, kv, out_path);
   rep.seconds = double(now_ns() - t0) / 1e9;
   return rep;

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 
@@ -45,6 +46,11 @@ std::string read_file_text(const std::string& path, const std::string& what) {
   }
   ::close(fd);
   return text;
+}
+
+bool path_exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
 }
 
 }  // namespace tern

@@ -10,4 +10,7 @@ namespace tern {
 // pipes and /dev/stdin work too.
 std::string read_file_text(const std::string& path, const std::string& what);
 
+// Whether something exists at `path`; false too when that cannot be told (never throws).
+bool path_exists(const std::string& path);
+
 }  // namespace tern

@@ -10,24 +10,24 @@
 
 namespace tern::server {
 
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;  // keeps the order of keys as sent
 
 namespace {
 
-const json* field(const json& obj, const char* name) { return json_field(obj, name); }
+const ojson* field(const ojson& obj, const char* name) { return json_field(obj, name); }
 
-[[noreturn]] void wrong_type(const std::string& param, const char* expected, const json& got) {
+[[noreturn]] void wrong_type(const std::string& param, const char* expected, const ojson& got) {
   bad_request(param, "Invalid type for '", param, "': expected ", expected, ", but got ", got.type_name(),
               " instead.");
 }
 
-bool get_bool(const json& v, const std::string& param) {
+bool get_bool(const ojson& v, const std::string& param) {
   if (!v.is_boolean()) wrong_type(param, "a boolean", v);
   return v.get<bool>();
 }
 
 // Integers; a float with an integral value (16.0, as some JSON writers print) is accepted too.
-int64_t get_int(const json& v, const std::string& param, int64_t lo, int64_t hi) {
+int64_t get_int(const ojson& v, const std::string& param, int64_t lo, int64_t hi) {
   int64_t x = 0;
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
@@ -47,7 +47,7 @@ int64_t get_int(const json& v, const std::string& param, int64_t lo, int64_t hi)
   return x;
 }
 
-double get_number(const json& v, const std::string& param, double lo, double hi) {
+double get_number(const ojson& v, const std::string& param, double lo, double hi) {
   if (!v.is_number()) wrong_type(param, "a number", v);
   const double x = v.get<double>();
   // !(x >= lo) rejects NaN too (it cannot come from JSON text, but costs nothing to be sure).
@@ -55,12 +55,12 @@ double get_number(const json& v, const std::string& param, double lo, double hi)
   return x;
 }
 
-const std::string& get_string(const json& v, const std::string& param) {
+const std::string& get_string(const ojson& v, const std::string& param) {
   if (!v.is_string()) wrong_type(param, "a string", v);
   return v.get_ref<const std::string&>();
 }
 
-std::vector<int64_t> get_token_array(const json& v, const std::string& param) {
+std::vector<int64_t> get_token_array(const ojson& v, const std::string& param) {
   std::vector<int64_t> ids;
   ids.reserve(v.size());
   for (size_t i = 0; i < v.size(); ++i)
@@ -68,7 +68,7 @@ std::vector<int64_t> get_token_array(const json& v, const std::string& param) {
   return ids;
 }
 
-std::vector<Prompt> parse_prompt(const json& v, const ParseLimits& limits) {
+std::vector<Prompt> parse_prompt(const ojson& v, const ParseLimits& limits) {
   std::vector<Prompt> out;
   if (v.is_string()) {
     out.push_back({false, v.get<std::string>(), {}});
@@ -97,7 +97,7 @@ std::vector<Prompt> parse_prompt(const json& v, const ParseLimits& limits) {
   return out;
 }
 
-std::vector<std::string> parse_stop(const json& v, const ParseLimits& limits) {
+std::vector<std::string> parse_stop(const ojson& v, const ParseLimits& limits) {
   std::vector<std::string> stops;
   if (v.is_string()) {
     if (!v.get_ref<const std::string&>().empty()) stops.push_back(v.get<std::string>());
@@ -114,20 +114,20 @@ std::vector<std::string> parse_stop(const json& v, const ParseLimits& limits) {
   return stops;
 }
 
-std::string message_content(const json& v, const std::string& param, const std::string& role) {
+std::string message_content(const ojson& v, const std::string& param, const std::string& role) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_array()) {
     // Content parts: only text can be served by a text model.
     std::string text;
     for (size_t i = 0; i < v.size(); ++i) {
       const std::string p = param + "[" + std::to_string(i) + "]";
-      const json& part = v[i];
+      const ojson& part = v[i];
       if (!part.is_object()) wrong_type(p, "an object", part);
-      const json* type = field(part, "type");
+      const ojson* type = field(part, "type");
       if (!type) bad_request(p + ".type", "Missing required parameter: '", p, ".type'.");
       const std::string& t = get_string(*type, p + ".type");
       if (t != "text") bad_request(p + ".type", "content part type '", t, "' is not supported: this model takes text only.");
-      const json* txt = field(part, "text");
+      const ojson* txt = field(part, "text");
       if (!txt) bad_request(p + ".text", "Missing required parameter: '", p, ".text'.");
       if (!text.empty()) text += "\n";
       text += get_string(*txt, p + ".text");
@@ -143,13 +143,13 @@ std::string index_param(const std::string& base, size_t i) { return base + "[" +
 // A JSON schema's shape, checked far enough that a schema the grammar engine or a template
 // would choke on is refused here with the path of the offending keyword: the keywords OpenAI's
 // structured outputs use, with the types JSON Schema gives them.
-void check_schema(const json& s, const std::string& param, int depth = 0) {
+void check_schema(const ojson& s, const std::string& param, int depth = 0) {
   if (depth > 48) bad_request(param, "'", param, "' nests too deeply.");
   if (s.is_boolean()) return;
   if (!s.is_object()) bad_request(param, "Invalid schema for '", param, "': a schema must be an object (or a boolean), got ",
                                   s.type_name(), ".");
   static const std::set<std::string> types = {"string", "number", "integer", "boolean", "object", "array", "null"};
-  const auto check_type_name = [&](const json& t, const std::string& p) {
+  const auto check_type_name = [&](const ojson& t, const std::string& p) {
     if (!t.is_string() || !types.count(t.get<std::string>()))
       bad_request(p, "Invalid schema for '", p, "': ", t.dump(), " is not a JSON schema type (string, number, integer,"
                   " boolean, object, array, null).");
@@ -218,37 +218,37 @@ bool depth_within(std::string_view text, int max_depth) {
 }
 
 // "arguments" of a call in the history: JSON text of an object (an object is taken as well).
-std::string call_arguments(const json& v, const std::string& param, int max_depth) {
+std::string call_arguments(const ojson& v, const std::string& param, int max_depth) {
   if (v.is_object()) return v.dump();
   const std::string& text = get_string(v, param);
   if (!depth_within(text, max_depth)) bad_request(param, "'", param, "' nests deeper than ", max_depth, " levels.");
-  const json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const ojson parsed = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.is_object())
     bad_request(param, "'", param, "' must be the JSON text of an object (the function's arguments).");
   return text;
 }
 
-std::vector<ToolCall> parse_history_tool_calls(const json& v, const std::string& param, const ParseLimits& limits) {
+std::vector<ToolCall> parse_history_tool_calls(const ojson& v, const std::string& param, const ParseLimits& limits) {
   if (!v.is_array()) wrong_type(param, "an array", v);
   if (v.size() > limits.max_tool_calls)
     bad_request(param, "at most ", limits.max_tool_calls, " tool calls in one message, got ", v.size(), ".");
   std::vector<ToolCall> calls;
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string p = index_param(param, i);
-    const json& c = v[i];
+    const ojson& c = v[i];
     if (!c.is_object()) wrong_type(p, "an object", c);
     ToolCall call;
-    if (const json* id = field(c, "id")) call.id = get_string(*id, p + ".id");
+    if (const ojson* id = field(c, "id")) call.id = get_string(*id, p + ".id");
     else bad_request(p + ".id", "Missing required parameter: '", p, ".id'.");
-    if (const json* t = field(c, "type"); t && get_string(*t, p + ".type") != "function")
+    if (const ojson* t = field(c, "type"); t && get_string(*t, p + ".type") != "function")
       bad_request(p + ".type", "Invalid value for '", p, ".type': only 'function' is supported.");
-    const json* f = field(c, "function");
+    const ojson* f = field(c, "function");
     if (!f) bad_request(p + ".function", "Missing required parameter: '", p, ".function'.");
     if (!f->is_object()) wrong_type(p + ".function", "an object", *f);
-    const json* name = field(*f, "name");
+    const ojson* name = field(*f, "name");
     if (!name) bad_request(p + ".function.name", "Missing required parameter: '", p, ".function.name'.");
     call.name = get_string(*name, p + ".function.name");
-    const json* args = field(*f, "arguments");
+    const ojson* args = field(*f, "arguments");
     if (!args) bad_request(p + ".function.arguments", "Missing required parameter: '", p, ".function.arguments'.");
     call.arguments = call_arguments(*args, p + ".function.arguments", limits.max_json_depth);
     calls.push_back(std::move(call));
@@ -256,22 +256,22 @@ std::vector<ToolCall> parse_history_tool_calls(const json& v, const std::string&
   return calls;
 }
 
-std::vector<ToolDef> parse_tools(const json& v, const ParseLimits& limits) {
+std::vector<ToolDef> parse_tools(const ojson& v, const ParseLimits& limits) {
   if (!v.is_array()) wrong_type("tools", "an array", v);
   if (v.size() > limits.max_tools) bad_request("tools", "at most ", limits.max_tools, " tools, got ", v.size(), ".");
   std::vector<ToolDef> tools;
   std::set<std::string> names;
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string p = index_param("tools", i);
-    const json& t = v[i];
+    const ojson& t = v[i];
     if (!t.is_object()) wrong_type(p, "an object", t);
-    if (const json* type = field(t, "type"); type && get_string(*type, p + ".type") != "function")
+    if (const ojson* type = field(t, "type"); type && get_string(*type, p + ".type") != "function")
       bad_request(p + ".type", "Invalid value for '", p, ".type': only 'function' tools are supported.");
-    const json* f = field(t, "function");
+    const ojson* f = field(t, "function");
     if (!f) bad_request(p + ".function", "Missing required parameter: '", p, ".function'.");
     if (!f->is_object()) wrong_type(p + ".function", "an object", *f);
     ToolDef d;
-    const json* name = field(*f, "name");
+    const ojson* name = field(*f, "name");
     if (!name) bad_request(p + ".function.name", "Missing required parameter: '", p, ".function.name'.");
     d.name = get_string(*name, p + ".function.name");
     if (!valid_tool_name(d.name))
@@ -279,21 +279,21 @@ std::vector<ToolDef> parse_tools(const json& v, const ParseLimits& limits) {
                   "' does not match ^[a-zA-Z0-9_-]{1,64}$.");
     if (!names.insert(d.name).second)
       bad_request(p + ".function.name", "Duplicate tool name '", d.name, "' ('", p, ".function.name').");
-    if (const json* desc = field(*f, "description")) d.description = get_string(*desc, p + ".function.description");
-    if (const json* params = field(*f, "parameters")) {
+    if (const ojson* desc = field(*f, "description")) d.description = get_string(*desc, p + ".function.description");
+    if (const ojson* params = field(*f, "parameters")) {
       if (!params->is_object()) wrong_type(p + ".function.parameters", "an object (a JSON schema)", *params);
       check_schema(*params, p + ".function.parameters");
       d.parameters = *params;
     } else {
-      d.parameters = json{{"type", "object"}, {"properties", json::object()}};
+      d.parameters = ojson{{"type", "object"}, {"properties", ojson::object()}};
     }
-    if (const json* strict = field(*f, "strict")) d.strict = get_bool(*strict, p + ".function.strict");
+    if (const ojson* strict = field(*f, "strict")) d.strict = get_bool(*strict, p + ".function.strict");
     tools.push_back(std::move(d));
   }
   return tools;
 }
 
-ToolChoice parse_tool_choice(const json& v, const std::vector<ToolDef>& tools) {
+ToolChoice parse_tool_choice(const ojson& v, const std::vector<ToolDef>& tools) {
   ToolChoice c;
   if (v.is_string()) {
     const std::string& s = v.get_ref<const std::string&>();
@@ -303,12 +303,12 @@ ToolChoice parse_tool_choice(const json& v, const std::vector<ToolDef>& tools) {
     else bad_request("tool_choice", "Invalid value for 'tool_choice': '", s, "'. Supported values are: 'none', 'auto',"
                      " 'required' and {\"type\": \"function\", \"function\": {\"name\": ...}}.");
   } else if (v.is_object()) {
-    if (const json* t = field(v, "type"); !t || get_string(*t, "tool_choice.type") != "function")
+    if (const ojson* t = field(v, "type"); !t || get_string(*t, "tool_choice.type") != "function")
       bad_request("tool_choice.type", "Invalid value for 'tool_choice.type': expected 'function'.");
-    const json* f = field(v, "function");
+    const ojson* f = field(v, "function");
     if (!f) bad_request("tool_choice.function", "Missing required parameter: 'tool_choice.function'.");
     if (!f->is_object()) wrong_type("tool_choice.function", "an object", *f);
-    const json* name = field(*f, "name");
+    const ojson* name = field(*f, "name");
     if (!name) bad_request("tool_choice.function.name", "Missing required parameter: 'tool_choice.function.name'.");
     c.mode = ToolChoiceMode::Named;
     c.name = get_string(*name, "tool_choice.function.name");
@@ -322,9 +322,9 @@ ToolChoice parse_tool_choice(const json& v, const std::vector<ToolDef>& tools) {
   return c;
 }
 
-ResponseFormat parse_response_format(const json& v) {
+ResponseFormat parse_response_format(const ojson& v) {
   if (!v.is_object()) wrong_type("response_format", "an object", v);
-  const json* t = field(v, "type");
+  const ojson* t = field(v, "type");
   if (!t) bad_request("response_format.type", "Missing required parameter: 'response_format.type'.");
   const std::string& type = get_string(*t, "response_format.type");
   ResponseFormat f;
@@ -337,30 +337,30 @@ ResponseFormat parse_response_format(const json& v) {
     bad_request("response_format.type", "Invalid value for 'response_format.type': '", type,
                 "'. Supported values are: 'text', 'json_object' and 'json_schema'.");
   f.kind = ResponseFormatKind::JsonSchema;
-  const json* js = field(v, "json_schema");
+  const ojson* js = field(v, "json_schema");
   if (!js) bad_request("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.");
   if (!js->is_object()) wrong_type("response_format.json_schema", "an object", *js);
-  if (const json* name = field(*js, "name")) {
+  if (const ojson* name = field(*js, "name")) {
     f.name = get_string(*name, "response_format.json_schema.name");
     if (!valid_tool_name(f.name))
       bad_request("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': '", f.name,
                   "' does not match ^[a-zA-Z0-9_-]{1,64}$.");
   }
-  if (const json* d = field(*js, "description")) (void)get_string(*d, "response_format.json_schema.description");
-  if (const json* schema = field(*js, "schema")) {
+  if (const ojson* d = field(*js, "description")) (void)get_string(*d, "response_format.json_schema.description");
+  if (const ojson* schema = field(*js, "schema")) {
     if (!schema->is_object()) wrong_type("response_format.json_schema.schema", "an object (a JSON schema)", *schema);
     check_schema(*schema, "response_format.json_schema.schema");
     f.schema = *schema;
   } else {
-    f.schema = json::object();
+    f.schema = ojson::object();
   }
-  if (const json* strict = field(*js, "strict")) f.strict = get_bool(*strict, "response_format.json_schema.strict");
+  if (const ojson* strict = field(*js, "strict")) f.strict = get_bool(*strict, "response_format.json_schema.strict");
   return f;
 }
 
 }  // namespace
 
-json parse_json_object(std::string_view body, int max_depth) {
+ojson parse_json_object(std::string_view body, int max_depth) {
   // Depth pre-scan: brackets outside strings. Escapes inside strings are skipped so "\"" does
   // not end a string early.
   int depth = 0;
@@ -378,14 +378,14 @@ json parse_json_object(std::string_view body, int max_depth) {
       --depth;
     }
   }
-  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  ojson j = ojson::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded())
     bad_request("", "We could not parse the JSON body of your request. (The body must be valid JSON.)");
   if (!j.is_object()) bad_request("", "The request body must be a JSON object, got ", j.type_name(), ".");
   return j;
 }
 
-std::vector<ChatMessage> parse_messages(const json& v, const ParseLimits& limits) {
+std::vector<ChatMessage> parse_messages(const ojson& v, const ParseLimits& limits) {
   if (!v.is_array()) wrong_type("messages", "an array", v);
   if (v.empty()) bad_request("messages", "'messages' must contain at least one message.");
   if (v.size() > limits.max_messages)
@@ -394,9 +394,9 @@ std::vector<ChatMessage> parse_messages(const json& v, const ParseLimits& limits
   out.reserve(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string p = "messages[" + std::to_string(i) + "]";
-    const json& m = v[i];
+    const ojson& m = v[i];
     if (!m.is_object()) wrong_type(p, "an object", m);
-    const json* role = field(m, "role");
+    const ojson* role = field(m, "role");
     if (!role) bad_request(p + ".role", "Missing required parameter: '", p, ".role'.");
     std::string r = get_string(*role, p + ".role");
     if (r == "developer") r = "system";
@@ -405,14 +405,14 @@ std::vector<ChatMessage> parse_messages(const json& v, const ParseLimits& limits
                   "'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.");
     ChatMessage msg;
     msg.role = r;
-    if (const json* tc = field(m, "tool_calls")) {
+    if (const ojson* tc = field(m, "tool_calls")) {
       if (r != "assistant") bad_request(p + ".tool_calls", "only assistant messages have 'tool_calls' ('", p, "').");
       msg.tool_calls = parse_history_tool_calls(*tc, p + ".tool_calls", limits);
     }
     if (r == "tool") {
       // OpenAI requires the id, and a tool message must answer the calls of the assistant
       // message before it (after other tool messages).
-      const json* id = field(m, "tool_call_id");
+      const ojson* id = field(m, "tool_call_id");
       if (!id) bad_request(p + ".tool_call_id", "Missing required parameter: '", p, ".tool_call_id'.");
       msg.tool_call_id = get_string(*id, p + ".tool_call_id");
       size_t k = out.size();
@@ -420,7 +420,7 @@ std::vector<ChatMessage> parse_messages(const json& v, const ParseLimits& limits
       if (k == 0 || out[k - 1].tool_calls.empty())
         bad_request(p + ".role", "Invalid parameter: messages with role 'tool' must be a response to a preceding message"
                     " with 'tool_calls' ('", p, "').");
-      if (const json* name = field(m, "name")) msg.name = get_string(*name, p + ".name");
+      if (const ojson* name = field(m, "name")) msg.name = get_string(*name, p + ".name");
     }
     auto c = m.find("content");
     if (c == m.end() || c->is_null()) {
@@ -444,47 +444,47 @@ bool valid_tool_name(std::string_view name) {
   });
 }
 
-OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& limits) {
+OpenAiRequest parse_openai_json(const ojson& j, ApiKind kind, const ParseLimits& limits) {
   if (!j.is_object()) bad_request("", "The request body must be a JSON object, got ", j.type_name(), ".");
   OpenAiRequest r;
   r.kind = kind;
   const bool chat = kind == ApiKind::Chat;
 
-  if (const json* v = field(j, "model")) r.model = get_string(*v, "model");
+  if (const ojson* v = field(j, "model")) r.model = get_string(*v, "model");
 
   if (chat) {
-    const json* m = field(j, "messages");
+    const ojson* m = field(j, "messages");
     if (!m) bad_request("messages", "Missing required parameter: 'messages'.");
     r.messages = parse_messages(*m, limits);
   } else {
-    const json* p = field(j, "prompt");
+    const ojson* p = field(j, "prompt");
     if (!p) bad_request("prompt", "Missing required parameter: 'prompt'.");
     r.prompts = parse_prompt(*p, limits);
   }
 
   // max_completion_tokens replaces max_tokens in OpenAI's chat API; when both are sent, the
   // newer name wins.
-  if (const json* v = field(j, "max_tokens")) r.max_tokens = get_int(*v, "max_tokens", 1, int64_t(1) << 31);
-  if (const json* v = field(j, "max_completion_tokens"))
+  if (const ojson* v = field(j, "max_tokens")) r.max_tokens = get_int(*v, "max_tokens", 1, int64_t(1) << 31);
+  if (const ojson* v = field(j, "max_completion_tokens"))
     r.max_tokens = get_int(*v, "max_completion_tokens", 1, int64_t(1) << 31);
 
-  if (const json* v = field(j, "n")) r.n = int(get_int(*v, "n", 1, limits.max_n));
+  if (const ojson* v = field(j, "n")) r.n = int(get_int(*v, "n", 1, limits.max_n));
   const size_t n_prompts = chat ? 1 : r.prompts.size();
   if (n_prompts * size_t(r.n) > size_t(limits.max_choices))
     bad_request("n", "prompts x n must be at most ", limits.max_choices, ", got ", n_prompts * size_t(r.n), ".");
-  if (const json* v = field(j, "best_of")) {
+  if (const ojson* v = field(j, "best_of")) {
     const int64_t best_of = get_int(*v, "best_of", 1, limits.max_n);
     if (best_of != r.n) bad_request("best_of", "best_of other than n is not supported.");
   }
 
-  if (const json* v = field(j, "stream")) r.stream = get_bool(*v, "stream");
-  if (const json* v = field(j, "stream_options")) {
+  if (const ojson* v = field(j, "stream")) r.stream = get_bool(*v, "stream");
+  if (const ojson* v = field(j, "stream_options")) {
     if (!r.stream) bad_request("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
     if (!v->is_object()) wrong_type("stream_options", "an object", *v);
-    if (const json* u = field(*v, "include_usage")) r.include_usage = get_bool(*u, "stream_options.include_usage");
+    if (const ojson* u = field(*v, "include_usage")) r.include_usage = get_bool(*u, "stream_options.include_usage");
   }
 
-  if (const json* v = field(j, "stop")) r.stop = parse_stop(*v, limits);
+  if (const ojson* v = field(j, "stop")) r.stop = parse_stop(*v, limits);
 
   // OpenAI's defaults (temperature 1, top_p 1, no top-k / min-p / penalties), not the CLI's:
   // a client written for the API gets the distribution it asked for.
@@ -497,20 +497,20 @@ OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& 
   s.frequency_penalty = 0.0f;
   s.presence_penalty = 0.0f;
   s.penalty_last_n = -1;  // OpenAI's penalties count every token generated so far
-  if (const json* v = field(j, "temperature")) s.temperature = float(get_number(*v, "temperature", 0.0, 2.0));
-  if (const json* v = field(j, "top_p")) s.top_p = float(get_number(*v, "top_p", 0.0, 1.0));
-  if (const json* v = field(j, "top_k")) {
+  if (const ojson* v = field(j, "temperature")) s.temperature = float(get_number(*v, "temperature", 0.0, 2.0));
+  if (const ojson* v = field(j, "top_p")) s.top_p = float(get_number(*v, "top_p", 0.0, 1.0));
+  if (const ojson* v = field(j, "top_k")) {
     // -1 is vLLM's spelling of "off", 0 llama.cpp's.
     const int64_t k = get_int(*v, "top_k", -1, std::numeric_limits<int32_t>::max());
     s.top_k = k < 0 ? 0 : int32_t(k);
   }
-  if (const json* v = field(j, "min_p")) s.min_p = float(get_number(*v, "min_p", 0.0, 1.0));
-  if (const json* v = field(j, "presence_penalty")) s.presence_penalty = float(get_number(*v, "presence_penalty", -2.0, 2.0));
-  if (const json* v = field(j, "frequency_penalty"))
+  if (const ojson* v = field(j, "min_p")) s.min_p = float(get_number(*v, "min_p", 0.0, 1.0));
+  if (const ojson* v = field(j, "presence_penalty")) s.presence_penalty = float(get_number(*v, "presence_penalty", -2.0, 2.0));
+  if (const ojson* v = field(j, "frequency_penalty"))
     s.frequency_penalty = float(get_number(*v, "frequency_penalty", -2.0, 2.0));
-  if (const json* v = field(j, "repetition_penalty"))
+  if (const ojson* v = field(j, "repetition_penalty"))
     s.repeat_penalty = float(get_number(*v, "repetition_penalty", 1e-3, 100.0));
-  if (const json* v = field(j, "seed")) {
+  if (const ojson* v = field(j, "seed")) {
     // Any 64-bit integer: negative seeds are folded into the unsigned range.
     if (v->is_number_unsigned()) r.seed = v->get<uint64_t>();
     else r.seed = uint64_t(get_int(*v, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
@@ -519,8 +519,8 @@ OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& 
 
   if (chat) {
     bool logprobs = false;
-    if (const json* v = field(j, "logprobs")) logprobs = get_bool(*v, "logprobs");
-    if (const json* v = field(j, "top_logprobs")) {
+    if (const ojson* v = field(j, "logprobs")) logprobs = get_bool(*v, "logprobs");
+    if (const ojson* v = field(j, "top_logprobs")) {
       const int top = int(get_int(*v, "top_logprobs", 0, limits.max_logprobs));
       if (!logprobs) bad_request("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.");
       r.n_logprobs = top;
@@ -528,20 +528,20 @@ OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& 
       r.n_logprobs = 0;
     }
   } else {
-    if (const json* v = field(j, "logprobs")) r.n_logprobs = int(get_int(*v, "logprobs", 0, limits.max_logprobs));
-    if (const json* v = field(j, "echo")) r.echo = get_bool(*v, "echo");
+    if (const ojson* v = field(j, "logprobs")) r.n_logprobs = int(get_int(*v, "logprobs", 0, limits.max_logprobs));
+    if (const ojson* v = field(j, "echo")) r.echo = get_bool(*v, "echo");
     if (r.echo && r.n_logprobs >= 0)
       bad_request("echo", "echo together with logprobs (prompt logprobs) is not supported.");
-    if (const json* v = field(j, "suffix"); v && !get_string(*v, "suffix").empty())
+    if (const ojson* v = field(j, "suffix"); v && !get_string(*v, "suffix").empty())
       bad_request("suffix", "'suffix' (insertion) is not supported by this model.");
   }
 
-  if (const json* v = field(j, "ignore_eos")) r.ignore_eos = get_bool(*v, "ignore_eos");
-  if (const json* v = field(j, "priority")) r.priority = int(get_int(*v, "priority", -1000000, 1000000));
-  if (const json* v = field(j, "user")) r.user = get_string(*v, "user");
+  if (const ojson* v = field(j, "ignore_eos")) r.ignore_eos = get_bool(*v, "ignore_eos");
+  if (const ojson* v = field(j, "priority")) r.priority = int(get_int(*v, "priority", -1000000, 1000000));
+  if (const ojson* v = field(j, "user")) r.user = get_string(*v, "user");
 
   // {"token id": bias}: the ids are checked against the vocabulary by the server.
-  if (const json* v = field(j, "logit_bias")) {
+  if (const ojson* v = field(j, "logit_bias")) {
     if (!v->is_object()) wrong_type("logit_bias", "an object", *v);
     if (v->size() > 1024) bad_request("logit_bias", "'logit_bias' has more than 1024 entries.");
     for (const auto& [key, bias] : v->items()) {
@@ -554,15 +554,15 @@ OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& 
   }
 
   // Tool calling (chat only).
-  if (const json* v = field(j, "tools")) {
+  if (const ojson* v = field(j, "tools")) {
     if (chat) r.tools = parse_tools(*v, limits);
     else if (!(v->is_array() && v->empty())) bad_request("tools", "'tools' is a chat completions parameter.");
   }
   r.tool_choice.mode = r.tools.empty() ? ToolChoiceMode::None : ToolChoiceMode::Auto;
-  if (const json* v = field(j, "tool_choice"); v && chat) r.tool_choice = parse_tool_choice(*v, r.tools);
-  if (const json* v = field(j, "parallel_tool_calls")) r.parallel_tool_calls = get_bool(*v, "parallel_tool_calls");
+  if (const ojson* v = field(j, "tool_choice"); v && chat) r.tool_choice = parse_tool_choice(*v, r.tools);
+  if (const ojson* v = field(j, "parallel_tool_calls")) r.parallel_tool_calls = get_bool(*v, "parallel_tool_calls");
   // The deprecated functions API: not served (tools are).
-  if (const json* v = field(j, "functions"); v && !(v->is_array() && v->empty()))
+  if (const ojson* v = field(j, "functions"); v && !(v->is_array() && v->empty()))
     bad_request("functions", "'functions' (the deprecated function calling API) is not supported; use 'tools'.");
   if (field(j, "function_call"))
     bad_request("function_call", "'function_call' (the deprecated function calling API) is not supported; use 'tool_choice'.");
@@ -575,15 +575,15 @@ OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& 
                   " 'grammar' and 'json_schema'.");
     constraint = name;
   };
-  if (const json* v = field(j, "response_format")) {
+  if (const ojson* v = field(j, "response_format")) {
     r.response_format = parse_response_format(*v);
     if (r.response_format.kind != ResponseFormatKind::Text) one_constraint("response_format");
   }
-  if (const json* v = field(j, "grammar")) {
+  if (const ojson* v = field(j, "grammar")) {
     r.grammar = get_string(*v, "grammar");
     if (!r.grammar.empty()) one_constraint("grammar");
   }
-  if (const json* v = field(j, "json_schema")) {
+  if (const ojson* v = field(j, "json_schema")) {
     if (!v->is_object()) wrong_type("json_schema", "an object (a JSON schema)", *v);
     check_schema(*v, "json_schema");
     one_constraint("json_schema");
@@ -593,7 +593,7 @@ OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& 
     bad_request("tool_choice", "a forced tool call ('tool_choice' required or a function) cannot be combined with '",
                 constraint, "'.");
 
-  if (const json* v = field(j, "truncate_prompt_tokens")) {
+  if (const ojson* v = field(j, "truncate_prompt_tokens")) {
     const int64_t t = get_int(*v, "truncate_prompt_tokens", -1, int64_t(1) << 31);
     if (t == 0) bad_request("truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1, got 0.");
     r.truncate_prompt_tokens = t;
@@ -602,30 +602,30 @@ OpenAiRequest parse_openai_json(const json& j, ApiKind kind, const ParseLimits& 
 }
 
 TokenizeRequest parse_tokenize_request(std::string_view body, const ParseLimits& limits) {
-  const json j = parse_json_object(body, limits.max_json_depth);
+  const ojson j = parse_json_object(body, limits.max_json_depth);
   TokenizeRequest r;
-  if (const json* v = field(j, "model")) r.model = get_string(*v, "model");
-  if (const json* v = field(j, "messages")) {
+  if (const ojson* v = field(j, "model")) r.model = get_string(*v, "model");
+  if (const ojson* v = field(j, "messages")) {
     r.has_messages = true;
     r.messages = parse_messages(*v, limits);
-  } else if (const json* p = field(j, "prompt")) {
+  } else if (const ojson* p = field(j, "prompt")) {
     r.text = get_string(*p, "prompt");
-  } else if (const json* c = field(j, "content")) {
+  } else if (const ojson* c = field(j, "content")) {
     r.text = get_string(*c, "content");
   } else {
     bad_request("prompt", "Missing required parameter: 'prompt' (or 'messages').");
   }
-  if (const json* v = field(j, "add_special_tokens")) r.add_special = get_bool(*v, "add_special_tokens");
-  if (const json* v = field(j, "add_special")) r.add_special = get_bool(*v, "add_special");
-  if (const json* v = field(j, "with_pieces")) r.with_pieces = get_bool(*v, "with_pieces");
+  if (const ojson* v = field(j, "add_special_tokens")) r.add_special = get_bool(*v, "add_special_tokens");
+  if (const ojson* v = field(j, "add_special")) r.add_special = get_bool(*v, "add_special");
+  if (const ojson* v = field(j, "with_pieces")) r.with_pieces = get_bool(*v, "with_pieces");
   return r;
 }
 
 DetokenizeRequest parse_detokenize_request(std::string_view body, const ParseLimits& limits) {
-  const json j = parse_json_object(body, limits.max_json_depth);
+  const ojson j = parse_json_object(body, limits.max_json_depth);
   DetokenizeRequest r;
-  if (const json* v = field(j, "model")) r.model = get_string(*v, "model");
-  const json* t = field(j, "tokens");
+  if (const ojson* v = field(j, "model")) r.model = get_string(*v, "model");
+  const ojson* t = field(j, "tokens");
   if (!t) bad_request("tokens", "Missing required parameter: 'tokens'.");
   if (!t->is_array()) wrong_type("tokens", "an array of token ids", *t);
   r.tokens = get_token_array(*t, "tokens");

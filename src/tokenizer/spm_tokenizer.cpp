@@ -14,7 +14,7 @@ namespace tern::detail {
 
 namespace {
 
-constexpr std::string_view kSpace = "\xE2\x96\x81";         // U+2581 LOWER ONE EIGHTH BLOCK
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";         // U+2581 LOWER ONE EIGHTH BLOCK
 constexpr std::string_view kUnknownGlyph = "\xE2\x96\x85";  // U+2585, llama.cpp's <unk> glyph
 
 int hex_digit(char c) {
@@ -53,11 +53,11 @@ SpmTokenizer::SpmTokenizer(VocabData d) : VocabTokenizer(std::move(d)) {
 void SpmTokenizer::encode_text(std::string_view text, bool after_special,
                                std::vector<int32_t>& out) const {
   std::string s;  // the escaped text the symbols point into
-  s.reserve(text.size() + text.size() / 4 + kSpace.size());
-  if (add_space_prefix_ && after_special) s += kSpace;
+  s.reserve(text.size() + text.size() / 4 + kSpmSpace.size());
+  if (add_space_prefix_ && after_special) s += kSpmSpace;
   for (char c : text) {
     if (c == ' ')
-      s += kSpace;
+      s += kSpmSpace;
     else
       s += c;
   }
@@ -125,9 +125,9 @@ std::string SpmTokenizer::token_to_piece(int32_t id, bool render_special) const 
       std::string out;
       out.reserve(text.size());
       for (size_t i = 0; i < text.size();) {
-        if (text.compare(i, kSpace.size(), kSpace) == 0) {
+        if (text.compare(i, kSpmSpace.size(), kSpmSpace) == 0) {
           out += ' ';
-          i += kSpace.size();
+          i += kSpmSpace.size();
         } else {
           out += text[i++];
         }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/output_file.h"
 #include "models/lora.h"
 #include "tools/cli_util.h"
@@ -31,11 +32,6 @@ namespace tern {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool exists(const std::string& p) {
-  std::error_code ec;
-  return fs::exists(p, ec);
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -177,7 +173,7 @@ int cmd_eval(int argc, char** argv) {
   if (threads < 0) fail("--threads must be positive");
   if (ctx < 0) fail("--ctx must not be negative");
   for (const std::string& b : {online_base, candidate_base})
-    if (!exists(b)) fail(b, ": no such model file");
+    if (!path_exists(b)) fail(b, ": no such model file");
   EvalSuite suite = load_eval_suite(suite_path);
   std::vector<const EvalScenario*> scenarios;
   for (const EvalScenario& sc : suite.scenarios)
@@ -189,7 +185,7 @@ int cmd_eval(int argc, char** argv) {
     check_output_path(svg);
     check_output_not_input(svg, {suite_path, online_base, candidate_base});
   }
-  if (!exists(work)) {
+  if (!path_exists(work)) {
     std::error_code ec;
     fs::create_directories(work, ec);
     if (ec) fail("--work ", work, ": cannot create it (", ec.message(), ")");
@@ -202,13 +198,13 @@ int cmd_eval(int argc, char** argv) {
     r.scenario = scenarios[i];
     r.online_adapter = r.scenario->online_adapter;
     r.candidate_adapter = (fs::path(work) / (r.scenario->name + "." + stem_of(candidate_base) + ".gguf")).string();
-    if (exists(r.candidate_adapter) && !reuse && !retrain)
+    if (path_exists(r.candidate_adapter) && !reuse && !retrain)
       fail("scenario \"", r.scenario->name, "\": ", r.candidate_adapter,
            " exists (give --reuse to evaluate it as it is, or --retrain to replace it)");
-    if (!exists(r.candidate_adapter) && reuse)
+    if (!path_exists(r.candidate_adapter) && reuse)
       std::fprintf(stderr, "tern eval: scenario %s: %s does not exist yet: training it\n", r.scenario->name.c_str(),
                    r.candidate_adapter.c_str());
-    if (!exists(r.online_adapter)) check_output_path(r.online_adapter);
+    if (!path_exists(r.online_adapter)) check_output_path(r.online_adapter);
     check_output_path(r.candidate_adapter);
     check_output_not_input(r.candidate_adapter, {suite_path, online_base, candidate_base, r.scenario->train,
                                                  r.scenario->val, r.scenario->eval, r.online_adapter});
@@ -216,13 +212,13 @@ int cmd_eval(int argc, char** argv) {
 
   // 1. The adapters: the online base's when missing, the candidate's always (unless reused).
   for (ScenarioResult& r : results) {
-    if (!exists(r.online_adapter)) {
+    if (!path_exists(r.online_adapter)) {
       std::fprintf(stderr, "tern eval: scenario %s: the online adapter %s does not exist: training it on %s\n",
                    r.scenario->name.c_str(), r.online_adapter.c_str(), online_base.c_str());
       r.online_train_s = train_adapter(*r.scenario, online_base, r.online_adapter, threads, quiet);
       r.online_trained = true;
     }
-    if (!(reuse && exists(r.candidate_adapter))) {
+    if (!(reuse && path_exists(r.candidate_adapter))) {
       r.candidate_train_s = train_adapter(*r.scenario, candidate_base, r.candidate_adapter, threads, quiet);
       r.candidate_trained = true;
     }

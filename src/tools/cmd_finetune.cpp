@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/output_file.h"
 #include "gguf/gguf.h"
 #include "models/lora.h"
@@ -25,11 +26,6 @@
 
 namespace tern {
 namespace {
-
-bool exists(const std::string& p) {
-  std::error_code ec;
-  return std::filesystem::exists(p, ec);
-}
 
 const char* format_name(train::DataFormat f) { return f == train::DataFormat::Jsonl ? "JSONL prompt/completion" : "text"; }
 
@@ -106,8 +102,8 @@ int cmd_finetune(int argc, char** argv) {
   check_output_not_input(a.out, {a.model, a.data, a.val});
   check_output_not_input(train::optimizer_state_path(a.out), {a.model, a.data, a.val});
   if (a.resume) {
-    if (!exists(a.out)) fail("--resume: ", a.out, " does not exist (nothing to resume)");
-    if (!exists(train::optimizer_state_path(a.out)))
+    if (!path_exists(a.out)) fail("--resume: ", a.out, " does not exist (nothing to resume)");
+    if (!path_exists(train::optimizer_state_path(a.out)))
       fail("--resume: ", train::optimizer_state_path(a.out), " (the optimizer state) does not exist");
   }
 
