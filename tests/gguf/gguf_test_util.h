@@ -109,10 +109,10 @@ inline std::vector<uint8_t> small_file_bytes() { return small_model()->writer.to
 // Offset just past the first length-prefixed occurrence of string s (its u64 length and
 // bytes), i.e. where the field after a key or a tensor name starts.
 inline size_t after_string(const std::vector<uint8_t>& b, const std::string& s) {
-  std::vector<uint8_t> needle(8 + s.size());
+  std::vector<uint8_t> needle(8);
   const uint64_t n = s.size();
   std::memcpy(needle.data(), &n, 8);
-  std::memcpy(needle.data() + 8, s.data(), s.size());
+  needle.insert(needle.end(), s.begin(), s.end());
   auto it = std::search(b.begin(), b.end(), needle.begin(), needle.end());
   if (it == b.end()) throw std::runtime_error("string not found in test file: " + s);
   return size_t(it - b.begin()) + needle.size();
