@@ -86,6 +86,18 @@ ServeLoadSettings test_settings(bool log_loads = false) {
   return s;
 }
 
+// What `fn` throws as an ApiError; a test failure (and an empty error) when it throws none.
+template <class Fn>
+ApiError api_error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no throw";
+  return ApiError(0, "", "", "", "");
+}
+
 class ServeModels : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -158,19 +170,15 @@ TEST_F(ServeModels, NamesAliasesAndLatest) {
 
 TEST_F(ServeModels, UnknownAndMissingNames) {
   auto p = provider();
-  try {
-    p->acquire("delta");
-    FAIL() << "no throw";
-  } catch (const ApiError& e) {
+  {
+    const ApiError e = api_error_of([&] { p->acquire("delta"); });
     EXPECT_EQ(e.status(), 404);
     EXPECT_EQ(e.code(), "model_not_found");
     EXPECT_EQ(e.param(), "model");
     for (const char* n : kNames) EXPECT_TRUE(contains(e.what(), std::string("`") + n + "`")) << e.what();
   }
-  try {
-    p->acquire("");
-    FAIL() << "no throw";
-  } catch (const ApiError& e) {
+  {
+    const ApiError e = api_error_of([&] { p->acquire(""); });
     EXPECT_EQ(e.status(), 400);
     EXPECT_EQ(e.param(), "model");
     EXPECT_TRUE(contains(e.what(), "model is required")) << e.what();
@@ -410,10 +418,8 @@ TEST_F(ServeModelVariants, AdapterOfAnotherModelSkipsTheVariantWithTheReason) {
   EXPECT_TRUE(contains(err, "skipping broken (variant of base): " + dir_ + "/lora/wrong.gguf")) << err;
   EXPECT_TRUE(contains(err, "the adapter is for architecture \"qwen2\"")) << err;
   EXPECT_FALSE(p->serves("broken"));
-  try {
-    p->acquire("broken");
-    FAIL() << "no throw";
-  } catch (const ApiError& e) {
+  {
+    const ApiError e = api_error_of([&] { p->acquire("broken"); });
     EXPECT_EQ(e.status(), 404);
     EXPECT_EQ(e.code(), "model_not_found");
   }
@@ -423,10 +429,8 @@ TEST_F(ServeModelVariants, AdapterOfAnotherModelSkipsTheVariantWithTheReason) {
 TEST_F(ServeModelVariants, VariantThatCannotRunOnTheLoadIs500AndTheBaseServes) {
   auto p = provider();
   EXPECT_TRUE(p->serves("untemplated"));  // the template is read at load time
-  try {
-    p->acquire("untemplated");
-    FAIL() << "no throw";
-  } catch (const ApiError& e) {
+  {
+    const ApiError e = api_error_of([&] { p->acquire("untemplated"); });
     EXPECT_EQ(e.status(), 500);
     EXPECT_EQ(e.code(), "model_load_failed");
     EXPECT_TRUE(contains(e.what(), "The model `untemplated` cannot be served on the engine of `base`: ")) << e.what();
@@ -529,10 +533,8 @@ TEST(SingleModelProvider, NamesAndRows) {
   EXPECT_EQ(strict.acquire("tiny.gguf", std::nullopt).model->id, "tiny");
   EXPECT_EQ(strict.acquire("", std::nullopt).model->id, "tiny");
   EXPECT_FALSE(strict.serves("other"));
-  try {
-    strict.acquire("other", std::nullopt);
-    FAIL() << "no throw";
-  } catch (const ApiError& e) {
+  {
+    const ApiError e = api_error_of([&] { strict.acquire("other", std::nullopt); });
     EXPECT_EQ(e.status(), 404);
     EXPECT_EQ(e.code(), "model_not_found");
     EXPECT_EQ(std::string(e.what()), "The model `other` does not exist. This server serves `tiny`.");
