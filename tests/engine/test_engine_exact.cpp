@@ -181,7 +181,10 @@ INSTANTIATE_TEST_SUITE_P(
         // every run): the tokens must not change.
         ExactCase{"stories_tbt_target_auto", false, DType::F32, 4, 0, 512, false, false, false, KvType::F32,
                   EngineConfig::kTbtAuto},
-        ExactCase{"stories_tbt_target_auto_preemption_prefix", false, DType::F32, 4, 300, 64, true, true, true,
+        // A small arena too, but whether it preempts depends on the measured step times (about 1
+        // run in 5 on a busy 2-core VM admits too few at once): preemption itself is required of
+        // the fixed-batch cases above.
+        ExactCase{"stories_tbt_target_auto_preemption_prefix", false, DType::F32, 4, 300, 64, true, false, true,
                   KvType::F32, EngineConfig::kTbtAuto}),
     [](const auto& info) { return std::string(info.param.name); });
 
