@@ -25,10 +25,10 @@ fi
 
 if [ "${TERN_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake --preset debug
-  asan_targets=(test_gguf test_tokenizer test_sampling test_models test_train test_server_adversarial)
+  asan_targets=(test_gguf test_tokenizer test_sampling test_sched test_spec test_models test_train test_server_adversarial)
   cmake --build --preset debug -j "$jobs" --target tern "${asan_targets[@]}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   # Only the binaries built above: select their tests by label (one label per layer).
   # server_adversarial: the ASan/UBSan `tern serve` under the adversarial suite.
-  ctest --test-dir build/debug -j "$jobs" --output-on-failure -L "^(gguf|tokenizer|sampling|models|train|server_adversarial)$"
+  ctest --test-dir build/debug -j "$jobs" --output-on-failure -L "^(gguf|tokenizer|sampling|sched|spec|models|train|server_adversarial)$"
 fi

@@ -19,6 +19,7 @@
 #include "core/thread_pool.h"
 #include "models/model.h"
 #include "sched/scheduler.h"
+#include "spec/draft_model.h"
 
 namespace tern {
 
@@ -86,11 +87,19 @@ struct Engine::Impl {
     std::vector<double> tbt_ms;
     bool finished = false;
     std::unique_ptr<TokenConstraint> constraint;  // this completion's grammar state, when constrained
+    // Speculative decoding: this step's drafts (and, from a sampling draft model, their
+    // distributions), the adaptive length, the draft model's sampler (its own RNG) and counts.
+    bool speculative = false;
+    DraftLength draft_len;
+    std::vector<int32_t> draft;
+    std::vector<TokenDistribution> draft_q;
+    std::unique_ptr<Sampler> draft_sampler;
+    int64_t n_drafted = 0, n_accepted = 0, n_spec_steps = 0;
 
     Completion(Request* r, int i, const SamplingParams& sp, int32_t n_vocab, const Tokenizer& tok,
-               const TokenConstraint* prototype)
+               const TokenConstraint* prototype, const SpecConfig& spec)
         : req(r), index(i), sampler(sp, n_vocab), decoder(tok),
-          constraint(prototype ? prototype->clone() : nullptr) {}
+          constraint(prototype ? prototype->clone() : nullptr), draft_len(spec) {}
   };
 
   struct Request {
@@ -134,6 +143,7 @@ struct Engine::Impl {
   StepCostModel cost_model;           // learnt from every step (and the start-up calibration)
   double tbt_target = 0;              // in force (resolved from cfg.tbt_target_ms), 0: none
   double decode_ms = 0;               // a one-sequence decode step, as calibrated at start
+  std::unique_ptr<DraftModel> draft_model;  // cfg.spec.source == DraftModel
 
   // --- submission (any thread), guarded by mu --------------------------------------------
   mutable std::mutex mu;
@@ -172,6 +182,11 @@ struct Engine::Impl {
   std::vector<int64_t> hidden_off;    // [n_seqs] row of each seq's first token in `hidden`, or -1
   std::vector<SeqId> failed_seqs;
   RequestOutput out;                  // what callbacks receive
+  std::vector<size_t> logit_row;      // [n_seqs] first logits row of each scheduled seq
+  std::vector<VerifyResult> verified; // [n_seqs] a drafted decode's verified tokens
+  std::vector<std::string> verify_error;  // [n_seqs] why its verification failed
+  std::vector<DraftModel::Job> draft_jobs;
+  std::vector<Completion*> draft_for;   // [draft_jobs]
 
   Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Tokenizer> t, const EngineConfig& c);
 
@@ -181,8 +196,11 @@ struct Engine::Impl {
   void apply_abort(uint64_t id);
   bool run_step();
   void on_sampled(SeqId seq, const float* row);
+  void propose_drafts();
+  void init_speculation(Completion& c);
+  double draft_marginal_cost() const;
   int32_t draw(Completion& c, const float* row);
-  void emit(Completion& c, int32_t id, const float* row);
+  void emit(Completion& c, int32_t id, const float* row, bool in_sequence = false);
   void pool_hidden(Completion& c, int64_t n_past, int64_t n_tokens, const float* rows);
   void finish_embedding(Completion& c);
   void finish(Completion& c, FinishReason reason, const std::string& error = {});
@@ -248,6 +266,13 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
   sc.watermark_blocks = n_blocks / 100;
   sched = std::make_unique<Scheduler>(sc, *kv);
   model->reserve(cfg.max_batch_tokens);
+
+  cfg.spec.validate();
+  if (cfg.spec.source == DraftSource::DraftModel) {
+    auto draft_file = std::make_shared<const GgufFile>(GgufFile::open(cfg.spec.draft_path));
+    check_draft_vocab(*file, *draft_file);
+    draft_model = std::make_unique<DraftModel>(draft_file, n_ctx, std::min(cfg.n_parallel, cfg.max_running), cfg.kv_type);
+  }
 
   const auto max_seqs = size_t(cfg.max_running);
   batch.reserve(max_seqs);
@@ -470,9 +495,10 @@ void Engine::Impl::admit(Pending& p) {
   r->n_unfinished = r->params.n;
   const SeqId seq = next_seq++;
   auto c = std::make_unique<Completion>(r.get(), 0, r->params.sampling, int32_t(n_vocab), *tok,
-                                        r->params.constraint.get());
+                                        r->params.constraint.get(), cfg.spec);
   c->seq = seq;
   by_seq[seq] = c.get();
+  init_speculation(*c);
   r->completions.push_back(std::move(c));
   if (r->params.embedding.enabled)
     r->pooling = r->params.embedding.pooling == Pooling::Model ? model_pooling(model->hparams())
@@ -490,6 +516,77 @@ void Engine::Impl::apply_abort(uint64_t id) {
   finish_request(*it->second, FinishReason::Abort);
 }
 
+// --- speculative decoding ------------------------------------------------------------------
+
+void Engine::Impl::init_speculation(Completion& c) {
+  const Request& r = *c.req;
+  c.speculative = cfg.spec.source != DraftSource::None && r.params.speculative && !r.params.embedding.enabled;
+  if (c.speculative && draft_model && c.sampler.params().temperature > 0) {
+    SamplingParams sp = c.sampler.params();
+    sp.seed ^= 0x6a09e667f3bcc909ull;  // the draft draws with its own RNG
+    // The draft's vocabulary may be smaller (by up to 128): biases of ids it lacks do not apply.
+    const int64_t draft_vocab = draft_model->hparams().n_vocab;
+    std::erase_if(sp.logit_bias, [&](const auto& b) { return b.first >= draft_vocab; });
+    c.draft_sampler = std::make_unique<Sampler>(sp, int32_t(draft_model->hparams().n_vocab));
+  }
+}
+
+// What one more token adds to a decode step, relative to the step: the price a drafted token
+// must pay for (DraftLength). From the step-cost model once it has data, else 10% (a memory-
+// bound decode: the weights are read once whatever the tokens).
+double Engine::Impl::draft_marginal_cost() const {
+  if (!cost_model.ready()) return 0.1;
+  StepShape one, two;
+  one.add(256, 1, true);
+  two.add(256, 2, true);
+  const double t1 = cost_model.predict_ms(one), t2 = cost_model.predict_ms(two);
+  return t1 > 0 ? std::max(0.0, t2 - t1) / t1 : 0.1;
+}
+
+// Before the plan: every speculative completion about to decode gets its drafts (set_draft);
+// the scheduler fits as many as the step leaves room for. Not at a prompt's end (the n
+// completions of a prompt fork from its first token), and never past the request's length or
+// the context.
+void Engine::Impl::propose_drafts() {
+  if (cfg.spec.source == DraftSource::None) return;
+  const int64_t t0 = now_ns();
+  const double marginal = draft_marginal_cost();
+  draft_jobs.clear();
+  draft_for.clear();
+  for (auto& [seq, cp] : by_seq) {
+    Completion& c = *cp;
+    c.draft.clear();
+    c.draft_q.clear();
+    if (!c.speculative || c.finished || c.n_generated == 0 || !sched->is_running(seq)) continue;
+    const std::span<const int32_t> toks = sched->tokens(seq);
+    if (int64_t(toks.size()) - sched->block_table(seq).n_computed != 1) continue;
+    const int64_t room = std::min(c.req->max_new - c.n_generated - 1, n_ctx - int64_t(toks.size()));
+    const int k = int(std::min<int64_t>(c.draft_len.next(marginal), room));
+    if (k <= 0) continue;
+    if (cfg.spec.source == DraftSource::Lookup) {
+      ngram_propose(toks, k, cfg.spec.ngram, c.draft);
+      if (!c.draft.empty()) sched->set_draft(seq, c.draft);
+    } else {
+      DraftModel::Job j;
+      j.key = seq;
+      j.tokens = toks;
+      j.n_draft = k;
+      j.sampler = c.draft_sampler.get();
+      j.out = &c.draft;
+      j.q = &c.draft_q;
+      j.vocab_limit = int32_t(n_vocab);
+      draft_jobs.push_back(j);
+      draft_for.push_back(&c);
+    }
+  }
+  if (!draft_jobs.empty()) {
+    draft_model->propose(draft_jobs, pool);
+    for (Completion* c : draft_for)
+      if (!c->draft.empty()) sched->set_draft(c->seq, c->draft);
+  }
+  totals.spec_draft_ms += ms_between(t0, now_ns());
+}
+
 // --- the step ---------------------------------------------------------------------------
 
 bool Engine::Impl::run_step() {
@@ -499,6 +596,7 @@ bool Engine::Impl::run_step() {
     return false;
   }
   const int64_t t_sched = now_ns();
+  propose_drafts();
   const StepPlan& plan = sched->schedule();
   if (plan.empty()) {
     update_snapshot();
@@ -544,13 +642,18 @@ bool Engine::Impl::run_step() {
     sb.tokens = sched->tokens(e.id).subspan(size_t(e.n_past), size_t(e.n_tokens));
     if (hidden_off[i] >= 0) sb.hidden = hidden.data() + hidden_off[i] * n_embd;
     sb.slots = std::span<const int32_t>(slot_buf.data() + slot_off[i], slot_off[i + 1] - slot_off[i]);
-    sb.all_logits = false;
+    sb.all_logits = e.n_draft > 0;  // a drafted decode: one row per token (the last, then each draft)
     const LoraSet& lora = by_seq.at(e.id)->req->params.lora;
     sb.lora = lora.empty() ? nullptr : &lora;
     batch.push_back(sb);
   }
   const size_t need = size_t(n_logit_rows(batch)) * size_t(n_vocab);
   if (logits.size() < need) logits.resize(need);
+  logit_row.clear();
+  for (size_t i = 0, row = 0; i < batch.size(); ++i) {
+    logit_row.push_back(row);
+    row += batch[i].all_logits ? batch[i].tokens.size() : 1;
+  }
   try {
     model->forward(batch, *kv_store, logits.data(), pool);
   } catch (const std::exception& ex) {
@@ -566,13 +669,58 @@ bool Engine::Impl::run_step() {
     update_snapshot();
     return true;
   }
+  // Drafted decodes: verify before the commit, which keeps only the accepted drafts.
+  verified.resize(plan.seqs.size());
+  verify_error.assign(plan.seqs.size(), std::string());
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& e = plan.seqs[i];
+    if (e.n_draft == 0) continue;
+    Completion& c = *by_seq.at(e.id);
+    const std::span<const int32_t> toks = sched->tokens(e.id);
+    const size_t first_draft = size_t(e.n_past + e.n_tokens - e.n_draft);
+    const std::span<const TokenDistribution> q =
+        c.draft_q.empty() ? std::span<const TokenDistribution>() : std::span<const TokenDistribution>(c.draft_q).first(size_t(e.n_draft));
+    try {
+      verify_drafts(c.sampler, logits.data() + logit_row[i] * size_t(n_vocab), int32_t(n_vocab), toks.first(first_draft),
+                    toks.subspan(first_draft, size_t(e.n_draft)), q, c.constraint.get(), masked_row, verified[i]);
+    } catch (const std::exception& ex) {
+      // (A row of NaN, a constraint refusing a token): the request fails after the commit.
+      verified[i].tokens.clear();
+      verified[i].n_accepted = 0;
+      verify_error[i] = ex.what();
+    }
+    sched->accept_drafts(e.id, verified[i].n_accepted);
+    c.draft_len.observe(int(e.n_draft), verified[i].n_accepted);
+    c.n_drafted += e.n_draft;
+    c.n_accepted += verified[i].n_accepted;
+    ++c.n_spec_steps;
+    totals.spec_drafted += e.n_draft;
+    totals.spec_accepted += verified[i].n_accepted;
+    ++totals.spec_steps;
+  }
   sched->commit();
   ++totals.steps;
-  // Sampling: one logits row per scheduled sequence, used by those that reached their end.
-  // (Requests may finish while we walk the plan; the plan itself stays valid.)
+  // Sampling: one logits row per scheduled sequence (a drafted decode: its verified tokens),
+  // used by those that reached their end. (Requests may finish while we walk the plan; the
+  // plan itself stays valid.)
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& e = plan.seqs[i];
     if (!by_seq.count(e.id)) continue;
+    if (e.n_draft > 0) {
+      Completion* c = by_seq.at(e.id);
+      const VerifyResult& v = verified[i];
+      if (v.tokens.empty()) {
+        finish_request(*c->req, FinishReason::Error, verify_error[i]);
+        continue;
+      }
+      const uint64_t rid = c->req->id;
+      for (size_t t = 0; t < v.tokens.size(); ++t) {
+        if (!requests.count(rid) || c->finished) break;
+        // Accepted drafts are the sequence's tokens already (committed); the last is new.
+        emit(*c, v.tokens[t], logits.data() + (logit_row[i] + t) * size_t(n_vocab), int64_t(t) < v.n_accepted);
+      }
+      continue;
+    }
     if (hidden_off[i] >= 0) {
       // An embedding request: its chunk's hidden states are pooled; at its prompt's end it is done.
       Completion& c = *by_seq.at(e.id);
@@ -581,7 +729,7 @@ bool Engine::Impl::run_step() {
       continue;
     }
     if (!e.sample) continue;
-    on_sampled(e.id, logits.data() + i * size_t(n_vocab));
+    on_sampled(e.id, logits.data() + logit_row[i] * size_t(n_vocab));
   }
   // (The plan is intact: requests finishing above change the scheduler, not its last plan.)
   record_step(plan, ms_between(t_sched, now_ns()));
@@ -598,7 +746,8 @@ void Engine::Impl::on_sampled(SeqId seq, const float* row) {
       for (int i = 1; i < r.params.n; ++i) {
         SamplingParams sp = r.params.sampling;
         sp.seed += uint64_t(i);  // distinct draws per completion, reproducible from the seed
-        auto child = std::make_unique<Completion>(&r, i, sp, int32_t(n_vocab), *tok, r.params.constraint.get());
+        auto child = std::make_unique<Completion>(&r, i, sp, int32_t(n_vocab), *tok, r.params.constraint.get(), cfg.spec);
+        init_speculation(*child);
         child->seq = next_seq++;
         sched->fork(seq, child->seq);
         by_seq[child->seq] = child.get();
@@ -710,7 +859,7 @@ int32_t Engine::Impl::draw(Completion& c, const float* row) {
 }
 
 // One new token of completion c: stream it, decide whether it ends the completion.
-void Engine::Impl::emit(Completion& c, int32_t id, const float* row) {
+void Engine::Impl::emit(Completion& c, int32_t id, const float* row, bool in_sequence) {
   Request& r = *c.req;
   const RequestParams& p = r.params;
   const int64_t t = now_ns();
@@ -751,7 +900,7 @@ void Engine::Impl::emit(Completion& c, int32_t id, const float* row) {
       out.text.assign(c.text, c.emitted, safe - c.emitted);
       c.emitted = safe;
     }
-    sched->append_token(c.seq, id);
+    if (!in_sequence) sched->append_token(c.seq, id);
     out.finished = false;
     out.finish_reason = FinishReason::None;
     out.error.clear();
@@ -776,6 +925,7 @@ void Engine::Impl::finish(Completion& c, FinishReason reason, const std::string&
     out.metrics.n_preempted = sched->contains(c.seq) ? sched->n_preempted(c.seq) : 0;
     sched->remove(c.seq);
     by_seq.erase(c.seq);
+    if (draft_model) draft_model->release(c.seq);
   } else {
     out.metrics.n_preempted = 0;
   }
@@ -788,6 +938,9 @@ void Engine::Impl::finish(Completion& c, FinishReason reason, const std::string&
   m.ttft_ms = c.ttft_ms;
   m.e2e_ms = ms_between(r.arrival_ns, t);
   m.tbt_ms = c.tbt_ms;
+  m.n_drafted = c.n_drafted;
+  m.n_accepted = c.n_accepted;
+  m.n_spec_steps = c.n_spec_steps;
   if (reason == FinishReason::Stop || reason == FinishReason::Length) {
     if (cfg.ttft_target_ms > 0) m.ttft_met = c.n_generated > 0 && m.ttft_ms <= cfg.ttft_target_ms;
     if (tbt_target > 0 && !m.tbt_ms.empty()) {
@@ -836,7 +989,7 @@ void Engine::Impl::finish_request(Request& r, FinishReason reason, const std::st
   if (!r.forked && r.params.n > 1) {
     // The other completions never started: they end with the first, on their own index.
     for (int i = 1; i < r.params.n; ++i) {
-      auto c = std::make_unique<Completion>(&r, i, r.params.sampling, int32_t(n_vocab), *tok, nullptr);
+      auto c = std::make_unique<Completion>(&r, i, r.params.sampling, int32_t(n_vocab), *tok, nullptr, cfg.spec);
       r.completions.push_back(std::move(c));
     }
     r.forked = true;

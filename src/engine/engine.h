@@ -23,6 +23,7 @@
 #include "models/model.h"
 #include "sampling/constraint.h"
 #include "sampling/sampler.h"
+#include "spec/speculative.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tern {
@@ -60,6 +61,12 @@ struct EngineConfig {
   double tbt_auto_floor_ms = 50;  // 20 tokens/s: faster than anyone reads
   double ttft_target_ms = 0;
   double max_queue_ms = 0;
+  // Speculative decoding (docs/speculative.md): each decoding request drafts tokens by prompt
+  // lookup or a draft model, and one step verifies them beside everyone else's work. A draft
+  // model keeps a KV region of n_ctx tokens for each of n_parallel requests (more requests
+  // decode without drafts until one is free). Outputs are those of plain decoding (greedy:
+  // the same tokens; sampling: the same distribution).
+  SpecConfig spec;
 };
 
 // add_request's refusal when a request is predicted to wait longer than max_queue_ms.
@@ -127,6 +134,8 @@ struct RequestParams {
   // requests running the same adapters at the same scales. Holding the set keeps the adapters
   // loaded until the request ends.
   LoraSet lora;
+  // With speculative decoding configured on the engine: false decodes this request plainly.
+  bool speculative = true;
 };
 
 struct GeneratedToken {
@@ -148,6 +157,9 @@ struct RequestMetrics {
   // mean gap (time per output token, as vLLM's and DistServe's goodput count it) is within it.
   bool ttft_met = true;
   bool tbt_met = true;
+  // Speculative decoding: tokens drafted for this completion, how many the target accepted,
+  // and the steps that verified drafts.
+  int64_t n_drafted = 0, n_accepted = 0, n_spec_steps = 0;
 };
 
 // What a callback receives: everything new since the previous call for this request.
@@ -190,6 +202,11 @@ struct EngineMetrics {
   double tbt_target_ms = 0;
   double step_cost_error_p50 = 0, step_cost_error_p90 = 0;
   double decode_step_ms = 0;
+  // Speculative decoding (totals since start): drafted and accepted tokens, and the decode
+  // steps that verified drafts; acceptance = accepted / drafted, tokens per verify step =
+  // (accepted + steps) / steps.
+  int64_t spec_drafted = 0, spec_accepted = 0, spec_steps = 0;
+  double spec_draft_ms = 0;            // time spent drafting
 };
 
 class Engine {

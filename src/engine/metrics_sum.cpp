@@ -21,6 +21,10 @@ void add_counters(EngineMetrics& to, const EngineMetrics& m) {
   to.step_ms_sum += m.step_ms_sum;
   to.steps_over_target += m.steps_over_target;
   to.steps_prefill_cut += m.steps_prefill_cut;
+  to.spec_drafted += m.spec_drafted;
+  to.spec_accepted += m.spec_accepted;
+  to.spec_steps += m.spec_steps;
+  to.spec_draft_ms += m.spec_draft_ms;
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // unloads, a live base swap): the counters of engines already gone stay in the totals, so that
 // no counter of /metrics ever goes back; the gauges (running, waiting, KV blocks and bytes) are
 // the live engines'; the prefix hit rate and the KV waste are means weighted by prompt tokens
-// and by used blocks.
+// and by used blocks. Speculative decoding's counts (drafted, accepted, verify steps, drafting
+// time) are counters: summed, so the acceptance of the sum is the token-weighted mean.
 #include <vector>
 
 #include "engine/engine.h"

@@ -291,12 +291,18 @@ static void add_embedding_lora(std::span<const LoraGroup> groups, std::span<cons
 
 void DecoderModel::bind_weights(WeightLoader& ld) {
   const int64_t E = hp_.n_embd, V = hp_.n_vocab, hd = hp_.head_dim;
-  tok_embd_ = ld.rows(tensor_name(Tensor::TokenEmbd), E, V);
   output_norm_ = ld.vector(tensor_name(Tensor::OutputNorm), E, "norm weights");
   if (ld.has(tensor_name(Tensor::Output))) {
+    tok_embd_ = ld.rows(tensor_name(Tensor::TokenEmbd), E, V);  // rows looked up, never a matmul
     output_ = Linear{tensor_name(Tensor::Output), ld.matmul(tensor_name(Tensor::Output), E, V)};
   } else {
-    output_ = Linear{tensor_name(Tensor::TokenEmbd), tok_embd_};  // tied embeddings
+    // Tied embeddings: the output projection is a matmul like any other, so the matrix takes the
+    // layout the kernels read (interleaved where they want it) and the lookup dequantizes its rows
+    // from there. Left as stored, one token's logits would come from the GEMV tiles and a batch's
+    // from the row-lane tiles, which round differently: a verify step's rows (speculative
+    // decoding) and a prefill's would then differ from decode's in the last bits.
+    tok_embd_ = ld.matmul(tensor_name(Tensor::TokenEmbd), E, V);
+    output_ = Linear{tensor_name(Tensor::TokenEmbd), tok_embd_};
   }
   rope_freqs_ = ld.optional_vector(tensor_name(Tensor::RopeFreqs), hp_.n_rot / 2, "rope frequency factors");
   const bool any_bias_optional = spec_.optional_bias;

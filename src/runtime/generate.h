@@ -10,9 +10,12 @@
 #include "runtime/session.h"
 #include "sampling/constraint.h"
 #include "sampling/sampler.h"
+#include "spec/speculative.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tern {
+
+class DraftModel;
 
 struct GenerateOptions {
   int64_t n_predict = 128;          // tokens to generate (-1: until EOS or the context is full)
@@ -27,6 +30,15 @@ struct GenerateOptions {
   // prototype is never modified and may serve several runs. Generation ends with "stop" on an
   // end-of-generation token or once the constraint is_dead() (nothing may follow).
   std::shared_ptr<const TokenConstraint> constraint;
+  // Speculative decoding (spec/speculative.h): with a source other than None, each step drafts
+  // up to n_draft_max tokens, the target evaluates them in one forward pass, and verification
+  // keeps the longest acceptable prefix plus one token of its own. The output follows plain
+  // sampling's distribution; greedy output is plain greedy's, token for token.
+  SpecConfig spec;
+  // DraftSource::DraftModel: the draft model (owned by the caller, checked against the target
+  // with check_draft_vocab; one region suffices). generate() drafts under key 0 and leaves that
+  // region cached, so a later call with a common prefix reuses it.
+  DraftModel* draft = nullptr;
 };
 
 struct GenerateMetrics {
@@ -39,6 +51,16 @@ struct GenerateMetrics {
   double prefill_tok_s = 0;
   double decode_tok_s = 0;          // (n_generated - 1) / sum(tbt)
   double constraint_ms = 0;         // time in the constraint's apply() + accept(), all tokens
+  // Speculative decoding (0 without it, but n_target_steps and accepted_per_step). A step's tokens become
+  // available together: each gets an equal share of the step's time in tbt_ms, so the TBT
+  // mean and decode_tok_s stay the time per generated token.
+  int64_t n_drafted = 0;            // drafts the target verified
+  int64_t n_accepted = 0;           // of them accepted
+  int64_t n_target_steps = 0;       // target forward passes after the prompt (verify or plain)
+  double acceptance_rate = 0;       // n_accepted / n_drafted
+  double accepted_per_step = 0;     // tokens per target step: (n_generated - 1) / n_target_steps
+                                    // (the first token comes from the prompt's pass); 1 when plain
+  double draft_ms = 0;              // time spent drafting (n-gram lookup or the draft model)
 };
 
 struct GenerateResult {
@@ -51,7 +73,10 @@ struct GenerateResult {
 
 // Runs the prompt, then samples until n_predict, EOS, a stop string or the end of the
 // context. on_text receives text as soon as it is final (valid UTF-8, never part of a
-// possible stop string). The session must be empty (n_past() == 0).
+// possible stop string). The session must be empty (n_past() == 0). With opts.spec on, each
+// step verifies a run of drafts and its tokens reach on_text, the stop strings and the limits one
+// by one, exactly as plain decoding's; throws tern::Error for a bad SpecConfig or a DraftModel
+// source without opts.draft.
 GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
                         const GenerateOptions& opts,
                         const std::function<void(const std::string&)>& on_text = {});

@@ -212,7 +212,7 @@ void Sampler::apply_penalties(std::span<const int32_t> history) {
   }
 }
 
-int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
+size_t Sampler::filter(const float* logits, std::span<const int32_t> history, double& sum) {
   const size_t n_vocab = static_cast<size_t>(n_vocab_);
   float* work = work_.data();
   // NaN would poison every comparison and sum below; +inf would make (l - lmax) NaN. Map them
@@ -235,7 +235,10 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
     size_t best = 0;
     for (size_t i = 1; i < n_vocab; ++i)
       if (work[i] > work[best]) best = i;  // strict: ties keep the lowest id
-    return static_cast<int32_t>(best);
+    candidates_[0] = static_cast<int32_t>(best);
+    probs_[0] = 1.0f;
+    sum = 0.0;  // deterministic: no draw
+    return 1;
   }
 
   // Invariant from here on: every filter keeps a prefix of the total order `Better`, so the
@@ -253,7 +256,11 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
   float lmax = k_neg_inf;
   for (size_t i = 0; i < n; ++i) lmax = std::max(lmax, work[cand[i]]);
   // Every candidate masked: nothing has probability, so fall back to the first (lowest id).
-  if (lmax == k_neg_inf) return cand[0];
+  if (lmax == k_neg_inf) {
+    probs_[0] = 1.0f;
+    sum = 0.0;
+    return 1;
+  }
 
   // top-p's probabilities are normalised over the top-k set, before min-p narrows it. The
   // unnormalised probabilities are kept by id in probs_ so top-p needs no second exp pass.
@@ -291,12 +298,16 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
   // narrowed; exp(-1000) is 0 in float either way.
   const double inv_temp = 1.0 / static_cast<double>(params_.temperature);
   float* w = probs_.data();
-  double sum = 0.0;
+  sum = 0.0;
   for (size_t i = 0; i < n; ++i) {
     const double x = std::max(static_cast<double>(work[cand[i]] - lmax) * inv_temp, -1000.0);
     w[i] = std::exp(static_cast<float>(x));
     sum += w[i];
   }
+  return n;
+}
+
+int32_t Sampler::draw_weighted(const int32_t* ids, const float* w, size_t n, double sum) {
   const double u = uniform01(rng_) * sum;
   double cum = 0.0;
   size_t last_positive = 0;
@@ -304,10 +315,89 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
     if (w[i] <= 0.0f) continue;
     cum += w[i];
     last_positive = i;
-    if (u < cum) return cand[i];
+    if (u < cum) return ids[i];
   }
   // Unreachable in exact arithmetic (u < sum); kept so rounding can never pick a 0-weight id.
-  return cand[last_positive];
+  return ids[last_positive];
+}
+
+int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
+  double sum = 0;
+  const size_t n = filter(logits, history, sum);
+  if (sum == 0.0) return candidates_[0];  // greedy, or nothing left to draw from
+  return draw_weighted(candidates_.data(), probs_.data(), n, sum);
+}
+
+void Sampler::distribution(const float* logits, std::span<const int32_t> history, TokenDistribution& out) {
+  double sum = 0;
+  const size_t n = filter(logits, history, sum);
+  out.ids.assign(candidates_.begin(), candidates_.begin() + ptrdiff_t(n));
+  out.probs.resize(n);
+  if (sum == 0.0) {
+    out.probs[0] = 1.0f;
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) out.probs[i] = float(double(probs_[i]) / sum);
+}
+
+int32_t Sampler::draw(const TokenDistribution& d) {
+  if (d.ids.empty()) fail("sampling: drawing from an empty distribution");
+  double sum = 0;
+  for (float p : d.probs) sum += p;
+  if (d.ids.size() == 1 || !(sum > 0)) return d.ids[0];
+  return draw_weighted(d.ids.data(), d.probs.data(), d.ids.size(), sum);
+}
+
+double Sampler::uniform() { return uniform01(rng_); }
+
+int32_t Sampler::verify(const float* logits, std::span<const int32_t> history, int32_t draft,
+                        const TokenDistribution* q, bool& accepted) {
+  double sum = 0;
+  const size_t n = filter(logits, history, sum);
+  int32_t* ids = candidates_.data();
+  float* w = probs_.data();
+  if (sum == 0.0) {
+    // Greedy (or a single candidate): the target's choice is certain; no draw is made, so a
+    // greedy run consumes the RNG exactly as plain decoding does (it does not at all).
+    accepted = ids[0] == draft;
+    return ids[0];
+  }
+  // p(draft): the candidates are in ascending id order.
+  const auto it = std::lower_bound(ids, ids + n, draft);
+  const size_t at = size_t(it - ids);
+  const double p_draft = (it != ids + n && *it == draft) ? double(w[at]) / sum : 0.0;
+  const double q_draft = q ? double(q->prob_of(draft)) : 1.0;
+  // Accept with probability min(1, p / q) (Leviathan et al. 2023; Chen et al. 2023).
+  if (p_draft > 0 && q_draft > 0) {
+    const double u = uniform01(rng_);
+    if (u * q_draft < p_draft) {
+      accepted = true;
+      return draft;
+    }
+  }
+  accepted = false;
+  // Rejected: draw from the residual norm(max(0, p - q)), in the candidates' id order. A point
+  // mass q removes the draft alone. When the residual is empty (p == q up to rounding), p itself.
+  double rsum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double p = double(w[i]) / sum;
+    const double qi = q ? double(q->prob_of(ids[i])) : (ids[i] == draft ? 1.0 : 0.0);
+    const double r = std::max(0.0, p - qi);
+    w[i] = float(r);
+    rsum += float(r);
+  }
+  if (!(rsum > 0)) {
+    // Cannot happen for a point mass (p(draft) = 1 is always accepted) or a q != p; kept so a
+    // rounding tie never leaves nothing to draw from.
+    filter(logits, history, sum);
+    return draw_weighted(ids, w, n, sum);
+  }
+  return draw_weighted(ids, w, n, rsum);
+}
+
+float TokenDistribution::prob_of(int32_t id) const {
+  const auto it = std::lower_bound(ids.begin(), ids.end(), id);
+  return it != ids.end() && *it == id ? probs[size_t(it - ids.begin())] : 0.0f;
 }
 
 float Sampler::logprob_of(const float* logits, int32_t n_vocab, int32_t id) {

@@ -33,6 +33,15 @@ struct SamplingParams {
   void validate() const;
 };
 
+// A next-token distribution as the sampler draws from it (after penalties, the filters and
+// temperature): the candidates in ascending id order and their probabilities (summing to 1).
+// Greedy sampling is the argmax alone with probability 1.
+struct TokenDistribution {
+  std::vector<int32_t> ids;
+  std::vector<float> probs;
+  float prob_of(int32_t id) const;  // 0 for an id outside the support
+};
+
 struct TokenLogprob {
   int32_t id;
   float logprob;
@@ -46,6 +55,22 @@ class Sampler {
   // (prompt and generated) for the penalties. Allocation-free after the first call.
   int32_t sample(const float* logits, std::span<const int32_t> history);
 
+  // The distribution sample() draws from for these logits and history (no draw is made).
+  void distribution(const float* logits, std::span<const int32_t> history, TokenDistribution& out);
+  // One draw from `d` with this sampler's RNG (a drafter sampling its proposal from q).
+  int32_t draw(const TokenDistribution& d);
+  // Speculative verification (spec/speculative.h): `draft` was proposed for the position
+  // these logits predict, drawn from the drafter's distribution q (null: a deterministic
+  // proposal, a point mass on `draft`). With p this sampler's distribution, the draft is
+  // accepted with probability min(1, p(draft) / q(draft)) and returned (accepted = true); else
+  // a token drawn from norm(max(0, p - q)) is returned (accepted = false). Either way the token
+  // returned is distributed exactly as sample() would draw it. Greedy: accepted when the draft
+  // is the argmax, which is returned; no random draw is made.
+  int32_t verify(const float* logits, std::span<const int32_t> history, int32_t draft, const TokenDistribution* q,
+                 bool& accepted);
+  // A uniform draw in [0, 1) from this sampler's RNG.
+  double uniform();
+
   // log-softmax of the (unpenalised, untempered) logits for `id`, plus the top n alternatives;
   // what OpenAI's logprobs report.
   static float logprob_of(const float* logits, int32_t n_vocab, int32_t id);
@@ -54,6 +79,11 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
+  // Penalties, the filters and temperature: the candidates in candidates_[0, n) (ascending id)
+  // with unnormalised weights probs_[0, n) summing to `sum`; sum = 0 when the choice is
+  // certain (greedy, or every logit masked): candidates_[0] then, drawn without the RNG.
+  size_t filter(const float* logits, std::span<const int32_t> history, double& sum);
+  int32_t draw_weighted(const int32_t* ids, const float* w, size_t n, double sum);
   // Applies repetition/frequency/presence penalties to work_ for the tokens in the window.
   void apply_penalties(std::span<const int32_t> history);
 

@@ -77,6 +77,26 @@ void Scheduler::append_token(SeqId id, int32_t token) {
   get(id).tokens.push_back(token);
 }
 
+void Scheduler::set_draft(SeqId id, std::span<const int32_t> draft) {
+  TERN_ASSERT(!planned_);
+  Seq& s = get(id);
+  if (!s.running || int64_t(s.tokens.size()) - s.table.n_computed != 1) return;
+  s.draft.assign(draft.begin(), draft.end());
+}
+
+void Scheduler::accept_drafts(SeqId id, int64_t n_accepted) {
+  TERN_ASSERT_MSG(planned_, "accept_drafts() outside a step");
+  Seq& s = get(id);
+  TERN_ASSERT(n_accepted >= 0 && n_accepted <= s.n_draft_planned);
+  s.n_draft_accepted = n_accepted;
+}
+
+void Scheduler::drop_drafts(Seq& s) {
+  s.tokens.resize(s.tokens.size() - size_t(s.n_draft_planned));
+  s.n_draft_planned = 0;
+  s.n_draft_accepted = 0;
+}
+
 void Scheduler::remove(SeqId id) {
   TERN_ASSERT_MSG(!planned_, "remove() between schedule() and commit()/rollback()");
   auto it = seqs_.find(id);
@@ -123,10 +143,13 @@ void Scheduler::preempt(Seq& s) {
     plan_.n_tokens -= e.n_tokens;
     plan_.shape.remove(e.n_past, e.n_tokens, e.sample);
     if (e.prefill) prefill_planned_ -= e.n_tokens;
+    draft_budget_ += e.n_draft;
     plan_.seqs.erase(plan_.seqs.begin() + ptrdiff_t(i));
     for (size_t j = i; j < plan_.seqs.size(); ++j) get(plan_.seqs[j].id).plan_index = int32_t(j);
     s.plan_index = -1;
+    drop_drafts(s);
   }
+  s.draft.clear();
   kv_.free(s.table);  // recomputed from its tokens when it runs again
   erase_from(running_, &s);
   s.running = false;
@@ -136,13 +159,20 @@ void Scheduler::preempt(Seq& s) {
   plan_.preempted.push_back(s.id);
 }
 
-void Scheduler::plan_seq(Seq& s, int64_t n, bool prefill) {
+void Scheduler::plan_seq(Seq& s, int64_t n, bool prefill, int64_t n_draft) {
   const bool ok = kv_.reserve(s.table, n);
   TERN_ASSERT(ok);
   const int64_t n_past = s.table.n_computed;
+  if (n_draft > 0) {
+    // The drafts follow the last token in `tokens` for this step (the batch's token span).
+    s.tokens.insert(s.tokens.end(), s.draft.begin(), s.draft.begin() + ptrdiff_t(n_draft));
+    s.n_draft_planned = n_draft;
+    s.n_draft_accepted = 0;
+    draft_budget_ -= n_draft;
+  }
   const bool sample = n_past + n == int64_t(s.tokens.size());
   s.plan_index = int32_t(plan_.seqs.size());
-  plan_.seqs.push_back(ScheduledSeq{s.id, n_past, n, sample, prefill});
+  plan_.seqs.push_back(ScheduledSeq{s.id, n_past, n, sample, prefill, n_draft});
   if (prefill) prefill_planned_ += n;
   plan_.n_tokens += n;
   plan_.shape.add(n_past, n, sample);
@@ -181,6 +211,26 @@ int64_t Scheduler::tokens_in_time(const Seq& s, int64_t want) const {
   return m;
 }
 
+int64_t Scheduler::drafts_that_fit(const Seq& s) const {
+  int64_t k = std::min<int64_t>(int64_t(s.draft.size()), draft_budget_);
+  if (k <= 0 || draft_blocks_ <= 0) return 0;
+  const int64_t own = kv_.blocks_needed(s.table, 1);
+  const auto fits = [&](int64_t m) {
+    if (kv_.blocks_needed(s.table, 1 + m) - own > draft_blocks_) return false;
+    if (!cost_) return true;
+    StepShape sh = plan_.shape;
+    sh.add(s.table.n_computed, 1 + m, true);
+    return cost_->predict_ms(sh) <= target_ms_;
+  };
+  if (fits(k)) return k;
+  int64_t lo = 0, hi = k;  // fits(lo) (or lo == 0), !fits(hi): both tests grow with m
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (fits(mid)) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
 const StepPlan& Scheduler::schedule() {
   TERN_ASSERT_MSG(!planned_, "schedule() twice without commit()/rollback()");
   plan_.seqs.clear();
@@ -193,6 +243,15 @@ const StepPlan& Scheduler::schedule() {
   limit_time_ = false;
   prefill_planned_ = 0;
   for (Seq* s : running_) s->plan_index = -1;
+  // Drafts get what one token for every decode leaves of the budget and the free blocks.
+  int64_t n_decodes = 0, decode_blocks = 0;
+  for (const Seq* s : running_)
+    if (int64_t(s->tokens.size()) - s->table.n_computed == 1) {
+      ++n_decodes;
+      decode_blocks += kv_.blocks_needed(s->table, 1);
+    }
+  draft_budget_ = budget_ - n_decodes;
+  draft_blocks_ = kv_.n_free_blocks() - decode_blocks;
 
   // Passes 1 (decodes) and 2 (prefill chunks) over the running set, oldest first.
   for (int pass = 0; pass < 2; ++pass) {
@@ -206,6 +265,15 @@ const StepPlan& Scheduler::schedule() {
       const int64_t want = tokens_in_time(s, std::min(remaining, budget_));
       if (want < std::min(remaining, budget_)) plan_.time_limited = true;
       if (want == 0) continue;
+      if (pass == 0 && !s.draft.empty()) {
+        const int64_t k = drafts_that_fit(s);
+        if (k > 0) {
+          const int64_t extra = kv_.blocks_needed(s.table, 1 + k) - kv_.blocks_needed(s.table, 1);
+          plan_seq(s, 1 + k, /*prefill=*/false, k);
+          draft_blocks_ -= extra;
+          continue;
+        }
+      }
       int64_t n = tokens_that_fit(s, want, kv_.n_free_blocks());
       while (n == 0) {
         // Out of blocks: the newest running sequence gives its blocks up (possibly s itself).
@@ -242,6 +310,8 @@ const StepPlan& Scheduler::schedule() {
     insert_sorted(running_, &s);
     plan_seq(s, n, /*prefill=*/true);
   }
+  // Drafts are for this step only (a sequence not planned with them drafts again next time).
+  for (Seq* s : running_) s->draft.clear();
   if (cost_) plan_.predicted_ms = cost_->predict_ms(plan_.shape);
   planned_ = !plan_.seqs.empty();
   return plan_;
@@ -250,7 +320,11 @@ const StepPlan& Scheduler::schedule() {
 void Scheduler::commit() {
   for (const ScheduledSeq& e : plan_.seqs) {
     Seq& s = get(e.id);
-    kv_.commit(s.table, e.n_tokens, s.tokens);
+    // Rejected drafts leave the sequence before its blocks are committed (and hashed).
+    const int64_t n_rejected = s.n_draft_planned - s.n_draft_accepted;
+    s.tokens.resize(s.tokens.size() - size_t(n_rejected));
+    s.n_draft_planned = s.n_draft_accepted = 0;
+    kv_.commit(s.table, e.n_tokens - n_rejected, s.tokens);
     s.plan_index = -1;
   }
   kv_.clear_copies();
@@ -260,6 +334,7 @@ void Scheduler::commit() {
 void Scheduler::rollback() {
   for (const ScheduledSeq& e : plan_.seqs) {
     Seq& s = get(e.id);
+    drop_drafts(s);
     kv_.rollback(s.table);
     s.plan_index = -1;
   }
@@ -281,6 +356,7 @@ void Scheduler::check_invariants() const {
   for (const auto& [id, s] : seqs_) {
     TERN_ASSERT(s.id == id);
     TERN_ASSERT(s.table.n_computed <= int64_t(s.tokens.size()));
+    TERN_ASSERT(planned_ || s.n_draft_planned == 0);
     TERN_ASSERT(s.table.n_reserved >= s.table.n_computed);
     TERN_ASSERT(int64_t(s.table.blocks.size()) == (s.table.n_reserved + bs - 1) / bs);
     for (BlockId b : s.table.blocks) TERN_ASSERT(kv_.pool().ref_count(b) > 0);

@@ -21,6 +21,14 @@
 // Blocks are reserved while planning and committed only when the caller reports the forward
 // pass succeeded (commit()); rollback() returns them (see kv/kv_cache_manager.h).
 //
+// Speculative decoding: a decoding sequence may carry draft tokens (set_draft) that the step
+// computes after its last token, in the same pass, for one logits row each. Drafts take only
+// what every decode's own token leaves: the token budget and free blocks beyond one token per
+// decode (and, with a step-time target, the time); they never preempt anyone. After the pass
+// the caller says how many were accepted (accept_drafts); commit() keeps those as the
+// sequence's tokens and drops the rest with their slots, so the prefix cache never hashes an
+// unverified token.
+//
 // Not thread-safe (owned by the engine thread).
 #include <cstdint>
 #include <span>
@@ -49,6 +57,7 @@ struct ScheduledSeq {
   int64_t n_tokens = 0;  // new tokens this step (1 for a decode, a chunk for a prefill)
   bool sample = false;   // the step reaches the sequence's last known token: sample the next one
   bool prefill = false;  // a prompt (or recompute) chunk, passes 2 and 3; false: a decode
+  int64_t n_draft = 0;   // a decode's draft tokens: the last n_draft of its n_tokens
 };
 
 struct StepPlan {
@@ -77,6 +86,13 @@ class Scheduler {
   void fork(SeqId parent, SeqId child);
   // A token the caller sampled for a running sequence; it is computed in a later step.
   void append_token(SeqId id, int32_t token);
+  // Draft tokens for a running sequence whose next step is a decode (speculative decoding):
+  // the next schedule() plans as many of them as fit after its token (see above), and forgets
+  // the rest. Ignored for a sequence that is not decoding. Not between schedule() and commit().
+  void set_draft(SeqId id, std::span<const int32_t> draft);
+  // Between schedule() and commit(): how many of the sequence's planned drafts (a prefix) the
+  // caller accepted; commit() drops the others. Not called: none accepted.
+  void accept_drafts(SeqId id, int64_t n_accepted);
   // Drops the sequence (finished or aborted) and frees its blocks. Unknown ids are ignored.
   // Not between schedule() and commit()/rollback().
   void remove(SeqId id);
@@ -88,7 +104,8 @@ class Scheduler {
 
   // Plans the next step and reserves its blocks. The plan stays valid until the next call.
   const StepPlan& schedule();
-  // The step's forward pass succeeded: the scheduled tokens are in the cache.
+  // The step's forward pass succeeded: the scheduled tokens are in the cache (of a decode with
+  // drafts: its token and the accepted drafts).
   void commit();
   // The step failed: returns the blocks it reserved (the sequences stay where they are).
   void rollback();
@@ -120,8 +137,11 @@ class Scheduler {
     int32_t plan_index = -1;       // entry in plan_ this step, or -1
     int64_t n_preempted = 0;
     bool prefix_lookup = true;     // may start from cached prefix blocks (add())
-    std::vector<int32_t> tokens;   // prompt + generated
+    std::vector<int32_t> tokens;   // prompt + generated (+ the planned drafts during a step)
     BlockTable table;
+    std::vector<int32_t> draft;    // set_draft()'s proposal for the next step
+    int64_t n_draft_planned = 0;   // drafts appended to `tokens` for this step
+    int64_t n_draft_accepted = 0;  // accept_drafts()
   };
   static bool before(const Seq* a, const Seq* b);  // (priority, order, id)
   Seq& get(SeqId id);
@@ -131,7 +151,10 @@ class Scheduler {
   // Largest m <= n whose blocks fit in `free_blocks`.
   int64_t tokens_that_fit(const Seq& s, int64_t n, int64_t free_blocks) const;
   void preempt(Seq& s);
-  void plan_seq(Seq& s, int64_t n, bool prefill);
+  void plan_seq(Seq& s, int64_t n, bool prefill, int64_t n_draft = 0);
+  // A decode's drafts that fit what the step's decodes leave (budget, blocks, time).
+  int64_t drafts_that_fit(const Seq& s) const;
+  void drop_drafts(Seq& s);  // takes planned drafts back out of `tokens`
   // With a step-time target in force this step: the largest m <= want prefill tokens of s
   // that keep the predicted step time under it (at least 1 when the step has no prefill yet).
   int64_t tokens_in_time(const Seq& s, int64_t want) const;
@@ -148,6 +171,8 @@ class Scheduler {
   double target_ms_ = 0;
   bool limit_time_ = false;     // this step decodes and a target is set
   int64_t prefill_planned_ = 0; // prefill tokens planned this step (passes 2 and 3)
+  int64_t draft_budget_ = 0;    // tokens left for drafts this step
+  int64_t draft_blocks_ = 0;    // free blocks left for drafts this step
   uint64_t next_order_ = 0;
   int64_t n_preempted_total_ = 0;
 };

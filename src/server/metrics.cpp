@@ -202,6 +202,18 @@ std::string ServerMetrics::render(const EngineMetrics& em, const ConnectionCount
           double(em.slo_tbt_missed));
   counter("tern_requests_refused_queue_total", "Requests refused (503) because the queue would hold them past --max-queue-ms.",
           double(em.requests_refused_queue));
+  // Speculative decoding (docs/speculative.md): zeros when no drafter is configured. The two
+  // gauges are derived from the counters since start, so a dashboard needs no rate() to show
+  // whether drafting pays.
+  counter("tern_spec_draft_tokens_total", "Tokens drafted for verification (prompt lookup or draft model).",
+          double(em.spec_drafted));
+  counter("tern_spec_accepted_tokens_total", "Drafted tokens the target model accepted.", double(em.spec_accepted));
+  counter("tern_spec_verify_steps_total", "Per-sequence decode steps that verified drafts.", double(em.spec_steps));
+  gauge("tern_spec_acceptance_rate", "Accepted / drafted tokens since start (0: nothing drafted).",
+        em.spec_drafted > 0 ? double(em.spec_accepted) / double(em.spec_drafted) : 0.0);
+  gauge("tern_spec_mean_accepted_length",
+        "Tokens emitted per verify step, (accepted + steps) / steps, since start (0: no verify step).",
+        em.spec_steps > 0 ? double(em.spec_accepted + em.spec_steps) / double(em.spec_steps) : 0.0);
   gauge("tern_http_connections_open", "Client connections open now.", double(conns.open));
   counter("tern_http_connections_accepted_total", "Client connections accepted.", double(conns.accepted));
   counter("tern_http_connections_refused_total", "Connections answered 503 and closed at a connection cap.",

@@ -350,6 +350,8 @@ const std::map<std::string, OptionSpec, std::less<>>& option_specs() {
       {"repeat_penalty", {OptionType::Number, "repetition_penalty", 1e-3, 100.0}},
       {"presence_penalty", {OptionType::Number, "presence_penalty", -2.0, 2.0}},
       {"frequency_penalty", {OptionType::Number, "frequency_penalty", -2.0, 2.0}},
+      // tern's own: false opts the request out of speculative decoding (the OpenAI field).
+      {"speculative", {OptionType::Boolean, "speculative"}},
       // Known to Ollama, of no use here (load-time settings tern takes from models.json or the
       // command line, and samplers tern does not have):
       {"num_ctx", {OptionType::Integer, nullptr}},
@@ -394,6 +396,7 @@ void apply_option(const std::string& name, const ojson& value, const OptionSpec&
   switch (spec.type) {
     case OptionType::Boolean:
       if (!value.is_boolean()) bad_option(name, "must be a boolean");
+      if (spec.openai) body[spec.openai] = value;
       return;
     case OptionType::StopList: {
       ojson stops = ojson::array();

@@ -91,8 +91,8 @@ nlohmann::ordered_json generate_to_openai(const GenerateRequest& r, const std::v
                                           const nlohmann::json& default_options);
 // The option part alone: Ollama options -> OpenAI fields written into `body` (temperature,
 // top_p, top_k, min_p, seed, num_predict -> max_tokens (negative: none), stop,
-// repeat_penalty -> repetition_penalty, presence_penalty, frequency_penalty; format ->
-// response_format). Known options tern has no use for (num_ctx, num_thread, num_gpu, mirostat,
+// repeat_penalty -> repetition_penalty, presence_penalty, frequency_penalty, tern's own
+// speculative (a boolean: false opts out of speculative decoding); format -> response_format). Known options tern has no use for (num_ctx, num_thread, num_gpu, mirostat,
 // ...) are accepted and ignored, as are unknown ones (Ollama only warns). Throws ApiError(400)
 // for a known option of the wrong type.
 void apply_options(const nlohmann::ordered_json& options, const nlohmann::json& default_options,

@@ -538,6 +538,7 @@ OpenAiRequest parse_openai_json(const ojson& j, ApiKind kind, const ParseLimits&
 
   if (const ojson* v = field(j, "ignore_eos")) r.ignore_eos = get_bool(*v, "ignore_eos");
   if (const ojson* v = field(j, "priority")) r.priority = int(get_int(*v, "priority", -1000000, 1000000));
+  if (const ojson* v = field(j, "speculative")) r.speculative = get_bool(*v, "speculative");
   if (const ojson* v = field(j, "user")) r.user = get_string(*v, "user");
 
   // {"token id": bias}: the ids are checked against the vocabulary by the server.

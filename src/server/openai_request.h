@@ -89,6 +89,10 @@ struct OpenAiRequest {
   bool echo = false;                  // completions: prepend the prompt to the text
   bool ignore_eos = false;            // extension (vLLM): keep going past end-of-generation
   int priority = 0;                   // extension (vLLM): lower is served first
+  // Extension: false decodes this request without speculative decoding on a server started
+  // with a drafter (--lookup, --draft); no effect on one without. Outputs are the same either
+  // way: the switch is for latency comparisons and for requests where drafting never pays.
+  bool speculative = true;
   std::string user;
 
   // Tool calling (chat only). tools are validated (names, unique, parameters an object);

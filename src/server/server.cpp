@@ -483,6 +483,7 @@ struct Server::Impl {
       params.ignore_eos = r.ignore_eos;
       params.n_logprobs = r.n_logprobs;
       params.priority = r.priority;
+      params.speculative = r.speculative;
       params.n = r.n;
       params.constraint = constraint;
       params.lora = m.lora;

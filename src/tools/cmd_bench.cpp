@@ -9,11 +9,13 @@
 #include "core/stats.h"
 #include "kernels/matmul.h"
 #include "tools/bandwidth_probe.h"
+#include "tools/bench_spec.h"
 #include "tools/compute_probe.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
 #include "tools/progress.h"
+#include "tools/spec_args.h"
 
 namespace tern {
 
@@ -94,11 +96,38 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--roofline", roofline,
                "also measure the compute peaks (FP32 FMA, BF16 dot, int8 dot) on the same threads and report pp "
                "as a share of the one its type runs on");
+  int verify_max = 0;
+  int64_t verify_ctx = 128;
+  app.add_option("--verify-curve", verify_max,
+                 "also time one forward step of k tokens at a context of --verify-ctx, k = 1..K, against a "
+                 "one-token step: the cost of verifying k-1 speculative drafts (docs/speculative.md)")
+      ->check(CLI::Range(0, 64));
+  app.add_option("--verify-ctx", verify_ctx, "tokens in the cache before the --verify-curve steps")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+  SpecArgs spec_args;
+  add_spec_options(app, spec_args);
+  std::string spec_prompts;
+  app.add_option("--spec-prompts", spec_prompts,
+                 "with --lookup or --draft: generate -n tokens greedily from each prompt in FILE (one per line, \\n "
+                 "for a newline), plainly and speculatively in turn, and report both decode speeds, the speedup and "
+                 "the acceptance (instead of pp/tg)");
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
-  if (n_prompt == 0 && n_gen == 0) fail("nothing to measure: -p and -n are both 0");
+  const SpecConfig spec = spec_config_from_args(spec_args);
+  if (spec.source != DraftSource::None || !spec_prompts.empty()) {
+    if (spec_prompts.empty()) fail("--lookup / --draft in tern bench compare decoding over --spec-prompts FILE: give one");
+    SpecBenchArgs sa;
+    sa.prompts_path = spec_prompts;
+    sa.n_gen = n_gen > 0 ? n_gen : 128;
+    sa.reps = reps;
+    sa.json = json;
+    margs.ctx = margs.ctx_given() ? margs.ctx : 0;
+    return run_spec_bench(margs, spec, sa);
+  }
+  if (n_prompt == 0 && n_gen == 0 && verify_max == 0) fail("nothing to measure: -p and -n are both 0");
   margs.ctx = std::max<int64_t>(n_prompt, n_gen) + 1;
-  margs.batch = std::max<int64_t>(1, std::min<int64_t>(n_prompt, 512));
+  if (verify_max > 0) margs.ctx = std::max<int64_t>(margs.ctx, verify_ctx + verify_max);
+  margs.batch = std::max<int64_t>({int64_t(1), std::min<int64_t>(n_prompt, 512), int64_t(verify_max)});
   LoadedSession ls = open_session(margs);
   Session& s = *ls.session;
   const int64_t V = s.hparams().n_vocab;
@@ -172,6 +201,29 @@ int cmd_bench(int argc, char** argv) {
   if (probe && n_gen == 0) bw_runs.push_back(probe->measure(5));
   std::vector<ComputePeak> peaks;
   if (roofline) peaks = measure_compute_peaks(s.pool());
+  // The verify-cost curve: a step of k tokens (all their logits, as a verify step computes) at a
+  // fixed context, k = 1..K, medians of `reps` runs (rounds alternate over k, so a slow minute
+  // falls on every k alike). The speedup ceiling of a drafter accepting everything is k tokens
+  // per step over the step's cost relative to one token.
+  std::vector<double> verify_ms;  // [K] median ms of a k-token step
+  if (verify_max > 0) {
+    std::vector<int32_t> ctx_tokens(static_cast<size_t>(verify_ctx)), step_tokens(static_cast<size_t>(verify_max));
+    for (auto& t : ctx_tokens) t = pick(rng);
+    for (auto& t : step_tokens) t = pick(rng);
+    s.reset();
+    s.eval(ctx_tokens);
+    std::vector<std::vector<double>> runs(static_cast<size_t>(verify_max));
+    const int rounds = std::max(reps, 3) * 4;
+    for (int r = -1; r < rounds; ++r) {  // round -1: warm-up
+      for (int k = 1; k <= verify_max; ++k) {
+        s.truncate(verify_ctx);
+        const int64_t t0 = now_ns();
+        s.eval(std::span<const int32_t>(step_tokens.data(), size_t(k)), /*all_logits=*/true);
+        if (r >= 0) runs[size_t(k - 1)].push_back(double(now_ns() - t0) / 1e6);
+      }
+    }
+    for (auto& v : runs) verify_ms.push_back(percentile(v, 50));
+  }
   const double bw = bw_runs.empty() ? 0.0 : percentile(bw_runs, 50);
   const double pp_med = percentile(pp, 50), tg_med = percentile(tg, 50);
   const double roofline_tok_s = bw > 0 ? bw * 1e9 / double(per_token) : 0.0;
@@ -207,6 +259,15 @@ int cmd_bench(int argc, char** argv) {
                         {"tg_roofline_pct", roofline_pct},
                         {"tg_roofline_pct_runs", pct_runs},
                         {"peak_rss_bytes", peak_rss_bytes()}};
+    if (verify_max > 0) {
+      nlohmann::json vc = nlohmann::json::array();
+      for (int k = 1; k <= verify_max; ++k) {
+        const double rel = verify_ms[size_t(k - 1)] / verify_ms[0];
+        vc.push_back({{"k", k}, {"ms", verify_ms[size_t(k - 1)]}, {"relative", rel}, {"speedup_ceiling", double(k) / rel}});
+      }
+      j["verify_ctx"] = verify_ctx;
+      j["verify_curve"] = vc;
+    }
     if (roofline) {
       nlohmann::json pj = nlohmann::json::array();
       for (const ComputePeak& c : peaks) {
@@ -223,7 +284,8 @@ int cmd_bench(int argc, char** argv) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("| model | type | size | threads | isa | test | t/s (median of %d) |\n|---|---|---|---|---|---|---|\n", reps);
+  if (n_prompt > 0 || n_gen > 0)
+    std::printf("| model | type | size | threads | isa | test | t/s (median of %d) |\n|---|---|---|---|---|---|---|\n", reps);
   const std::string size = format_bytes(weight_bytes);
   if (n_prompt > 0)
     std::printf("| %s | %s | %s | %d | %s | pp%lld | %.2f |\n", margs.model.c_str(), type.c_str(), size.c_str(),
@@ -237,6 +299,15 @@ int cmd_bench(int argc, char** argv) {
                 bw, format_bytes(per_token).c_str(), roofline_tok_s, roofline_pct);
   else if (bw > 0)
     std::printf("\nmemory read bandwidth %.1f GB/s\n", bw);
+  if (verify_max > 0) {
+    std::printf("\n| verify step of k tokens (context %lld) | ms (median) | x one token | ceiling tok/step-time |\n"
+                "|---|---|---|---|\n",
+                static_cast<long long>(verify_ctx));
+    for (int k = 1; k <= verify_max; ++k) {
+      const double rel = verify_ms[size_t(k - 1)] / verify_ms[0];
+      std::printf("| %d | %.3f | %.2f | %.2fx |\n", k, verify_ms[size_t(k - 1)], rel, double(k) / rel);
+    }
+  }
   if (roofline) {
     std::printf("\n| compute peak (%d threads) | instruction | G op/s |\n|---|---|---|\n", s.pool().size());
     for (const ComputePeak& c : peaks) {

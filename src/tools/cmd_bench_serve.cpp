@@ -1,7 +1,10 @@
 // tern bench-serve: vLLM's benchmark_serving, in-process. Replays prompts (ShareGPT-style JSON
 // or synthetic lengths) against the serving engine at a fixed concurrency (closed loop) or a
 // Poisson request rate (open loop), and reports request and token throughput, TTFT / TBT / E2E
-// latency, KV memory used and wasted, the prefix-cache hit rate and peak RSS.
+// latency, KV memory used and wasted, the prefix-cache hit rate and peak RSS. With a drafter
+// (--lookup N, --draft FILE) it reports speculative decoding's acceptance too; --spec-compare
+// runs the same workload plainly and then speculatively, on two engines in turn, and reports
+// both with their ratios.
 //
 // The engine is driven from this thread (Engine::step()), so arrivals are injected between
 // steps exactly when due and no thread is spent on a client.
@@ -9,7 +12,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -24,6 +29,8 @@
 #include "tools/latency_args.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
+#include "tools/serve_models.h"
+#include "tools/spec_args.h"
 
 namespace tern {
 namespace {
@@ -82,11 +89,186 @@ GoodputSlo parse_goodput(const std::vector<std::string>& items) {
 
 struct Record {
   int64_t n_prompt = 0, n_generated = 0, n_cached = 0;
+  int64_t n_drafted = 0, n_accepted = 0, n_spec_steps = 0;
   double ttft_ms = 0, e2e_ms = 0, queue_ms = 0;
   std::vector<double> tbt_ms;
   FinishReason reason = FinishReason::None;
   bool done = false;
 };
+
+// What every run of the benchmark replays (--spec-compare runs it twice, on two engines).
+struct Workload {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<double> arrival_s;       // open loop: when each request arrives (else all 0)
+  double request_rate = 0;
+  int64_t in_flight_cap = 0;
+  int64_t max_tokens = 0, seed = 0, warmup = 0;
+  float temperature = 0;
+  bool ignore_eos = true;
+  std::vector<LoraSet> lora_sets;      // requests rotate over them (empty set: the base's turn)
+  GoodputSlo slo;
+  bool slo_from_engine = false;        // tpot from the engine's TBT target (no --goodput given)
+};
+
+// The figures of one run.
+struct RunStats {
+  EngineMetrics base, m;               // after the warm-up, and at the end
+  GoodputSlo slo;
+  double duration_s = 0;
+  std::vector<double> ttft, tbt, e2e, queue, step_ms;
+  int64_t n_in = 0, n_out = 0, n_cached = 0, n_failed = 0;
+  double waste_pct = 0, hit_rate = 0;
+  int64_t preempted = 0, kv_used_peak = 0, max_running_seen = 0;
+  int64_t n_good = 0, good_tokens = 0, tbt_within = 0, steps_over = 0, steps_cut = 0;
+  int64_t drafted = 0, accepted = 0, spec_steps = 0;  // this run's requests (not the warm-up's)
+  double req_s = 0, out_tok_s = 0, total_tok_s = 0, goodput_req_s = 0, goodput_tok_s = 0;
+
+  double acceptance() const { return drafted > 0 ? double(accepted) / double(drafted) : 0; }
+  // Tokens a verify step emits: its accepted drafts and the one token every step draws.
+  double tokens_per_step() const { return spec_steps > 0 ? double(accepted + spec_steps) / double(spec_steps) : 0; }
+};
+
+RequestParams make_params(const Workload& w, const std::vector<int32_t>& ids, int64_t n_out, uint64_t seed) {
+  RequestParams p;
+  p.prompt_ids = ids;
+  p.max_tokens = n_out;
+  p.sampling.temperature = w.temperature;
+  p.sampling.seed = seed;
+  p.ignore_eos = w.ignore_eos;
+  return p;
+}
+
+// Warms `engine` up, replays the workload through it (driven from this thread, arrivals
+// injected between steps when due) and measures. `records` ([num prompts]) outlives the engine:
+// its callbacks write there.
+RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, std::vector<Record>& records) {
+  const int64_t num_prompts = int64_t(w.prompts.size());
+  records.assign(size_t(num_prompts), Record{});
+  const auto lora_of = [&](size_t i) { return w.lora_sets.empty() ? LoraSet{} : w.lora_sets[i % w.lora_sets.size()]; };
+
+  // Warm-up: page the weights in and size every buffer before the clock starts.
+  std::mt19937_64 warm_rng(uint64_t(w.seed) ^ 0x5741524Dull);  // its own tokens: no prefix hits later
+  for (int64_t i = 0; i < w.warmup; ++i) {
+    std::vector<int32_t> ids;
+    if (tok.add_bos_default()) ids.push_back(tok.bos_id());
+    while (ids.size() < 16) ids.push_back(int32_t(3 + warm_rng() % uint64_t(tok.n_vocab() - 3)));
+    engine.add_request(make_params(w, ids, 4, 1), {});
+  }
+  while (engine.has_work()) engine.step();
+  RunStats st;
+  st.base = engine.metrics();
+  st.slo = w.slo;
+  if (w.slo_from_engine) st.slo.tpot_ms = st.base.tbt_target_ms;
+
+  int64_t next = 0, n_done = 0, in_flight = 0;
+  double waste_sum = 0;
+  int64_t waste_samples = 0;
+  const int64_t t0 = now_ns();
+  int64_t t_end = t0;
+  while (n_done < num_prompts) {
+    const double elapsed_s = double(now_ns() - t0) / 1e9;
+    while (next < num_prompts && in_flight < w.in_flight_cap &&
+           (w.request_rate <= 0 || w.arrival_s[size_t(next)] <= elapsed_s)) {
+      const size_t i = size_t(next);
+      records[i].n_prompt = int64_t(w.prompts[i].size());
+      RequestParams params = make_params(w, w.prompts[i], w.max_tokens, uint64_t(w.seed) + i);
+      params.lora = lora_of(i);
+      const uint64_t id = engine.add_request(
+          std::move(params), [&records, &n_done, &in_flight, &t_end, i](const RequestOutput& o) {
+            if (!o.finished) return;
+            Record& r = records[i];
+            r.done = true;
+            r.reason = o.finish_reason;
+            r.n_generated = o.metrics.n_generated;
+            r.n_cached = o.metrics.n_cached_prompt;
+            r.ttft_ms = o.metrics.ttft_ms;
+            r.e2e_ms = o.metrics.e2e_ms;
+            r.queue_ms = o.metrics.queue_ms;
+            r.tbt_ms = o.metrics.tbt_ms;
+            r.n_drafted = o.metrics.n_drafted;
+            r.n_accepted = o.metrics.n_accepted;
+            r.n_spec_steps = o.metrics.n_spec_steps;
+            ++n_done;
+            --in_flight;
+            t_end = now_ns();
+          });
+      if (id == 0) break;  // queue full: retry after the next step
+      ++next;
+      ++in_flight;
+    }
+    const int64_t t_step = now_ns();
+    if (engine.step()) {
+      st.step_ms.push_back(double(now_ns() - t_step) / 1e6);
+      const EngineMetrics m = engine.metrics();
+      if (m.n_running > 0) {
+        waste_sum += m.kv_waste_pct;
+        ++waste_samples;
+      }
+      st.kv_used_peak = std::max(st.kv_used_peak, m.kv_blocks_used);
+      st.max_running_seen = std::max(st.max_running_seen, m.n_running);
+    } else if (w.request_rate > 0 && next < num_prompts) {
+      // Idle until the next arrival.
+      const double wait_s = w.arrival_s[size_t(next)] - double(now_ns() - t0) / 1e9;
+      if (wait_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait_s, 0.05)));
+    }
+  }
+  st.duration_s = double(t_end - t0) / 1e9;
+  st.m = engine.metrics();
+  const EngineMetrics& m = st.m;
+
+  for (const Record& r : records) {
+    st.ttft.push_back(r.ttft_ms);
+    st.e2e.push_back(r.e2e_ms);
+    st.queue.push_back(r.queue_ms);
+    st.tbt.insert(st.tbt.end(), r.tbt_ms.begin(), r.tbt_ms.end());
+    st.n_in += r.n_prompt;
+    st.n_out += r.n_generated;
+    st.n_cached += r.n_cached;
+    st.drafted += r.n_drafted;
+    st.accepted += r.n_accepted;
+    st.spec_steps += r.n_spec_steps;
+    if (r.reason == FinishReason::Error || r.reason == FinishReason::Abort) ++st.n_failed;
+  }
+  const double d = st.duration_s;
+  st.req_s = d > 0 ? double(num_prompts) / d : 0;
+  st.out_tok_s = d > 0 ? double(st.n_out) / d : 0;
+  st.total_tok_s = d > 0 ? double(st.n_in + st.n_out) / d : 0;
+  st.waste_pct = waste_samples ? waste_sum / double(waste_samples) : 0;
+  st.hit_rate = st.n_in > 0 ? double(st.n_cached) / double(st.n_in) : 0;
+  st.preempted = m.n_preempted_total - st.base.n_preempted_total;
+  // Goodput: requests (and their output tokens) that met every objective.
+  const GoodputSlo& slo = st.slo;
+  for (const Record& r : records) {
+    if (r.reason == FinishReason::Error || r.reason == FinishReason::Abort) continue;
+    const double tpot = r.tbt_ms.empty() ? 0 : mean(r.tbt_ms);
+    const double longest = r.tbt_ms.empty() ? 0 : *std::max_element(r.tbt_ms.begin(), r.tbt_ms.end());
+    const bool good = (slo.ttft_ms <= 0 || r.ttft_ms <= slo.ttft_ms) && (slo.tpot_ms <= 0 || tpot <= slo.tpot_ms) &&
+                      (slo.e2el_ms <= 0 || r.e2e_ms <= slo.e2el_ms) && (slo.tbt_ms <= 0 || longest <= slo.tbt_ms);
+    if (good) {
+      ++st.n_good;
+      st.good_tokens += r.n_generated;
+    }
+  }
+  st.goodput_req_s = d > 0 ? double(st.n_good) / d : 0;
+  st.goodput_tok_s = d > 0 ? double(st.good_tokens) / d : 0;
+  for (double g : st.tbt) st.tbt_within += m.tbt_target_ms > 0 && g <= m.tbt_target_ms ? 1 : 0;
+  st.steps_over = m.steps_over_target - st.base.steps_over_target;
+  st.steps_cut = m.steps_prefill_cut - st.base.steps_prefill_cut;
+  return st;
+}
+
+// The speculative figures of a run, as the JSON report names them.
+void add_spec_json(nlohmann::json& j, const RunStats& st) {
+  j["spec_drafted"] = st.drafted;
+  j["spec_accepted"] = st.accepted;
+  j["spec_verify_steps"] = st.spec_steps;
+  j["spec_acceptance_rate"] = st.acceptance();
+  j["spec_tokens_per_step"] = st.tokens_per_step();
+  j["spec_draft_ms"] = st.m.spec_draft_ms - st.base.spec_draft_ms;
+}
+
+// b / a, or 0 when a is 0 (a run too short to time).
+double ratio(double b, double a) { return a > 0 ? b / a : 0; }
 
 }  // namespace
 
@@ -137,6 +319,12 @@ int cmd_bench_serve(int argc, char** argv) {
   app.add_flag("--no-prefix-cache", no_prefix_cache, "disable prefix caching");
   LatencyArgs latency;
   add_latency_options(app, latency, /*with_queue_limit=*/false);
+  SpecArgs spec_args;
+  add_spec_options(app, spec_args);
+  bool spec_compare = false;
+  app.add_flag("--spec-compare", spec_compare,
+               "run the workload twice, plainly and then with the drafter of --lookup / --draft, and report both "
+               "and their ratios");
   std::vector<std::string> goodput_args;
   app.add_option("--goodput", goodput_args,
                  "objectives a request must meet to count in the goodput, as vLLM's benchmark: ttft:MS tpot:MS "
@@ -163,15 +351,22 @@ int cmd_bench_serve(int argc, char** argv) {
   ecfg.prefix_caching = !no_prefix_cache;
   ecfg.max_waiting = std::max<int64_t>(ecfg.max_waiting, num_prompts + warmup + 1);
   apply_latency_args(latency, ecfg);
-  GoodputSlo slo = parse_goodput(goodput_args);
+  const SpecConfig spec = spec_config_from_args(spec_args);
+  const bool speculative = spec.source != DraftSource::None;
+  if (spec_compare && !speculative) fail("--spec-compare needs a drafter to compare with: --lookup N or --draft FILE");
+  Workload w;
+  w.slo = parse_goodput(goodput_args);
+  w.slo_from_engine = goodput_args.empty();
+  if (w.slo_from_engine) w.slo.ttft_ms = ecfg.ttft_target_ms;
   if (!save_prompts.empty()) {
     // Before the model loads: a path that cannot be written, or that is one of the inputs.
     check_output_path(save_prompts);
-    check_output_not_input(save_prompts, {model_path, tokenizer_bin, prompts_file});
+    check_output_not_input(save_prompts, {model_path, tokenizer_bin, prompts_file, spec.draft_path});
   }
 
-  // Before the engine: callbacks write here, and ~Engine would call them for anything unfinished.
-  std::vector<Record> records(static_cast<size_t>(num_prompts));
+  // Before the engine: its callbacks write here, and ~Engine would call them for anything
+  // unfinished.
+  std::vector<Record> records;
   auto file = open_model_file(model_path, tokenizer_bin);
   std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
   ContextRequest ctx_req;
@@ -181,10 +376,16 @@ int cmd_bench_serve(int argc, char** argv) {
   ctx_req.kv_memory_bytes = ecfg.kv_memory_bytes;
   ctx_req.serving = true;
   ecfg.n_ctx = plan_model_context(*file, ctx_req, app.get_name(), ctx_opt->count() > 0).n_ctx;
-  Engine engine(file, tok, ecfg);
-  const int64_t n_ctx = engine.n_ctx();
+  // --spec-compare: the plain run first, on an engine with no drafter; then the speculative one
+  // on a fresh engine (same configuration otherwise), so neither inherits the other's prefix
+  // cache.
+  EngineConfig spec_ecfg = ecfg;
+  spec_ecfg.spec = spec;
+  if (!spec_compare) ecfg.spec = spec;
+  auto engine = std::make_unique<Engine>(file, tok, ecfg);
+  const int64_t n_ctx = engine->n_ctx();
   // The adapters requests rotate over (empty set: the base model's turn).
-  std::vector<LoraSet> lora_sets;
+  std::vector<LoraSet>& lora_sets = w.lora_sets;
   for (LoraUse& u : load_lora_args(lora_files, *file)) lora_sets.push_back({std::move(u)});
   if (!lora_random.empty()) {
     const size_t colon = lora_random.find(':');
@@ -205,14 +406,14 @@ int cmd_bench_serve(int argc, char** argv) {
                                                            /*half=*/true),
                                    1.0f}});
   }
-  for (const LoraSet& s : lora_sets) engine.check_lora(*s[0].adapter);
+  for (const LoraSet& s : lora_sets) engine->check_lora(*s[0].adapter);
   if (lora_with_base && !lora_sets.empty()) lora_sets.push_back({});
   if (max_tokens >= n_ctx) fail("--max-tokens ", max_tokens, " leaves no room for a prompt in a context of ", n_ctx);
   const int64_t prompt_cap = std::min(max_prompt_tokens > 0 ? max_prompt_tokens : n_ctx, n_ctx - max_tokens);
 
   // Prompts: ShareGPT texts in a seeded random order (as vLLM samples them), or random tokens.
   std::mt19937_64 rng{uint64_t(seed)};
-  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int32_t>>& prompts = w.prompts;
   int64_t n_truncated = 0;
   if (!prompts_file.empty()) {
     std::vector<std::string> texts = read_sharegpt(prompts_file);
@@ -238,151 +439,53 @@ int cmd_bench_serve(int argc, char** argv) {
     }
   }
 
-  auto make_params = [&](const std::vector<int32_t>& ids, int64_t n_out, uint64_t s) {
-    RequestParams p;
-    p.prompt_ids = ids;
-    p.max_tokens = n_out;
-    p.sampling.temperature = temperature;
-    p.sampling.seed = s;
-    p.ignore_eos = !ignore_eos_off;
-    return p;
-  };
-  const auto lora_of = [&](size_t i) { return lora_sets.empty() ? LoraSet{} : lora_sets[i % lora_sets.size()]; };
-
-  // Warm-up: page the weights in and size every buffer before the clock starts.
-  std::mt19937_64 warm_rng(uint64_t(seed) ^ 0x5741524Dull);  // its own tokens: no prefix hits later
-  for (int64_t w = 0; w < warmup; ++w) {
-    std::vector<int32_t> ids;
-    if (tok->add_bos_default()) ids.push_back(tok->bos_id());
-    while (ids.size() < 16) ids.push_back(int32_t(3 + warm_rng() % uint64_t(tok->n_vocab() - 3)));
-    engine.add_request(make_params(ids, 4, 1), {});
-  }
-  while (engine.has_work()) engine.step();
-  const EngineMetrics base = engine.metrics();
-  if (goodput_args.empty()) {
-    slo.ttft_ms = ecfg.ttft_target_ms;
-    slo.tpot_ms = base.tbt_target_ms;
-  }
-  std::vector<double> step_ms;  // wall time of every step that ran
-
   // Arrival times (open loop): exponential gaps at request_rate.
-  std::vector<double> arrival_s(size_t(num_prompts), 0.0);
+  w.arrival_s.assign(size_t(num_prompts), 0.0);
   if (request_rate > 0) {
     std::exponential_distribution<double> gap(request_rate);
     double t = 0;
-    for (auto& a : arrival_s) {
+    for (auto& a : w.arrival_s) {
       a = t;
       t += gap(rng);
     }
   }
-  const int64_t in_flight_cap = request_rate > 0 ? num_prompts : (concurrency > 0 ? concurrency : num_prompts);
+  w.request_rate = request_rate;
+  w.in_flight_cap = request_rate > 0 ? num_prompts : (concurrency > 0 ? concurrency : num_prompts);
+  w.max_tokens = max_tokens;
+  w.seed = seed;
+  w.warmup = warmup;
+  w.temperature = temperature;
+  w.ignore_eos = !ignore_eos_off;
+  const int64_t in_flight_cap = w.in_flight_cap;
   if (!save_prompts.empty()) {
     // The token ids, and with --request-rate the arrival times, for a peer engine to replay
     // (bench/llamacpp_serve.mjs --open-loop).
     nlohmann::json j{{"max_tokens", max_tokens}, {"prompts", prompts}};
     if (request_rate > 0) {
       j["request_rate"] = request_rate;
-      j["arrival_s"] = arrival_s;
+      j["arrival_s"] = w.arrival_s;
     }
     write_output_file(save_prompts, j.dump() + "\n");
   }
 
-  std::vector<uint64_t> ids;
-  int64_t next = 0, n_done = 0, in_flight = 0;
-  double waste_sum = 0;
-  int64_t waste_samples = 0, kv_used_peak = 0, max_running_seen = 0;
-  const int64_t t0 = now_ns();
-  int64_t t_end = t0;
-  while (n_done < num_prompts) {
-    const double elapsed_s = double(now_ns() - t0) / 1e9;
-    while (next < num_prompts && in_flight < in_flight_cap &&
-           (request_rate <= 0 || arrival_s[size_t(next)] <= elapsed_s)) {
-      const size_t i = size_t(next);
-      records[i].n_prompt = int64_t(prompts[i].size());
-      RequestParams params = make_params(prompts[i], max_tokens, uint64_t(seed) + i);
-      params.lora = lora_of(i);
-      const uint64_t id = engine.add_request(
-          std::move(params), [&records, &n_done, &in_flight, &t_end, i](const RequestOutput& o) {
-            if (!o.finished) return;
-            Record& r = records[i];
-            r.done = true;
-            r.reason = o.finish_reason;
-            r.n_generated = o.metrics.n_generated;
-            r.n_cached = o.metrics.n_cached_prompt;
-            r.ttft_ms = o.metrics.ttft_ms;
-            r.e2e_ms = o.metrics.e2e_ms;
-            r.queue_ms = o.metrics.queue_ms;
-            r.tbt_ms = o.metrics.tbt_ms;
-            ++n_done;
-            --in_flight;
-            t_end = now_ns();
-          });
-      if (id == 0) break;  // queue full: retry after the next step
-      ids.push_back(id);
-      ++next;
-      ++in_flight;
-    }
-    const int64_t t_step = now_ns();
-    if (engine.step()) {
-      step_ms.push_back(double(now_ns() - t_step) / 1e6);
-      const EngineMetrics m = engine.metrics();
-      if (m.n_running > 0) {
-        waste_sum += m.kv_waste_pct;
-        ++waste_samples;
-      }
-      kv_used_peak = std::max(kv_used_peak, m.kv_blocks_used);
-      max_running_seen = std::max(max_running_seen, m.n_running);
-    } else if (request_rate > 0 && next < num_prompts) {
-      // Idle until the next arrival.
-      const double wait_s = arrival_s[size_t(next)] - double(now_ns() - t0) / 1e9;
-      if (wait_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait_s, 0.05)));
-    }
+  const int64_t kv_block_size = engine->config().kv_block_size;
+  const RunStats first = run_workload(*engine, w, *tok, records);
+  std::optional<RunStats> second;
+  if (spec_compare) {
+    engine.reset();  // one engine's memory at a time
+    engine = std::make_unique<Engine>(file, tok, spec_ecfg);
+    second = run_workload(*engine, w, *tok, records);
   }
-  const double duration_s = double(t_end - t0) / 1e9;
-  const EngineMetrics m = engine.metrics();
-
-  std::vector<double> ttft, tbt, e2e, queue;
-  int64_t n_in = 0, n_out = 0, n_cached = 0, n_failed = 0;
-  for (const Record& r : records) {
-    ttft.push_back(r.ttft_ms);
-    e2e.push_back(r.e2e_ms);
-    queue.push_back(r.queue_ms);
-    tbt.insert(tbt.end(), r.tbt_ms.begin(), r.tbt_ms.end());
-    n_in += r.n_prompt;
-    n_out += r.n_generated;
-    n_cached += r.n_cached;
-    if (r.reason == FinishReason::Error || r.reason == FinishReason::Abort) ++n_failed;
-  }
-  const int64_t block_bytes = kv_bytes_per_token(*file, ecfg.kv_type) * engine.config().kv_block_size;
-  const double req_s = duration_s > 0 ? double(num_prompts) / duration_s : 0;
-  const double out_tok_s = duration_s > 0 ? double(n_out) / duration_s : 0;
-  const double total_tok_s = duration_s > 0 ? double(n_in + n_out) / duration_s : 0;
-  const double waste_pct = waste_samples ? waste_sum / double(waste_samples) : 0;
-  const double hit_rate = n_in > 0 ? double(n_cached) / double(n_in) : 0;
-  const int64_t preempted = m.n_preempted_total - base.n_preempted_total;
+  const int64_t block_bytes = kv_bytes_per_token(*file, ecfg.kv_type) * kv_block_size;
   const int64_t rss = peak_rss_bytes();
-  // Goodput: requests (and their output tokens) that met every objective.
-  int64_t n_good = 0, good_tokens = 0;
-  for (const Record& r : records) {
-    if (r.reason == FinishReason::Error || r.reason == FinishReason::Abort) continue;
-    const double tpot = r.tbt_ms.empty() ? 0 : mean(r.tbt_ms);
-    const double longest = r.tbt_ms.empty() ? 0 : *std::max_element(r.tbt_ms.begin(), r.tbt_ms.end());
-    const bool good = (slo.ttft_ms <= 0 || r.ttft_ms <= slo.ttft_ms) && (slo.tpot_ms <= 0 || tpot <= slo.tpot_ms) &&
-                      (slo.e2el_ms <= 0 || r.e2e_ms <= slo.e2el_ms) && (slo.tbt_ms <= 0 || longest <= slo.tbt_ms);
-    if (good) {
-      ++n_good;
-      good_tokens += r.n_generated;
-    }
-  }
-  const double goodput_req_s = duration_s > 0 ? double(n_good) / duration_s : 0;
-  const double goodput_tok_s = duration_s > 0 ? double(good_tokens) / duration_s : 0;
-  const double tbt_target = m.tbt_target_ms;
-  int64_t tbt_within = 0;
-  for (double g : tbt) tbt_within += tbt_target > 0 && g <= tbt_target ? 1 : 0;
-  const int64_t steps_over = m.steps_over_target - base.steps_over_target;
-  const int64_t steps_cut = m.steps_prefill_cut - base.steps_prefill_cut;
+  const int n_threads = ecfg.n_threads > 0 ? ecfg.n_threads : default_thread_count();
+  const int64_t n_lora = int64_t(lora_sets.size()) - (lora_with_base && !lora_sets.empty() ? 1 : 0);
 
-  if (json) {
+  // One run's JSON object (the whole report without --spec-compare).
+  const auto run_json = [&](const RunStats& st) {
+    const EngineMetrics& m = st.m;
+    const GoodputSlo& slo = st.slo;
+    const double tbt_target = m.tbt_target_ms;
     nlohmann::json j;
     j["model"] = model_path;
     j["prompts"] = prompts_file.empty() ? "synthetic" : prompts_file;
@@ -390,60 +493,126 @@ int cmd_bench_serve(int argc, char** argv) {
     j["concurrency"] = request_rate > 0 ? nlohmann::json(nullptr) : nlohmann::json(in_flight_cap);
     j["request_rate"] = request_rate > 0 ? nlohmann::json(request_rate) : nlohmann::json(nullptr);
     j["max_tokens"] = max_tokens;
-    j["threads"] = ecfg.n_threads > 0 ? ecfg.n_threads : default_thread_count();
+    j["threads"] = n_threads;
     j["isa"] = active_isa();
-    j["duration_s"] = duration_s;
-    j["completed"] = num_prompts - n_failed;
-    j["failed"] = n_failed;
-    j["prompt_tokens"] = n_in;
-    j["output_tokens"] = n_out;
+    j["duration_s"] = st.duration_s;
+    j["completed"] = num_prompts - st.n_failed;
+    j["failed"] = st.n_failed;
+    j["prompt_tokens"] = st.n_in;
+    j["output_tokens"] = st.n_out;
     j["truncated_prompts"] = n_truncated;
-    j["request_throughput"] = req_s;
-    j["output_tok_s"] = out_tok_s;
-    j["total_tok_s"] = total_tok_s;
-    j["ttft_ms_mean"] = mean(ttft);
-    j["ttft_ms_p50"] = percentile(ttft, 50);
-    j["ttft_ms_p99"] = percentile(ttft, 99);
-    j["tbt_ms_mean"] = mean(tbt);
-    j["tbt_ms_p50"] = percentile(tbt, 50);
-    j["tbt_ms_p99"] = percentile(tbt, 99);
-    j["e2e_ms_mean"] = mean(e2e);
-    j["e2e_ms_p50"] = percentile(e2e, 50);
-    j["e2e_ms_p99"] = percentile(e2e, 99);
-    j["queue_ms_mean"] = mean(queue);
+    j["request_throughput"] = st.req_s;
+    j["output_tok_s"] = st.out_tok_s;
+    j["total_tok_s"] = st.total_tok_s;
+    j["ttft_ms_mean"] = mean(st.ttft);
+    j["ttft_ms_p50"] = percentile(st.ttft, 50);
+    j["ttft_ms_p99"] = percentile(st.ttft, 99);
+    j["tbt_ms_mean"] = mean(st.tbt);
+    j["tbt_ms_p50"] = percentile(st.tbt, 50);
+    j["tbt_ms_p99"] = percentile(st.tbt, 99);
+    j["e2e_ms_mean"] = mean(st.e2e);
+    j["e2e_ms_p50"] = percentile(st.e2e, 50);
+    j["e2e_ms_p99"] = percentile(st.e2e, 99);
+    j["queue_ms_mean"] = mean(st.queue);
     j["tbt_target_ms"] = tbt_target;
     j["ttft_target_ms"] = ecfg.ttft_target_ms;
     j["decode_step_ms"] = m.decode_step_ms;
     j["goodput_slo"] = {{"ttft_ms", slo.ttft_ms}, {"tpot_ms", slo.tpot_ms}, {"e2el_ms", slo.e2el_ms}, {"tbt_ms", slo.tbt_ms}};
-    j["good_requests"] = n_good;
-    j["goodput_req_s"] = goodput_req_s;
-    j["goodput_tok_s"] = goodput_tok_s;
-    j["slo_attainment_pct"] = num_prompts > 0 ? 100.0 * double(n_good) / double(num_prompts) : 0;
-    j["tbt_within_target_pct"] = tbt.empty() || tbt_target <= 0 ? nlohmann::json(nullptr)
-                                                                : nlohmann::json(100.0 * double(tbt_within) / double(tbt.size()));
-    j["steps"] = int64_t(step_ms.size());
-    j["step_ms_p50"] = percentile(step_ms, 50);
-    j["step_ms_p90"] = percentile(step_ms, 90);
-    j["step_ms_p99"] = percentile(step_ms, 99);
-    j["step_ms_max"] = step_ms.empty() ? 0.0 : *std::max_element(step_ms.begin(), step_ms.end());
-    j["steps_over_target"] = steps_over;
-    j["steps_prefill_cut"] = steps_cut;
+    j["good_requests"] = st.n_good;
+    j["goodput_req_s"] = st.goodput_req_s;
+    j["goodput_tok_s"] = st.goodput_tok_s;
+    j["slo_attainment_pct"] = num_prompts > 0 ? 100.0 * double(st.n_good) / double(num_prompts) : 0;
+    j["tbt_within_target_pct"] = st.tbt.empty() || tbt_target <= 0
+                                     ? nlohmann::json(nullptr)
+                                     : nlohmann::json(100.0 * double(st.tbt_within) / double(st.tbt.size()));
+    j["steps"] = int64_t(st.step_ms.size());
+    j["step_ms_p50"] = percentile(st.step_ms, 50);
+    j["step_ms_p90"] = percentile(st.step_ms, 90);
+    j["step_ms_p99"] = percentile(st.step_ms, 99);
+    j["step_ms_max"] = st.step_ms.empty() ? 0.0 : *std::max_element(st.step_ms.begin(), st.step_ms.end());
+    j["steps_over_target"] = st.steps_over;
+    j["steps_prefill_cut"] = st.steps_cut;
     j["step_cost_error_p50"] = m.step_cost_error_p50;
     j["step_cost_error_p90"] = m.step_cost_error_p90;
-    j["lora_adapters"] = int64_t(lora_sets.size()) - (lora_with_base && !lora_sets.empty() ? 1 : 0);
+    j["lora_adapters"] = n_lora;
     j["lora_with_base"] = lora_with_base;
     j["kv_type"] = kv_type_name(ecfg.kv_type);
     j["kv_bytes"] = m.kv_bytes;
     j["kv_blocks_total"] = m.kv_blocks_total;
-    j["kv_block_size"] = engine.config().kv_block_size;
-    j["kv_used_bytes_peak"] = kv_used_peak * block_bytes;
-    j["kv_waste_pct"] = waste_pct;
-    j["prefix_hit_rate"] = hit_rate;
-    j["preemptions"] = preempted;
-    j["max_running"] = max_running_seen;
+    j["kv_block_size"] = kv_block_size;
+    j["kv_used_bytes_peak"] = st.kv_used_peak * block_bytes;
+    j["kv_waste_pct"] = st.waste_pct;
+    j["prefix_hit_rate"] = st.hit_rate;
+    j["preemptions"] = st.preempted;
+    j["max_running"] = st.max_running_seen;
     j["peak_rss_bytes"] = rss;
-    std::printf("%s\n", j.dump().c_str());
-    return n_failed == 0 ? 0 : 1;
+    // Only with a drafter, so that a plain benchmark's report is what it always was.
+    if (speculative) add_spec_json(j, st);
+    return j;
+  };
+  char load_desc[64];
+  if (request_rate > 0) std::snprintf(load_desc, sizeof load_desc, "Poisson %g req/s", request_rate);
+  else std::snprintf(load_desc, sizeof load_desc, "concurrency %lld", static_cast<long long>(in_flight_cap));
+
+  if (spec_compare) {
+    const RunStats& plain = first;
+    const RunStats& sp = *second;
+    const bool ok = plain.n_failed == 0 && sp.n_failed == 0;
+    // Speculation's effect as the ratios a reader compares: output tok/s up (> 1 is faster),
+    // TBT down (< 1 is faster; tokens of one verify step arrive together, 0 ms apart, so the
+    // mean is the time per output token and p50 may drop far below the step time).
+    const double speedup = ratio(sp.out_tok_s, plain.out_tok_s);
+    const double tbt_mean_ratio = ratio(mean(sp.tbt), mean(plain.tbt));
+    const double tbt_p50_ratio = ratio(percentile(sp.tbt, 50), percentile(plain.tbt, 50));
+    if (json) {
+      nlohmann::json j;
+      j["model"] = model_path;
+      j["prompts"] = prompts_file.empty() ? "synthetic" : prompts_file;
+      j["num_prompts"] = num_prompts;
+      j["concurrency"] = request_rate > 0 ? nlohmann::json(nullptr) : nlohmann::json(in_flight_cap);
+      j["request_rate"] = request_rate > 0 ? nlohmann::json(request_rate) : nlohmann::json(nullptr);
+      j["max_tokens"] = max_tokens;
+      j["spec"] = {{"source", draft_source_name(spec.source)}, {"ngram_max", spec.ngram.ngram_max},
+                   {"draft", spec.draft_path}, {"draft_max", spec.n_draft_max}, {"draft_min", spec.n_draft_min},
+                   {"adaptive", spec.adaptive}};
+      j["plain"] = run_json(plain);
+      j["speculative"] = run_json(sp);
+      j["speedup_output_tok_s"] = speedup;
+      j["tbt_ratio"] = {{"mean", tbt_mean_ratio}, {"p50", tbt_p50_ratio}};
+      std::printf("%s\n", j.dump().c_str());
+      return ok ? 0 : 1;
+    }
+    std::printf("--- tern bench-serve --spec-compare: %lld requests (%s), %s, max %lld tokens, %d threads, isa %s, KV %s\n"
+                "speculative run: %s\n",
+                static_cast<long long>(num_prompts), prompts_file.empty() ? "synthetic" : "ShareGPT", load_desc,
+                static_cast<long long>(max_tokens), n_threads, active_isa(), kv_type_name(ecfg.kv_type),
+                spec_description(spec).c_str());
+    std::printf("%-18s %12s %12s %12s %12s %12s %11s %11s %9s\n", "run", "output tok/s", "TBT mean ms", "TBT p50 ms",
+                "TTFT mean ms", "E2E mean ms", "acceptance", "tokens/step", "failed");
+    const auto row = [&](const char* name, const RunStats& st, bool with_spec) {
+      const std::string acc = with_spec ? str_cat(int64_t(st.acceptance() * 1000) / 10.0, " %") : "-";
+      const std::string tps = with_spec ? str_cat(int64_t(st.tokens_per_step() * 100) / 100.0) : "-";
+      std::printf("%-18s %12.2f %12.2f %12.2f %12.2f %12.2f %11s %11s %9lld\n", name, st.out_tok_s, mean(st.tbt),
+                  percentile(st.tbt, 50), mean(st.ttft), mean(st.e2e), acc.c_str(), tps.c_str(),
+                  static_cast<long long>(st.n_failed));
+    };
+    row("plain", plain, false);
+    row("speculative", sp, true);
+    std::printf("%-18s %11.2fx %12.2f %12.2f %12.2f %12.2f\n", "speculative/plain", speedup, tbt_mean_ratio, tbt_p50_ratio,
+                ratio(mean(sp.ttft), mean(plain.ttft)), ratio(mean(sp.e2e), mean(plain.e2e)));
+    std::printf("speculative: %lld of %lld drafted tokens accepted in %lld verify steps\n",
+                static_cast<long long>(sp.accepted), static_cast<long long>(sp.drafted),
+                static_cast<long long>(sp.spec_steps));
+    return ok ? 0 : 1;
+  }
+
+  const RunStats& st = first;
+  const EngineMetrics& m = st.m;
+  const GoodputSlo& slo = st.slo;
+  const double tbt_target = m.tbt_target_ms;
+  if (json) {
+    std::printf("%s\n", run_json(st).dump().c_str());
+    return st.n_failed == 0 ? 0 : 1;
   }
   if (!lora_sets.empty())
     std::printf("LoRA: requests rotate over %zu adapter set(s)%s\n", lora_sets.size() - (lora_with_base ? 1 : 0),
@@ -456,9 +625,10 @@ int cmd_bench_serve(int argc, char** argv) {
   if (slo.e2el_ms > 0) slo_desc += str_cat("E2E <= ", slo.e2el_ms, " ms ");
   if (slo.tbt_ms > 0) slo_desc += str_cat("every gap <= ", slo.tbt_ms, " ms ");
   slo_desc = slo_desc.empty() ? "no objective" : slo_desc.substr(0, slo_desc.size() - 1);
-  char load_desc[64];
-  if (request_rate > 0) std::snprintf(load_desc, sizeof load_desc, "Poisson %g req/s", request_rate);
-  else std::snprintf(load_desc, sizeof load_desc, "concurrency %lld", static_cast<long long>(in_flight_cap));
+  const std::vector<double>& ttft = st.ttft;
+  const std::vector<double>& tbt = st.tbt;
+  const std::vector<double>& e2e = st.e2e;
+  const std::vector<double>& step_ms = st.step_ms;
   std::printf(
       "--- tern bench-serve: %lld requests (%s), %s, max %lld tokens, %d threads, isa %s, KV %s\n"
       "duration                %10.2f s\n"
@@ -481,22 +651,26 @@ int cmd_bench_serve(int argc, char** argv) {
       "peak RSS                %10s\n",
       static_cast<long long>(num_prompts), prompts_file.empty() ? "synthetic" : "ShareGPT",
       load_desc,
-      static_cast<long long>(max_tokens), ecfg.n_threads > 0 ? ecfg.n_threads : default_thread_count(),
-      active_isa(), kv_type_name(ecfg.kv_type), duration_s, req_s, static_cast<long long>(num_prompts - n_failed),
-      static_cast<long long>(n_failed), out_tok_s, static_cast<long long>(n_out), total_tok_s,
-      static_cast<long long>(n_in), n_truncated ? (", " + std::to_string(n_truncated) + " truncated").c_str() : "",
+      static_cast<long long>(max_tokens), n_threads,
+      active_isa(), kv_type_name(ecfg.kv_type), st.duration_s, st.req_s, static_cast<long long>(num_prompts - st.n_failed),
+      static_cast<long long>(st.n_failed), st.out_tok_s, static_cast<long long>(st.n_out), st.total_tok_s,
+      static_cast<long long>(st.n_in), n_truncated ? (", " + std::to_string(n_truncated) + " truncated").c_str() : "",
       mean(ttft), percentile(ttft, 50), percentile(ttft, 99), mean(tbt), percentile(tbt, 50), percentile(tbt, 99),
-      mean(e2e), percentile(e2e, 50), percentile(e2e, 99), mean(queue), target_desc.c_str(),
+      mean(e2e), percentile(e2e, 50), percentile(e2e, 99), mean(st.queue), target_desc.c_str(),
       percentile(step_ms, 50), percentile(step_ms, 90), percentile(step_ms, 99),
       step_ms.empty() ? 0.0 : *std::max_element(step_ms.begin(), step_ms.end()),
-      static_cast<long long>(step_ms.size()), static_cast<long long>(steps_over), static_cast<long long>(steps_cut),
-      100 * m.step_cost_error_p50, 100 * m.step_cost_error_p90, goodput_req_s, goodput_tok_s,
-      static_cast<long long>(n_good), static_cast<long long>(num_prompts), slo_desc.c_str(),
-      static_cast<long long>(max_running_seen),
+      static_cast<long long>(step_ms.size()), static_cast<long long>(st.steps_over), static_cast<long long>(st.steps_cut),
+      100 * m.step_cost_error_p50, 100 * m.step_cost_error_p90, st.goodput_req_s, st.goodput_tok_s,
+      static_cast<long long>(st.n_good), static_cast<long long>(num_prompts), slo_desc.c_str(),
+      static_cast<long long>(st.max_running_seen),
       format_bytes(m.kv_bytes).c_str(), static_cast<long long>(m.kv_blocks_total),
-      static_cast<long long>(engine.config().kv_block_size), format_bytes(kv_used_peak * block_bytes).c_str(),
-      waste_pct, 100.0 * hit_rate, static_cast<long long>(preempted), format_bytes(rss).c_str());
-  return n_failed == 0 ? 0 : 1;
+      static_cast<long long>(kv_block_size), format_bytes(st.kv_used_peak * block_bytes).c_str(),
+      st.waste_pct, 100.0 * st.hit_rate, static_cast<long long>(st.preempted), format_bytes(rss).c_str());
+  if (speculative)
+    std::printf("speculative             %10.2f %% accepted (%lld of %lld drafted), %.2f tokens per verify step; %s\n",
+                100.0 * st.acceptance(), static_cast<long long>(st.accepted), static_cast<long long>(st.drafted),
+                st.tokens_per_step(), spec_description(spec).c_str());
+  return st.n_failed == 0 ? 0 : 1;
 }
 
 }  // namespace tern

@@ -1,9 +1,11 @@
 // tern run: generate text from a prompt, stream it, report TTFT/TBT/throughput/memory.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -12,11 +14,13 @@
 #include "core/stats.h"
 #include "kernels/matmul.h"
 #include "runtime/generate.h"
+#include "spec/draft_model.h"
 #include "tools/chat_loop.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/constraint_args.h"
 #include "tools/model_args.h"
+#include "tools/spec_args.h"
 
 namespace tern {
 namespace {
@@ -52,6 +56,7 @@ class InterruptScope {
   struct sigaction previous_ {};
 };
 
+// Whether the file starts with GGUF's magic (false when it cannot be read: opening it reports why).
 }  // namespace
 
 int cmd_run(int argc, char** argv) {
@@ -90,13 +95,18 @@ int cmd_run(int argc, char** argv) {
   app.add_flag("-i,--interactive", interactive,
                "chat as tern chat does (docs/chat.md): the prompt, if any, is the first message");
   add_chat_flags(app, chat, " (with -i)");
+  SpecArgs spec_args;
+  add_spec_options(app, spec_args);
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  opts.spec = spec_config_from_args(spec_args);  // a bad flag fails before anything loads
   if (!prompt_file.empty()) {
     if (!prompt.empty()) fail("give either --prompt or --file, not both");
     if (interactive && prompt_file == "-") fail("-i reads the conversation from stdin: give the first message with -p or -f FILE");
     prompt = prompt_file == "-" ? read_file_text("/dev/stdin", "prompt on stdin") : read_file_text(prompt_file, "prompt file");
   }
   if (interactive) {
+    if (opts.spec.source != DraftSource::None)
+      fail("--lookup and --draft are not for -i (a conversation decodes one token at a time)");
     if (json) fail("--json is not for -i (a conversation streams its replies)");
     chat.first_message = prompt;
     chat.gen = opts;
@@ -108,8 +118,17 @@ int cmd_run(int argc, char** argv) {
   opts.sampling.validate();
 
   if (cargs.given()) cargs.gbnf_text();  // a bad grammar or schema fails before the model loads
+  std::shared_ptr<const GgufFile> draft_file;
+  if (opts.spec.source == DraftSource::DraftModel) draft_file = open_draft_file(opts.spec.draft_path);
   LoadedSession ls = open_session(margs);
   const Tokenizer& tok = *ls.tokenizer;
+  std::unique_ptr<DraftModel> draft;
+  if (draft_file) {
+    check_draft_vocab(*ls.file, *draft_file);
+    // One sequence: one region, as long as the target's context (capped by the draft's own).
+    draft = std::make_unique<DraftModel>(draft_file, ls.session->n_ctx(), /*regions=*/1, ls.session->kv_type());
+    opts.draft = draft.get();
+  }
   opts.constraint = cargs.build(tok);
   std::vector<int32_t> prompt_ids = tok.encode(prompt, tok.add_bos_default() && !no_bos, parse_special);
   if (prompt_ids.empty()) fail("the prompt is empty and the model adds no BOS: give a prompt");
@@ -148,6 +167,12 @@ int cmd_run(int argc, char** argv) {
                     {"latency_ms", m.latency_ms},     {"prefill_ms", m.prefill_ms},
                     {"prefill_tok_s", m.prefill_tok_s}, {"decode_tok_s", m.decode_tok_s},
                     {"constraint_ms", m.constraint_ms},
+                    {"draft", draft_source_name(opts.spec.source)},
+                    {"n_drafted", m.n_drafted},       {"n_accepted", m.n_accepted},
+                    {"n_target_steps", m.n_target_steps},
+                    {"acceptance_rate", m.acceptance_rate},
+                    {"accepted_per_step", m.accepted_per_step},
+                    {"draft_ms", m.draft_ms},
                     {"weight_bytes", weight_bytes},   {"kv_bytes", kv_bytes},
                     {"n_ctx", ls.session->n_ctx()},
                     {"kv_type", kv_type_name(ls.session->kv_type())},
@@ -174,6 +199,10 @@ int cmd_run(int argc, char** argv) {
                m.latency_ms, m.prefill_tok_s, m.decode_tok_s, format_bytes(weight_bytes).c_str(),
                format_bytes(kv_bytes).c_str(), static_cast<long long>(ls.session->n_ctx()),
                kv_type_name(ls.session->kv_type()), format_bytes(rss).c_str());
+  if (opts.spec.source != DraftSource::None)
+    std::fprintf(stderr, "%-20s%10.1f %% of %lld drafts accepted, %.2f tokens per target step, drafting %.1f ms\n",
+                 str_cat("speculative (", draft_source_name(opts.spec.source), ")").c_str(), 100.0 * m.acceptance_rate,
+                 static_cast<long long>(m.n_drafted), m.accepted_per_step, m.draft_ms);
   return exit_code;
 }
 

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -27,6 +28,7 @@
 #include "tools/commands.h"
 #include "tools/model_args.h"
 #include "tools/serve_models.h"
+#include "tools/spec_args.h"
 
 namespace tern {
 namespace {
@@ -141,6 +143,9 @@ server::SingleModelProvider::LoadedBase load_single_base(const std::string& path
   served->entry.name = s.model_id;
   served->metadata = gguf_metadata_json(file);
   served->bytes = int64_t(file.file_size()) + owner->engine->metrics().kv_bytes;  // the arena exists from construction
+  if (ecfg.spec.source == DraftSource::DraftModel)
+    served->bytes += draft_model_bytes(*open_model_file(ecfg.spec.draft_path), ecfg.kv_type, owner->engine->n_ctx(),
+                                       std::min(ecfg.n_parallel, ecfg.max_running));
   // The check holds the engine by address: the provider uses it only while this base is the
   // one served, which its owner outlives.
   const Engine* engine = owner->engine.get();
@@ -224,6 +229,10 @@ int cmd_serve(int argc, char** argv) {
   app.add_flag("--no-prefix-cache", no_prefix_cache, "do not share KV blocks of common prompt prefixes");
   LatencyArgs latency;
   add_latency_options(app, latency, /*with_queue_limit=*/true);
+  // Speculative decoding for every request (a request opts out with "speculative": false);
+  // with several models, for each of them (a --draft that does not fit one fails its loads).
+  SpecArgs spec;
+  add_spec_options(app, spec);
   std::string tool_format;
   app.add_option("--tool-format", tool_format,
                  "hermes|llama3|mistral|generic: the tool-call syntax the model answers in (default: from the chat template)");
@@ -295,6 +304,7 @@ int cmd_serve(int argc, char** argv) {
   ecfg.kv_type = kv_type_from_name(margs.kv_type);
   ecfg.prefix_caching = !no_prefix_cache;
   apply_latency_args(latency, ecfg);
+  ecfg.spec = spec_config_from_args(spec);
   scfg.timings = !no_timings;
   // /api/version: the number of `tern --version` ("tern 0.1.0").
   scfg.version = std::string(kVersion).substr(std::string(kVersion).find(' ') + 1);
@@ -348,6 +358,8 @@ int cmd_serve(int argc, char** argv) {
                  pcfg.max_memory_bytes > 0 ? format_bytes(pcfg.max_memory_bytes).c_str() : "unlimited",
                  max_loaded > 0 ? str_cat("at most ", max_loaded, " loaded").c_str() : "no limit on the count",
                  keep_text.c_str());
+    if (ecfg.spec.source != DraftSource::None)
+      std::fprintf(stderr, "tern serve: speculative decoding for every model: %s\n", spec_description(ecfg.spec).c_str());
     server::Server srv(*pool, scfg);
     const int port = srv.bind();
     serve_until_signal(srv, port, scfg, signals, grace_s);
@@ -423,6 +435,8 @@ int cmd_serve(int argc, char** argv) {
   else
     std::fprintf(stderr, "tern serve: no TBT target: steps bounded by --batch %lld tokens alone\n",
                  static_cast<long long>(first_ecfg.max_batch_tokens));
+  if (first_ecfg.spec.source != DraftSource::None)
+    std::fprintf(stderr, "tern serve: speculative decoding: %s\n", spec_description(first_ecfg.spec).c_str());
   if (!scfg.admin_key.empty()) std::fprintf(stderr, "tern serve: admin endpoints on (POST /admin/swap_base)\n");
   serve_until_signal(srv, port, scfg, signals, grace_s);
   // The totals of every base served, swapped-away ones included; the provider's end stops the

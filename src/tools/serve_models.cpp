@@ -18,6 +18,7 @@
 #include "server/openai_format.h"
 #include "server/structured_output.h"
 #include "server/tool_calls.h"
+#include "spec/draft_model.h"
 #include "tools/cli_util.h"
 #include "tools/model_args.h"
 
@@ -41,6 +42,23 @@ std::string names_text(const std::vector<ModelEntry>& entries) {
 // Counters only (the gauges of an unloaded engine are gone with it).
 
 }  // namespace
+
+std::string spec_description(const SpecConfig& spec) {
+  std::string what;
+  switch (spec.source) {
+    case DraftSource::None: return "off";
+    case DraftSource::Lookup:
+      what = str_cat("prompt lookup (n-grams of ", spec.ngram.ngram_min, "..", spec.ngram.ngram_max, " tokens)");
+      break;
+    case DraftSource::DraftModel: what = str_cat("draft model ", spec.draft_path); break;
+  }
+  return spec.adaptive ? str_cat(what, ", ", spec.n_draft_min, "..", spec.n_draft_max, " drafted tokens a step (adaptive)")
+                       : str_cat(what, ", ", spec.n_draft_max, " drafted tokens a step");
+}
+
+int64_t draft_model_bytes(const GgufFile& draft, KvType kv_type, int64_t n_ctx, int64_t regions) {
+  return int64_t(draft.file_size()) + kv_bytes_per_token(draft, kv_type) * n_ctx * regions;
+}
 
 nlohmann::json gguf_metadata_json(const GgufFile& file) {
   nlohmann::json out = nlohmann::json::object();
@@ -92,6 +110,7 @@ struct PoolModelProvider::Impl {
   std::vector<int64_t> estimates;
   ServeLoadSettings settings;
   std::optional<server::ToolFormat> tool_format;
+  std::shared_ptr<const GgufFile> draft;  // --draft's header (null without one)
   std::map<std::string, size_t> names;  // names and aliases -> entry
 
   mutable std::mutex live_mu;           // guards live and retired
@@ -214,6 +233,8 @@ struct PoolModelProvider::Impl {
     ecfg.kv_memory_bytes = settings.kv_memory_bytes;
     if (ecfg.max_running < ecfg.n_parallel) ecfg.max_running = ecfg.n_parallel;
 
+    // A draft that does not fit this model throws here (Engine checks the vocabularies): the
+    // pool answers the request with the reason, as for any load that fails.
     server::ServedModel shared;
     std::string note;
     shared.chat_template = chat_template_of(e, *m, &note);
@@ -229,6 +250,7 @@ struct PoolModelProvider::Impl {
     m->engine->start();
     const EngineMetrics em = m->engine->metrics();
     shared.bytes = int64_t(m->file->file_size()) + em.kv_bytes;
+    if (draft) shared.bytes += draft_model_bytes(*draft, ecfg.kv_type, m->engine->n_ctx(), ecfg.n_parallel);
     for (size_t i : family[slot]) add_model(*m, shared, i);
     {
       std::lock_guard lock(live_mu);
@@ -305,8 +327,21 @@ struct PoolModelProvider::Impl {
     if (!planned.note.empty()) std::fprintf(stderr, "%s: %s: %s\n", cmd, e.name.c_str(), planned.note.c_str());
     if (settings.ctx_given && !planned.warning.empty())
       std::fprintf(stderr, "%s: %s: warning: %s\n", cmd, e.name.c_str(), planned.warning.c_str());
+    int64_t draft_bytes = 0;
+    if (draft) {
+      // Served all the same (its variants and the catalog stay as configured); each load fails
+      // with this reason, which a request for it is answered with.
+      try {
+        check_draft_vocab(*file.header, *draft);
+      } catch (const Error& ex) {
+        std::fprintf(stderr, "%s: %s: warning: --draft cannot draft for it, so its loads will fail: %s\n", cmd,
+                     e.name.c_str(), ex.what());
+      }
+      draft_bytes = draft_model_bytes(*draft, settings.engine.kv_type, planned.n_ctx,
+                                      e.defaults.parallel.value_or(settings.engine.n_parallel));
+    }
     file.slot = plans.size();
-    estimates.push_back(e.file_bytes + planned.kv_bytes);
+    estimates.push_back(e.file_bytes + planned.kv_bytes + draft_bytes);
     plans.push_back(planned);
     files[e.name] = std::move(file);
     out.push_back({std::move(e), std::move(set)});
@@ -362,6 +397,8 @@ PoolModelProvider::PoolModelProvider(std::vector<ModelEntry> entries, server::Mo
     : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.settings = std::move(load);
+  if (d.settings.engine.spec.source == DraftSource::DraftModel)
+    d.draft = open_model_file(d.settings.engine.spec.draft_path);
   if (!d.settings.tool_format.empty()) {
     d.tool_format = server::tool_format_from_name(d.settings.tool_format);
     if (!d.tool_format)

@@ -30,7 +30,9 @@ namespace tern {
 // What `tern serve` gives every load: the command's flags. A model's models.json defaults
 // (ctx, threads, parallel, chat_template) override the matching fields.
 struct ServeLoadSettings {
-  // threads, batch, K/V type, parallel, block size, max running / waiting, prefix caching;
+  // threads, batch, K/V type, parallel, block size, max running / waiting, prefix caching,
+  // speculative decoding (every model gets the same drafter; a --draft whose vocabulary does
+  // not fit a model is warned about at start-up and fails that model's loads with the reason);
   // n_ctx and kv_memory_bytes are replaced by the plan below.
   EngineConfig engine;
   int64_t ctx = 0;                  // --ctx (0: planned to the memory, as `tern serve -m`)
@@ -41,6 +43,15 @@ struct ServeLoadSettings {
   std::string command = "tern serve";  // prefix of stderr lines
   bool log_loads = true;            // one stderr line per load and unload
 };
+
+// Speculative decoding as the start-up lines describe it: "prompt lookup (n-grams of 1..3),
+// up to 8 tokens a step, adaptive" or "draft model FILE, ...".
+std::string spec_description(const SpecConfig& spec);
+
+// What a draft model adds to a load (its file, and its KV: n_ctx slots for each of `regions`
+// sequences, as the engine sizes it), so that the memory budget counts it; 0 without a draft
+// model. `draft` is the draft's header (open_model_file maps, reads no weight).
+int64_t draft_model_bytes(const GgufFile& draft, KvType kv_type, int64_t n_ctx, int64_t regions);
 
 // The GGUF header's scalar keys as JSON (strings, numbers, bools; arrays such as the
 // vocabulary left out): ServedModel::metadata, /api/show's model_info.

@@ -42,6 +42,9 @@ TEST(BenchServeCli, SyntheticPromptsAtAFixedConcurrency) {
   EXPECT_GE(j.value("kv_waste_pct", -1.0), 0.0);
   EXPECT_LT(j.value("kv_waste_pct", 100.0), 100.0);
   EXPECT_GT(j.value("peak_rss_bytes", 0), 0);
+  // Without a drafter the report is what it was: no speculative fields.
+  EXPECT_FALSE(j.contains("spec_drafted"));
+  EXPECT_FALSE(j.contains("spec_acceptance_rate"));
 }
 
 TEST(BenchServeCli, ShareGptPromptsWithPoissonArrivalsAndATightArena) {
@@ -148,6 +151,70 @@ TEST(BenchServeCli, BadLatencyTargetsAreUsageErrors) {
   // A positive target below one decode step: refused naming the minimum.
   EXPECT_EQ(run_command(cmd + " --tbt-target-ms 0.000001 --num-prompts 2", &out, &err), 1);
   EXPECT_NE(err.find("the smallest target is"), std::string::npos) << err;
+}
+
+// --lookup N --spec-compare: the same workload plainly, then with prompt lookup, on two engines;
+// greedy, so both runs emit the same tokens, and the speculative one had drafts accepted.
+TEST(BenchServeCli, SpecCompareReportsBothRunsAndTheirRatios) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  const std::string m = "-m " + shared_path("models/stories260K.gguf") +
+                        " -t 2 --num-prompts 8 --concurrency 4 --max-tokens 48 --input-len 24 --lookup 3";
+  const auto j = bench(m + " --spec-compare --json");
+  ASSERT_TRUE(j.contains("plain")) << j.dump();
+  ASSERT_TRUE(j.contains("speculative")) << j.dump();
+  const auto& plain = j["plain"];
+  const auto& spec = j["speculative"];
+  for (const auto* row : {&plain, &spec}) {
+    EXPECT_EQ(row->value("completed", 0), 8);
+    EXPECT_EQ(row->value("failed", -1), 0);
+    EXPECT_EQ(row->value("output_tokens", 0), 8 * 48);
+    EXPECT_GT(row->value("output_tok_s", 0.0), 0.0);
+    for (const char* key : {"spec_drafted", "spec_accepted", "spec_acceptance_rate", "spec_tokens_per_step",
+                            "tbt_ms_mean", "tbt_ms_p50"})
+      EXPECT_TRUE(row->contains(key)) << key;
+  }
+  EXPECT_EQ(plain.value("spec_drafted", -1), 0);
+  EXPECT_EQ(plain.value("spec_acceptance_rate", -1.0), 0.0);
+  EXPECT_GT(spec.value("spec_drafted", 0), 0);
+  EXPECT_GT(spec.value("spec_accepted", 0), 0);
+  EXPECT_LE(spec.value("spec_accepted", 0), spec.value("spec_drafted", 0));
+  EXPECT_GT(spec.value("spec_acceptance_rate", 0.0), 0.0);
+  EXPECT_NEAR(spec.value("spec_acceptance_rate", 0.0),
+              double(spec.value("spec_accepted", 0)) / double(spec.value("spec_drafted", 1)), 1e-9);
+  EXPECT_GT(spec.value("spec_tokens_per_step", 0.0), 1.0);
+  EXPECT_NEAR(j.value("speedup_output_tok_s", 0.0), spec.value("output_tok_s", 0.0) / plain.value("output_tok_s", 1.0),
+              1e-9);
+  ASSERT_TRUE(j.contains("tbt_ratio"));
+  EXPECT_NEAR(j["tbt_ratio"].value("mean", 0.0), spec.value("tbt_ms_mean", 0.0) / plain.value("tbt_ms_mean", 1.0), 1e-9);
+  EXPECT_TRUE(j["tbt_ratio"].contains("p50"));
+  EXPECT_EQ(j["spec"].value("source", ""), "lookup");
+
+  // One speculative run: its report gains the same fields.
+  const auto one = bench(m + " --json");
+  EXPECT_GT(one.value("spec_accepted", 0), 0);
+  EXPECT_GT(one.value("spec_tokens_per_step", 0.0), 1.0);
+  // The table: both rows and the ratio row.
+  std::string out, err;
+  ASSERT_EQ(run_command(std::string(TERN_BINARY) + " bench-serve " + m + " --spec-compare", &out, &err), 0) << err;
+  for (const char* want : {"\nplain ", "\nspeculative ", "\nspeculative/plain ", "acceptance", "tokens/step"})
+    EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+}
+
+TEST(BenchServeCli, BadSpeculativeFlagsAreErrorsNamingThem) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  std::string out, err;
+  const std::string cmd = std::string(TERN_BINARY) + " bench-serve -m " + shared_path("models/stories260K.gguf") +
+                          " --num-prompts 2 --max-tokens 4";
+  EXPECT_NE(run_command(cmd + " --lookup 2 --draft X", &out, &err), 0);
+  EXPECT_NE(err.find("--lookup"), std::string::npos) << err;
+  EXPECT_NE(err.find("--draft"), std::string::npos) << err;
+  EXPECT_NE(run_command(cmd + " --spec-compare", &out, &err), 0);
+  EXPECT_NE(err.find("--spec-compare"), std::string::npos) << err;
+  EXPECT_NE(run_command(cmd + " --draft-max 4", &out, &err), 0);
+  EXPECT_NE(err.find("--draft-max"), std::string::npos) << err;
+  EXPECT_NE(run_command(cmd + " --lookup 3 --draft-max 0", &out, &err), 0);
+  EXPECT_NE(err.find("--draft-max"), std::string::npos) << err;
+  EXPECT_TRUE(out.empty()) << out;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -65,9 +66,19 @@ class FakeEngine {
     reqs_.erase(id);
   }
 
+  // Speculative decoding: when set, every running sequence that has output gets drafter(id,
+  // tokens) as its draft before each step (not at a prompt's end: the n completions of a
+  // prompt fork from its first token, as in the engine), and a decode with drafts is verified greedily against the fake
+  // model (accepted while each draft is the token the model computes there).
+  std::function<std::vector<int32_t>(SeqId, std::span<const int32_t>)> drafter;
+  int64_t n_drafted = 0, n_accepted = 0;
+
   // One step: schedule, "forward" (checks every read slot), commit, sample, finish.
   // Returns false when nothing was scheduled.
   bool step() {
+    if (drafter)
+      for (const auto& [id, r] : reqs_)
+        if (!r.out.empty() && sched_.contains(id) && sched_.is_running(id)) sched_.set_draft(id, drafter(id, sched_.tokens(id)));
     const StepPlan& plan = sched_.schedule();
     last_plan_ = plan;
     for (SeqId id : plan.preempted) ++preemptions_[id];
@@ -77,6 +88,7 @@ class FakeEngine {
     for (const BlockCopy& c : kv_.pending_copies())
       for (int32_t i = 0; i < c.n_tokens; ++i) arena_[size_t(c.dst * bs + i)] = arena_[size_t(c.src * bs + i)];
     std::vector<std::pair<SeqId, int32_t>> sampled;
+    std::map<SeqId, std::vector<int32_t>> accepted;  // drafts accepted, before the sampled token
     for (const ScheduledSeq& e : plan.seqs) {
       const std::span<const int32_t> toks = sched_.tokens(e.id);
       const std::vector<int32_t> tokens(toks.begin(), toks.end());
@@ -87,7 +99,29 @@ class FakeEngine {
         EXPECT_EQ(arena_[size_t(slots[size_t(p)])], fake_kv(tokens, p)) << "seq " << e.id << " position " << p;
       for (int64_t p = e.n_past; p < e.n_past + e.n_tokens; ++p) arena_[size_t(slots[size_t(p)])] = fake_kv(tokens, p);
       EXPECT_EQ(e.sample, e.n_past + e.n_tokens == int64_t(tokens.size()));
-      if (e.sample) {
+      if (e.n_draft > 0) {
+        EXPECT_FALSE(e.prefill);
+        // Row i (after the last token and i drafts) verifies draft i + 1.
+        const int64_t first_draft = e.n_past + e.n_tokens - e.n_draft;
+        int64_t n_acc = 0;
+        int32_t next = -1;
+        for (int64_t i = 0; i <= e.n_draft; ++i) {
+          std::vector<uint64_t> values;
+          for (int64_t p = 0; p < first_draft + i; ++p) values.push_back(arena_[size_t(slots[size_t(p)])]);
+          const int32_t row = fake_next(values, kVocab);
+          if (i < e.n_draft && tokens[size_t(first_draft + i)] == row) {
+            ++n_acc;
+            continue;
+          }
+          next = row;
+          break;
+        }
+        n_drafted += e.n_draft;
+        n_accepted += n_acc;
+        sched_.accept_drafts(e.id, n_acc);
+        accepted[e.id].assign(tokens.begin() + first_draft, tokens.begin() + first_draft + n_acc);
+        sampled.emplace_back(e.id, next);
+      } else if (e.sample) {
         std::vector<uint64_t> values;
         for (int64_t p = 0; p < e.n_past + e.n_tokens; ++p) values.push_back(arena_[size_t(slots[size_t(p)])]);
         sampled.emplace_back(e.id, fake_next(values, kVocab));
@@ -108,6 +142,18 @@ class FakeEngine {
         sched_.append_token(child, tok);
         if (int64_t(c.out.size()) == c.n_gen) finish(child);
       }
+      // Accepted drafts are the sequence's tokens already; each counts as output.
+      bool done = false;
+      for (int32_t d : accepted[id]) {
+        Req& ra = reqs_.at(id);
+        ra.out.push_back(d);
+        if (int64_t(ra.out.size()) == ra.n_gen) {
+          finish(id);
+          done = true;
+          break;
+        }
+      }
+      if (done) continue;
       Req& rr = reqs_.at(id);
       rr.out.push_back(tok);
       sched_.append_token(id, tok);

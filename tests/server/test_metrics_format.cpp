@@ -1,6 +1,7 @@
 // Prometheus text rendering and the OpenAI response/SSE builders, in isolation.
 #include <gtest/gtest.h>
 
+#include "engine/metrics_sum.h"
 #include "fake_backend.h"
 #include "server/metrics.h"
 #include "server/openai_format.h"
@@ -100,6 +101,44 @@ TEST(Metrics, LatencyObjectivesAndStepTimes) {
         "tern_engine_steps_over_tbt_target_total 4\n", "tern_engine_steps_prefill_cut_total 7\n",
         "tern_requests_slo_good_total 9\n", "tern_requests_ttft_missed_total 2\n", "tern_requests_tbt_missed_total 1\n",
         "tern_requests_refused_queue_total 3\n"})
+    EXPECT_NE(t.find(line), std::string::npos) << line;
+}
+
+// Speculative decoding's series: three counters, and two gauges derived from them (0, not NaN,
+// before anything was drafted); over several engines (a pool, a swap) the counters add up,
+// retired engines' included, so the derived gauges are token-weighted.
+TEST(Metrics, SpeculativeDecodingSeries) {
+  ServerMetrics m;
+  EngineMetrics none;
+  const std::string zero = m.render(none);
+  for (const char* line : {"tern_spec_draft_tokens_total 0\n", "tern_spec_accepted_tokens_total 0\n",
+                           "tern_spec_verify_steps_total 0\n", "tern_spec_acceptance_rate 0\n",
+                           "tern_spec_mean_accepted_length 0\n", "# TYPE tern_spec_draft_tokens_total counter\n",
+                           "# TYPE tern_spec_acceptance_rate gauge\n"})
+    EXPECT_NE(zero.find(line), std::string::npos) << line;
+
+  EngineMetrics a, b, gone;
+  a.spec_drafted = 40;
+  a.spec_accepted = 30;
+  a.spec_steps = 10;
+  b.spec_drafted = 20;
+  b.spec_accepted = 0;
+  b.spec_steps = 5;
+  gone.spec_drafted = 40;
+  gone.spec_accepted = 10;
+  gone.spec_steps = 5;
+  gone.spec_draft_ms = 2.5;
+  tern::EngineMetricsSum sum;
+  sum.retire(gone);
+  const EngineMetrics total = sum.total({a, b});
+  EXPECT_EQ(total.spec_drafted, 100);
+  EXPECT_EQ(total.spec_accepted, 40);
+  EXPECT_EQ(total.spec_steps, 20);
+  EXPECT_DOUBLE_EQ(total.spec_draft_ms, 2.5);
+  const std::string t = m.render(total);
+  for (const char* line : {"tern_spec_draft_tokens_total 100\n", "tern_spec_accepted_tokens_total 40\n",
+                           "tern_spec_verify_steps_total 20\n", "tern_spec_acceptance_rate 0.4\n",
+                           "tern_spec_mean_accepted_length 3\n"})  // (40 + 20) / 20
     EXPECT_NE(t.find(line), std::string::npos) << line;
 }
 

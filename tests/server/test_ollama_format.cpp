@@ -548,6 +548,35 @@ TEST(OllamaOptions, WrongTypesAndRanges) {
   EXPECT_STREQ(option_error("{}", json{{"top_k", "x"}}).what(), "invalid option \"top_k\": must be an integer");
 }
 
+// tern's own option: options.speculative (a boolean) becomes the OpenAI body's "speculative",
+// which RequestParams::speculative takes; another type is a 400 naming options.speculative,
+// from the parsers too (they check the options before the server runs anything).
+TEST(OllamaOptions, SpeculativeOptOut) {
+  EXPECT_FALSE(options_body("{}").contains("speculative"));
+  EXPECT_EQ(options_body(R"({"speculative":false})")["speculative"], false);
+  EXPECT_EQ(options_body(R"({"speculative":true})")["speculative"], true);
+  EXPECT_EQ(options_body("{}", json{{"speculative", false}})["speculative"], false);  // a models.json default
+  const ApiError e = option_error(R"({"speculative":"no"})");
+  EXPECT_EQ(e.status(), 400);
+  EXPECT_EQ(e.param(), "options.speculative");
+  EXPECT_STREQ(e.what(), "invalid option \"speculative\": must be a boolean");
+
+  const ChatRequest chat = parse_chat(R"({"model":"m","messages":[{"role":"user","content":"hi"}],
+      "options":{"speculative":false}})");
+  EXPECT_FALSE(parse_openai_json(chat_to_openai(chat, json::object(), ""), ApiKind::Chat).speculative);
+  const GenerateRequest gen = parse_generate(R"({"model":"m","prompt":"hi","options":{"speculative":false}})");
+  EXPECT_FALSE(parse_openai_json(generate_to_openai(gen, {1, 2}, json::object()), ApiKind::Completion).speculative);
+  EXPECT_TRUE(parse_openai_json(generate_to_openai(parse_generate(R"({"model":"m","prompt":"hi"})"), {1, 2},
+                                                   json::object()),
+                                ApiKind::Completion)
+                  .speculative);
+  EXPECT_EQ(chat_error(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"options":{"speculative":"no"}})")
+                .param(),
+            "options.speculative");
+  EXPECT_EQ(generate_error(R"({"model":"m","prompt":"hi","options":{"speculative":1}})").param(),
+            "options.speculative");
+}
+
 TEST(OllamaFormat, Mapping) {
   EXPECT_FALSE(options_body("{}", json::object(), nullptr).contains("response_format"));
   EXPECT_FALSE(options_body("{}", json::object(), "").contains("response_format"));

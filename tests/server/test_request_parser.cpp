@@ -147,6 +147,24 @@ TEST(RequestParser, TokenizeAndDetokenize) {
   EXPECT_THROW(parse_detokenize_request(R"({"tokens":"x"})"), ApiError);
   EXPECT_THROW(parse_detokenize_request(R"({"tokens":[-1]})"), ApiError);
 }
+// tern's extension: "speculative": false opts a request out of speculative decoding; the
+// default (absent, or null as every absent field) is on; anything but a boolean is a 400
+// naming the field.
+TEST(RequestParser, SpeculativeOptOut) {
+  EXPECT_TRUE(completion(R"({"prompt":"x"})").speculative);
+  EXPECT_TRUE(completion(R"({"prompt":"x","speculative":null})").speculative);
+  EXPECT_TRUE(completion(R"({"prompt":"x","speculative":true})").speculative);
+  EXPECT_FALSE(completion(R"({"prompt":"x","speculative":false})").speculative);
+  EXPECT_FALSE(chat(R"({"messages":[{"role":"user","content":"x"}],"speculative":false})").speculative);
+  for (const char* bad : {R"({"prompt":"x","speculative":"no"})", R"({"prompt":"x","speculative":0})"}) {
+    const ApiError e = error_of(bad);
+    EXPECT_EQ(e.status(), 400) << bad;
+    EXPECT_EQ(e.param(), "speculative") << bad;
+    EXPECT_NE(std::string(e.what()).find("'speculative'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(error_of(R"({"messages":[{"role":"user","content":"x"}],"speculative":"no"})", ApiKind::Chat).param(),
+            "speculative");
+}
 
 struct BadCase {
   const char* body;
