@@ -104,4 +104,35 @@ with tempfile.TemporaryDirectory() as d:
     rc, out, err = bench("-p", "0", "-n", "0")
     check(rc != 0 and "nothing to measure" in err, f"-p 0 -n 0 is an error (rc {rc}: {err.strip()[:120]})")
 
+    # --verify-curve: one row per k, the first the reference, ratios and ceilings consistent.
+    rc, out, err = bench("-p", "0", "-n", "0", "-r", "1", "--no-bandwidth", "--verify-curve", "4", "--verify-ctx", "16")
+    check(rc == 0, f"--verify-curve runs (rc {rc}: {err.strip()[:200]})")
+    if rc == 0:
+        vc = json.loads(out).get("verify_curve", [])
+        check([e["k"] for e in vc] == [1, 2, 3, 4], f"one row per k ({[e.get('k') for e in vc]})")
+        check(vc and close(vc[0]["relative"], 1.0) and all(e["ms"] > 0 for e in vc), "k = 1 is the reference, times > 0")
+        check(all(close(e["relative"], e["ms"] / vc[0]["ms"]) and close(e["speedup_ceiling"], e["k"] / e["relative"])
+                  for e in vc), "relative = ms / ms(1), ceiling = k / relative")
+
+    # --lookup with --spec-prompts: plain and speculative side by side on real text; the greedy
+    # outputs must be the same tokens (the random-weight model repeats itself, so lookup guesses).
+    prompts = os.path.join(d, "prompts.txt")
+    with open(prompts, "w") as f:
+        f.write("once upon a time there was a cat\\nthe cat\n")
+        f.write("tom had a ball. tom liked the ball. tom\n")
+    rc, out, err = bench("--lookup", "2", "--spec-prompts", prompts, "-n", "24", "-r", "2")
+    check(rc == 0, f"--lookup --spec-prompts runs (rc {rc}: {err.strip()[:200]})")
+    if rc == 0:
+        j = json.loads(out)
+        check(j["drafter"] == "lookup" and j["prompts"] == 2 and j["compared_outputs"] == 4, f"2 prompts x 2 rounds ({j})")
+        check(j["identical_outputs"] == j["compared_outputs"], "every speculative output equals the plain one")
+        check(j["plain_tok_s"] > 0 and j["spec_tok_s"] > 0 and 0 <= j["acceptance_rate"] <= 1, "speeds and acceptance")
+        check(close(j["speedup"], statistics.median(j["speedup_runs"])), "speedup is the rounds' median")
+    for args, what in ((["--lookup", "2"], "--spec-prompts"), (["--spec-prompts", prompts], "--lookup"),
+                       (["--lookup", "2", "--draft", model, "--spec-prompts", prompts], "--lookup and --draft"),
+                       (["--lookup", "2", "--spec-prompts", os.path.join(d, "none.txt")], "--spec-prompts")):
+        rc, out, err = bench(*args)
+        check(rc != 0 and what in err, f"{' '.join(a if a != prompts else 'P' for a in args)}: an error naming {what} "
+                                       f"(rc {rc}: {err.strip()[:120]})")
+
 sys.exit(1 if failures else 0)
