@@ -128,19 +128,19 @@ void write_model(const GgufFile& src, const std::vector<OutTensor>& tensors,
   w.write(path);
 }
 
-QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
-                              const QuantizeOptions& opts) {
-  // The input stays memory-mapped while the output is written: the same file would be lost.
-  check_output_not_input(out_path, {in_path});
+namespace {
+
+// The tensors of `src` requantized by the rules above (borrowing the unchanged ones), with the
+// report and the metadata keys the result sets.
+QuantizeReport quantize_tensors(const GgufFile& src, const QuantizeOptions& opts, std::vector<OutTensor>& out,
+                                std::vector<std::pair<std::string, GgufValue>>& kv) {
   if (!available(opts.type)) fail("tern cannot quantize to ", dtype_name(opts.type));
   for (const auto& o : {opts.output_type, opts.embd_type})
     if (o && !available(*o)) fail("tern cannot quantize to ", dtype_name(*o));
-  const int64_t t0 = now_ns();
-  const GgufFile src = GgufFile::open(in_path);
+  const std::string& in_path = src.path();
   ThreadPool pool(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
 
   QuantizeReport rep;
-  std::vector<OutTensor> out;
   out.reserve(src.tensors().size());
   int64_t total = 0, done = 0;
   for (const auto& t : src.tensors()) total += t.n_elements();
@@ -194,12 +194,40 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
   }
   // The data pointers of owned tensors stay valid: vector moves keep their heap buffers.
   rep.file_type = llama_file_type(opts.type);
-  std::vector<std::pair<std::string, GgufValue>> kv = {
-      {"general.file_type", GgufValue::u32(rep.file_type)}};
+  kv = {{"general.file_type", GgufValue::u32(rep.file_type)}};
   if (!dtype_is_float(opts.type)) kv.emplace_back("general.quantization_version", GgufValue::u32(2));
+  return rep;
+}
+
+}  // namespace
+
+QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
+                              const QuantizeOptions& opts) {
+  // The input stays memory-mapped while the output is written: the same file would be lost.
+  check_output_not_input(out_path, {in_path});
+  const int64_t t0 = now_ns();
+  const GgufFile src = GgufFile::open(in_path);
+  std::vector<OutTensor> out;
+  std::vector<std::pair<std::string, GgufValue>> kv;
+  QuantizeReport rep = quantize_tensors(src, opts, out, kv);
   write_model(src, out, kv, out_path);
   rep.seconds = double(now_ns() - t0) / 1e9;
   return rep;
+}
+
+std::vector<uint8_t> quantize_model_image(const GgufFile& src, const QuantizeOptions& opts, QuantizeReport* report) {
+  const int64_t t0 = now_ns();
+  std::vector<OutTensor> out;
+  std::vector<std::pair<std::string, GgufValue>> kv;
+  QuantizeReport rep = quantize_tensors(src, opts, out, kv);
+  GgufWriter w(src.version() >= 2 ? src.version() : 3);
+  w.copy_metadata(src);
+  for (const auto& [k, v] : kv) w.set(k, v);
+  for (const auto& t : out) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+  std::vector<uint8_t> bytes = w.to_bytes();
+  rep.seconds = double(now_ns() - t0) / 1e9;
+  if (report) *report = std::move(rep);
+  return bytes;
 }
 
 }  // namespace tern

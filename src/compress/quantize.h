@@ -108,5 +108,9 @@ void write_model(const GgufFile& src, const std::vector<OutTensor>& tensors,
 // requantization that was not allowed.
 QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
                               const QuantizeOptions& opts);
+// The same into memory: the GGUF image of `src` requantized (a self-speculation draft is the
+// target's own weights in a cheaper type, docs/speculative.md).
+std::vector<uint8_t> quantize_model_image(const GgufFile& src, const QuantizeOptions& opts,
+                                          QuantizeReport* report = nullptr);
 
 }  // namespace tern

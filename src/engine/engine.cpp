@@ -269,7 +269,8 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
 
   cfg.spec.validate();
   if (cfg.spec.source == DraftSource::DraftModel) {
-    auto draft_file = std::make_shared<const GgufFile>(GgufFile::open(cfg.spec.draft_path));
+    auto draft_file = cfg.spec.draft_file ? cfg.spec.draft_file
+                                          : std::make_shared<const GgufFile>(GgufFile::open(cfg.spec.draft_path));
     check_draft_vocab(*file, *draft_file);
     draft_model = std::make_unique<DraftModel>(draft_file, n_ctx, std::min(cfg.n_parallel, cfg.max_running), cfg.kv_type);
   }

@@ -28,7 +28,8 @@ void SpecConfig::validate() const {
     if (ngram.ngram_min < 1 || ngram.ngram_min > ngram.ngram_max)
       fail("the shortest n-gram looked up must be in [1, ", ngram.ngram_max, "], got ", ngram.ngram_min);
   }
-  if (source == DraftSource::DraftModel && draft_path.empty()) fail("--draft needs a model file");
+  if (source == DraftSource::DraftModel && draft_path.empty() && !draft_file && self_draft.empty())
+    fail("--draft needs a model file");
 }
 
 DraftLength::DraftLength(const SpecConfig& cfg)

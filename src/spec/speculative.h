@@ -12,10 +12,12 @@
 // so a step emits 1 .. k + 1 tokens whose distribution is exactly plain sampling's (Leviathan
 // et al. 2023, Chen et al. 2023); greedy emits exactly greedy decoding's tokens.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "gguf/gguf.h"
 #include "sampling/constraint.h"
 #include "sampling/sampler.h"
 #include "spec/ngram.h"
@@ -33,6 +35,12 @@ struct SpecConfig {
   bool adaptive = true;     // the length follows the sequence's acceptance rate (DraftLength)
   NgramParams ngram;        // DraftSource::Lookup
   std::string draft_path;   // DraftSource::DraftModel: a GGUF with the target's vocabulary
+  // DraftSource::DraftModel: the draft already opened, instead of draft_path (self-speculation:
+  // the target's own weights requantized in memory, tools/spec_args.h self_draft_file).
+  std::shared_ptr<const GgufFile> draft_file;
+  // DraftSource::DraftModel: self-speculation, the target's own weights requantized to this type
+  // ("q4_0") as the draft; the tool that loads the target makes draft_file from it.
+  std::string self_draft;
 
   // Throws tern::Error naming the flag for a value out of range (a draft length of 0, above 32).
   void validate() const;

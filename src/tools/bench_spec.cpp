@@ -51,9 +51,14 @@ int run_spec_bench(ModelArgs& margs, const SpecConfig& spec, const SpecBenchArgs
   if (spec.source == DraftSource::None) fail("--spec-prompts needs --lookup N or --draft FILE");
   const std::vector<std::string> texts = read_prompts(args.prompts_path);
   std::shared_ptr<const GgufFile> draft_file;
-  if (spec.source == DraftSource::DraftModel) draft_file = open_draft_file(spec.draft_path);
+  if (spec.source == DraftSource::DraftModel && spec.self_draft.empty()) draft_file = open_draft_file(spec.draft_path);
   LoadedSession ls = open_session(margs);
   Session& s = *ls.session;
+  SpecConfig resolved = spec;
+  if (!spec.self_draft.empty()) {
+    resolve_self_draft(resolved, ls.file, s.n_threads());
+    draft_file = resolved.draft_file;
+  }
   std::unique_ptr<DraftModel> draft;
   if (draft_file) {
     check_draft_vocab(*ls.file, *draft_file);
@@ -120,7 +125,7 @@ int run_spec_bench(ModelArgs& margs, const SpecConfig& spec, const SpecBenchArgs
                         {"threads", s.pool().size()},
                         {"isa", active_isa()},
                         {"drafter", draft_source_name(spec.source)},
-                        {"draft", spec.draft_path},
+                        {"draft", spec.self_draft.empty() ? spec.draft_path : "self:" + spec.self_draft},
                         {"draft_max", spec.n_draft_max},
                         {"prompts", prompts.size()},
                         {"n_gen", args.n_gen},
@@ -144,7 +149,8 @@ int run_spec_bench(ModelArgs& margs, const SpecConfig& spec, const SpecBenchArgs
               args.reps);
   std::printf("| %s | %s | %zu | %.1f | %.1f | %.2fx [%.2f-%.2f] | %.1f%% | %.2f | %lld / %lld |\n", margs.model.c_str(),
               spec.source == DraftSource::Lookup ? str_cat("lookup ", spec.ngram.ngram_max).c_str()
-                                                 : str_cat("draft ", spec.draft_path).c_str(),
+              : spec.self_draft.empty()          ? str_cat("draft ", spec.draft_path).c_str()
+                                                 : str_cat("self, ", spec.self_draft).c_str(),
               prompts.size(), p_med, s_med, x_med, *std::min_element(speedups.begin(), speedups.end()),
               *std::max_element(speedups.begin(), speedups.end()), 100 * acceptance, per_step,
               static_cast<long long>(identical), static_cast<long long>(compared));

@@ -381,7 +381,8 @@ int cmd_bench_serve(int argc, char** argv) {
   // cache.
   EngineConfig spec_ecfg = ecfg;
   spec_ecfg.spec = spec;
-  if (!spec_compare) ecfg.spec = spec;
+  resolve_self_draft(spec_ecfg.spec, file, ecfg.n_threads);  // --draft-self: the model requantized
+  if (!spec_compare) ecfg.spec = spec_ecfg.spec;
   auto engine = std::make_unique<Engine>(file, tok, ecfg);
   const int64_t n_ctx = engine->n_ctx();
   // The adapters requests rotate over (empty set: the base model's turn).
@@ -573,7 +574,7 @@ int cmd_bench_serve(int argc, char** argv) {
       j["request_rate"] = request_rate > 0 ? nlohmann::json(request_rate) : nlohmann::json(nullptr);
       j["max_tokens"] = max_tokens;
       j["spec"] = {{"source", draft_source_name(spec.source)}, {"ngram_max", spec.ngram.ngram_max},
-                   {"draft", spec.draft_path}, {"draft_max", spec.n_draft_max}, {"draft_min", spec.n_draft_min},
+                   {"draft", spec.self_draft.empty() ? spec.draft_path : "self:" + spec.self_draft}, {"draft_max", spec.n_draft_max}, {"draft_min", spec.n_draft_min},
                    {"adaptive", spec.adaptive}};
       j["plain"] = run_json(plain);
       j["speculative"] = run_json(sp);

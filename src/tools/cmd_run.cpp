@@ -119,9 +119,14 @@ int cmd_run(int argc, char** argv) {
 
   if (cargs.given()) cargs.gbnf_text();  // a bad grammar or schema fails before the model loads
   std::shared_ptr<const GgufFile> draft_file;
-  if (opts.spec.source == DraftSource::DraftModel) draft_file = open_draft_file(opts.spec.draft_path);
+  if (opts.spec.source == DraftSource::DraftModel && opts.spec.self_draft.empty())
+    draft_file = open_draft_file(opts.spec.draft_path);
   LoadedSession ls = open_session(margs);
   const Tokenizer& tok = *ls.tokenizer;
+  if (!opts.spec.self_draft.empty()) {
+    resolve_self_draft(opts.spec, ls.file, ls.session->n_threads());
+    draft_file = opts.spec.draft_file;
+  }
   std::unique_ptr<DraftModel> draft;
   if (draft_file) {
     check_draft_vocab(*ls.file, *draft_file);

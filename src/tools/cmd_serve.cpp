@@ -135,6 +135,7 @@ server::SingleModelProvider::LoadedBase load_single_base(const std::string& path
         str_cat(kVersion, "|", model_path.filename().string(), "|", ec ? 0 : size, "|",
                 file.get_string("general.name", ""), "|", kv_type_name(ecfg.kv_type), "|", ecfg.n_ctx));
   }
+  resolve_self_draft(ecfg.spec, owner->file, ecfg.n_threads);
   owner->engine = std::make_unique<Engine>(owner->file, owner->tokenizer, ecfg);
   owner->backend = std::make_unique<server::EngineBackend>(*owner->engine);
   served->backend = owner->backend.get();
@@ -144,8 +145,8 @@ server::SingleModelProvider::LoadedBase load_single_base(const std::string& path
   served->metadata = gguf_metadata_json(file);
   served->bytes = int64_t(file.file_size()) + owner->engine->metrics().kv_bytes;  // the arena exists from construction
   if (ecfg.spec.source == DraftSource::DraftModel)
-    served->bytes += draft_model_bytes(*open_model_file(ecfg.spec.draft_path), ecfg.kv_type, owner->engine->n_ctx(),
-                                       std::min(ecfg.n_parallel, ecfg.max_running));
+    served->bytes += draft_model_bytes(ecfg.spec.draft_file ? *ecfg.spec.draft_file : *open_model_file(ecfg.spec.draft_path),
+                                       ecfg.kv_type, owner->engine->n_ctx(), std::min(ecfg.n_parallel, ecfg.max_running));
   // The check holds the engine by address: the provider uses it only while this base is the
   // one served, which its owner outlives.
   const Engine* engine = owner->engine.get();

@@ -19,6 +19,7 @@
 #include "server/structured_output.h"
 #include "server/tool_calls.h"
 #include "spec/draft_model.h"
+#include "tools/spec_args.h"
 #include "tools/cli_util.h"
 #include "tools/model_args.h"
 
@@ -50,7 +51,10 @@ std::string spec_description(const SpecConfig& spec) {
     case DraftSource::Lookup:
       what = str_cat("prompt lookup (n-grams of ", spec.ngram.ngram_min, "..", spec.ngram.ngram_max, " tokens)");
       break;
-    case DraftSource::DraftModel: what = str_cat("draft model ", spec.draft_path); break;
+    case DraftSource::DraftModel:
+      what = spec.self_draft.empty() ? str_cat("draft model ", spec.draft_path)
+                                     : str_cat("self-speculation (each model requantized to ", spec.self_draft, ")");
+      break;
   }
   return spec.adaptive ? str_cat(what, ", ", spec.n_draft_min, "..", spec.n_draft_max, " drafted tokens a step (adaptive)")
                        : str_cat(what, ", ", spec.n_draft_max, " drafted tokens a step");
@@ -244,13 +248,15 @@ struct PoolModelProvider::Impl {
     shared.structured = std::make_unique<server::StructuredOutput>(*m->tokenizer);
     shared.metadata = gguf_metadata_json(*m->file);
 
+    resolve_self_draft(ecfg.spec, m->file, ecfg.n_threads);  // --draft-self: this model's own copy
     m->engine = std::make_unique<Engine>(m->file, m->tokenizer, ecfg);
     m->backend = std::make_unique<server::EngineBackend>(*m->engine);
     shared.backend = m->backend.get();
     m->engine->start();
     const EngineMetrics em = m->engine->metrics();
     shared.bytes = int64_t(m->file->file_size()) + em.kv_bytes;
-    if (draft) shared.bytes += draft_model_bytes(*draft, ecfg.kv_type, m->engine->n_ctx(), ecfg.n_parallel);
+    if (const GgufFile* df = ecfg.spec.draft_file ? ecfg.spec.draft_file.get() : draft.get())
+      shared.bytes += draft_model_bytes(*df, ecfg.kv_type, m->engine->n_ctx(), ecfg.n_parallel);
     for (size_t i : family[slot]) add_model(*m, shared, i);
     {
       std::lock_guard lock(live_mu);
@@ -328,6 +334,12 @@ struct PoolModelProvider::Impl {
     if (settings.ctx_given && !planned.warning.empty())
       std::fprintf(stderr, "%s: %s: warning: %s\n", cmd, e.name.c_str(), planned.warning.c_str());
     int64_t draft_bytes = 0;
+    if (!settings.engine.spec.self_draft.empty()) {
+      // A requantized copy of the model: estimated at the model's own size (a cheaper type is
+      // smaller), plus its KV regions.
+      draft_bytes = e.file_bytes + kv_bytes_per_token(*file.header, settings.engine.kv_type) * planned.n_ctx *
+                                       e.defaults.parallel.value_or(settings.engine.n_parallel);
+    }
     if (draft) {
       // Served all the same (its variants and the catalog stay as configured); each load fails
       // with this reason, which a request for it is answered with.
@@ -397,7 +409,7 @@ PoolModelProvider::PoolModelProvider(std::vector<ModelEntry> entries, server::Mo
     : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.settings = std::move(load);
-  if (d.settings.engine.spec.source == DraftSource::DraftModel)
+  if (d.settings.engine.spec.source == DraftSource::DraftModel && d.settings.engine.spec.self_draft.empty())
     d.draft = open_model_file(d.settings.engine.spec.draft_path);
   if (!d.settings.tool_format.empty()) {
     d.tool_format = server::tool_format_from_name(d.settings.tool_format);

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "compress/quantize.h"
 #include "core/error.h"
 #include "core/read_file.h"
 
@@ -22,6 +23,17 @@ bool starts_with_gguf_magic(const std::string& path) {
 }
 
 }  // namespace
+
+void resolve_self_draft(SpecConfig& spec, const std::shared_ptr<const GgufFile>& target, int n_threads) {
+  if (spec.self_draft.empty() || spec.draft_file) return;
+  QuantizeOptions q;
+  q.type = parse_quantize_type(spec.self_draft);
+  q.allow_requantize = true;  // a draft only guesses: the target's verification keeps the output exact
+  q.n_threads = n_threads;
+  auto image = std::make_shared<std::vector<uint8_t>>(quantize_model_image(*target, q));
+  spec.draft_file = std::make_shared<const GgufFile>(
+      GgufFile::parse(image, image->data(), image->size(), str_cat(target->path(), " requantized to ", spec.self_draft)));
+}
 
 // Only GGUF: the draft's vocabulary is compared with the target's key by key (check_draft_vocab),
 // and a llama2.c checkpoint would need a tokenizer.bin of its own to become one; `tern convert`
@@ -45,6 +57,8 @@ void add_spec_options(CLI::App& app, SpecArgs& args) {
       ->capture_default_str();
   app.add_option("--draft", args.draft,
                  "speculative decoding with a draft model: a smaller GGUF with this model's vocabulary");
+  app.add_option("--draft-self", args.draft_self,
+                 "self-speculation: the model's own weights requantized in memory to TYPE (e.g. q4_0) draft for it");
   app.add_option("--draft-max", args.draft_max, "most tokens drafted per step (1..32)")->capture_default_str();
   app.add_option("--draft-min", args.draft_min, "fewest tokens the adaptive draft length goes down to (0: it may stop drafting where drafts do not pay)")
       ->capture_default_str();
@@ -53,12 +67,20 @@ void add_spec_options(CLI::App& app, SpecArgs& args) {
 
 SpecConfig spec_config_from_args(const SpecArgs& args) {
   SpecConfig c;
-  if (args.lookup != 0 && !args.draft.empty()) fail("--lookup and --draft are two drafters: give one");
+  if (int(args.lookup != 0) + int(!args.draft.empty()) + int(!args.draft_self.empty()) > 1)
+    fail("--lookup, --draft and --draft-self are three drafters: give one");
   if (args.lookup < 0 || args.lookup > 16) fail("--lookup N: the n-gram length must be in [1, 16] (0: off), got ", args.lookup);
   if (args.lookup > 0) {
     c.source = DraftSource::Lookup;
     c.ngram.ngram_max = args.lookup;
     c.ngram.ngram_min = 1;
+  } else if (!args.draft_self.empty()) {
+    try {
+      c.self_draft = dtype_name(parse_quantize_type(args.draft_self));
+    } catch (const Error& e) {
+      fail("--draft-self: ", e.what());
+    }
+    c.source = DraftSource::DraftModel;
   } else if (!args.draft.empty()) {
     if (!path_exists(args.draft)) fail("--draft ", args.draft, ": no such file");
     c.source = DraftSource::DraftModel;
@@ -70,7 +92,7 @@ SpecConfig spec_config_from_args(const SpecArgs& args) {
   if (c.source == DraftSource::None) {
     // A length without a drafter is harmless but probably a mistake in the command line.
     if (args.draft_max != 8 || args.draft_min != 0 || args.draft_fixed)
-      fail("--draft-max / --draft-min / --draft-fixed need --lookup N or --draft FILE");
+      fail("--draft-max / --draft-min / --draft-fixed need --lookup N, --draft FILE or --draft-self TYPE");
     return c;
   }
   c.validate();

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "engine_test_util.h"
+#include "tools/spec_args.h"
 
 namespace tern {
 namespace {
@@ -43,6 +44,7 @@ struct SpecCase {
   bool draft_is_default;   // the draft model: tern-stories (else stories260K)
   int64_t kv_tokens;       // arena in tokens: small enough to preempt
   bool half_plain;         // every other request opts out of speculation
+  const char* self_draft = "";  // self-speculation: the target requantized to this type
 };
 
 void PrintTo(const SpecCase& c, std::ostream* os) { *os << c.name; }
@@ -72,6 +74,11 @@ TEST_P(EngineSpec, SixteenGreedyRequestsEqualEachRunAlone) {
   cfg.spec.n_draft_max = 6;
   cfg.spec.ngram.ngram_max = 3;
   if (tc.source == DraftSource::DraftModel) cfg.spec.draft_path = tc.draft_is_default ? kTernStories : stories;
+  if (*tc.self_draft) {
+    cfg.spec.draft_path.clear();
+    cfg.spec.self_draft = tc.self_draft;
+    resolve_self_draft(cfg.spec, file, 2);
+  }
   Engine engine(file, tok, cfg);
   Sink sink;
   std::vector<uint64_t> ids;
@@ -119,7 +126,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(SpecCase{"lookup_stories260K", false, DraftSource::Lookup, false, 640, false},
                       SpecCase{"lookup_default_half_plain", true, DraftSource::Lookup, false, 640, true},
                       SpecCase{"draft_260K_for_default", true, DraftSource::DraftModel, false, 640, false},
-                      SpecCase{"draft_default_for_260K", false, DraftSource::DraftModel, true, 640, true}),
+                      SpecCase{"draft_default_for_260K", false, DraftSource::DraftModel, true, 640, true},
+                      SpecCase{"self_q4_0_default", true, DraftSource::DraftModel, false, 640, false, "q4_0"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(EngineSpecText, StopStringsAndLimitsInsideAnAcceptedRunEndWherePlainEnds) {

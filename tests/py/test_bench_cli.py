@@ -129,7 +129,7 @@ with tempfile.TemporaryDirectory() as d:
         check(j["plain_tok_s"] > 0 and j["spec_tok_s"] > 0 and 0 <= j["acceptance_rate"] <= 1, "speeds and acceptance")
         check(close(j["speedup"], statistics.median(j["speedup_runs"])), "speedup is the rounds' median")
     for args, what in ((["--lookup", "2"], "--spec-prompts"), (["--spec-prompts", prompts], "--lookup"),
-                       (["--lookup", "2", "--draft", model, "--spec-prompts", prompts], "--lookup and --draft"),
+                       (["--lookup", "2", "--draft", model, "--spec-prompts", prompts], "--lookup, --draft"),
                        (["--lookup", "2", "--spec-prompts", os.path.join(d, "none.txt")], "--spec-prompts")):
         rc, out, err = bench(*args)
         check(rc != 0 and what in err, f"{' '.join(a if a != prompts else 'P' for a in args)}: an error naming {what} "

@@ -78,6 +78,17 @@ TEST(CliSpeculative, DraftModelGivesPlainGreedyIds) {
   expect_speculative_metrics(draft, "draft");
 }
 
+// Self-speculation: the model's own weights requantized in memory draft for it.
+TEST(CliSpeculative, SelfDraftGivesPlainGreedyIds) {
+  const std::string args = "-m " + tern_stories() + " -p " + kPrompt + " -n 96 --temp 0 -t 2";
+  const auto plain = run_json(args);
+  for (const char* type : {"q4_0", "q4_k"}) {
+    const auto self = run_json(args + " --draft-self " + type);
+    EXPECT_EQ(self["ids"], plain["ids"]) << type;
+    expect_speculative_metrics(self, "draft");
+  }
+}
+
 TEST(CliSpeculative, ReportLineSummarisesSpeculation) {
   std::string out, err;
   ASSERT_EQ(run_command(kTern + " run -m " + tern_stories() + " -p " + kPrompt + " -n 32 --temp 0 -t 2 --lookup 3", &out,
@@ -107,6 +118,8 @@ TEST(CliSpeculative, BadFlagsAreErrorsNamingTheFlag) {
       {"--draft-fixed", "--draft-fixed"},
       {"--draft /nonexistent/draft.gguf", "/nonexistent/draft.gguf"},
       {"--lookup 3 -i", "not for -i"},
+      {"--draft-self q9_9", "--draft-self"},
+      {"--draft-self q4_0 --lookup 2", "--draft-self"},
   };
   for (const Case& c : cases) {
     const std::string err = run_error(m + c.args);
