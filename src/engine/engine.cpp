@@ -144,6 +144,8 @@ struct Engine::Impl {
   double tbt_target = 0;              // in force (resolved from cfg.tbt_target_ms), 0: none
   double decode_ms = 0;               // a one-sequence decode step, as calibrated at start
   std::unique_ptr<DraftModel> draft_model;  // cfg.spec.source == DraftModel
+  double draft_pass_ms = 0;           // a batched draft-model pass (one token per sequence), running average
+  double step_ms_avg = 0;             // recent steps' time, running average
 
   // --- submission (any thread), guarded by mu --------------------------------------------
   mutable std::mutex mu;
@@ -378,6 +380,7 @@ void Engine::Impl::plan_headroom() {
 
 void Engine::Impl::record_step(const StepPlan& plan, double ms) {
   cost_model.observe(plan.shape, ms);
+  step_ms_avg = step_ms_avg > 0 ? 0.9 * step_ms_avg + 0.1 * ms : ms;
   plan_headroom();
   size_t b = 0;
   while (b < EngineMetrics::kStepMsBounds.size() && ms > EngineMetrics::kStepMsBounds[b]) ++b;
@@ -532,16 +535,24 @@ void Engine::Impl::init_speculation(Completion& c) {
   }
 }
 
-// What one more token adds to a decode step, relative to the step: the price a drafted token
-// must pay for (DraftLength). From the step-cost model once it has data, else 10% (a memory-
-// bound decode: the weights are read once whatever the tokens).
+// What one more drafted token costs, relative to a decode step: what it adds to the verify step
+// (from the step-cost model once it has data, else 10%: a memory-bound decode reads the weights
+// once whatever the tokens) plus, with a draft model, one draft pass (measured). DraftLength
+// drafts only what pays for this, so a drafter too slow for its acceptance stops drafting.
 double Engine::Impl::draft_marginal_cost() const {
-  if (!cost_model.ready()) return 0.1;
-  StepShape one, two;
-  one.add(256, 1, true);
-  two.add(256, 2, true);
-  const double t1 = cost_model.predict_ms(one), t2 = cost_model.predict_ms(two);
-  return t1 > 0 ? std::max(0.0, t2 - t1) / t1 : 0.1;
+  double verify = 0.1, step_ms = step_ms_avg;
+  if (cost_model.ready()) {
+    StepShape one, two;
+    one.add(256, 1, true);
+    two.add(256, 2, true);
+    const double t1 = cost_model.predict_ms(one), t2 = cost_model.predict_ms(two);
+    if (t1 > 0) {
+      verify = std::max(0.0, t2 - t1) / t1;
+      step_ms = t1;
+    }
+  }
+  const double draft = draft_model && step_ms > 0 ? draft_pass_ms / step_ms : 0.0;
+  return verify + draft;
 }
 
 // Before the plan: every speculative completion about to decode gets its drafts (set_draft);
@@ -581,7 +592,12 @@ void Engine::Impl::propose_drafts() {
     }
   }
   if (!draft_jobs.empty()) {
+    int passes = 0;
+    for (const DraftModel::Job& j : draft_jobs) passes = std::max(passes, j.n_draft);
+    const int64_t tp = now_ns();
     draft_model->propose(draft_jobs, pool);
+    const double pass_ms = ms_between(tp, now_ns()) / double(passes);
+    draft_pass_ms = draft_pass_ms > 0 ? 0.9 * draft_pass_ms + 0.1 * pass_ms : pass_ms;
     for (Completion* c : draft_for)
       if (!c->draft.empty()) sched->set_draft(c->seq, c->draft);
   }
