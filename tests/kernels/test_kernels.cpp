@@ -350,6 +350,32 @@ TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
   }
 }
 
+// interleave16 lays each group of 16 rows out over the byte range the group occupies as stored,
+// independently of the others: interleaving a matrix in pieces of whole groups (the last piece
+// with a float matrix's tail rows) gives the whole matrix's bytes. The model loader relies on it
+// to return each piece's file pages as soon as it is copied (models/weight_loader.cpp).
+TEST(KernelsDispatch, InterleavingInPiecesOfGroupsEqualsTheWhole) {
+  uint32_t seed = 1700;
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
+    const bool is_float = type == DType::F16 || type == DType::BF16 || type == DType::F32;
+    const int64_t n_in = 512, n_out = is_float ? 16 * 7 + 5 : 16 * 7;
+    SCOPED_TRACE(dtype_name(type));
+    const Weights w = make_weights(type, n_in, n_out, seed++);
+    std::vector<uint8_t> whole(w.data.size()), pieces(w.data.size(), 0xAB);
+    interleave16(w.view(), whole.data());
+    const int64_t rb = w.view().row_bytes();
+    for (int64_t r0 : {int64_t(0), int64_t(32), int64_t(48)}) {
+      const int64_t r1 = r0 == 0 ? 32 : r0 == 32 ? 48 : n_out;  // pieces of 2, 1 and the remaining groups (+ tail)
+      WeightView piece = w.view();
+      piece.n_out = r1 - r0;
+      piece.data = w.data.data() + r0 * rb;
+      interleave16(piece, pieces.data() + r0 * rb);
+    }
+    EXPECT_EQ(pieces, whole);
+  }
+}
+
 // Float rows interleaved per 16-row group and element (kernels/matmul.h) give the bits of the rows as stored on either
 // ISA (the same FMAs in the same order), for rows ranges that start anywhere as well. Q4_0 /
 // Q8_0 rows interleaved by 16 give the bits of the rows as stored on AVX-512 (the K-quants' and
