@@ -15,7 +15,9 @@ usage: spec_prompts.py TINYSTORIES_VAL OUT_PREFIX [--n N] [--task continue|retel
 """
 import argparse
 import json
+import os
 import re
+import sys
 
 
 def stories(path, n_min_chars=300, n_max_chars=900):
@@ -55,6 +57,14 @@ def main():
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--task", default="all", choices=["continue", "retell", "edit", "all"])
     a = ap.parse_args()
+    if not os.path.isfile(a.val):
+        sys.exit(f"spec_prompts.py: {a.val}: no such file")
+    # Never over an input or something that is not a regular file.
+    for out in (a.prefix + ".json", a.prefix + ".txt"):
+        if os.path.realpath(out) == os.path.realpath(a.val):
+            sys.exit(f"spec_prompts.py: {out} is the input file")
+        if os.path.exists(out) and not os.path.isfile(out):
+            sys.exit(f"spec_prompts.py: {out} exists and is not a regular file")
     tasks = ["continue", "retell", "edit"] if a.task == "all" else [a.task]
     prompts = []
     for s in stories(a.val):

@@ -129,6 +129,11 @@ HParams read_hparams(const GgufFile& file);
 // Builds the architecture named by general.architecture; throws for unknown ones.
 std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file);
 
+// Whether the file starts with GGUF's magic. What a file is comes from its bytes, not its name:
+// a GGUF renamed .bin is still a GGUF. False when it cannot be read (the loader that runs next
+// reports why).
+bool has_gguf_magic(const std::string& path);
+
 // Opens MODEL (GGUF, or a llama2.c .bin when tokenizer_bin is given) and builds it.
 std::shared_ptr<const GgufFile> open_model_file(const std::string& path,
                                                 const std::string& tokenizer_bin = "");

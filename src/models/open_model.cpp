@@ -11,9 +11,13 @@
 namespace tern {
 namespace {
 
-// Whether the file starts with GGUF's magic. What a file is comes from its bytes, not its
-// name: a GGUF renamed .bin is still a GGUF. False when it cannot be read (the loader that
-// runs next reports why).
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+}  // namespace
+
 bool has_gguf_magic(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
@@ -22,13 +26,6 @@ bool has_gguf_magic(const std::string& path) {
   ::close(fd);
   return n == ssize_t(sizeof magic) && std::memcmp(magic, "GGUF", 4) == 0;
 }
-
-bool ends_with(const std::string& s, const char* suffix) {
-  const size_t n = std::strlen(suffix);
-  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
-}
-
-}  // namespace
 
 std::shared_ptr<const GgufFile> open_model_file(const std::string& path, const std::string& tokenizer_bin) {
   if (has_gguf_magic(path)) {

@@ -482,11 +482,8 @@ int cmd_bench_serve(int argc, char** argv) {
   const int n_threads = ecfg.n_threads > 0 ? ecfg.n_threads : default_thread_count();
   const int64_t n_lora = int64_t(lora_sets.size()) - (lora_with_base && !lora_sets.empty() ? 1 : 0);
 
-  // One run's JSON object (the whole report without --spec-compare).
-  const auto run_json = [&](const RunStats& st) {
-    const EngineMetrics& m = st.m;
-    const GoodputSlo& slo = st.slo;
-    const double tbt_target = m.tbt_target_ms;
+  // What the workload was: the head of every JSON report.
+  const auto workload_json = [&] {
     nlohmann::json j;
     j["model"] = model_path;
     j["prompts"] = prompts_file.empty() ? "synthetic" : prompts_file;
@@ -494,6 +491,14 @@ int cmd_bench_serve(int argc, char** argv) {
     j["concurrency"] = request_rate > 0 ? nlohmann::json(nullptr) : nlohmann::json(in_flight_cap);
     j["request_rate"] = request_rate > 0 ? nlohmann::json(request_rate) : nlohmann::json(nullptr);
     j["max_tokens"] = max_tokens;
+    return j;
+  };
+  // One run's JSON object (the whole report without --spec-compare).
+  const auto run_json = [&](const RunStats& st) {
+    const EngineMetrics& m = st.m;
+    const GoodputSlo& slo = st.slo;
+    const double tbt_target = m.tbt_target_ms;
+    nlohmann::json j = workload_json();
     j["threads"] = n_threads;
     j["isa"] = active_isa();
     j["duration_s"] = st.duration_s;
@@ -566,13 +571,7 @@ int cmd_bench_serve(int argc, char** argv) {
     const double tbt_mean_ratio = ratio(mean(sp.tbt), mean(plain.tbt));
     const double tbt_p50_ratio = ratio(percentile(sp.tbt, 50), percentile(plain.tbt, 50));
     if (json) {
-      nlohmann::json j;
-      j["model"] = model_path;
-      j["prompts"] = prompts_file.empty() ? "synthetic" : prompts_file;
-      j["num_prompts"] = num_prompts;
-      j["concurrency"] = request_rate > 0 ? nlohmann::json(nullptr) : nlohmann::json(in_flight_cap);
-      j["request_rate"] = request_rate > 0 ? nlohmann::json(request_rate) : nlohmann::json(nullptr);
-      j["max_tokens"] = max_tokens;
+      nlohmann::json j = workload_json();
       j["spec"] = {{"source", draft_source_name(spec.source)}, {"ngram_max", spec.ngram.ngram_max},
                    {"draft", spec.self_draft.empty() ? spec.draft_path : "self:" + spec.self_draft}, {"draft_max", spec.n_draft_max}, {"draft_min", spec.n_draft_min},
                    {"adaptive", spec.adaptive}};

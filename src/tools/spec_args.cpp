@@ -1,28 +1,11 @@
 #include "tools/spec_args.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cstring>
-
 #include "compress/quantize.h"
 #include "core/error.h"
 #include "core/read_file.h"
+#include "models/model.h"
 
 namespace tern {
-
-namespace {
-
-bool starts_with_gguf_magic(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char magic[4] = {};
-  const ssize_t n = ::read(fd, magic, sizeof magic);
-  ::close(fd);
-  return n == ssize_t(sizeof magic) && std::memcmp(magic, "GGUF", 4) == 0;
-}
-
-}  // namespace
 
 void resolve_self_draft(SpecConfig& spec, const std::shared_ptr<const GgufFile>& target, int n_threads) {
   if (spec.self_draft.empty() || spec.draft_file) return;
@@ -40,7 +23,7 @@ void resolve_self_draft(SpecConfig& spec, const std::shared_ptr<const GgufFile>&
 // makes the GGUF once.
 std::shared_ptr<const GgufFile> open_draft_file(const std::string& path) {
   const bool bin = path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
-  if (bin && !starts_with_gguf_magic(path))
+  if (bin && !has_gguf_magic(path))
     fail("--draft ", path, ": a llama2.c .bin checkpoint cannot be a draft model; convert it to GGUF first "
          "(tern convert MODEL.bin --tokenizer TOKENIZER.bin -o DRAFT.gguf)");
   try {

@@ -128,7 +128,10 @@ with tempfile.TemporaryDirectory() as d:
         check(j["identical_outputs"] == j["compared_outputs"], "every speculative output equals the plain one")
         check(j["plain_tok_s"] > 0 and j["spec_tok_s"] > 0 and 0 <= j["acceptance_rate"] <= 1, "speeds and acceptance")
         check(close(j["speedup"], statistics.median(j["speedup_runs"])), "speedup is the rounds' median")
-    for args, what in ((["--lookup", "2"], "--spec-prompts"), (["--spec-prompts", prompts], "--lookup"),
+    empty = os.path.join(d, "empty.txt")
+    open(empty, "w").close()
+    for args, what in ((["--lookup", "2"], "--spec-prompts"),
+                       (["--lookup", "2", "--spec-prompts", empty], "no prompts"), (["--spec-prompts", prompts], "--lookup"),
                        (["--lookup", "2", "--draft", model, "--spec-prompts", prompts], "--lookup, --draft"),
                        (["--lookup", "2", "--spec-prompts", os.path.join(d, "none.txt")], "--spec-prompts")):
         rc, out, err = bench(*args)
