@@ -18,6 +18,7 @@
 #include "core/stats.h"
 #include "core/thread_pool.h"
 #include "models/model.h"
+#include "runtime/evicting_seq.h"
 #include "sched/scheduler.h"
 #include "spec/draft_model.h"
 
@@ -34,7 +35,7 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 int64_t kv_bytes_per_token(const GgufFile& file, KvType type) {
-  return KvStore::bytes_per_token(read_hparams(file), type);
+  return kv_bytes_per_token(read_hparams(file), type);
 }
 
 const char* pooling_name(Pooling p) {
@@ -95,6 +96,10 @@ struct Engine::Impl {
     std::vector<TokenDistribution> draft_q;
     std::unique_ptr<Sampler> draft_sampler;
     int64_t n_drafted = 0, n_accepted = 0, n_spec_steps = 0;
+    // A KV eviction policy: the resident tokens over the slots of the sequence's private
+    // blocks, of which the first blocks_given were handed to it.
+    std::unique_ptr<EvictingSequence> evicting;
+    size_t blocks_given = 0;
 
     Completion(Request* r, int i, const SamplingParams& sp, int32_t n_vocab, const Tokenizer& tok,
                const TokenConstraint* prototype, const SpecConfig& spec)
@@ -193,6 +198,13 @@ struct Engine::Impl {
   Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Tokenizer> t, const EngineConfig& c);
 
   void validate(const RequestParams& p) const;
+  // The policy a request runs under: its own, the engine's, or none for an embedding request.
+  const KvPolicy& policy_of(const RequestParams& p) const {
+    static const KvPolicy kNone;
+    return p.kv_policy ? *p.kv_policy : p.embedding.enabled ? kNone : cfg.kv_policy;
+  }
+  // A bounded sequence's slots for this step: its blocks handed to its EvictingSequence.
+  void give_blocks(Completion& c, const ScheduledSeq& e);
   void take_submissions();
   void admit(Pending& p);
   void apply_abort(uint64_t id);
@@ -239,8 +251,8 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
 
   // The arena: --kv-memory bytes, or room for n_parallel full contexts.
   const int64_t bs = cfg.kv_block_size;
-  if (cfg.kv_type != KvType::F32 && cfg.kv_type != KvType::F16) fail("unknown KV cache type");
-  const int64_t per_token = KvStore::bytes_per_token(hp, cfg.kv_type);
+  check_kv_type(cfg.kv_type, kv_rows(hp), hp.head_dim, file->path());
+  const int64_t per_token = kv_bytes_per_token(hp, cfg.kv_type);
   int64_t n_blocks;
   if (cfg.kv_memory_bytes > 0) {
     n_blocks = cfg.kv_memory_bytes / (per_token * bs);
@@ -258,8 +270,12 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
   // A step must be able to give every running sequence its decode token.
   cfg.max_running = std::min(cfg.max_running, cfg.max_batch_tokens);
   cfg.n_ctx = n_ctx;
+  if (cfg.kv_policy.evicts()) {  // the default of every completion request: refused up front
+    check_policy_for_model(cfg.kv_policy, *model, file->path());
+    cfg.kv_policy.check_fits(n_ctx);
+  }
 
-  kv_store = std::make_unique<KvStore>(hp, n_blocks * bs, cfg.kv_type);
+  kv_store = std::make_unique<KvStore>(make_kv_store(hp, n_blocks * bs, cfg.kv_type));
   kv = std::make_unique<KvCacheManager>(n_blocks, bs, cfg.prefix_caching);
   SchedulerConfig sc;
   sc.max_batch_tokens = cfg.max_batch_tokens;
@@ -441,6 +457,16 @@ void Engine::Impl::validate(const RequestParams& p) const {
   if (p.n_logprobs < -1 || p.n_logprobs > 20) fail("logprobs must be in [0, 20], got ", p.n_logprobs);
   for (const auto& s : p.stop)
     if (s.empty()) fail("a stop string is empty");
+  if (p.kv_policy && p.kv_policy->evicts() && p.embedding.enabled)
+    fail("an embedding request attends to its whole input: it takes no KV eviction policy");
+  const KvPolicy& policy = policy_of(p);
+  if (policy.evicts()) {
+    if (p.n != 1)
+      fail("kv policy ", policy.describe(), ": n = ", p.n, " completions share their prompt's blocks, and an ",
+           "evicting sequence's blocks are its own (use n = 1)");
+    check_policy_for_model(policy, *model, file->path());
+    policy.check_fits(n_ctx);
+  }
   for (const LoraUse& u : p.lora) {
     if (!u.adapter) fail("a LoRA adapter entry has no adapter");
     if (!std::isfinite(u.scale)) fail(u.adapter->path(), ": the LoRA scale must be finite");
@@ -494,8 +520,11 @@ void Engine::Impl::admit(Pending& p) {
   r->on_output = std::move(p.on_output);
   r->arrival_ns = p.arrival_ns;
   const int64_t n_prompt = int64_t(r->params.prompt_ids.size());
+  const KvPolicy& policy = policy_of(r->params);
   r->max_new = n_ctx - n_prompt;  // every generated token has a position in the context
-  if (r->params.max_tokens > 0) r->max_new = std::min(r->max_new, r->params.max_tokens);
+  if (r->params.max_tokens > 0)
+    // (An evicting policy keeps the cache bounded: its requests may run past the context.)
+    r->max_new = policy.evicts() ? r->params.max_tokens : std::min(r->max_new, r->params.max_tokens);
   r->n_unfinished = r->params.n;
   const SeqId seq = next_seq++;
   auto c = std::make_unique<Completion>(r.get(), 0, r->params.sampling, int32_t(n_vocab), *tok,
@@ -503,6 +532,15 @@ void Engine::Impl::admit(Pending& p) {
   c->seq = seq;
   by_seq[seq] = c.get();
   init_speculation(*c);
+  int64_t cap_blocks = 0, max_step = 0;
+  if (policy.evicts()) {
+    const int64_t capacity = policy.capacity(n_ctx);
+    c->evicting = std::make_unique<EvictingSequence>(policy, capacity);
+    c->speculative = false;  // a rejected draft's evictions could not be taken back
+    cap_blocks = (capacity + kv->block_size() - 1) / kv->block_size();
+    max_step = capacity - policy.sinks;
+  }
+  Completion& first = *c;
   r->completions.push_back(std::move(c));
   if (r->params.embedding.enabled)
     r->pooling = r->params.embedding.pooling == Pooling::Model ? model_pooling(model->hparams())
@@ -510,7 +548,8 @@ void Engine::Impl::admit(Pending& p) {
   // A cached prefix has K/V but no hidden states: an embedding request computes its whole
   // prompt (its recompute after a preemption too; pool_hidden() skips what it already pooled).
   sched->add(seq, r->params.prompt_ids, r->params.priority, /*prefix_lookup=*/!r->params.embedding.enabled,
-             lora_prefix_root(r->params.lora));
+             lora_prefix_root(r->params.lora), cap_blocks, max_step);
+  (void)first;
   requests[r->id] = std::move(r);
 }
 
@@ -521,6 +560,24 @@ void Engine::Impl::apply_abort(uint64_t id) {
 }
 
 // --- speculative decoding ------------------------------------------------------------------
+
+void Engine::Impl::give_blocks(Completion& c, const ScheduledSeq& e) {
+  const BlockTable& t = sched->block_table(e.id);
+  // A step from position 0 is a (re)start: after a preemption the blocks are new ones.
+  if (e.n_past == 0) {
+    c.evicting->release();
+    c.blocks_given = 0;
+  }
+  const int64_t bs = kv->block_size();
+  std::vector<int32_t> slots;
+  for (; c.blocks_given < t.blocks.size(); ++c.blocks_given) {
+    const int64_t room = c.evicting->capacity() - c.evicting->n_slots();
+    const int32_t base = int32_t(int64_t(t.blocks[c.blocks_given]) * bs);
+    slots.clear();
+    for (int64_t i = 0; i < std::min(bs, room); ++i) slots.push_back(base + int32_t(i));
+    c.evicting->add_slots(slots);
+  }
+}
 
 void Engine::Impl::init_speculation(Completion& c) {
   const Request& r = *c.req;
@@ -631,8 +688,9 @@ bool Engine::Impl::run_step() {
   slot_off.clear();
   for (const ScheduledSeq& e : plan.seqs) {
     slot_off.push_back(slot_buf.size());
-    kv->slots(sched->block_table(e.id), e.n_past + e.n_tokens, slot_buf);
     Completion* c = by_seq.at(e.id);
+    if (c->evicting) give_blocks(*c, e);  // (its SeqBatch comes from its EvictingSequence below)
+    else kv->slots(sched->block_table(e.id), e.n_past + e.n_tokens, slot_buf);
     Request& r = *c->req;
     if (r.first_scheduled_ns == 0) {
       // First time on the engine: what the prefix cache covered is n_past.
@@ -660,7 +718,9 @@ bool Engine::Impl::run_step() {
     if (hidden_off[i] >= 0) sb.hidden = hidden.data() + hidden_off[i] * n_embd;
     sb.slots = std::span<const int32_t>(slot_buf.data() + slot_off[i], slot_off[i + 1] - slot_off[i]);
     sb.all_logits = e.n_draft > 0;  // a drafted decode: one row per token (the last, then each draft)
-    const LoraSet& lora = by_seq.at(e.id)->req->params.lora;
+    Completion& c = *by_seq.at(e.id);
+    if (c.evicting) c.evicting->begin_step(sb, e.n_past, sb.tokens, *model, *kv_store);
+    const LoraSet& lora = c.req->params.lora;
     sb.lora = lora.empty() ? nullptr : &lora;
     batch.push_back(sb);
   }
@@ -685,6 +745,10 @@ bool Engine::Impl::run_step() {
     ++totals.steps;
     update_snapshot();
     return true;
+  }
+  for (const ScheduledSeq& e : plan.seqs) {
+    Completion& c = *by_seq.at(e.id);
+    if (c.evicting) c.evicting->end_step(*kv_store, *model);
   }
   // Drafted decodes: verify before the commit, which keeps only the accepted drafts.
   verified.resize(plan.seqs.size());

@@ -15,11 +15,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
+#include "kv/kv_policy.h"
 #include "models/model.h"
 #include "sampling/constraint.h"
 #include "sampling/sampler.h"
@@ -67,6 +69,11 @@ struct EngineConfig {
   // decode without drafts until one is free). Outputs are those of plain decoding (greedy:
   // the same tokens; sampling: the same distribution).
   SpecConfig spec;
+  // KV eviction (docs/kv.md) for every completion request that does not choose its own
+  // (RequestParams::kv_policy): its sequence keeps at most kv_policy.capacity(n_ctx) tokens in
+  // private blocks (never shared through the prefix cache), evicting as the policy says, and
+  // may generate past the context (max_tokens is then not clipped to it).
+  KvPolicy kv_policy;
 };
 
 // add_request's refusal when a request is predicted to wait longer than max_queue_ms.
@@ -136,6 +143,10 @@ struct RequestParams {
   LoraSet lora;
   // With speculative decoding configured on the engine: false decodes this request plainly.
   bool speculative = true;
+  // This request's KV eviction policy instead of the engine's (EngineConfig::kv_policy); a
+  // policy that evicts needs n = 1 (its blocks are private), runs without speculation, and an
+  // embedding request takes none.
+  std::optional<KvPolicy> kv_policy;
 };
 
 struct GeneratedToken {

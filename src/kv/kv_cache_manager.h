@@ -13,6 +13,16 @@
 // advances n_computed and publishes the newly full blocks to the prefix cache. rollback()
 // returns what reserve() took, so a failed step or a preemption leaves the pool as it was.
 //
+// Eviction (kv/kv_policy.h's streaming window over blocks): evict_blocks() releases whole blocks
+// that left the window and leaves kNoBlock holes; positions keep their numbers (n_computed does
+// not shrink, RoPE positions stay the original ones). resident_slots() maps what is left.
+//
+//   blocks:  [ 7 ][ -1 ][ -1 ][ 4 ][ 5 ]     sink block 7, two evicted, the window in 4 and 5
+//
+// A table that evicted stops publishing to the prefix cache: K/V computed after an eviction
+// attended to fewer tokens than their prefix, so they are not what a prefix hit needs. Its
+// blocks published before the eviction stay valid and cached.
+//
 // Not thread-safe (owned by the engine thread, through the scheduler).
 #include <cstdint>
 #include <span>
@@ -34,6 +44,12 @@ struct BlockTable {
   // (sequences running different LoRA adapters: same tokens, other K/V) never share a block.
   // Set before the first match_prefix / commit (BlockTable::with_root); kept by free().
   uint64_t root_key = kRootBlockKey;
+  int64_t n_evicted_blocks = 0;       // kNoBlock holes left by evict_blocks (no more publishing)
+  // > 0: a bounded sequence, whose eviction policy reuses its slots (runtime/evicting_seq.h): it
+  // never holds more than cap_blocks blocks however long it grows, its positions map to no block
+  // (its owner hands out the slots of `blocks`), and it never shares, matches or publishes a
+  // block. Kept by free().
+  int64_t cap_blocks = 0;
   static BlockTable with_root(uint64_t root) {
     BlockTable t;
     t.last_key = t.root_key = root;
@@ -64,6 +80,8 @@ class KvCacheManager {
   // to compute (its logits are what the sequence samples from). 0 without prefix caching.
   int64_t match_prefix(BlockTable& t, std::span<const int32_t> tokens);
 
+  // Blocks a table holds for its first n positions: ceil(n / block_size), at most cap_blocks.
+  int64_t blocks_for(const BlockTable& t, int64_t n) const;
   // Blocks reserve(t, n) would take from the free list (0 when it already has room).
   int64_t blocks_needed(const BlockTable& t, int64_t n) const;
   // Gives positions [n_computed, n_computed + n) a slot: allocates blocks and, when the block
@@ -76,17 +94,29 @@ class KvCacheManager {
   void commit(BlockTable& t, int64_t n, std::span<const int32_t> tokens);
   // Returns the slots reserved past n_computed (blocks wholly beyond it go back to the pool).
   void rollback(BlockTable& t);
-  // child (empty) shares every block of parent: the n completions of one prompt.
+  // child (empty) shares every block of parent: the n completions of one prompt. Holes stay
+  // holes (and the child does not publish either).
   void fork(const BlockTable& parent, BlockTable& child);
-  // Releases every block (last block first, so a prefix's deepest blocks are evicted first).
+  // Releases every block (last block first, so a prefix's deepest blocks are evicted first),
+  // skipping holes.
   void free(BlockTable& t);
 
   // Copies that reservations since the last take_copies() require, in order.
   const std::vector<BlockCopy>& pending_copies() const { return copies_; }
   void clear_copies() { copies_.clear(); }
 
-  // Slot of every position 0 .. n - 1 (n <= n_reserved) appended to `out`.
+  // Slot of every position 0 .. n - 1 (n <= n_reserved) appended to `out`. None of them may
+  // be evicted (TERN_ASSERT): a table with holes maps through resident_slots().
   void slots(const BlockTable& t, int64_t n, std::vector<int32_t>& out) const;
+  // Slots of the positions < n whose block is resident appended to `out`, and their positions
+  // to `*positions` when given.
+  void resident_slots(const BlockTable& t, int64_t n, std::vector<int32_t>& out,
+                      std::vector<int64_t>* positions = nullptr) const;
+
+  // Releases blocks [first_block, first_block + n_blocks) of t, which must be fully computed
+  // (a streaming window moved past them), and leaves kNoBlock in their place; holes already
+  // there are skipped. A block another table shares or the prefix cache holds stays with them.
+  void evict_blocks(BlockTable& t, int64_t first_block, int64_t n_blocks);
 
   // Allocated-but-unfilled slots over allocated slots of held blocks, in percent.
   double waste_pct() const;

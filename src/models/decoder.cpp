@@ -182,6 +182,7 @@ class DecoderModel final : public Model {
   bool is_phased_capable() const;
   bool has_swa_rope() const { return hp_.rope_freq_base_swa > 0.0f && hp_.rope_freq_base_swa != hp_.rope_freq_base; }
   RopeParams rope_params(bool swa) const;
+  bool rotate_keys(int64_t il, float* k, int64_t n_rows, int64_t delta) const override;
 
   // forward() less the hidden states: the chosen path's layers and logits.
   void forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool);
@@ -235,6 +236,7 @@ class DecoderModel final : public Model {
   std::vector<float> chosen_w_;     // [T, n_expert_used] their weights
   std::vector<MatmulTarget> moe_targets_;  // a decode token's experts' gate and up
   std::vector<AttentionArgs> attn_args_;
+  std::vector<float> key_mass_;  // one layer's key masses (H2O), see attention_block
   int64_t cur_layer_ = 0;           // the layer qkv_rows_done works for
   PhasedWork spmd_work_;               // forward_spmd's phases
   PathChooser spmd_chooser_;           // forward_spmd (1) or this thread alone (0), by timing
@@ -382,6 +384,22 @@ bool DecoderModel::is_phased_capable() const {
   return !spec_.post_norms && hp_.n_expert == 0 && hp_.uniform_layers();
 }
 
+bool DecoderModel::rotate_keys(int64_t il, float* k, int64_t n_rows, int64_t delta) const {
+  const bool swa = hp_.is_swa(il) && has_swa_rope();
+  RopeParams p = rope_params(swa);
+  if (p.n_rot == 0 || p.ext_factor != 0.0f) return false;
+  p.attn_factor = 1.0f;
+  const int32_t pos = int32_t(delta);
+  std::vector<float> cs(size_t(p.n_rot));  // one position's [n_rot / 2][cos, sin]
+  rope_table_ext(&pos, 1, p, cs.data());
+  const int64_t Ekv = hp_.n_embd_kv(il), hd = hp_.head_dim;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    if (hp_.rope_layout == RopeLayout::Neox) rope_neox_table(k + r * Ekv, Ekv, cs.data(), 1, Ekv / hd, hd, hp_.n_rot);
+    else rope_cols_table(k + r * Ekv, Ekv, cs.data(), 1, hd, hp_.n_rot, 0, Ekv);
+  }
+  return true;
+}
+
 RopeParams DecoderModel::rope_params(bool swa) const {
   RopeParams p;
   p.n_rot = hp_.n_rot;
@@ -420,6 +438,10 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
   int64_t T = 0;
   for (const auto& s : seqs) {
     TERN_ASSERT(int64_t(s.slots.size()) >= s.n_past + int64_t(s.tokens.size()));
+    // Sliding-window layers measure a key's distance by its index in `slots`, which is its
+    // position only when nothing was evicted (the cache policies refuse such models first).
+    TERN_ASSERT_MSG(s.pos < 0 || s.pos == s.n_past || hp_.n_swa == 0, "evicted keys with sliding-window layers");
+    TERN_ASSERT(s.pos < 0 || s.pos >= s.n_past);
     T += int64_t(s.tokens.size());
   }
   if (T == 0) return;
@@ -433,7 +455,7 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
         const int32_t id = s.tokens[i];
         TERN_ASSERT_MSG(id >= 0 && id < V, "token id out of range");
         dequantize_row(tok_embd_, id, x_.data() + t * E);
-        positions_[size_t(t)] = int32_t(s.n_past + int64_t(i));
+        positions_[size_t(t)] = int32_t(s.first_pos() + int64_t(i));
       }
     // The step's adapters; a token_embd update goes into the looked-up rows before Gemma's
     // scaling (as llama.cpp adds it, so a merged embedding matrix gives the same rows).
@@ -461,10 +483,13 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
   const auto seconds_per_token = [&](std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(T);
   };
+  // The phased units attend without key masses (H2O sums take the other paths).
+  bool phased_kv = true;
+  for (const auto& s : seqs) phased_kv = phased_kv && !s.key_mass;
   if (pool.size() > 1 && !observer_ && T <= kSpmdMaxTokens && E <= kSpmdMaxEmbd) {
     const int path = small_path_forced_ >= 0 ? small_path_forced_ : spmd_chooser_.pick(attended);
     const auto t0 = std::chrono::steady_clock::now();
-    if (path == 1 && phased_ && !hooks_.lora) {  // (the phased units have no LoRA epilogue)
+    if (path == 1 && phased_ && phased_kv && !hooks_.lora) {  // (the phased units have no LoRA epilogue)
       forward_spmd(seqs, kv, T, logits, pool);
       spmd_chooser_.record(1, seconds_per_token(t0));
       return;
@@ -586,6 +611,13 @@ void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, K
   const float scale = hp_.attn_scale != 0.0f ? hp_.attn_scale : 1.0f / std::sqrt(float(hd));
   const int64_t window = hp_.is_swa(il) ? hp_.n_swa : 0;
   attn_args_.clear();
+  // H2O: each sequence's per-KV-head key masses of this layer, [n_head_kv][n_past + n] at
+  // key_mass_offset; summed into SeqBatch::key_mass below.
+  size_t mass_floats = 0;
+  for (const auto& s : seqs)
+    if (s.key_mass) mass_floats += size_t(L.n_head_kv * (s.n_past + int64_t(s.tokens.size())));
+  key_mass_.assign(mass_floats, 0.0f);
+  size_t mass_at = 0;
   int64_t t = 0;
   for (const auto& s : seqs) {
     const int64_t n = int64_t(s.tokens.size());
@@ -597,10 +629,21 @@ void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, K
                     L.n_head, L.n_head_kv, hd, scale, kv.type()};
     a.softcap = hp_.attn_softcap;
     a.window = window;
+    if (s.key_mass) {
+      a.key_mass = key_mass_.data() + mass_at;
+      a.ld_key_mass = s.n_past + n;
+      mass_at += size_t(L.n_head_kv * (s.n_past + n));
+    }
     attn_args_.push_back(a);
     t += n;
   }
   attention(attn_args_, pool);
+  for (const AttentionArgs& a : attn_args_)
+    if (a.key_mass) {
+      float* dst = seqs[size_t(&a - attn_args_.data())].key_mass;
+      for (int64_t kvh = 0; kvh < a.n_head_kv; ++kvh)
+        for (int64_t j = 0; j < a.ld_key_mass; ++j) dst[j] += a.key_mass[kvh * a.ld_key_mass + j];
+    }
   apply_linear(L.o, attn_.data(), Eq, T, xn_.data(), E, pool, hooks_);
   if (L.attn_post_norm) rms_norm(xn_.data(), L.attn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
   add_inplace(x_.data(), xn_.data(), T * E);
@@ -797,7 +840,13 @@ void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int
   const int64_t nth = pool.size();
   auto rows_per_unit = [&](int64_t n) { return ((n + nth - 1) / nth + 3) / 4 * 4; };
   const int64_t per_e = rows_per_unit(E), per_f = rows_per_unit(F), per_v = rows_per_unit(V);
-  const int64_t per_kvh = (hp_.n_head_kv + nth - 1) / nth;
+  int64_t per_kvh = (hp_.n_head_kv + nth - 1) / nth;
+  // A quantized arena's blocks may span KV heads (stories260K: 4 heads of 8 in one block of 32):
+  // a unit stores whole blocks, so its heads cover a multiple of the block.
+  if (kv.type() != KvType::F32 && kv.type() != KvType::F16) {
+    const int64_t heads_per_block = kKvQuantBlock / std::gcd(hd, kKvQuantBlock);
+    per_kvh = (per_kvh + heads_per_block - 1) / heads_per_block * heads_per_block;
+  }
   auto units = [](int64_t n, int64_t per) { return int32_t((n + per - 1) / per); };
   phase_units_.clear();
   for (int64_t il = 0; il < hp_.n_layer; ++il) {

@@ -16,45 +16,16 @@
 #include "kernels/matmul.h"
 #include "models/hparams.h"
 #include "models/lora.h"
+#include "kv/kv_store.h"
 #include "ops/attention_iface.h"
 
 namespace tern {
 
-// K/V storage for every layer: layer il holds [n_slots, n_head_kv(il) * head_dim] elements of
-// `type` (f32, or IEEE half: llama.cpp's default, half the bytes) for K and for V. Sized once;
-// slots are handed out by whoever owns the cache (runtime or kv/ block tables). New rows are
-// written through store(), which converts to the store's type (round to nearest even, the same
-// bits on every ISA); the attention kernels read the layer arenas k(il) / v(il) with
-// kv_type = type() and rows of row(il) elements.
-class KvStore {
- public:
-  KvStore(const HParams& hp, int64_t n_slots, KvType type = KvType::F32);
-  KvType type() const { return type_; }
-  // Layer il's arenas: n_slots rows of row(il) elements of type().
-  const void* k(int64_t il) const { return data_.data() + layer_offset_[size_t(il)]; }
-  const void* v(int64_t il) const { return data_.data() + layer_offset_[size_t(il)] + layer_bytes(il); }
-  // K and V of one slot, columns [c0, c0 + n) of its row, in layer il, from f32.
-  void store(int64_t il, int64_t slot, int64_t c0, const float* k, const float* v, int64_t n);
-  // Copies n slots starting at src to dst, every layer (copy-on-write of a shared block).
-  void copy_slots(int64_t src, int64_t dst, int64_t n);
-  int64_t n_slots() const { return n_slots_; }
-  int64_t row(int64_t il = 0) const { return rows_[size_t(il)]; }
-  int64_t bytes() const { return int64_t(data_.size()); }
-  // Bytes one token takes: K and V, every layer.
-  static int64_t bytes_per_token(const HParams& hp, KvType type);
-
- private:
-  int64_t layer_bytes(int64_t il) const { return n_slots_ * rows_[size_t(il)] * elem_bytes_; }
-  KvType type_;
-  int64_t n_slots_, elem_bytes_;
-  std::vector<int64_t> rows_;          // [n_layer] elements per slot and layer
-  std::vector<int64_t> layer_offset_;  // [n_layer] byte offset of the layer's K arena (V follows)
-  std::vector<uint8_t> data_;  // per layer: [K, V][n_slots][row(il)] elements of type_
-};
-
-// "f32" / "f16"; kv_type_from_name throws tern::Error naming the accepted values otherwise.
-const char* kv_type_name(KvType type);
-KvType kv_type_from_name(const std::string& name);
+// The K/V arena (kv/kv_store.h) for this model's layers: check_kv_type's error (naming the
+// architecture and shape) when `type` cannot store its rows.
+std::vector<int64_t> kv_rows(const HParams& hp);
+KvStore make_kv_store(const HParams& hp, int64_t n_slots, KvType type = KvType::F32);
+int64_t kv_bytes_per_token(const HParams& hp, KvType type);
 
 // Sees the input of every linear layer during forward (calibration for GPTQ, AWQ,
 // SmoothQuant, LLM.int8() outlier detection). `weight` names the GGUF tensor about to be
@@ -67,9 +38,12 @@ class ForwardObserver {
 
 // One sequence's share of a step.
 struct SeqBatch {
-  int64_t n_past = 0;                 // tokens of this sequence already in the KV cache
-  std::span<const int32_t> tokens;    // new tokens, at positions n_past .. n_past+n-1
-  std::span<const int32_t> slots;     // KV slot of every position 0 .. n_past+n-1
+  // Keys of this sequence already in the KV cache: slots[0 .. n_past) are theirs, in position
+  // order. Without eviction they are positions 0 .. n_past-1; a cache policy that evicts
+  // (kv/kv_policy.h) leaves fewer keys than positions, and `pos` says where the new tokens are.
+  int64_t n_past = 0;
+  std::span<const int32_t> tokens;    // new tokens, at positions first_pos() .. first_pos()+n-1
+  std::span<const int32_t> slots;     // [n_past + n] KV slot of each cached key, then of each new token
   bool all_logits = false;            // logits for every new token (perplexity) or the last only
   // When set: receives the final hidden state of every new token, [n_tokens, n_embd] f32: the
   // residual stream after the output norm, before the output projection (what llama.cpp's
@@ -79,6 +53,13 @@ struct SeqBatch {
   // The adapters this sequence runs with (nullptr or empty: the base model). Not owned; checked
   // against the model by Model::check_lora before use.
   const LoraSet* lora = nullptr;
+  // When set (H2O): key_mass[j] += key j's attention probability (j < n_past + n, slots order),
+  // summed over layers, query heads and the new tokens. Not cleared.
+  float* key_mass = nullptr;
+  // RoPE position of the first new token; -1: n_past (nothing evicted). Evicted positions are
+  // simply absent from `slots`; the kept keys keep the rotations of their original positions.
+  int64_t pos = -1;
+  int64_t first_pos() const { return pos >= 0 ? pos : n_past; }
 };
 
 // Rows of logits a step produces: sum over seqs of (all_logits ? n_tokens : 1).
@@ -109,6 +90,14 @@ class Model {
   // Throws tern::Error naming the adapter and tensor when `adapter` has a pair this model does
   // not apply (LoraAdapter::check_base checks shapes against the file first).
   virtual void check_lora(const LoraAdapter& adapter) const = 0;
+  // Rotates stored keys of layer il as if they sat `delta` positions later: k is [n_rows,
+  // n_embd_kv(il)] as the cache holds them (RoPE applied). RoPE's rotations compose, so
+  // R(delta) R(p) k = R(p + delta) k. False (k untouched) when this model's rotary embedding is
+  // not a pure rotation (YaRN scales its magnitude) or it has none.
+  virtual bool rotate_keys(int64_t il, float* k, int64_t n_rows, int64_t delta) const {
+    (void)il, (void)k, (void)n_rows, (void)delta;
+    return false;
+  }
 
  protected:
   HParams hp_;

@@ -7,16 +7,27 @@
 
 namespace tern {
 
-// Element type of a K/V arena: f32, or IEEE half (converted to f32 as the kernels load it;
-// values are rounded to nearest even when stored, see convert_f32_to_f16 in ops.h).
-enum class KvType : int32_t { F32 = 0, F16 = 1 };
+// Element type of a K/V arena: f32; IEEE half (converted to f32 as the kernels load it; values
+// are rounded to nearest even when stored, see convert_f32_to_f16 in ops.h); or llama.cpp's
+// q8_0 / q4_0 blocks of 32 along each slot's row (a row of n_head_kv * head_dim elements is
+// row / 32 blocks; a head's slice may start inside a block, its 8-element pieces never cross
+// one). Sizes, names and the quantizer are kv/kv_type.h's traits table.
+enum class KvType : int32_t { F32 = 0, F16 = 1, Q8_0 = 2, Q4_0 = 3 };
+
+// The quantized K/V blocks as the kernels read them (llama.cpp's block_q8_0 / block_q4_0):
+//   q8_0: fp16 d | int8 q[32]                        x = q * d
+//   q4_0: fp16 d | uint8 qs[16] (element j < 16 in the low nibble of qs[j], j >= 16 in the high
+//         nibble of qs[j - 16])                       x = (nibble - 8) * d
+inline constexpr int64_t kKvQuantBlock = 32;
+inline constexpr int64_t kKvQ8_0BlockBytes = 34;
+inline constexpr int64_t kKvQ4_0BlockBytes = 18;
 
 // Causal attention of one sequence's new tokens over its KV cache (see ops.h).
 //
 //   q:   [n_tokens, n_head * head_dim]     (rows ldq floats apart)
 //   out: [n_tokens, n_head * head_dim]     (rows ldo floats apart)
 //   K/V of position p live at k_base + slots[p] * kv_row (same for v), kv_row = n_head_kv*head_dim
-//   elements of kv_type (float or uint16_t half)
+//   elements of kv_type (float or uint16_t half; for q8_0 / q4_0 rows of kv_row / 32 blocks)
 //   new token i sits at position n_past + i and sees positions 0 .. n_past + i, or with a
 //   sliding window of `window` positions only n_past + i - window + 1 .. n_past + i (llama.cpp's
 //   rule: a key at distance window or more is masked).
@@ -41,6 +52,11 @@ struct AttentionArgs {
   KvType kv_type = KvType::F32;
   float softcap = 0.0f;  // 0: none
   int64_t window = 0;    // 0: the whole context
+  // When set (H2O): key_mass[kvh * ld_key_mass + p] += the softmax probability of key p, summed
+  // over the new tokens and the query heads of KV head kvh. Written by the tiles of one KV head
+  // only, so heads never race; the values do not depend on how rows are tiled up to rounding.
+  float* key_mass = nullptr;
+  int64_t ld_key_mass = 0;  // >= n_past + n_tokens
 };
 
 namespace attn {
@@ -51,7 +67,8 @@ constexpr int64_t kKeyBlock = 64;
 // Floats of scratch one tile of `n_rows` query rows (tokens x heads of one KV group) needs.
 constexpr int64_t tile_scratch_floats(int64_t head_dim, int64_t n_rows) {
   // Kt [head_dim][kKeyBlock] | S [n_rows][kKeyBlock] | O [n_rows][head_dim] | m, l [n_rows]
-  return head_dim * kKeyBlock + n_rows * kKeyBlock + n_rows * head_dim + 2 * n_rows;
+  // | a block's K or V rows dequantized [kKeyBlock][head_dim] (q8_0 / q4_0 arenas)
+  return head_dim * kKeyBlock + n_rows * kKeyBlock + n_rows * head_dim + 2 * n_rows + kKeyBlock * head_dim;
 }
 
 // One tile: query tokens [i0, i1) of `a`, every query head of KV head `kvh` (the GQA group

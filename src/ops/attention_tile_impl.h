@@ -264,6 +264,20 @@ inline V8 kv_load8(const uint16_t* p) {
   return {vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))), vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4)))};
 }
 inline V8 v8_zero() { return {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}; }
+// 8 int8 (q8_0) or 8 nibbles minus 8 (q4_0: the low or high halves of 8 bytes) times d, as
+// float(q) * d: exact, the scalar dequantizer's values.
+inline V8 q8_load8(const int8_t* q, float d) {
+  const int16x8_t w = vmovl_s8(vld1_s8(q));
+  return {vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), d),
+          vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), d)};
+}
+inline V8 q4_load8(const uint8_t* qs, int shift, float d) {
+  uint8x8_t b = vld1_u8(qs);
+  b = shift ? vshr_n_u8(b, 4) : vand_u8(b, vdup_n_u8(0x0F));
+  const int16x8_t w = vsubq_s16(vreinterpretq_s16_u16(vmovl_u8(b)), vdupq_n_s16(8));
+  return {vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), d),
+          vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), d)};
+}
 inline V8 v8_fma(float a, V8 b, V8 c) { return {vfmaq_n_f32(c.lo, b.lo, a), vfmaq_n_f32(c.hi, b.hi, a)}; }  // a * b + c
 inline V8 v8_add(V8 a, V8 b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
 inline void v8_store(float* p, V8 a) {
@@ -316,6 +330,18 @@ using V8 = __m256;
 inline V8 kv_load8(const float* p) { return _mm256_loadu_ps(p); }
 inline V8 kv_load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline V8 v8_zero() { return _mm256_setzero_ps(); }
+// 8 int8 (q8_0) or 8 nibbles minus 8 (q4_0: the low or high halves of 8 bytes) times d, as
+// float(q) * d: exact, the scalar dequantizer's values.
+inline V8 q8_load8(const int8_t* q, float d) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_set1_ps(d));
+}
+inline V8 q4_load8(const uint8_t* qs, int shift, float d) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs));
+  b = _mm_and_si128(shift ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(0x0F));
+  const __m256i w = _mm256_sub_epi32(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(8));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(d));
+}
 inline V8 v8_fma(float a, V8 b, V8 c) { return _mm256_fmadd_ps(_mm256_set1_ps(a), b, c); }  // a * b + c
 inline V8 v8_add(V8 a, V8 b) { return _mm256_add_ps(a, b); }
 inline void v8_store(float* p, V8 a) { _mm256_storeu_ps(p, a); }
@@ -446,7 +472,99 @@ inline void accumulate_pv(float* o, const float* p, const T* const* vrow, int64_
   }
 }
 
-template <class T>  // K/V element: float or uint16_t (IEEE half)
+// Quantized arenas (KvType::Q8_0 / Q4_0): a block's K and V rows are dequantized (exact: an
+// integer times an fp16 scale) into the tile's scratch and the f32 code runs over them, so a
+// quantized arena gives exactly what an f32 arena holding the dequantized values gives.
+struct KvQ8_0 {};
+struct KvQ4_0 {};
+template <class T> struct KvTraits {  // float / uint16_t: read in place
+  using Elem = T;
+  static constexpr bool kQuant = false;
+};
+// dst[0..n) = elements [e0, e0 + n) of a quantized row of blocks of Q (e0, n multiples of 8: a
+// piece never crosses a block); Q::load8(block, j, d) gives elements j..j+7 of a block as f32.
+template <class Q>
+inline void dequant_pieces(const uint8_t* row, int64_t e0, int64_t n, float* dst) {
+  for (int64_t e = e0; e < e0 + n; e += 8) {
+    const uint8_t* b = row + e / kKvQuantBlock * Q::kBlockBytes;
+    uint16_t dh;
+    __builtin_memcpy(&dh, b, 2);
+    v8_store(dst + (e - e0), Q::load8(b, e % kKvQuantBlock, kv_f32(dh)));
+  }
+}
+template <> struct KvTraits<KvQ8_0> {
+  using Elem = float;
+  static constexpr bool kQuant = true;
+  static constexpr int64_t kBlockBytes = kKvQ8_0BlockBytes;
+  static V8 load8(const uint8_t* b, int64_t j, float d) { return q8_load8(reinterpret_cast<const int8_t*>(b + 2) + j, d); }
+  static void dequant(const uint8_t* row, int64_t e0, int64_t n, float* dst) {
+    dequant_pieces<KvTraits>(row, e0, n, dst);
+  }
+};
+template <> struct KvTraits<KvQ4_0> {
+  using Elem = float;
+  static constexpr bool kQuant = true;
+  static constexpr int64_t kBlockBytes = kKvQ4_0BlockBytes;
+  static V8 load8(const uint8_t* b, int64_t j, float d) { return q4_load8(b + 2 + (j & 15), j < 16 ? 0 : 4, d); }
+  static void dequant(const uint8_t* row, int64_t e0, int64_t n, float* dst) {
+    dequant_pieces<KvTraits>(row, e0, n, dst);
+  }
+};
+
+// One tile's state over the key blocks: the block's K transposed (Kt) and its V rows.
+template <class T>  // float, uint16_t (IEEE half), KvQ8_0 or KvQ4_0
+struct TileBlocks {
+  using Tr = KvTraits<T>;
+  using Elem = typename Tr::Elem;
+  const AttentionArgs& a;
+  int64_t kvh, hd;
+  float* Kt;   // [hd][kB]
+  float* deq;  // [kB][hd] quantized arenas: a block's K, then its V, dequantized
+  const Elem* vrow[kB];
+
+  // Loads positions [p0, p0 + nb): Kt = K_block^T (zero past nb) and vrow[j] = V row of p0 + j.
+  void load(int64_t p0, int64_t nb) {
+    const Elem* krow[kB];
+    if constexpr (Tr::kQuant) {
+      const int64_t row_bytes = a.kv_row / kKvQuantBlock * Tr::kBlockBytes;
+      const uint8_t* kb = static_cast<const uint8_t*>(a.k_base);
+      const uint8_t* vb = static_cast<const uint8_t*>(a.v_base);
+      for (int64_t j = 0; j < nb; ++j) {
+        Tr::dequant(kb + a.slots[p0 + j] * row_bytes, kvh * hd, hd, deq + j * hd);
+        krow[j] = deq + j * hd;
+      }
+      transpose_block(krow, nb);
+      for (int64_t j = 0; j < nb; ++j) {
+        Tr::dequant(vb + a.slots[p0 + j] * row_bytes, kvh * hd, hd, deq + j * hd);
+        vrow[j] = deq + j * hd;
+      }
+    } else {
+      const Elem* const k_base = static_cast<const Elem*>(a.k_base);
+      const Elem* const v_base = static_cast<const Elem*>(a.v_base);
+      for (int64_t j = 0; j < nb; ++j) {
+        const int64_t slot = a.slots[p0 + j];
+        krow[j] = k_base + slot * a.kv_row + kvh * hd;
+        vrow[j] = v_base + slot * a.kv_row + kvh * hd;
+      }
+      transpose_block(krow, nb);
+    }
+  }
+  // Kt = K_block^T: 8 x 8 register transposes where keys and head_dim allow (a decode tile has
+  // only the GQA group's rows to share this cost with), scalar elsewhere. Pure data movement:
+  // the result is the same either way.
+  void transpose_block(const Elem* const* krow, int64_t nb) {
+    int64_t j8 = 0;
+    if (hd % 8 == 0)
+      for (; j8 + 8 <= nb; j8 += 8)
+        for (int64_t d = 0; d < hd; d += 8) transpose8x8(krow + j8, d, Kt + d * kB + j8, kB);
+    for (int64_t j = j8; j < nb; ++j)
+      for (int64_t d = 0; d < hd; ++d) Kt[d * kB + j] = kv_f32(krow[j][d]);
+    for (int64_t d = 0; d < hd; ++d)
+      for (int64_t j = nb; j < kB; ++j) Kt[d * kB + j] = 0.0f;
+  }
+};
+
+template <class T>
 inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch) {
   const int64_t hd = a.head_dim;
   const int64_t g = a.n_head / a.n_head_kv;
@@ -456,9 +574,7 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   float* O = S + R * kB;       // [R][hd]
   float* m = O + R * hd;       // [R]
   float* l = m + R;            // [R]
-  const T* const k_base = static_cast<const T*>(a.k_base);
-  const T* const v_base = static_cast<const T*>(a.v_base);
-  const T* vrow[kB];           // V rows of the block's positions
+  TileBlocks<T> blk{a, kvh, hd, Kt, l + R, {}};
   const float neg_inf = -__builtin_inff();
   for (int64_t r = 0; r < R; ++r) {
     m[r] = neg_inf;
@@ -471,28 +587,9 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   // With a sliding window the tile's first row sees nothing before first_pos - window + 1.
   int64_t p_start = 0;
   if (a.window > 0 && a.n_past + i0 + 1 > a.window) p_start = (a.n_past + i0 + 1 - a.window) / kB * kB;
-  for (int64_t p0 = p_start; p0 <= last_pos; p0 += kB) {
-    const int64_t nb = last_pos + 1 - p0 < kB ? last_pos + 1 - p0 : kB;
-    const T* krow[kB];
-    for (int64_t j = 0; j < nb; ++j) {
-      const int64_t slot = a.slots[p0 + j];
-      krow[j] = k_base + slot * a.kv_row + kvh * hd;
-      vrow[j] = v_base + slot * a.kv_row + kvh * hd;
-    }
-    // Kt = K_block^T: 8 x 8 register transposes where keys and head_dim allow (a decode tile has
-    // only the GQA group's rows to share this cost with), scalar elsewhere. Pure data movement:
-    // the result is the same either way.
-    int64_t j8 = 0;
-    if (hd % 8 == 0)
-      for (; j8 + 8 <= nb; j8 += 8)
-        for (int64_t d = 0; d < hd; d += 8) transpose8x8(krow + j8, d, Kt + d * kB + j8, kB);
-    for (int64_t j = j8; j < nb; ++j)
-      for (int64_t d = 0; d < hd; ++d) Kt[d * kB + j] = kv_f32(krow[j][d]);
-    for (int64_t d = 0; d < hd; ++d)
-      for (int64_t j = nb; j < kB; ++j) Kt[d * kB + j] = 0.0f;
-
-    // Rows before the block (their position < p0) see none of it; rows are ordered by
-    // position, so the first active row is found once.
+  // The scores of the block at p0 for rows r_first.. (rows before the block, position < p0, see
+  // none of it; rows are ordered by position, so the first active row is found once).
+  auto block_rows = [&](int64_t p0) {
     int64_t r_first = 0;
     while (r_first < R && a.n_past + i0 + r_first / g < p0) ++r_first;
     int64_t r = r_first;
@@ -510,28 +607,43 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
       float* ss[1] = {S + r * kB};
       block_scores<1>(qs, Kt, hd, ss);
     }
-
-    for (r = r_first; r < R; ++r) {
-      const int64_t pos = a.n_past + i0 + r / g;
-      const int32_t nv = int32_t(pos + 1 - p0 < nb ? pos + 1 - p0 : nb);  // keys this row sees
-      float* s = S + r * kB;
-      V scale = vset1(a.scale);
-      if (a.window > 0 || a.softcap > 0.0f) {
-        // Keys [p0, p0 + lo) are outside the row's window; soft-capping scales in place first.
-        const int64_t first = a.window > 0 ? pos + 1 - a.window : 0;
-        const int32_t lo = first > p0 ? int32_t(first - p0 < nv ? first - p0 : nv) : 0;
-        if (lo >= nv) continue;  // the whole block is outside the window
-        for (int32_t j = 0; j < nv; ++j) {
-          float x = s[j] * a.scale;
-          if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
-          s[j] = j < lo ? neg_inf : x;
-        }
-        scale = vset1(1.0f);
+    return r_first;
+  };
+  // Row r's scores of the block at p0 (nb keys), masked to -inf past its position and outside
+  // its window, scaled and soft-capped, into s0..s3; false when the row sees none of the block.
+  auto row_scores = [&](int64_t r, int64_t p0, int64_t nb, V& s0, V& s1, V& s2, V& s3, int32_t& nv) {
+    const int64_t pos = a.n_past + i0 + r / g;
+    nv = int32_t(pos + 1 - p0 < nb ? pos + 1 - p0 : nb);  // keys this row sees
+    float* s = S + r * kB;
+    V scale = vset1(a.scale);
+    if (a.window > 0 || a.softcap > 0.0f) {
+      // Keys [p0, p0 + lo) are outside the row's window; soft-capping scales in place first.
+      const int64_t first = a.window > 0 ? pos + 1 - a.window : 0;
+      const int32_t lo = first > p0 ? int32_t(first - p0 < nv ? first - p0 : nv) : 0;
+      if (lo >= nv) return false;  // the whole block is outside the window
+      for (int32_t j = 0; j < nv; ++j) {
+        float x = s[j] * a.scale;
+        if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+        s[j] = j < lo ? neg_inf : x;
       }
-      V s0 = vkeep_below(vmul(vload(s), scale), 0, nv, neg_inf);
-      V s1 = vkeep_below(vmul(vload(s + 16), scale), 16, nv, neg_inf);
-      V s2 = vkeep_below(vmul(vload(s + 32), scale), 32, nv, neg_inf);
-      V s3 = vkeep_below(vmul(vload(s + 48), scale), 48, nv, neg_inf);
+      scale = vset1(1.0f);
+    }
+    s0 = vkeep_below(vmul(vload(s), scale), 0, nv, neg_inf);
+    s1 = vkeep_below(vmul(vload(s + 16), scale), 16, nv, neg_inf);
+    s2 = vkeep_below(vmul(vload(s + 32), scale), 32, nv, neg_inf);
+    s3 = vkeep_below(vmul(vload(s + 48), scale), 48, nv, neg_inf);
+    return true;
+  };
+
+  for (int64_t p0 = p_start; p0 <= last_pos; p0 += kB) {
+    const int64_t nb = last_pos + 1 - p0 < kB ? last_pos + 1 - p0 : kB;
+    blk.load(p0, nb);
+    const int64_t r_first = block_rows(p0);
+    for (int64_t r = r_first; r < R; ++r) {
+      V s0, s1, s2, s3;
+      int32_t nv;
+      if (!row_scores(r, p0, nb, s0, s1, s2, s3, nv)) continue;
+      float* s = S + r * kB;
       const float block_max = vhmax(vmax(vmax(s0, s1), vmax(s2, s3)));
       const float mx = m[r] > block_max ? m[r] : block_max;
       const V vm = vset1(mx);
@@ -550,7 +662,7 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
       m[r] = mx;
       float* o = O + r * hd;
       for (int64_t d = 0; d < hd; ++d) o[d] *= c;
-      accumulate_pv(o, s, vrow, nv, hd);
+      accumulate_pv(o, s, blk.vrow, nv, hd);
     }
   }
 
@@ -559,11 +671,44 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
     const float inv = 1.0f / l[r];
     for (int64_t d = 0; d < hd; ++d) out[d] = O[r * hd + d] * inv;
   }
+
+  // H2O: each key's probability exp(s - m) / l under the rows' final maxima and sums, summed
+  // over the tile's rows. A second pass over the blocks recomputes the scores (the first pass
+  // only knows each row's normaliser at its end); the output above is untouched.
+  if (a.key_mass) {
+    float* mass = a.key_mass + kvh * a.ld_key_mass;
+    for (int64_t p0 = p_start; p0 <= last_pos; p0 += kB) {
+      const int64_t nb = last_pos + 1 - p0 < kB ? last_pos + 1 - p0 : kB;
+      blk.load(p0, nb);
+      const int64_t r_first = block_rows(p0);
+      V acc0 = vzero(), acc1 = vzero(), acc2 = vzero(), acc3 = vzero();
+      for (int64_t r = r_first; r < R; ++r) {
+        V s0, s1, s2, s3;
+        int32_t nv;
+        if (!row_scores(r, p0, nb, s0, s1, s2, s3, nv)) continue;
+        const V vm = vset1(m[r]), inv = vset1(1.0f / l[r]);
+        acc0 = vfma(vexp_nonpos(vsub(s0, vm)), inv, acc0);
+        acc1 = vfma(vexp_nonpos(vsub(s1, vm)), inv, acc1);
+        acc2 = vfma(vexp_nonpos(vsub(s2, vm)), inv, acc2);
+        acc3 = vfma(vexp_nonpos(vsub(s3, vm)), inv, acc3);
+      }
+      float sums[kB];
+      vstore(sums, acc0);
+      vstore(sums + 16, acc1);
+      vstore(sums + 32, acc2);
+      vstore(sums + 48, acc3);
+      for (int64_t j = 0; j < nb; ++j) mass[p0 + j] += sums[j];
+    }
+  }
 }
 
 inline void tile_any(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch) {
-  if (a.kv_type == KvType::F16) tile_impl<uint16_t>(a, kvh, i0, i1, scratch);
-  else tile_impl<float>(a, kvh, i0, i1, scratch);
+  switch (a.kv_type) {
+    case KvType::F16: tile_impl<uint16_t>(a, kvh, i0, i1, scratch); break;
+    case KvType::Q8_0: tile_impl<KvQ8_0>(a, kvh, i0, i1, scratch); break;
+    case KvType::Q4_0: tile_impl<KvQ4_0>(a, kvh, i0, i1, scratch); break;
+    default: tile_impl<float>(a, kvh, i0, i1, scratch);
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "kernels/norm.h"
+#include "quant/quant_traits.h"
 
 namespace tern {
 
@@ -106,50 +107,83 @@ void add_inplace(float* x, const float* y, int64_t n) {
 
 namespace {
 
-inline float kv_f32(float x) { return x; }
-inline float kv_f32(uint16_t h) { return fp16_to_f32(h); }
+// Elements [kvh * hd, (kvh + 1) * hd) of the K (or V) row at `slot`, as f32: a float as it is,
+// a half widened, a q8_0 / q4_0 element as llama.cpp's dequantizer computes it (q * d, (q - 8) * d).
+void kv_head_row(const AttentionArgs& a, const void* base, int64_t slot, int64_t kvh, float* dst) {
+  const int64_t hd = a.head_dim, e0 = kvh * hd;
+  switch (a.kv_type) {
+    case KvType::F32: {
+      const float* row = static_cast<const float*>(base) + slot * a.kv_row + e0;
+      std::copy(row, row + hd, dst);
+      return;
+    }
+    case KvType::F16: {
+      const uint16_t* row = static_cast<const uint16_t*>(base) + slot * a.kv_row + e0;
+      for (int64_t d = 0; d < hd; ++d) dst[d] = fp16_to_f32(row[d]);
+      return;
+    }
+    case KvType::Q8_0: {
+      const auto* row = static_cast<const BlockQ8_0*>(base) + slot * (a.kv_row / kKvQuantBlock);
+      for (int64_t d = 0; d < hd; ++d) {
+        const BlockQ8_0& b = row[(e0 + d) / kKvQuantBlock];
+        dst[d] = float(b.qs[(e0 + d) % kKvQuantBlock]) * fp16_to_f32(b.d);
+      }
+      return;
+    }
+    case KvType::Q4_0: {
+      const auto* row = static_cast<const BlockQ4_0*>(base) + slot * (a.kv_row / kKvQuantBlock);
+      for (int64_t d = 0; d < hd; ++d) {
+        const BlockQ4_0& b = row[(e0 + d) / kKvQuantBlock];
+        const int64_t j = (e0 + d) % kKvQuantBlock;
+        const int q = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
+        dst[d] = float(q - 8) * fp16_to_f32(b.d);
+      }
+      return;
+    }
+  }
+}
+static_assert(sizeof(BlockQ8_0) == kKvQ8_0BlockBytes && sizeof(BlockQ4_0) == kKvQ4_0BlockBytes);
 
-// One query row of one head: online softmax over positions 0..n_ctx-1. K/V of T: float, or
-// uint16_t IEEE half converted to f32 as read.
-template <class T>
-void attend_row_t(const AttentionArgs& a, int64_t i, int64_t h, float* acc) {
-  const T* const k_base = static_cast<const T*>(a.k_base);
-  const T* const v_base = static_cast<const T*>(a.v_base);
+// One query row of one head: online softmax over positions 0..n_ctx-1 (or its window). With
+// key_mass, a second pass adds each key's probability under the final maximum and sum.
+void attend_row(const AttentionArgs& a, int64_t i, int64_t h, float* acc, float* krow, float* vrow) {
   const int64_t hd = a.head_dim;
   const int64_t kvh = h / (a.n_head / a.n_head_kv);
   const float* q = a.q + i * a.ldq + h * hd;
   float* out = a.out + i * a.ldo + h * hd;
   const int64_t n_ctx = a.n_past + i + 1;
   const int64_t p_first = a.window > 0 && n_ctx > a.window ? n_ctx - a.window : 0;
+  auto score = [&](int64_t p) {
+    kv_head_row(a, a.k_base, a.slots[p], kvh, krow);
+    float s = 0.0f;
+    for (int64_t d = 0; d < hd; ++d) s += q[d] * krow[d];
+    s *= a.scale;
+    if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
+    return s;
+  };
   float m = -INFINITY, l = 0.0f;
   std::fill(acc, acc + hd, 0.0f);
   for (int64_t p = p_first; p < n_ctx; ++p) {
-    const int64_t slot = a.slots[p];
-    const T* k = k_base + slot * a.kv_row + kvh * hd;
-    float s = 0.0f;
-    for (int64_t d = 0; d < hd; ++d) s += q[d] * kv_f32(k[d]);
-    s *= a.scale;
-    if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
-    const T* v = v_base + slot * a.kv_row + kvh * hd;
+    const float s = score(p);
+    kv_head_row(a, a.v_base, a.slots[p], kvh, vrow);
     if (s > m) {
       // New maximum: rescale what was accumulated so far.
       const float r = std::exp(m - s);
       l = l * r + 1.0f;
-      for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * r + kv_f32(v[d]);
+      for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * r + vrow[d];
       m = s;
     } else {
       const float w = std::exp(s - m);
       l += w;
-      for (int64_t d = 0; d < hd; ++d) acc[d] += w * kv_f32(v[d]);
+      for (int64_t d = 0; d < hd; ++d) acc[d] += w * vrow[d];
     }
   }
   const float inv = 1.0f / l;
   for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv;
-}
-
-void attend_row(const AttentionArgs& a, int64_t i, int64_t h, float* acc) {
-  if (a.kv_type == KvType::F16) attend_row_t<uint16_t>(a, i, h, acc);
-  else attend_row_t<float>(a, i, h, acc);
+  if (a.key_mass) {
+    float* mass = a.key_mass + kvh * a.ld_key_mass;
+    for (int64_t p = p_first; p < n_ctx; ++p) mass[p] += std::exp(score(p) - m) * inv;
+  }
 }
 
 // The scalar half conversion: core/fp16.h's (round to nearest even) for numbers; a NaN keeps
@@ -189,14 +223,16 @@ void attention_ref(std::span<const AttentionArgs> seqs, ThreadPool& pool) {
     thread_local std::vector<float> acc;
     int64_t max_hd = 0;
     for (const auto& a : seqs) max_hd = std::max(max_hd, a.head_dim);
-    acc.resize(size_t(max_hd));
+    acc.resize(size_t(3 * max_hd));
     // Items are interleaved across threads (item % nth) so that long and short rows of a
-    // causal prefill are spread evenly.
+    // causal prefill are spread evenly; a sequence that sums key masses runs on thread 0
+    // alone (its rows add into the same keys).
     int64_t item = 0;
     for (const auto& a : seqs) {
       for (int64_t i = 0; i < a.n_tokens; ++i)
         for (int64_t h = 0; h < a.n_head; ++h, ++item)
-          if (item % nth == ith) attend_row(a, i, h, acc.data());
+          if (a.key_mass ? ith == 0 : item % nth == ith)
+            attend_row(a, i, h, acc.data(), acc.data() + max_hd, acc.data() + 2 * max_hd);
     }
   });
 }
@@ -237,6 +273,10 @@ void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& poo
   if (!isa_supported(isa)) fail("attention variant ", isa_name(isa), " is not supported by this CPU");
   for (const auto& a : seqs) {
     TERN_ASSERT(a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 && a.head_dim > 0 && a.window >= 0);
+    // Quantized rows: whole blocks, and a head's 8-element pieces inside one block each.
+    TERN_ASSERT(a.kv_type == KvType::F32 || a.kv_type == KvType::F16 ||
+                (a.kv_row % kKvQuantBlock == 0 && a.head_dim % 8 == 0));
+    TERN_ASSERT(!a.key_mass || a.ld_key_mass >= a.n_past + a.n_tokens);
   }
   if (isa == Isa::Ref) {
     attention_ref(seqs, pool);
@@ -256,7 +296,9 @@ void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& poo
     const AttentionArgs& a = seqs[si];
     if (a.n_tokens <= 0) continue;
     const int64_t g = a.n_head / a.n_head_kv;
-    const int64_t tq = tokens_per_tile(g);
+    // With key masses a KV head's rows are one tile: tiles of one head would add into the
+    // same keys from two threads.
+    const int64_t tq = a.key_mass ? a.n_tokens : tokens_per_tile(g);
     max_scratch = std::max(max_scratch, attn::tile_scratch_floats(a.head_dim, tq * g));
     work += a.n_tokens * a.n_head * (a.n_past + a.n_tokens) * a.head_dim;
     for (int64_t i1 = a.n_tokens; i1 > 0; i1 -= tq)
@@ -281,9 +323,10 @@ void attention_kv_head(const AttentionArgs& a, int64_t kvh) {
   const int64_t g = a.n_head / a.n_head_kv;
   if (isa == Isa::Ref) {
     thread_local std::vector<float> acc;
-    acc.resize(size_t(a.head_dim));
+    acc.resize(size_t(3 * a.head_dim));
     for (int64_t i = 0; i < a.n_tokens; ++i)
-      for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) attend_row(a, i, h, acc.data());
+      for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h)
+        attend_row(a, i, h, acc.data(), acc.data() + a.head_dim, acc.data() + 2 * a.head_dim);
     return;
   }
   const TileKernel tile = tile_kernel(isa);

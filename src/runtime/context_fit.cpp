@@ -130,7 +130,7 @@ MemoryInfo read_memory_info() {
 }
 
 ContextPlan plan_context(const ContextRequest& r) {
-  const int64_t per_token = KvStore::bytes_per_token(r.hparams, r.kv_type);
+  const int64_t per_token = kv_bytes_per_token(r.hparams, r.kv_type);
   const int64_t n_train = r.hparams.n_ctx_train;
   const int64_t n_parallel = std::max<int64_t>(1, r.n_parallel);
   if (per_token <= 0 || n_train <= 0) fail("the model has no K/V shape or training context to size a cache for");

@@ -125,12 +125,16 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
                         const GenerateOptions& opts,
                         const std::function<void(const std::string&)>& on_text) {
   if (prompt_ids.empty()) fail("the prompt has no tokens (the model adds no BOS): give a prompt");
-  if (int64_t(prompt_ids.size()) >= session.n_ctx())
+  if (!session.unbounded() && int64_t(prompt_ids.size()) >= session.n_ctx())
     fail("the prompt has ", prompt_ids.size(), " tokens but the context holds ", session.n_ctx(),
          " (raise --ctx or shorten the prompt)");
   opts.sampling.validate();
   opts.spec.validate();
   const DraftSource source = opts.spec.source;
+  if (source != DraftSource::None && session.kv_policy().evicts())
+    fail("speculative decoding cannot run with --kv-policy ", session.kv_policy().describe(),
+         ": a verified step evicts for all its drafts, and the cache cannot take back what a rejected draft evicted ",
+         "(the output would differ from plain decoding's)");
   if (source == DraftSource::DraftModel && !opts.draft)
     fail("speculative decoding with a draft model: no draft model loaded");
   GenerateResult r;
@@ -186,7 +190,7 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     bool going = out.emit(first, /*constraint_current=*/true);
     while (going && !out.interrupted()) {
       const int64_t n_past = session.n_past();
-      if (n_past + 1 > session.n_ctx()) break;  // context full: finish as "length"
+      if (!session.unbounded() && n_past + 1 > session.n_ctx()) break;  // context full: finish as "length"
       const int32_t last = r.ids.back();        // generated, its K/V not yet computed
 
       // Drafts: never more than the step could use (k drafts emit at most k + 1 tokens) or the

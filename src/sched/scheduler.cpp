@@ -41,7 +41,7 @@ void Scheduler::erase_from(std::vector<Seq*>& v, Seq* s) {
 }
 
 void Scheduler::add(SeqId id, std::span<const int32_t> prompt, int priority, bool prefix_lookup,
-                    uint64_t prefix_root) {
+                    uint64_t prefix_root, int64_t cap_blocks, int64_t max_step) {
   TERN_ASSERT(!prompt.empty());
   TERN_ASSERT_MSG(!seqs_.count(id), "sequence id already in use");
   TERN_ASSERT(!planned_);
@@ -50,6 +50,9 @@ void Scheduler::add(SeqId id, std::span<const int32_t> prompt, int priority, boo
   s.priority = priority;
   s.prefix_lookup = prefix_lookup;
   s.table = BlockTable::with_root(prefix_root);
+  s.table.cap_blocks = cap_blocks;
+  s.prefix_lookup = prefix_lookup && cap_blocks == 0;
+  s.max_step = max_step;
   s.order = next_order_++;
   s.tokens.assign(prompt.begin(), prompt.end());
   insert_sorted(waiting_, &s);
@@ -262,8 +265,9 @@ const StepPlan& Scheduler::schedule() {
       const int64_t remaining = int64_t(s.tokens.size()) - s.table.n_computed;
       if (remaining <= 0 || s.plan_index >= 0) continue;
       if ((pass == 0) != (remaining == 1)) continue;
-      const int64_t want = tokens_in_time(s, std::min(remaining, budget_));
-      if (want < std::min(remaining, budget_)) plan_.time_limited = true;
+      const int64_t chunk = s.max_step > 0 ? std::min({remaining, budget_, s.max_step}) : std::min(remaining, budget_);
+      const int64_t want = tokens_in_time(s, chunk);
+      if (want < chunk) plan_.time_limited = true;
       if (want == 0) continue;
       if (pass == 0 && !s.draft.empty()) {
         const int64_t k = drafts_that_fit(s);
@@ -296,8 +300,9 @@ const StepPlan& Scheduler::schedule() {
     TERN_ASSERT(remaining > 0);
     const int64_t reserve_for_running = running_.empty() ? 0 : cfg_.watermark_blocks;
     const int64_t free_blocks = kv_.n_free_blocks() - reserve_for_running;
-    const int64_t want = tokens_in_time(s, std::min(remaining, budget_));
-    if (want < std::min(remaining, budget_)) plan_.time_limited = true;
+    const int64_t chunk = s.max_step > 0 ? std::min({remaining, budget_, s.max_step}) : std::min(remaining, budget_);
+    const int64_t want = tokens_in_time(s, chunk);
+    if (want < chunk) plan_.time_limited = true;
     const int64_t n = free_blocks > 0 && want > 0 ? tokens_that_fit(s, want, free_blocks) : 0;
     if (n == 0) {
       // Strict FCFS: nobody overtakes the head of the queue. Matched blocks go back (still
@@ -352,13 +357,12 @@ void Scheduler::check_invariants() const {
     // A waiting sequence holds no blocks (preempted: freed; never run: nothing matched yet).
     TERN_ASSERT(s->table.blocks.empty() && s->table.n_computed == 0);
   }
-  const int64_t bs = kv_.block_size();
   for (const auto& [id, s] : seqs_) {
     TERN_ASSERT(s.id == id);
     TERN_ASSERT(s.table.n_computed <= int64_t(s.tokens.size()));
     TERN_ASSERT(planned_ || s.n_draft_planned == 0);
     TERN_ASSERT(s.table.n_reserved >= s.table.n_computed);
-    TERN_ASSERT(int64_t(s.table.blocks.size()) == (s.table.n_reserved + bs - 1) / bs);
+    TERN_ASSERT(int64_t(s.table.blocks.size()) == kv_.blocks_for(s.table, s.table.n_reserved));
     for (BlockId b : s.table.blocks) TERN_ASSERT(kv_.pool().ref_count(b) > 0);
   }
   kv_.pool().check_invariants();

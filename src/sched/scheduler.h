@@ -79,8 +79,11 @@ class Scheduler {
   // prompt, e.g. an embedding request, which needs every position's hidden state); its own full
   // blocks are still published for others. prefix_root: the prefix cache's namespace of its
   // blocks (BlockTable::root_key; a LoRA adapter's requests share blocks only among themselves).
+  // cap_blocks > 0: a bounded sequence (an eviction policy's: BlockTable::cap_blocks), which
+  // never looks up or publishes cached blocks; max_step > 0: most of its tokens in one step
+  // (what its policy can take beside its sinks).
   void add(SeqId id, std::span<const int32_t> prompt, int priority = 0, bool prefix_lookup = true,
-           uint64_t prefix_root = kRootBlockKey);
+           uint64_t prefix_root = kRootBlockKey, int64_t cap_blocks = 0, int64_t max_step = 0);
   // child starts running right away with the tokens and (shared) blocks of parent, which must
   // be running with nothing left to compute: the n completions of one prompt.
   void fork(SeqId parent, SeqId child);
@@ -137,6 +140,7 @@ class Scheduler {
     int32_t plan_index = -1;       // entry in plan_ this step, or -1
     int64_t n_preempted = 0;
     bool prefix_lookup = true;     // may start from cached prefix blocks (add())
+    int64_t max_step = 0;          // most tokens in one step (0: the budget's)
     std::vector<int32_t> tokens;   // prompt + generated (+ the planned drafts during a step)
     BlockTable table;
     std::vector<int32_t> draft;    // set_draft()'s proposal for the next step

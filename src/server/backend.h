@@ -21,6 +21,9 @@ class Backend {
   virtual EngineMetrics metrics() const = 0;
   virtual int64_t n_ctx() const = 0;
   virtual const Tokenizer& tokenizer() const = 0;
+  // Whether requests that choose no KV policy run under an evicting one (--kv-policy): their
+  // max_tokens may then run past the context.
+  virtual bool evicts_by_default() const { return false; }
 };
 
 // Forwards to an Engine the caller owns (and starts/stops).
@@ -32,6 +35,7 @@ class EngineBackend final : public Backend {
   EngineMetrics metrics() const override;
   int64_t n_ctx() const override;
   const Tokenizer& tokenizer() const override;
+  bool evicts_by_default() const override { return engine_.config().kv_policy.evicts(); }
 
  private:
   Engine& engine_;

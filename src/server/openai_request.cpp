@@ -540,6 +540,25 @@ OpenAiRequest parse_openai_json(const ojson& j, ApiKind kind, const ParseLimits&
   if (const ojson* v = field(j, "priority")) r.priority = int(get_int(*v, "priority", -1000000, 1000000));
   if (const ojson* v = field(j, "speculative")) r.speculative = get_bool(*v, "speculative");
   if (const ojson* v = field(j, "user")) r.user = get_string(*v, "user");
+  if (const ojson* v = field(j, "kv_policy")) {
+    if (!v->is_object()) wrong_type("kv_policy", "an object", *v);
+    for (const auto& [key, value] : v->items())
+      if (key != "type" && key != "sinks" && key != "window" && key != "budget")
+        bad_request("kv_policy", "'kv_policy' has an unknown field '", key, "' (type, sinks, window, budget).");
+    const ojson* type = field(*v, "type");
+    if (!type) bad_request("kv_policy", "'kv_policy' needs a 'type': none, streaming or h2o.");
+    const std::string kind = get_string(*type, "kv_policy.type");
+    const int64_t sinks = field(*v, "sinks") ? get_int(*field(*v, "sinks"), "kv_policy.sinks", 0, 1 << 20) : 4;
+    const int64_t window = field(*v, "window") ? get_int(*field(*v, "window"), "kv_policy.window", 1, 1 << 24) : 0;
+    std::string budget;
+    if (const ojson* b = field(*v, "budget"))
+      budget = b->is_string() ? b->get<std::string>() : std::to_string(get_int(*b, "kv_policy.budget", 1, 1 << 24));
+    try {
+      r.kv_policy = make_kv_policy(kind, sinks, window, budget);
+    } catch (const Error& e) {
+      bad_request("kv_policy", "'kv_policy': ", e.what());
+    }
+  }
 
   // {"token id": bias}: the ids are checked against the vocabulary by the server.
   if (const ojson* v = field(j, "logit_bias")) {

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kv/kv_policy.h"
 #include "sampling/sampler.h"
 
 namespace tern::server {
@@ -93,6 +94,9 @@ struct OpenAiRequest {
   // with a drafter (--lookup, --draft); no effect on one without. Outputs are the same either
   // way: the switch is for latency comparisons and for requests where drafting never pays.
   bool speculative = true;
+  // Extension: this request's KV eviction policy (docs/kv.md) instead of the server's
+  // --kv-policy: {"type": "none" | "streaming" | "h2o", "sinks": 4, "window": N, "budget": "50%"}.
+  std::optional<KvPolicy> kv_policy;
   std::string user;
 
   // Tool calling (chat only). tools are validated (names, unique, parameters an object);

@@ -420,6 +420,7 @@ struct Server::Impl {
     }
     const char* max_param = r.kind == ApiKind::Chat ? "max_completion_tokens" : "max_tokens";
     int64_t max_tokens = r.max_tokens.value_or(r.kind == ApiKind::Chat || opt.until_context_end ? n_ctx : 16);
+    const bool evicting = r.kv_policy ? r.kv_policy->evicts() : m.backend->evicts_by_default();
     for (size_t i = 0; i < prompts.size(); ++i) {
       const int64_t n_prompt = int64_t(prompts[i].size());
       if (n_prompt == 0) bad_request("prompt", "the prompt is empty and this model adds no BOS token.");
@@ -431,13 +432,14 @@ struct Server::Impl {
                                " tokens. Please reduce the length of the ",
                                r.kind == ApiKind::Chat ? "messages" : "prompt",
                                ", or set truncate_prompt_tokens to keep only its last tokens."));
-      if (r.max_tokens && n_prompt + *r.max_tokens > n_ctx)
+      if (r.max_tokens && n_prompt + *r.max_tokens > n_ctx && !evicting)
         throw ApiError(400, "invalid_request_error", max_param, "context_length_exceeded",
                        str_cat("This model's maximum context length is ", n_ctx, " tokens. However, you requested ",
                                n_prompt + *r.max_tokens, " tokens (", n_prompt, " in the prompt, ", *r.max_tokens,
                                " for the completion). Please reduce the prompt or the completion length."));
-      // Defaults are clipped to what fits; an explicit value that does not fit was refused above.
-      max_tokens = std::min(max_tokens, n_ctx - n_prompt);
+      // Defaults are clipped to what fits; an explicit value that does not fit was refused above
+      // (under an evicting KV policy the cache stays bounded: an explicit value may run past it).
+      if (!(evicting && r.max_tokens)) max_tokens = std::min(max_tokens, n_ctx - n_prompt);
     }
     // A whole (not streamed) answer is built in memory: its size is bounded by a budget of
     // tokens x (1 + logprob alternatives) over every choice. An explicit max_tokens over it is
@@ -484,6 +486,7 @@ struct Server::Impl {
       params.n_logprobs = r.n_logprobs;
       params.priority = r.priority;
       params.speculative = r.speculative;
+      params.kv_policy = r.kv_policy;
       params.n = r.n;
       params.constraint = constraint;
       params.lora = m.lora;

@@ -56,7 +56,7 @@ DraftModel::DraftModel(std::shared_ptr<const GgufFile> file, int64_t n_ctx, int6
   model_ = load_model(file_);
   n_ctx_ = std::min(n_ctx_, std::max<int64_t>(2, model_->hparams().n_ctx_train));
   if (n_ctx_ * n_regions_ >= (int64_t(1) << 31)) fail("draft model: the KV arena is too large");
-  kv_ = std::make_unique<KvStore>(model_->hparams(), n_ctx_ * n_regions_, kv_type);
+  kv_ = std::make_unique<KvStore>(make_kv_store(model_->hparams(), n_ctx_ * n_regions_, kv_type));
   for (int64_t r = n_regions_ - 1; r >= 0; --r) free_bases_.push_back(r * n_ctx_);
   // The catch-up pass feeds a sequence's whole prompt at once; chunked to this many tokens.
   model_->reserve(std::min<int64_t>(n_ctx_, 512));

@@ -310,6 +310,8 @@ int cmd_bench_serve(int argc, char** argv) {
   app.add_option("--kv-memory", kv_memory,
                  "KV arena size: MiB, or with a unit (512M, 2G); default: ctx x parallel tokens");
   add_kv_type_option(app, kv_type, KvType::F16);
+  KvPolicyArgs kv_policy_args;
+  kv_policy_args.add_to(app);
   app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   app.add_option("--batch-tokens", ecfg.max_batch_tokens, "token budget of one step")->capture_default_str()
@@ -348,6 +350,7 @@ int cmd_bench_serve(int argc, char** argv) {
   (void)active_isa();  // a bad TERN_FORCE_ISA is a usage error, before loading anything
   ecfg.kv_memory_bytes = kv_memory.empty() ? 0 : parse_memory_size(kv_memory);
   ecfg.kv_type = kv_type_from_name(kv_type);
+  ecfg.kv_policy = kv_policy_args.config();
   ecfg.prefix_caching = !no_prefix_cache;
   ecfg.max_waiting = std::max<int64_t>(ecfg.max_waiting, num_prompts + warmup + 1);
   apply_latency_args(latency, ecfg);
@@ -543,6 +546,7 @@ int cmd_bench_serve(int argc, char** argv) {
     j["lora_adapters"] = n_lora;
     j["lora_with_base"] = lora_with_base;
     j["kv_type"] = kv_type_name(ecfg.kv_type);
+    j["kv_policy"] = ecfg.kv_policy.describe();
     j["kv_bytes"] = m.kv_bytes;
     j["kv_blocks_total"] = m.kv_blocks_total;
     j["kv_block_size"] = kv_block_size;

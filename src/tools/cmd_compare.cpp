@@ -2,6 +2,8 @@
 // (compress/methods.h), then measure weight memory, run memory (peak RSS of a fixed greedy
 // generation), prompt and generation speed, TTFT, TBT and perplexity. Each measurement runs in a
 // child `tern` process, so that every method's peak RSS is its own.
+//
+// With --kv LIST it compares K/V cache configurations of the model instead (kv_compare.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,42 +25,16 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/kv_compare.h"
 #include "tools/model_args.h"
 #include "tools/progress.h"
 
 namespace tern {
 namespace {
 
-std::string shell_quote(const std::string& s) {
-  std::string o = "'";
-  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return o + "'";
-}
-
-// Runs `tern ARGS --json` as a child and parses its JSON (the last line of stdout).
-nlohmann::json run_child(const std::string& self, const std::string& args) {
-  const std::string err_file = (std::filesystem::temp_directory_path() /
-                                ("tern_compare_err_" + std::to_string(::getpid()))).string();
-  const std::string cmd = shell_quote(self) + " " + args + " --json 2>" + shell_quote(err_file);
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) fail("cannot run ", self);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  std::ifstream ef(err_file);
-  std::stringstream es;
-  es << ef.rdbuf();
-  std::remove(err_file.c_str());
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::string e = es.str();
-    while (!e.empty() && e.back() == '\n') e.pop_back();
-    fail("tern ", args.substr(0, args.find(' ')), " failed: ", e.substr(e.rfind('\n') == std::string::npos ? 0 : e.rfind('\n') + 1));
-  }
-  const size_t start = out.rfind("\n{");
-  return nlohmann::json::parse(start == std::string::npos ? out : out.substr(start + 1));
-}
+// The child-process helpers are kv_compare.h's (shared with --kv).
+std::string shell_quote(const std::string& s) { return compare_shell_quote(s); }
+nlohmann::json run_child(const std::string& self, const std::string& args) { return run_tern_child(self, args); }
 
 std::vector<std::string> split_methods(const std::string& list) {
   std::vector<std::string> v;
@@ -93,7 +69,7 @@ std::string main_format(const MethodReport& rep) {
 
 int cmd_compare(int argc, char** argv) {
   CLI::App app{"Quantize a model with each compression method and tabulate weight memory, run memory, speed\n"
-               "and perplexity (docs/compression.md)."};
+               "and perplexity (docs/compression.md); or, with --kv, tabulate K/V cache configurations."};
   std::string model, methods_arg, ppl_file, calib_file, json_out, chart, out_dir;
   int64_t ctx = 512, ppl_chunks = -1, gen_tokens = 64, prompt_tokens = 128;
   int threads = 0, reps = 1;
@@ -107,17 +83,27 @@ int cmd_compare(int argc, char** argv) {
   app.add_option("--methods", methods_arg,
                  "comma-separated methods (default: the source type, q8_0, q4_0, q4_k, gptq-int4, awq-int4, "
                  "llm.int8, smoothquant-w8a8); known: " + known);
+  std::string kv_arg;
+  int64_t kv_long = 0;
+  app.add_option("--kv", kv_arg,
+                 "compare K/V cache configurations instead of weight methods (not with --methods): comma-separated "
+                 "entries, each " + kv_compare_forms());
+  app.add_option("--kv-long", kv_long, "with --kv: tokens of --ppl-file scored as one sequence (default: --ctx)")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 24));
   app.add_option("--ppl-file", ppl_file, "text for perplexity (and, by default, calibration and the prompt)");
-  app.add_option("-c,--ctx", ctx, "perplexity context (tokens per chunk)")->capture_default_str()
+  app.add_option("-c,--ctx", ctx, "perplexity context (tokens per chunk; with --kv: the context, of which a policy's budget is taken, "
+                 "and the segment of the long sequence)")->capture_default_str()
       ->check(CLI::Range(int64_t(8), int64_t(1) << 20));
   app.add_option("--ppl-chunks", ppl_chunks, "score at most this many chunks (-1: the whole text)");
   app.add_option("--calib", calib_file, "calibration text (default: --ppl-file; its last tokens are used)");
   app.add_option("--calib-tokens", copts.n_tokens, "calibration tokens (default 4096; 256 with --speed-only)");
-  app.add_option("--gen-tokens", gen_tokens, "tokens generated for speed and memory")->capture_default_str()
+  app.add_option("--gen-tokens", gen_tokens, "tokens generated for speed and memory (with --kv: the decode test, default min(64, --ctx / 4))")->capture_default_str()
       ->check(CLI::Range(int64_t(2), int64_t(1) << 16));
-  app.add_option("--prompt-tokens", prompt_tokens, "prompt length for prompt processing and TTFT")->capture_default_str()
+  app.add_option("--prompt-tokens", prompt_tokens,
+                 "prompt length for prompt processing and TTFT (with --kv: the prompt before the decode test, "
+                 "default --ctx - --gen-tokens - 1)")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
-  app.add_option("--reps", reps, "speed runs per method (the median is reported)")->capture_default_str()
+  app.add_option("--reps", reps, "speed runs per method or --kv entry (the median is reported)")->capture_default_str()
       ->check(CLI::Range(1, 100));
   app.add_flag("--speed-only", speed_only,
                "no perplexity; GPTQ/AWQ/SmoothQuant store round-to-nearest values in their format (random-weight "
@@ -129,10 +115,38 @@ int cmd_compare(int argc, char** argv) {
   app.add_option("--group", mopts.group, "GPTQ/AWQ/RTN group size")->capture_default_str();
   app.add_option("-t,--threads", threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--out-dir", out_dir, "keep the quantized models here (default: a temporary folder, removed)");
-  app.add_flag("--json", json, "print the table as a JSON array (one object per method)");
+  app.add_flag("--json", json, "print the table as a JSON array (one object per method or --kv entry)");
   app.add_option("--json-out", json_out, "also write the JSON array to this file");
   app.add_option("--chart", chart, "write an SVG chart: perplexity vs weight memory, marker area = tg tok/s");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (app.count("--kv") > 0) {
+    // The model as it is, under each K/V configuration: the methods' options mean nothing here.
+    for (const char* opt : {"--methods", "--calib", "--calib-tokens", "--speed-only", "--threshold", "--alpha",
+                            "--damp", "--act-order", "--group", "--out-dir", "--chart", "--ppl-chunks"})
+      if (app.count(opt) > 0)
+        fail(opt, " is for the compression methods' table, not --kv (which compares K/V cache configurations of the "
+                  "model as it is): give one or the other");
+    KvCompareOptions ko;
+    ko.model = model;
+    ko.text_file = ppl_file;
+    ko.json_out = json_out;
+    ko.n_long = kv_long;
+    ko.prompt_tokens = app.count("--prompt-tokens") > 0 ? prompt_tokens : 0;
+    ko.reps = reps;
+    ko.threads = threads;
+    ko.json = json;
+    const std::vector<KvCompareEntry> entries = parse_kv_compare_list(kv_arg);  // bad entries before the model
+    const int64_t n_ctx_train = read_hparams(*open_model_file(model)).n_ctx_train;
+    ko.ctx = app.count("--ctx") == 0 ? std::max<int64_t>(8, std::min(ctx, n_ctx_train)) : ctx;
+    if (ko.ctx > n_ctx_train)
+      fail("--ctx ", ko.ctx, " is longer than ", model, "'s training context of ", n_ctx_train,
+           " tokens, where perplexity means nothing: pass --ctx ", n_ctx_train,
+           " or less (--kv-long N scores a longer sequence)");
+    // A quarter of the context by default, so that the prompt before it is long.
+    ko.gen_tokens = app.count("--gen-tokens") > 0 ? gen_tokens : std::max<int64_t>(2, std::min<int64_t>(gen_tokens, ko.ctx / 4));
+    return run_kv_compare(ko, entries);
+  }
+  if (app.count("--kv-long") > 0) fail("--kv-long is for --kv");
   if (ppl_chunks == 0 || ppl_chunks < -1) {  // 0 chunks score nothing: the figure would be NaN
     std::fprintf(stderr, "tern compare: --ppl-chunks must be -1 (every chunk) or at least 1, got %lld\n",
                  static_cast<long long>(ppl_chunks));

@@ -3,6 +3,12 @@
 // non-overlapping chunks of n_ctx tokens, replace each chunk's first token by BOS, evaluate
 // each chunk from an empty cache, and score only the second half of each chunk
 // (logits at positions n_ctx/2 .. n_ctx-2 predicting the next token). PPL = exp(mean NLL).
+//
+// --long N scores one sequence instead: the text's first N tokens from BOS, every token after
+// the first, fed --batch tokens a step (default 1, so each token sees exactly the cache a KV
+// policy leaves), with the perplexity of each --ctx-sized segment beside the total. With
+// --kv-policy the cache holds the policy's capacity and N may be many contexts long (the
+// StreamingLLM experiment); without one, the cache holds all N.
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -18,14 +24,102 @@
 
 namespace tern {
 
+namespace {
+
+// log p(next) from one row of logits (double accumulation); tern::Error for non-finite logits.
+double log_prob(const float* row, int64_t V, int32_t next, const std::string& model, int64_t at) {
+  float mx = row[0];
+  for (int64_t v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v] - mx));
+  const double lp = double(row[next] - mx) - std::log(sum);
+  if (!std::isfinite(lp))
+    fail(model, " gave non-finite logits (NaN or Inf) at position ", at, ": its weights or activations overflow");
+  return lp;
+}
+
+int ppl_long(ModelArgs margs, std::shared_ptr<const GgufFile> file, const std::string& text, int64_t seg,
+             int64_t n_long, bool batch_given, bool json) {
+  const KvPolicy policy = margs.kv_policy_config();
+  margs.ctx = policy.evicts() ? seg : n_long;
+  if (!batch_given) margs.batch = 1;
+  LoadedSession ls = open_session(margs, std::move(file));
+  Session& session = *ls.session;
+  const Tokenizer& tok = *ls.tokenizer;
+  std::vector<int32_t> tokens = tok.encode(text, tok.add_bos_default());
+  if (int64_t(tokens.size()) < n_long)
+    fail("the text has ", tokens.size(), " tokens, fewer than --long ", n_long, " (give a longer text)");
+  tokens.resize(size_t(n_long));
+  const int64_t V = session.hparams().n_vocab;
+  const int64_t n_seg = (n_long - 1 + seg - 1) / seg;
+  std::vector<double> seg_nll(size_t(n_seg), 0.0);
+  std::vector<int64_t> seg_count(size_t(n_seg), 0);
+  double nll = 0;
+  int64_t peak_resident = 0;
+  Progress progress("ppl", n_long, !json);
+  const int64_t t0 = now_ns();
+  for (int64_t i = 0; i + 1 < n_long; i += margs.batch) {
+    const int64_t m = std::min(margs.batch, n_long - 1 - i);  // tokens i .. i+m-1 predict i+1 .. i+m
+    const float* logits = session.eval(std::span<const int32_t>(tokens).subspan(size_t(i), size_t(m)), true);
+    peak_resident = std::max(peak_resident, session.n_resident());
+    for (int64_t j = 0; j < m; ++j) {
+      const double lp = log_prob(logits + j * V, V, tokens[size_t(i + j + 1)], margs.model, i + j);
+      nll -= lp;
+      seg_nll[size_t((i + j) / seg)] -= lp;
+      ++seg_count[size_t((i + j) / seg)];
+    }
+    progress.update(i + m + 1, str_cat("ppl ", std::exp(nll / double(i + m))));
+  }
+  progress.finish();
+  const double seconds = double(now_ns() - t0) / 1e9;
+  const double ppl = std::exp(nll / double(n_long - 1));
+  nlohmann::json segs = nlohmann::json::array();
+  for (int64_t k = 0; k < n_seg; ++k)
+    segs.push_back({{"first", k * seg + 1},
+                    {"last", k * seg + seg_count[size_t(k)]},
+                    {"ppl", std::exp(seg_nll[size_t(k)] / double(seg_count[size_t(k)]))}});
+  if (json) {
+    nlohmann::json j = {{"ppl", ppl},
+                        {"n_tokens", n_long},
+                        {"segment", seg},
+                        {"segments", segs},
+                        {"kv_policy", policy.describe()},
+                        {"kv_type", kv_type_name(session.kv_type())},
+                        {"kv_capacity", session.kv_capacity()},
+                        {"kv_bytes", session.kv_bytes()},
+                        {"peak_resident", peak_resident},
+                        {"n_evicted", session.n_evicted()},
+                        {"seconds", seconds},
+                        {"peak_rss_bytes", peak_rss_bytes()}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("ppl %.4f  (%lld tokens as one sequence, kv %s, policy %s, at most %lld resident, %lld evicted, %.1f s)\n",
+              ppl, static_cast<long long>(n_long), kv_type_name(session.kv_type()), policy.describe().c_str(),
+              static_cast<long long>(peak_resident), static_cast<long long>(session.n_evicted()), seconds);
+  std::printf("%-16s %10s\n", "tokens", "ppl");
+  for (const auto& sg : segs)
+    std::printf("%-16s %10.4f\n", str_cat(sg["first"].get<int64_t>(), "-", sg["last"].get<int64_t>()).c_str(),
+                sg["ppl"].get<double>());
+  return 0;
+}
+
+}  // namespace
+
 int cmd_ppl(int argc, char** argv) {
   CLI::App app{"Perplexity of a text file, computed as llama.cpp's llama-perplexity does."};
   ModelArgs margs;
   margs.add_to(app, /*with_ctx=*/false);
+  margs.add_kv_policy_to(app);
   std::string text_file;
   int64_t n_ctx = 512;
   int64_t max_chunks = -1;
+  int64_t n_long = 0;
   bool json = false;
+  app.add_option("--long", n_long,
+                 "score the first N tokens as one sequence (segments of --ctx reported), e.g. past the training "
+                 "context with --kv-policy streaming")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 24));
   app.add_option("-f,--file", text_file, "text file to score")->required();
   app.add_option("-c,--ctx", n_ctx, "tokens per chunk (default 512, or the model's training context when shorter)")
       ->check(CLI::Range(int64_t(8), int64_t(1) << 20));
@@ -44,6 +138,9 @@ int cmd_ppl(int argc, char** argv) {
   std::shared_ptr<const GgufFile> file = open_model_file(margs.model, margs.tokenizer_bin);
   const int64_t n_ctx_train = read_hparams(*file).n_ctx_train;
   if (app.count("--ctx") == 0) n_ctx = std::max<int64_t>(8, std::min(n_ctx, n_ctx_train));
+  if (n_long > 0) return ppl_long(margs, std::move(file), text, n_ctx, n_long, app.count("--batch") > 0, json);
+  if (margs.kv_policy_config().evicts())
+    fail("--kv-policy evicts tokens of a sequence, which a chunk of --ctx tokens never outgrows: use --long N");
   if (n_ctx > n_ctx_train)
     fail("--ctx ", n_ctx, " is longer than ", margs.model, "'s training context of ", n_ctx_train,
          " tokens, where perplexity means nothing: pass --ctx ", n_ctx_train, " or less");

@@ -63,6 +63,7 @@ int cmd_run(int argc, char** argv) {
   CLI::App app{"Generate text from a prompt and report the field's metrics (TTFT, TBT, tok/s, memory)."};
   ModelArgs margs;
   margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
+  margs.add_kv_policy_to(app);
   ConstraintArgs cargs;
   cargs.add_to(app);
   std::string prompt, prompt_file;

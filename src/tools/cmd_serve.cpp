@@ -172,6 +172,7 @@ int cmd_serve(int argc, char** argv) {
                "or many models loaded on demand (--models DIR, several -m NAME=FILE), as Ollama does."};
   ModelArgs margs;
   margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
+  margs.add_kv_policy_to(app);
   // -m is repeatable here, and optional with --models.
   std::vector<std::string> model_args;
   std::string models_dir, max_memory, keep_alive = "5m";
@@ -303,6 +304,7 @@ int cmd_serve(int argc, char** argv) {
   ecfg.n_threads = margs.threads;
   ecfg.max_batch_tokens = margs.batch;
   ecfg.kv_type = kv_type_from_name(margs.kv_type);
+  ecfg.kv_policy = margs.kv_policy_config();
   ecfg.prefix_caching = !no_prefix_cache;
   apply_latency_args(latency, ecfg);
   ecfg.spec = spec_config_from_args(spec);

@@ -27,6 +27,33 @@ void ModelArgs::add_to(CLI::App& app, bool with_ctx, KvType default_kv_type) {
                  "repeat to stack adapters");
 }
 
+void KvPolicyArgs::add_to(CLI::App& app) {
+  app.add_option("--kv-policy", kind,
+                 "KV cache eviction: none; streaming (attention sinks + a recent window: generation continues past "
+                 "the context in constant memory); h2o (heavy hitters: keeps the tokens with the most accumulated "
+                 "attention within --kv-budget)")
+      ->capture_default_str();
+  app.add_option("--sinks", sinks, "first tokens always kept by streaming and h2o")->capture_default_str();
+  app.add_option("--window", window, "streaming: recent tokens kept; h2o: recent tokens never evicted (default: half the budget)");
+  app.add_option("--kv-budget", budget, "h2o: most tokens in the cache, N or P% of the context");
+  app.add_option("--sink-positions", sink_positions,
+                 "streaming: cache (the sinks' keys are re-rotated to sit just before the window, as StreamingLLM "
+                 "places them) or original (every key keeps its position)")
+      ->check(CLI::IsMember({"cache", "original"}))
+      ->capture_default_str();
+  app.add_option("--h2o-score", h2o_score,
+                 "h2o: rank tokens by mean attention since they arrived, or by its sum (the H2O paper's)")
+      ->check(CLI::IsMember({"mean", "sum"}))
+      ->capture_default_str();
+}
+
+KvPolicy KvPolicyArgs::config() const {
+  KvPolicy p = make_kv_policy(kind, sinks, window, budget);
+  p.sinks_follow = sink_positions == "cache";
+  p.h2o_mean = h2o_score == "mean";
+  return p;
+}
+
 LoraSet load_lora_args(const std::vector<std::string>& args, const GgufFile& base) {
   LoraSet set;
   for (const std::string& a : args) {
@@ -40,8 +67,12 @@ LoraSet load_lora_args(const std::vector<std::string>& args, const GgufFile& bas
 
 void add_kv_type_option(CLI::App& app, std::string& name, KvType default_type) {
   name = kv_type_name(default_type);
-  app.add_option("--kv-type", name, "K/V cache element type: f32, or f16 (half the bytes per token)")
-      ->check(CLI::IsMember({"f32", "f16"}))
+  std::vector<std::string> names;
+  for (const KvTypeTraits& t : kv_types()) names.push_back(t.name);
+  app.add_option("--kv-type", name,
+                 "K/V cache element type: f32; f16 (half the bytes per token); q8_0 or q4_0 (llama.cpp's blocks: "
+                 "0.53 / 0.28 of f16's bytes)")
+      ->check(CLI::IsMember(names))
       ->capture_default_str();
 }
 
@@ -62,6 +93,7 @@ LoadedSession open_session(const ModelArgs& args, std::shared_ptr<const GgufFile
   cfg.n_threads = args.threads;
   cfg.n_batch = args.batch;
   cfg.kv_type = kv_type_from_name(args.kv_type);
+  cfg.kv_policy = args.kv_policy_config();
   LoraSet lora = load_lora_args(args.lora, *s.file);  // (before the model: a bad adapter fails fast)
   s.session = std::make_unique<Session>(s.file, cfg);
   if (!lora.empty()) s.session->set_lora(std::move(lora));

@@ -12,18 +12,36 @@
 
 namespace tern {
 
+// KV eviction (docs/kv.md): --kv-policy none|streaming|h2o, --sinks, --window, --kv-budget,
+// --sink-positions, --h2o-score.
+struct KvPolicyArgs {
+  std::string kind = "none";
+  int64_t sinks = 4;
+  int64_t window = 0;
+  std::string budget;
+  std::string sink_positions = "cache";  // streaming: cache (sinks follow the window) | original
+  std::string h2o_score = "mean";        // h2o: mean | sum (the paper's)
+  void add_to(CLI::App& app);
+  // make_kv_policy's errors name the flag.
+  KvPolicy config() const;
+};
+
 struct ModelArgs {
   std::string model;
   std::string tokenizer_bin;  // llama2.c tokenizer.bin (only with a .bin model)
   int threads = 0;
   int64_t ctx = 0;              // 0: sized to the machine (runtime/context_fit.h)
   int64_t batch = 512;
-  std::string kv_type = "f32";  // KV cache element type: f32 or f16
+  std::string kv_type = "f32";  // KV cache element type (kv/kv_store.h kv_types())
   std::vector<std::string> lora;  // --lora FILE[:SCALE], repeatable: adapters stacked on the model
+  KvPolicyArgs kv_policy_args;  // add_kv_policy_to
 
   // default_kv_type: --kv-type's default for this command (f16 for run and serve, which
   // generate text, as llama.cpp; f32 for the measurements compared with f32 references).
   void add_to(CLI::App& app, bool with_ctx = true, KvType default_kv_type = KvType::F32);
+  // --kv-policy and its options (commands that run one Session).
+  void add_kv_policy_to(CLI::App& app) { kv_policy_args.add_to(app); }
+  KvPolicy kv_policy_config() const { return kv_policy_args.config(); }
   // True when the user gave --ctx (a command may also set `ctx` itself).
   bool ctx_given() const { return ctx_option_ && ctx_option_->count() > 0; }
   // "tern run" once parsed: the prefix of the warnings open_session prints.

@@ -44,7 +44,7 @@ std::vector<float> direct_hidden(const std::shared_ptr<const GgufFile>& file, co
   auto model = load_model(file);
   const int64_t n = int64_t(prompt.size()), E = model->hparams().n_embd, V = model->hparams().n_vocab;
   model->reserve(n);
-  KvStore kv(model->hparams(), n);
+  KvStore kv = make_kv_store(model->hparams(), n);
   std::vector<int32_t> slots(static_cast<size_t>(n));
   std::iota(slots.begin(), slots.end(), 0);
   std::vector<float> hidden(size_t(n * E)), logits(size_t(n * V));
@@ -157,7 +157,7 @@ TEST(EmbeddingHidden, SameBitsOnEveryPathAndLogitsUnchanged) {
   auto run = [&](int n_threads, bool with_hidden, std::vector<float>& logits_all) {
     auto model = load_model(file);
     model->reserve(16);
-    KvStore kv(model->hparams(), 64);
+    KvStore kv = make_kv_store(model->hparams(), 64);
     std::vector<int32_t> sa(12), sb(10);
     std::iota(sa.begin(), sa.end(), 0);
     std::iota(sb.begin(), sb.end(), 30);
@@ -411,7 +411,7 @@ TEST(EngineEmbedding, PreemptedEmbeddingsCountEachPositionOnce) {
   // arena preempt the newest running requests, the embedding ones among them.
   EngineConfig cfg = config(24);
   cfg.kv_block_size = 8;
-  cfg.kv_memory_bytes = 12 * 8 * KvStore::bytes_per_token(read_hparams(*file), KvType::F32);
+  cfg.kv_memory_bytes = 12 * 8 * kv_bytes_per_token(read_hparams(*file), KvType::F32);
   cfg.n_ctx = 96;
   Engine engine(file, tok, cfg);
   Sink sink;

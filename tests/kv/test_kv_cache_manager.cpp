@@ -1,6 +1,8 @@
-// KvCacheManager: block tables, prepare-then-commit, prefix hits, copy-on-write forks.
+// KvCacheManager: block tables, prepare-then-commit, prefix hits, copy-on-write forks, and
+// evicted blocks (holes) of a streaming window.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -216,6 +218,124 @@ TEST(KvCacheManager, FreeDropsCopiesIntoBlocksNobodyReads) {
   EXPECT_EQ(kv.n_used_blocks(), 0);
 }
 
+TEST(KvCacheManager, EvictBlocksReturnsThemToThePoolAndLeavesHoles) {
+  KvCacheManager kv(8, 4, false);
+  BlockTable t;
+  const auto tokens = iota_tokens(17);
+  run(kv, t, 16, tokens);
+  ASSERT_EQ(t.blocks, (std::vector<BlockId>{0, 1, 2, 3}));  // the free list's order
+  kv.evict_blocks(t, 1, 2);
+  EXPECT_EQ(t.blocks, (std::vector<BlockId>{0, kNoBlock, kNoBlock, 3}));
+  EXPECT_EQ(t.n_evicted_blocks, 2);
+  EXPECT_EQ(t.n_computed, 16);  // positions keep their numbers
+  EXPECT_EQ(kv.n_used_blocks(), 2);
+  EXPECT_EQ(kv.n_free_blocks(), 6);
+  EXPECT_EQ(kv.pool().n_filled_slots(), 8);
+  kv.pool().check_invariants();
+  std::vector<int32_t> slots;
+  std::vector<int64_t> positions;
+  kv.resident_slots(t, 16, slots, &positions);
+  EXPECT_EQ(slots, (std::vector<int32_t>{0, 1, 2, 3, 12, 13, 14, 15}));
+  EXPECT_EQ(positions, (std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15}));
+  // Evicting a hole again changes nothing.
+  kv.evict_blocks(t, 2, 1);
+  EXPECT_EQ(t.n_evicted_blocks, 2);
+  EXPECT_EQ(kv.n_used_blocks(), 2);
+  // The next token takes a freed block (the most recently freed, at the front: block 2).
+  ASSERT_TRUE(kv.reserve(t, 1));
+  kv.commit(t, 1, tokens);
+  EXPECT_EQ(t.blocks, (std::vector<BlockId>{0, kNoBlock, kNoBlock, 3, 2}));
+  slots.clear();
+  positions.clear();
+  kv.resident_slots(t, 17, slots, &positions);
+  EXPECT_EQ(slots, (std::vector<int32_t>{0, 1, 2, 3, 12, 13, 14, 15, 8}));
+  EXPECT_EQ(positions, (std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15, 16}));
+  // Only positions below n.
+  slots.clear();
+  kv.resident_slots(t, 14, slots);
+  EXPECT_EQ(slots, (std::vector<int32_t>{0, 1, 2, 3, 12, 13}));
+  // slots() of the resident part still works.
+  slots.clear();
+  kv.slots(t, 4, slots);
+  EXPECT_EQ(slots, (std::vector<int32_t>{0, 1, 2, 3}));
+  kv.free(t);  // skips the holes
+  EXPECT_EQ(kv.n_used_blocks(), 0);
+  EXPECT_EQ(t.n_evicted_blocks, 0);
+  EXPECT_TRUE(t.blocks.empty());
+  kv.pool().check_invariants();
+}
+
+TEST(KvCacheManagerDeathTest, SlotsOfAHoleAndEvictingUncomputedBlocksAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  KvCacheManager kv(8, 4, false);
+  BlockTable t;
+  run(kv, t, 10, iota_tokens(10));
+  kv.evict_blocks(t, 1, 1);
+  std::vector<int32_t> slots;
+  EXPECT_DEATH(kv.slots(t, 8, slots), "use resident_slots");
+  EXPECT_DEATH(kv.evict_blocks(t, 2, 1), "not fully computed");  // block 2 holds 2 of 4
+}
+
+// A block another table shares or the prefix cache holds is only released by the evicting
+// table: the sharer keeps it, and once nobody holds it the cache still finds it.
+TEST(KvCacheManager, EvictBlocksKeepsSharedAndCachedBlocksRight) {
+  KvCacheManager kv(16, 4, true);
+  const auto prompt = iota_tokens(13);
+  BlockTable parent, kid;
+  run(kv, parent, 13, prompt);  // 3 full blocks published, 1 partial
+  kv.fork(parent, kid);
+  const std::vector<BlockId> blocks = parent.blocks;
+  kv.evict_blocks(kid, 1, 2);
+  EXPECT_EQ(kv.pool().ref_count(blocks[1]), 1);
+  EXPECT_EQ(kv.pool().ref_count(blocks[2]), 1);
+  EXPECT_EQ(kv.pool().ref_count(blocks[0]), 2);
+  EXPECT_EQ(kv.n_used_blocks(), 4);
+  kv.pool().check_invariants();
+  kv.evict_blocks(parent, 1, 2);
+  EXPECT_EQ(kv.pool().ref_count(blocks[1]), 0);
+  EXPECT_EQ(kv.n_used_blocks(), 2);
+  EXPECT_EQ(kv.pool().n_cached(), 3);  // free but still cached
+  kv.pool().check_invariants();
+  BlockTable later;
+  EXPECT_EQ(kv.match_prefix(later, prompt), 12);
+  EXPECT_EQ(later.blocks, (std::vector<BlockId>{blocks[0], blocks[1], blocks[2]}));
+  EXPECT_EQ(kv.n_used_blocks(), 4);
+  // A fork of a table with holes: the holes stay holes, the rest is shared.
+  BlockTable grandkid;
+  kv.fork(kid, grandkid);
+  EXPECT_EQ(grandkid.blocks, kid.blocks);
+  EXPECT_EQ(grandkid.n_evicted_blocks, 2);
+  EXPECT_EQ(kv.pool().ref_count(blocks[0]), 4);
+  EXPECT_EQ(kv.pool().ref_count(blocks[3]), 3);
+  for (BlockTable* t : {&parent, &kid, &grandkid, &later}) kv.free(*t);
+  EXPECT_EQ(kv.n_used_blocks(), 0);
+  kv.pool().check_invariants();
+}
+
+// K/V computed after an eviction attended to fewer tokens than their prefix: such a table stops
+// publishing, and a later prompt only hits what was published before.
+TEST(KvCacheManager, ATableThatEvictedStopsPublishing) {
+  KvCacheManager kv(16, 4, true);
+  const auto tokens = iota_tokens(17);
+  BlockTable t;
+  run(kv, t, 8, tokens);
+  EXPECT_EQ(t.n_hashed, 2);
+  EXPECT_EQ(kv.pool().n_cached(), 2);
+  kv.evict_blocks(t, 1, 1);
+  run(kv, t, 8, tokens);  // blocks 2 and 3 become full
+  EXPECT_EQ(t.n_computed, 16);
+  EXPECT_EQ(t.n_hashed, 2);
+  EXPECT_EQ(kv.pool().n_cached(), 2);
+  EXPECT_FALSE(kv.pool().is_published(t.blocks[2]));
+  EXPECT_FALSE(kv.pool().is_published(t.blocks[3]));
+  BlockTable other;
+  EXPECT_EQ(kv.match_prefix(other, tokens), 8);
+  kv.free(t);
+  kv.free(other);
+  EXPECT_EQ(kv.n_used_blocks(), 0);
+  kv.pool().check_invariants();
+}
+
 // Random reserve / commit / rollback / fork / match / free over many tables, with a fake
 // K/V arena: every slot remembers which (prefix hash, position) wrote it, and every step
 // checks that each table's computed positions read back their own prefix's values. That is
@@ -230,6 +350,10 @@ TEST(KvCacheManager, RandomOperationsKeepKvContentRight) {
     struct Seq {
       BlockTable t;
       std::vector<int32_t> tokens;
+      // K/V written after the table's first eviction differ (they attended to fewer tokens):
+      // value ^ salt from position salted_from on. A prefix hit on such a block would fail.
+      uint64_t salt = 0;
+      int64_t salted_from = INT64_MAX;
     };
     std::vector<Seq> seqs;
     // Value K/V would have at position p: a function of tokens[0..p] only.
@@ -238,15 +362,21 @@ TEST(KvCacheManager, RandomOperationsKeepKvContentRight) {
       for (int64_t i = 0; i <= p; ++i) h = (h ^ uint64_t(tokens[size_t(i)] + 1)) * 1099511628211ull;
       return h;
     };
+    auto expected = [&](const Seq& s, int64_t p) {
+      return value(s.tokens, p) ^ (p >= s.salted_from ? s.salt : 0);
+    };
     std::vector<int32_t> slots;
+    std::vector<int64_t> positions;
     auto check = [&](const Seq& s) {
       slots.clear();
-      kv.slots(s.t, s.t.n_computed, slots);
-      for (int64_t p = 0; p < s.t.n_computed; ++p)
-        ASSERT_EQ(arena[size_t(slots[size_t(p)])], value(s.tokens, p)) << "position " << p;
+      positions.clear();
+      kv.resident_slots(s.t, s.t.n_computed, slots, &positions);
+      ASSERT_EQ(int64_t(slots.size()), s.t.n_computed - s.t.n_evicted_blocks * bs);
+      for (size_t i = 0; i < slots.size(); ++i)
+        ASSERT_EQ(arena[size_t(slots[i])], expected(s, positions[i])) << "position " << positions[i];
     };
     for (int op = 0; op < 3000; ++op) {
-      const int kind = int(rng() % 10);
+      const int kind = int(rng() % 12);
       if (kind == 0 || seqs.empty()) {
         Seq s;
         // Few distinct prompts so prefixes are shared.
@@ -270,16 +400,29 @@ TEST(KvCacheManager, RandomOperationsKeepKvContentRight) {
             kv.rollback(s.t);
           } else {
             slots.clear();
-            kv.slots(s.t, s.t.n_computed + n, slots);
-            for (int64_t p = s.t.n_computed; p < s.t.n_computed + n; ++p)
-              arena[size_t(slots[size_t(p)])] = value(s.tokens, p);
+            positions.clear();
+            kv.resident_slots(s.t, s.t.n_computed + n, slots, &positions);
+            for (size_t i = 0; i < slots.size(); ++i)
+              if (positions[i] >= s.t.n_computed) arena[size_t(slots[i])] = expected(s, positions[i]);
             kv.commit(s.t, n, s.tokens);
           }
         } else if (kind == 6 && s.t.n_computed == int64_t(s.tokens.size())) {
           Seq child;
           child.tokens = s.tokens;
+          child.salt = s.salt;
+          child.salted_from = s.salted_from;
           kv.fork(s.t, child.t);
           seqs.push_back(std::move(child));
+        } else if (kind >= 10) {
+          // A streaming window moved on: evict some full blocks after the sink block.
+          const int64_t full = s.t.n_computed / bs;
+          if (full < 2) continue;
+          const int64_t first = 1 + int64_t(rng() % uint64_t(full - 1));
+          kv.evict_blocks(s.t, first, 1 + int64_t(rng() % uint64_t(full - first)));
+          if (s.salt == 0) {
+            s.salt = rng() | 1;
+            s.salted_from = s.t.n_computed;
+          }
         } else if (kind >= 7) {
           kv.free(s.t);
           std::swap(s, seqs.back());

@@ -39,7 +39,7 @@ std::vector<float> logits_in_steps(Model& model, const std::vector<int32_t>& ids
   const int64_t V = model.hparams().n_vocab, n = int64_t(ids.size());
   model.reserve(chunk + 1);
   ThreadPool pool(n_threads);
-  KvStore kv(model.hparams(), 2 * n + 8, KvType::F32);
+  KvStore kv = make_kv_store(model.hparams(), 2 * n + 8, KvType::F32);
   std::vector<int32_t> slots_a, slots_b, b_ids;
   for (int64_t i = 0; i < n; ++i) {
     slots_a.push_back(int32_t(2 * n + 7 - 2 * i));  // descending, interleaved with B's

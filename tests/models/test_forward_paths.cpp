@@ -37,7 +37,7 @@ std::vector<float> run_steps(const std::shared_ptr<const GgufFile>& file, int n_
   model->reserve(16);
   const int64_t V = model->hparams().n_vocab;
   ThreadPool pool(n_threads);
-  KvStore kv(model->hparams(), 64, kv_type);
+  KvStore kv = make_kv_store(model->hparams(), 64, kv_type);
   const std::vector<int32_t> a = {1, 403, 407, 261, 378, 432, 20, 31};
   const std::vector<int32_t> b = {1, 300, 77, 5, 99, 12, 40, 41, 42};
   const std::vector<int32_t> slots_a = {40, 41, 42, 43, 8, 9, 10, 11, 12};
@@ -92,6 +92,14 @@ TEST(ForwardPaths, PhasedPassEqualsPooledPassStories260K) {
 TEST(ForwardPaths, PhasedPassEqualsPooledPassStories260KWithF16Kv) {
   TERN_REQUIRE_SHARED("models/stories260K.gguf");
   expect_same_bits(open_model_file(shared_path("models/stories260K.gguf")), "stories260K f32, f16 K/V", KvType::F16);
+}
+
+// q8_0 / q4_0 K/V (blocks spanning KV heads: the phased units give way to the pooled path and
+// this thread alone, which must still agree).
+TEST(ForwardPaths, PhasedPassEqualsPooledPassStories260KWithQuantizedKv) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  for (KvType kv_type : {KvType::Q8_0, KvType::Q4_0})
+    expect_same_bits(open_model_file(shared_path("models/stories260K.gguf")), kv_type_name(kv_type), kv_type);
 }
 
 TEST(ForwardPaths, PhasedPassEqualsPooledPassSynthetic) {

@@ -117,7 +117,7 @@ TEST(LlamaForward, RaggedMultiSequenceStepEqualsSeparateRuns) {
   model->reserve(16);
   const int64_t V = model->hparams().n_vocab;
   ThreadPool pool(2);
-  KvStore kv(model->hparams(), 64);
+  KvStore kv = make_kv_store(model->hparams(), 64);
   const std::vector<int32_t> a = {1, 403, 407, 261, 378, 432};
   const std::vector<int32_t> b = {1, 300, 77, 5, 99, 12, 40};
   // Slots deliberately scattered, as a block table would give them.

@@ -405,7 +405,7 @@ TEST(Lora, MixedBatchGivesEachSequenceItsOwnAdapter) {
       // output projection's adapter then runs over fewer rows than tokens).
       const auto rows_of = [&](int s, bool all_rows) { return all_rows && s % 2 == 1 ? int64_t(1) : n; };
       const auto run = [&](const std::vector<int>& which, bool last_only_for_odd) {
-        KvStore kv(model->hparams(), 4 * n, KvType::F32);
+        KvStore kv = make_kv_store(model->hparams(), 4 * n, KvType::F32);
         std::vector<SeqBatch> batch;
         int64_t rows = 0;
         for (int s : which) {

@@ -18,6 +18,7 @@
 #include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
+#include "quant/quant_traits.h"
 #include "ops/ops.h"
 
 namespace tern {
@@ -36,6 +37,7 @@ struct Seq {
   int64_t ldq, ldo, kv_row, n_slots;
   std::vector<float> q, out, k, v;
   std::vector<uint16_t> k16, v16;
+  std::vector<uint8_t> kq, vq;  // q8_0 / q4_0 blocks
   std::vector<int32_t> slots;
   int64_t window = 0;    // sliding window (0: none)
   float softcap = 0.0f;  // attention-logit soft-capping (0: none)
@@ -55,6 +57,20 @@ struct Seq {
     v.resize(size_t(n_slots * kv_row));
     for (auto& x : k) x = dist(rng);
     for (auto& x : v) x = dist(rng);
+    if (kt == KvType::Q8_0 || kt == KvType::Q4_0) {
+      // llama.cpp's blocks of each row (the quant traits' quantizer) in kq / vq; k, v become
+      // their dequantized values (what an f32 arena of the same values holds).
+      const QuantTraits& qt = *quant_traits(kt == KvType::Q8_0 ? DType::Q8_0 : DType::Q4_0);
+      const int64_t rb = kv_row / qt.block_size * qt.block_bytes;
+      for (auto* b : {&k, &v}) {
+        std::vector<uint8_t>& qb = b == &k ? kq : vq;
+        qb.resize(size_t(n_slots * rb));
+        for (int64_t r = 0; r < n_slots; ++r) {
+          qt.from_float(b->data() + r * kv_row, qb.data() + r * rb, kv_row);
+          qt.to_float(qb.data() + r * rb, b->data() + r * kv_row, kv_row);
+        }
+      }
+    }
     if (kt == KvType::F16) {
       for (auto* b : {&k, &v}) {
         std::vector<uint16_t>& h = b == &k ? k16 : v16;
@@ -72,10 +88,11 @@ struct Seq {
     out.assign(size_t(s.n_tokens * ldo), NAN);
   }
   AttentionArgs args() {
-    const bool h = kv_type == KvType::F16;
+    const bool h = kv_type == KvType::F16, quant = !kq.empty();
     return AttentionArgs{q.data(), ldq, out.data(), ldo,
-                         h ? static_cast<const void*>(k16.data()) : k.data(),
-                         h ? static_cast<const void*>(v16.data()) : v.data(), kv_row, slots.data(),
+                         h ? static_cast<const void*>(k16.data()) : quant ? static_cast<const void*>(kq.data()) : k.data(),
+                         h ? static_cast<const void*>(v16.data()) : quant ? static_cast<const void*>(vq.data()) : v.data(),
+                         kv_row, slots.data(),
                          sh.n_past, sh.n_tokens, sh.n_head, sh.n_head_kv, sh.head_dim,
                          1.0f / std::sqrt(float(sh.head_dim)), kv_type, softcap, window};
   }
@@ -87,13 +104,14 @@ struct Seq {
     a.kv_type = KvType::F32;
     return a;
   }
-  // Output of token i, head h, from softmax(q k^T * scale) v in double.
-  std::vector<double> oracle(int64_t i, int64_t h) const {
+  // Probability of each key p (0 outside the row's window and past its position) for token i,
+  // head h: softmax(q k^T * scale) in double.
+  std::vector<double> oracle_probs(int64_t i, int64_t h) const {
     const int64_t hd = sh.head_dim, kvh = h / (sh.n_head / sh.n_head_kv);
     const int64_t n_ctx = sh.n_past + i + 1;
-    const int64_t first = window > 0 ? std::max<int64_t>(0, n_ctx - window) : 0;  // keys at distance < window
-    std::vector<double> sc(static_cast<size_t>(n_ctx), 0.0);
-    double mx = -1e300;
+    const int64_t first = window > 0 ? std::max<int64_t>(0, n_ctx - window) : 0;
+    std::vector<double> sc(static_cast<size_t>(sh.n_past + sh.n_tokens), 0.0);
+    double mx = -1e300, sum = 0;
     for (int64_t p = first; p < n_ctx; ++p) {
       double d = 0;
       for (int64_t e = 0; e < hd; ++e)
@@ -102,11 +120,17 @@ struct Seq {
       if (softcap > 0.0f) sc[size_t(p)] = softcap * std::tanh(sc[size_t(p)] / softcap);
       mx = std::max(mx, sc[size_t(p)]);
     }
-    double sum = 0;
     for (int64_t p = first; p < n_ctx; ++p) sum += (sc[size_t(p)] = std::exp(sc[size_t(p)] - mx));
+    for (int64_t p = first; p < n_ctx; ++p) sc[size_t(p)] /= sum;
+    return sc;
+  }
+  // Output of token i, head h, from softmax(q k^T * scale) v in double.
+  std::vector<double> oracle(int64_t i, int64_t h) const {
+    const int64_t hd = sh.head_dim, kvh = h / (sh.n_head / sh.n_head_kv);
+    const std::vector<double> pr = oracle_probs(i, h);
     std::vector<double> o(static_cast<size_t>(hd), 0.0);
-    for (int64_t p = first; p < n_ctx; ++p)
-      for (int64_t e = 0; e < hd; ++e) o[size_t(e)] += sc[size_t(p)] / sum * v[size_t(slots[size_t(p)] * kv_row + kvh * hd + e)];
+    for (int64_t p = 0; p <= sh.n_past + i; ++p)
+      for (int64_t e = 0; e < hd; ++e) o[size_t(e)] += pr[size_t(p)] * v[size_t(slots[size_t(p)] * kv_row + kvh * hd + e)];
     return o;
   }
 };
@@ -127,7 +151,23 @@ const Shape kShapes[] = {
     {16, 16, 16, 300, 3}, {14, 2, 64, 0, 129},  {6, 3, 24, 40, 3},
 };
 
+const char* kv_type_label(KvType kt) {
+  switch (kt) {
+    case KvType::F32: return "f32";
+    case KvType::F16: return "f16";
+    case KvType::Q8_0: return "q8_0";
+    case KvType::Q4_0: return "q4_0";
+  }
+  return "?";
+}
+
 const KvType kKvTypes[] = {KvType::F32, KvType::F16};
+
+// q8_0 / q4_0 arenas need rows of whole 32-element blocks and heads of whole 8-element pieces.
+bool quant_kv_fits(KvType kt, const Shape& sh) {
+  if (kt != KvType::Q8_0 && kt != KvType::Q4_0) return true;
+  return sh.n_head_kv * sh.head_dim % 32 == 0 && sh.head_dim % 8 == 0;
+}
 
 TEST(Attention, EveryVariantMatchesTheReferenceAndTheDoubleOracle) {
   for (KvType kt : kKvTypes)
@@ -213,10 +253,11 @@ TEST(Attention, SlidingWindowAndSoftCapMatchTheOracle) {
 // every tiled variant gives the same bits (batched serving is exact because of this).
 TEST(Attention, ARowsResultDoesNotDependOnItsBatch) {
   ThreadPool pool(2);
-  for (KvType kt : kKvTypes)
+  for (KvType kt : {KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0})
   for (Isa isa : variants()) {
     if (isa == Isa::Ref) continue;
     for (const Shape& sh : {Shape{8, 4, 8, 0, 150}, Shape{32, 4, 64, 0, 97}, Shape{6, 2, 20, 0, 70}}) {
+      if (!quant_kv_fits(kt, sh)) continue;
       Seq whole(sh, 42, 3, kt);
       std::vector<AttentionArgs> one{whole.args()};
       attention_isa(isa, one, pool);
@@ -276,6 +317,97 @@ TEST(Attention, F16KvEqualsF32KvOfTheSameValues) {
       }
     }
   }
+}
+
+// A q8_0 / q4_0 arena gives exactly what an f32 arena holding its dequantized values gives, on
+// every variant and the scalar reference (dequantizing is exact: an integer times an fp16
+// scale), with heads smaller than a block (stories260K's 8) and larger; attention_kv_head agrees.
+TEST(Attention, QuantizedKvEqualsF32KvOfTheDequantizedValues) {
+  ThreadPool pool(2);
+  int n_checked = 0;
+  for (KvType kt : {KvType::Q8_0, KvType::Q4_0})
+    for (Isa isa : variants()) {
+      uint32_t seed = 900;
+      for (const Shape& sh : kShapes) {
+        ++seed;
+        if (!quant_kv_fits(kt, sh)) continue;
+        Seq qs(sh, seed, 3, kt), f(sh, seed, 3, kt);
+        std::vector<AttentionArgs> aq{qs.args()}, af{f.args_f32()};
+        attention_isa(isa, aq, pool);
+        attention_isa(isa, af, pool);
+        for (size_t i = 0; i < qs.out.size(); ++i) {
+          if (std::isnan(f.out[i])) continue;
+          ASSERT_EQ(qs.out[i], f.out[i]) << isa_name(isa) << " kv " << kv_type_label(kt) << " hd=" << sh.head_dim
+                                          << " past=" << sh.n_past << " n=" << sh.n_tokens << " at " << i;
+        }
+        // And the dequantized values are close to what was quantized: the oracle on them.
+        for (int64_t h = 0; h < sh.n_head; ++h) {
+          const auto o = f.oracle(sh.n_tokens - 1, h);
+          for (int64_t e = 0; e < sh.head_dim; ++e)
+            ASSERT_NEAR(qs.out[size_t((sh.n_tokens - 1) * qs.ldo + h * sh.head_dim + e)], o[size_t(e)], 2e-5);
+        }
+        if (isa == selected_isa()) {
+          Seq per_head(sh, seed, 3, kt);
+          const AttentionArgs a = per_head.args();
+          for (int64_t kvh = 0; kvh < sh.n_head_kv; ++kvh) attention_kv_head(a, kvh);
+          for (size_t i = 0; i < qs.out.size(); ++i)
+            if (!std::isnan(qs.out[i])) {
+              ASSERT_EQ(per_head.out[i], qs.out[i]) << "attention_kv_head at " << i;
+            }
+        }
+        ++n_checked;
+      }
+    }
+  EXPECT_GT(n_checked, 20);
+}
+
+// H2O's key masses: every variant sums each key's softmax probability over the new tokens and
+// the query heads of its KV head, as the double oracle does (sliding window and soft-cap too);
+// each head's masses sum to n_tokens x group size; asking for them changes no output bit.
+TEST(Attention, KeyMassesAreTheSummedProbabilities) {
+  ThreadPool pool(2);
+  const Shape shapes[] = {{8, 4, 8, 0, 37}, {8, 4, 8, 200, 1}, {4, 4, 64, 65, 33}, {32, 4, 64, 130, 2}, {4, 2, 16, 100, 3}};
+  for (KvType kt : {KvType::F32, KvType::Q8_0})
+    for (Isa isa : variants())
+      for (const Shape& sh : shapes)
+        for (int variant = 0; variant < 2; ++variant) {
+          Seq a(sh, uint32_t(sh.n_past * 3 + sh.n_tokens + variant), 3, kt);
+          if (variant == 1) {
+            a.window = 16;
+            a.softcap = 2.0f;
+          }
+          Seq plain = a;
+          const int64_t n_keys = sh.n_past + sh.n_tokens;
+          std::vector<float> mass(size_t(sh.n_head_kv * n_keys), 0.0f);
+          AttentionArgs args = a.args();
+          args.key_mass = mass.data();
+          args.ld_key_mass = n_keys;
+          std::vector<AttentionArgs> one{args}, none{plain.args()};
+          attention_isa(isa, one, pool);
+          attention_isa(isa, none, pool);
+          for (size_t i = 0; i < a.out.size(); ++i)
+            if (!std::isnan(plain.out[i])) {
+              ASSERT_EQ(a.out[i], plain.out[i]) << isa_name(isa) << " output changed by key masses at " << i;
+            }
+          const int64_t g = sh.n_head / sh.n_head_kv;
+          std::vector<double> want(mass.size(), 0.0);
+          for (int64_t i = 0; i < sh.n_tokens; ++i)
+            for (int64_t h = 0; h < sh.n_head; ++h) {
+              const auto pr = a.oracle_probs(i, h);
+              for (int64_t p = 0; p < n_keys; ++p) want[size_t(h / g * n_keys + p)] += pr[size_t(p)];
+            }
+          for (int64_t kvh = 0; kvh < sh.n_head_kv; ++kvh) {
+            double total = 0;
+            for (int64_t p = 0; p < n_keys; ++p) {
+              const size_t at = size_t(kvh * n_keys + p);
+              total += mass[at];
+              ASSERT_NEAR(mass[at], want[at], 1e-5 * double(sh.n_tokens * g))
+                  << isa_name(isa) << " kv " << kv_type_label(kt) << " past " << sh.n_past << " n " << sh.n_tokens
+                  << " variant " << variant << " head " << kvh << " key " << p;
+            }
+            ASSERT_NEAR(total, double(sh.n_tokens * g), 1e-4 * double(sh.n_tokens * g));
+          }
+        }
 }
 
 // What an f16 KV store writes: the same bits from every variant, equal to core/fp16.h's

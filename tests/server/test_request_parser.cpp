@@ -166,6 +166,35 @@ TEST(RequestParser, SpeculativeOptOut) {
             "speculative");
 }
 
+// tern's extension: "kv_policy" chooses a request's KV eviction policy (docs/kv.md); what
+// make_kv_policy refuses is a 400 naming kv_policy, with its reason.
+TEST(RequestParser, KvPolicy) {
+  EXPECT_FALSE(completion(R"({"prompt":"x"})").kv_policy);
+  const auto s = completion(R"({"prompt":"x","kv_policy":{"type":"streaming","sinks":2,"window":30}})").kv_policy;
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->kind, tern::KvPolicyKind::Streaming);
+  EXPECT_EQ(s->sinks, 2);
+  EXPECT_EQ(s->window, 30);
+  const auto h = chat(R"({"messages":[{"role":"user","content":"x"}],"kv_policy":{"type":"h2o","budget":"50%"}})").kv_policy;
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->kind, tern::KvPolicyKind::H2O);
+  EXPECT_DOUBLE_EQ(h->budget_frac, 0.5);
+  EXPECT_EQ(completion(R"({"prompt":"x","kv_policy":{"type":"h2o","budget":64}})").kv_policy->budget, 64);
+  EXPECT_FALSE(completion(R"({"prompt":"x","kv_policy":{"type":"none"}})").kv_policy->evicts());
+  for (const auto& [bad, needle] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"prompt":"x","kv_policy":"streaming"})", "object"},
+           {R"({"prompt":"x","kv_policy":{}})", "'type'"},
+           {R"({"prompt":"x","kv_policy":{"type":"lru"}})", "lru"},
+           {R"({"prompt":"x","kv_policy":{"type":"streaming","sinks":8,"window":4}})", "smaller than the sinks"},
+           {R"({"prompt":"x","kv_policy":{"type":"h2o","budget":"0%"}})", "zero"},
+           {R"({"prompt":"x","kv_policy":{"type":"streaming","window":8,"size":3}})", "size"}}) {
+    const ApiError e = error_of(bad);
+    EXPECT_EQ(e.status(), 400) << bad;
+    EXPECT_EQ(e.param().substr(0, 9), "kv_policy") << bad;
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << bad << ": " << e.what();
+  }
+}
+
 struct BadCase {
   const char* body;
   const char* param;  // expected ApiError::param()

@@ -84,7 +84,7 @@ TEST_F(CliStories, KvTypeOptionSetsTheCacheType) {
   EXPECT_EQ(run_json(args + " --kv-type f32")["ids"], f32["ids"]);
   std::string out, err;
   for (const char* cmd : {" run ", " ppl ", " bench ", " logits ", " serve ", " bench-serve "}) {
-    EXPECT_EQ(run_command(kTern + cmd + "-m " + stories() + " --kv-type q8_0", &out, &err), 2) << cmd;
+    EXPECT_EQ(run_command(kTern + cmd + "-m " + stories() + " --kv-type q5_1", &out, &err), 2) << cmd;
     EXPECT_NE(err.find("--kv-type"), std::string::npos) << cmd << err;
   }
 }

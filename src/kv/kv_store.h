@@ -1,0 +1,76 @@
+#pragma once
+// The K/V arena every forward pass reads and writes, and its element types.
+//
+// Layer il holds [n_slots, row(il)] elements for K and for V, row(il) = n_head_kv(il) * head_dim.
+// Sized once; slots are handed out by whoever owns the cache (runtime::Session for one
+// contiguous sequence, KvCacheManager's block tables in the engine, the draft model's regions).
+// New rows are written through store(), which converts to the arena's type; the attention
+// kernels read the layer arenas k(il) / v(il) with kv_type = type() (ops/attention_iface.h).
+//
+// Element types are rows of a traits table whose sizes and quantizer are the quant traits
+// table's (DType), so q8_0 / q4_0 K/V are llama.cpp's blocks byte for byte.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "ops/attention_iface.h"
+
+namespace tern {
+
+struct KvTypeTraits {
+  KvType type;
+  const char* name;  // --kv-type spelling
+  DType dtype;       // storage format: sizes and quantizer from the quant traits table
+  // Row length the type needs: a multiple of block elements (1 for f32/f16), and head slices in
+  // whole 8-element pieces that never cross a block (what the attention tiles dequantize).
+  int64_t row_multiple;
+  int64_t head_dim_multiple;
+};
+const KvTypeTraits& kv_type_traits(KvType type);
+std::span<const KvTypeTraits> kv_types();
+
+// "f32" / "f16" / "q8_0" / "q4_0"; kv_type_from_name throws tern::Error naming the accepted values.
+const char* kv_type_name(KvType type);
+KvType kv_type_from_name(const std::string& name);
+// Bytes of `n` elements of the type (n a multiple of its block).
+int64_t kv_row_bytes(KvType type, int64_t n);
+// Throws tern::Error naming `what` (the model) and its shape when K/V rows of these sizes cannot
+// be stored as `type` (q8_0 / q4_0: rows of whole 32-element blocks, head_dim a multiple of 8).
+void check_kv_type(KvType type, std::span<const int64_t> rows, int64_t head_dim, const std::string& what);
+
+class KvStore {
+ public:
+  // rows: [n_layer] elements per slot and layer (n_head_kv(il) * head_dim). check_kv_type first.
+  KvStore(std::vector<int64_t> rows, int64_t n_slots, KvType type = KvType::F32);
+  KvType type() const { return type_; }
+  // Layer il's arenas: n_slots rows of row(il) elements of type().
+  const void* k(int64_t il) const { return data_.data() + layer_offset_[size_t(il)]; }
+  const void* v(int64_t il) const { return data_.data() + layer_offset_[size_t(il)] + layer_bytes(il); }
+  // K and V of one slot, columns [c0, c0 + n) of its row, in layer il, from f32. Quantized
+  // types: c0 and n whole blocks.
+  void store(int64_t il, int64_t slot, int64_t c0, const float* k, const float* v, int64_t n);
+  // The K row of one slot in layer il as f32 (row(il) floats; a half widened, a block
+  // dequantized), and its replacement from f32 (V untouched): re-rotating a stored key.
+  void load_k(int64_t il, int64_t slot, float* dst) const;
+  void store_k(int64_t il, int64_t slot, const float* k);
+  // Copies n slots starting at src to dst, every layer (copy-on-write of a shared block).
+  void copy_slots(int64_t src, int64_t dst, int64_t n);
+  int64_t n_slots() const { return n_slots_; }
+  int64_t row(int64_t il = 0) const { return rows_[size_t(il)]; }
+  int64_t bytes() const { return int64_t(data_.size()); }
+  // Bytes one token takes: K and V, every layer.
+  static int64_t bytes_per_token(std::span<const int64_t> rows, KvType type);
+
+ private:
+  int64_t layer_bytes(int64_t il) const { return n_slots_ * row_bytes_[size_t(il)]; }
+  KvType type_;
+  int64_t n_slots_;
+  std::vector<int64_t> rows_;          // [n_layer] elements per slot and layer
+  std::vector<int64_t> row_bytes_;     // [n_layer] bytes per slot and layer
+  std::vector<int64_t> layer_offset_;  // [n_layer] byte offset of the layer's K arena (V follows)
+  std::vector<uint8_t> data_;  // per layer: [K, V][n_slots][row_bytes(il)]
+};
+
+}  // namespace tern
