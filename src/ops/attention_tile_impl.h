@@ -304,9 +304,10 @@ inline void transpose4x4(float32x4_t& a, float32x4_t& b, float32x4_t& c, float32
   d = vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3)));
 }
 
-// dst[i * ld + r] = rows[r][d0 + i] for r, i in 0..7: four 4 x 4 register transposes.
-template <class T>
-inline void transpose8x8(const T* const* rows, int64_t d0, float* dst, int64_t ld) {
+// dst[i * ld + r] = rows[r][d0 + i] for r, i in 0..7: four 4 x 4 register transposes. P: a row
+// pointer (const float*, const uint16_t*, or a quantized row's QRow).
+template <class P>
+inline void transpose8x8(const P* rows, int64_t d0, float* dst, int64_t ld) {
   float32x4_t lo[8], hi[8];  // row r's elements d0..d0+3, d0+4..d0+7
   for (int r = 0; r < 8; ++r) {
     const V8 v = kv_load8(rows[r] + d0);
@@ -368,9 +369,10 @@ inline float exp_nonpos(float x) {
 
 #if !defined(__aarch64__)
 // dst[i * ld + r] = rows[r][d0 + i] for r, i in 0..7: eight 8-element row pieces (f32, or f16
-// widened as loaded) transposed in registers (unpack, shuffle, 128-bit permute), AVX on both ISAs.
-template <class T>
-inline void transpose8x8(const T* const* rows, int64_t d0, float* dst, int64_t ld) {
+// widened as loaded, or quantized and dequantized as loaded) transposed in registers (unpack,
+// shuffle, 128-bit permute), AVX on both ISAs. P: a row pointer, as above.
+template <class P>
+inline void transpose8x8(const P* rows, int64_t d0, float* dst, int64_t ld) {
   __m256 r[8];
   for (int i = 0; i < 8; ++i) r[i] = kv_load8(rows[i] + d0);
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
@@ -417,10 +419,10 @@ inline void block_scores(const float* const* q, const float* Kt, int64_t hd, flo
 }
 
 // o[0..hd) = o + sum_{j < nv} p[j] * vrow[j][0..hd). Two interleaved chains over j (even and odd
-// keys) per 16 columns, summed at the end: a fixed order for a given row. V rows of T (float, or
-// half widened as loaded).
-template <class T>
-inline void accumulate_pv(float* o, const float* p, const T* const* vrow, int64_t nv, int64_t hd) {
+// keys) per 16 columns, summed at the end: a fixed order for a given row. V rows through row
+// pointers P (floats; halves widened as loaded; a quantized row's QRow, dequantized as loaded).
+template <class P>
+inline void accumulate_pv(float* o, const float* p, const P* vrow, int64_t nv, int64_t hd) {
   int64_t c = 0;
   for (; c + 32 <= hd; c += 32) {
     V a0 = vload(o + c), a1 = vload(o + c + 16), b0 = vzero(), b1 = vzero();
@@ -472,87 +474,109 @@ inline void accumulate_pv(float* o, const float* p, const T* const* vrow, int64_
   }
 }
 
-// Quantized arenas (KvType::Q8_0 / Q4_0): a block's K and V rows are dequantized (exact: an
-// integer times an fp16 scale) into the tile's scratch and the f32 code runs over them, so a
-// quantized arena gives exactly what an f32 arena holding the dequantized values gives.
-struct KvQ8_0 {};
-struct KvQ4_0 {};
-template <class T> struct KvTraits {  // float / uint16_t: read in place
-  using Elem = T;
-  static constexpr bool kQuant = false;
-};
-// dst[0..n) = elements [e0, e0 + n) of a quantized row of blocks of Q (e0, n multiples of 8: a
-// piece never crosses a block); Q::load8(block, j, d) gives elements j..j+7 of a block as f32.
-template <class Q>
-inline void dequant_pieces(const uint8_t* row, int64_t e0, int64_t n, float* dst) {
-  for (int64_t e = e0; e < e0 + n; e += 8) {
-    const uint8_t* b = row + e / kKvQuantBlock * Q::kBlockBytes;
-    uint16_t dh;
-    __builtin_memcpy(&dh, b, 2);
-    v8_store(dst + (e - e0), Q::load8(b, e % kKvQuantBlock, kv_f32(dh)));
-  }
-}
-template <> struct KvTraits<KvQ8_0> {
-  using Elem = float;
-  static constexpr bool kQuant = true;
+// Quantized arenas (KvType::Q8_0 / Q4_0): rows are read through QRow, a pointer-like view of
+// a row of blocks whose loads dequantize 8 or 16 elements in registers (exact: an integer times
+// an fp16 scale), so the f32 code runs unchanged over them and a quantized arena gives exactly
+// what an f32 arena holding the dequantized values gives.
+struct KvQ8_0 {
   static constexpr int64_t kBlockBytes = kKvQ8_0BlockBytes;
+  // Elements j..j+7 of block b (scale d) as f32; element j alone.
   static V8 load8(const uint8_t* b, int64_t j, float d) { return q8_load8(reinterpret_cast<const int8_t*>(b + 2) + j, d); }
-  static void dequant(const uint8_t* row, int64_t e0, int64_t n, float* dst) {
-    dequant_pieces<KvTraits>(row, e0, n, dst);
-  }
+  static float element(const uint8_t* b, int64_t j, float d) { return float(int8_t(b[2 + j])) * d; }
 };
-template <> struct KvTraits<KvQ4_0> {
-  using Elem = float;
-  static constexpr bool kQuant = true;
+struct KvQ4_0 {
   static constexpr int64_t kBlockBytes = kKvQ4_0BlockBytes;
   static V8 load8(const uint8_t* b, int64_t j, float d) { return q4_load8(b + 2 + (j & 15), j < 16 ? 0 : 4, d); }
-  static void dequant(const uint8_t* row, int64_t e0, int64_t n, float* dst) {
-    dequant_pieces<KvTraits>(row, e0, n, dst);
+  static float element(const uint8_t* b, int64_t j, float d) {
+    const uint8_t q = b[2 + (j & 15)];
+    return float(int(j < 16 ? q & 0x0F : q >> 4) - 8) * d;
   }
+};
+// Element e onwards of a row of Q blocks: rows[r] + d0 and rows[r][d] as for a float pointer.
+template <class Q>
+struct QRow {
+  const uint8_t* row;
+  int64_t e;
+  QRow operator+(int64_t k) const { return {row, e + k}; }
+  const uint8_t* block(int64_t at) const { return row + at / kKvQuantBlock * Q::kBlockBytes; }
+  static float scale(const uint8_t* b) {
+    uint16_t dh;
+    __builtin_memcpy(&dh, b, 2);
+    return kv_f32(dh);
+  }
+  float operator[](int64_t k) const {
+    const uint8_t* b = block(e + k);
+    return Q::element(b, (e + k) % kKvQuantBlock, scale(b));
+  }
+};
+// 8 elements from e (a multiple of 8: they lie in one block); 16 as two such pieces.
+template <class Q>
+inline V8 kv_load8(QRow<Q> p) {
+  const uint8_t* b = p.block(p.e);
+  return Q::load8(b, p.e % kKvQuantBlock, QRow<Q>::scale(b));
+}
+template <class Q>
+inline V vload(QRow<Q> p) {
+  const V8 lo = kv_load8(p), hi = kv_load8(p + 8);
+#if defined(__AVX512F__)
+  return {_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1))};
+#elif defined(__aarch64__)
+  return {{lo.lo, lo.hi, hi.lo, hi.hi}};
+#else
+  return {lo, hi};
+#endif
+}
+
+// The row pointer a tile reads K/V of type T through.
+template <class T> struct KvTraits {  // float / uint16_t: read in place
+  using Row = const T*;
+  static constexpr bool kQuant = false;
+};
+template <> struct KvTraits<KvQ8_0> {
+  using Row = QRow<KvQ8_0>;
+  static constexpr bool kQuant = true;
+};
+template <> struct KvTraits<KvQ4_0> {
+  using Row = QRow<KvQ4_0>;
+  static constexpr bool kQuant = true;
 };
 
 // One tile's state over the key blocks: the block's K transposed (Kt) and its V rows.
 template <class T>  // float, uint16_t (IEEE half), KvQ8_0 or KvQ4_0
 struct TileBlocks {
-  using Tr = KvTraits<T>;
-  using Elem = typename Tr::Elem;
+  using Row = typename KvTraits<T>::Row;
   const AttentionArgs& a;
   int64_t kvh, hd;
-  float* Kt;   // [hd][kB]
-  float* deq;  // [kB][hd] quantized arenas: a block's K, then its V, dequantized
-  const Elem* vrow[kB];
+  float* Kt;  // [hd][kB]
+  Row vrow[kB];
 
   // Loads positions [p0, p0 + nb): Kt = K_block^T (zero past nb) and vrow[j] = V row of p0 + j.
   void load(int64_t p0, int64_t nb) {
-    const Elem* krow[kB];
-    if constexpr (Tr::kQuant) {
-      const int64_t row_bytes = a.kv_row / kKvQuantBlock * Tr::kBlockBytes;
+    Row krow[kB];
+    if constexpr (KvTraits<T>::kQuant) {
+      const int64_t row_bytes = a.kv_row / kKvQuantBlock * T::kBlockBytes;
       const uint8_t* kb = static_cast<const uint8_t*>(a.k_base);
       const uint8_t* vb = static_cast<const uint8_t*>(a.v_base);
       for (int64_t j = 0; j < nb; ++j) {
-        Tr::dequant(kb + a.slots[p0 + j] * row_bytes, kvh * hd, hd, deq + j * hd);
-        krow[j] = deq + j * hd;
-      }
-      transpose_block(krow, nb);
-      for (int64_t j = 0; j < nb; ++j) {
-        Tr::dequant(vb + a.slots[p0 + j] * row_bytes, kvh * hd, hd, deq + j * hd);
-        vrow[j] = deq + j * hd;
+        const int64_t slot = a.slots[p0 + j];
+        krow[j] = Row{kb + slot * row_bytes, kvh * hd};
+        vrow[j] = Row{vb + slot * row_bytes, kvh * hd};
       }
     } else {
-      const Elem* const k_base = static_cast<const Elem*>(a.k_base);
-      const Elem* const v_base = static_cast<const Elem*>(a.v_base);
+      const T* const k_base = static_cast<const T*>(a.k_base);
+      const T* const v_base = static_cast<const T*>(a.v_base);
       for (int64_t j = 0; j < nb; ++j) {
         const int64_t slot = a.slots[p0 + j];
         krow[j] = k_base + slot * a.kv_row + kvh * hd;
         vrow[j] = v_base + slot * a.kv_row + kvh * hd;
       }
-      transpose_block(krow, nb);
     }
+    transpose_block(krow, nb);
   }
   // Kt = K_block^T: 8 x 8 register transposes where keys and head_dim allow (a decode tile has
   // only the GQA group's rows to share this cost with), scalar elsewhere. Pure data movement:
   // the result is the same either way.
-  void transpose_block(const Elem* const* krow, int64_t nb) {
+  void transpose_block(const Row* krow, int64_t nb) {
     int64_t j8 = 0;
     if (hd % 8 == 0)
       for (; j8 + 8 <= nb; j8 += 8)
@@ -574,7 +598,7 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   float* O = S + R * kB;       // [R][hd]
   float* m = O + R * hd;       // [R]
   float* l = m + R;            // [R]
-  TileBlocks<T> blk{a, kvh, hd, Kt, l + R, {}};
+  TileBlocks<T> blk{a, kvh, hd, Kt, {}};
   const float neg_inf = -__builtin_inff();
   for (int64_t r = 0; r < R; ++r) {
     m[r] = neg_inf;
