@@ -194,6 +194,7 @@ struct Engine::Impl {
   std::vector<std::string> verify_error;  // [n_seqs] why its verification failed
   std::vector<DraftModel::Job> draft_jobs;
   std::vector<Completion*> draft_for;   // [draft_jobs]
+  std::vector<int32_t> block_slots;     // give_blocks' scratch: one block's slots
 
   Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Tokenizer> t, const EngineConfig& c);
 
@@ -540,7 +541,6 @@ void Engine::Impl::admit(Pending& p) {
     cap_blocks = (capacity + kv->block_size() - 1) / kv->block_size();
     max_step = capacity - policy.sinks;
   }
-  Completion& first = *c;
   r->completions.push_back(std::move(c));
   if (r->params.embedding.enabled)
     r->pooling = r->params.embedding.pooling == Pooling::Model ? model_pooling(model->hparams())
@@ -549,7 +549,6 @@ void Engine::Impl::admit(Pending& p) {
   // prompt (its recompute after a preemption too; pool_hidden() skips what it already pooled).
   sched->add(seq, r->params.prompt_ids, r->params.priority, /*prefix_lookup=*/!r->params.embedding.enabled,
              lora_prefix_root(r->params.lora), cap_blocks, max_step);
-  (void)first;
   requests[r->id] = std::move(r);
 }
 
@@ -559,7 +558,7 @@ void Engine::Impl::apply_abort(uint64_t id) {
   finish_request(*it->second, FinishReason::Abort);
 }
 
-// --- speculative decoding ------------------------------------------------------------------
+// --- KV eviction policies ------------------------------------------------------------------
 
 void Engine::Impl::give_blocks(Completion& c, const ScheduledSeq& e) {
   const BlockTable& t = sched->block_table(e.id);
@@ -569,7 +568,7 @@ void Engine::Impl::give_blocks(Completion& c, const ScheduledSeq& e) {
     c.blocks_given = 0;
   }
   const int64_t bs = kv->block_size();
-  std::vector<int32_t> slots;
+  std::vector<int32_t>& slots = block_slots;
   for (; c.blocks_given < t.blocks.size(); ++c.blocks_given) {
     const int64_t room = c.evicting->capacity() - c.evicting->n_slots();
     const int32_t base = int32_t(int64_t(t.blocks[c.blocks_given]) * bs);
@@ -578,6 +577,8 @@ void Engine::Impl::give_blocks(Completion& c, const ScheduledSeq& e) {
     c.evicting->add_slots(slots);
   }
 }
+
+// --- speculative decoding ------------------------------------------------------------------
 
 void Engine::Impl::init_speculation(Completion& c) {
   const Request& r = *c.req;

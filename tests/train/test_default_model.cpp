@@ -62,7 +62,14 @@ TEST(DefaultModel, PerplexityIsWithinTenPercentOfItsTeacher) {
   TERN_REQUIRE_SHARED("models/stories260K.gguf");
   TERN_REQUIRE_SHARED("data/tinystories/tinystories_val.txt");
   const std::string val = testing::shared_path("data/tinystories/tinystories_val.txt");
-  const int64_t chunks = 400;  // of 1535: a quarter of the file keeps the test short
+  // Of 1535: a quarter of the file keeps the test short. Under AddressSanitizer the ppl child
+  // runs ~40x slower (163 s in CI's sanitizer stage): 40 chunks still check the margin there
+  // (default model 4.037 against stories260K's 3.823 on them: 1.056x).
+#if defined(__SANITIZE_ADDRESS__)
+  const int64_t chunks = 40;
+#else
+  const int64_t chunks = 400;
+#endif
   const double teacher = ppl_of(testing::shared_path("models/stories260K.gguf"), val, chunks);
   const double ours = ppl_of(default_model(), val, chunks);
   RecordProperty("teacher_ppl", std::to_string(teacher));
