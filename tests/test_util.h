@@ -53,6 +53,19 @@ inline int run_command(const std::string& cmd, std::string* out, std::string* er
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+#ifdef TERN_BINARY
+// `tern ARGS`: its exit status, stdout and stderr (suites that drive the command line).
+struct TernResult {
+  int rc = -1;
+  std::string out, err;
+};
+inline TernResult run_tern(const std::string& args) {
+  TernResult r;
+  r.rc = run_command(std::string(TERN_BINARY) + " " + args, &r.out, &r.err);
+  return r;
+}
+#endif
+
 // A new empty folder under the system's temporary directory ("<prefix>_XXXXXX"), for suites
 // that write files; remove_temp_dir() deletes it and what it holds.
 inline std::string make_temp_dir(const std::string& prefix) {

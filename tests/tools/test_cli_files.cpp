@@ -33,16 +33,8 @@ using tern::testing::shared_path;
 
 const std::string kTern = TERN_BINARY;
 
-struct Result {
-  int rc = -1;
-  std::string out, err;
-};
-
-Result tern(const std::string& args) {
-  Result r;
-  r.rc = run_command(kTern + " " + args, &r.out, &r.err);
-  return r;
-}
+using Result = tern::testing::TernResult;
+Result tern(const std::string& args) { return tern::testing::run_tern(args); }
 
 // A shell command line (for limits set with ulimit before tern runs).
 Result tern_in_shell(const std::string& script) {

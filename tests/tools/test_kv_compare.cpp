@@ -17,16 +17,8 @@ using tern::testing::shared_path;
 
 const std::string kTern = TERN_BINARY;
 
-struct Result {
-  int rc = -1;
-  std::string out, err;
-};
-
-Result tern(const std::string& args) {
-  Result r;
-  r.rc = run_command(kTern + " " + args, &r.out, &r.err);
-  return r;
-}
+using Result = tern::testing::TernResult;
+Result tern(const std::string& args) { return tern::testing::run_tern(args); }
 
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
