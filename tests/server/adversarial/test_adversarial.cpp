@@ -37,9 +37,12 @@ int scale() {
 
 fs::path work_dir() {
   static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("tern_adversarial_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
+    // mkdtemp, not the pid: a folder left by an earlier run whose process had this pid held
+    // its servers' logs, and a new server's port was read from the old log before the server
+    // truncated it (SecondServerOnThePortFails failed once so).
+    std::string tmpl = (fs::temp_directory_path() / "tern_adversarial_XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
+    return fs::path(tmpl);
   }();
   return dir;
 }
@@ -69,6 +72,7 @@ class ServeProcess {
   explicit ServeProcess(std::vector<std::string> extra, int port = 0) {
     static int serial = 0;
     log_ = work_dir() / ("serve" + std::to_string(serial++) + ".log");
+    fs::remove(log_);  // the port is read from this file: never from an old one
     std::vector<std::string> args = {TERN_BINARY, "serve", "-m", model_path(), "--port", std::to_string(port), "-t", "1"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = ::fork();
