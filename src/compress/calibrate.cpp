@@ -47,6 +47,7 @@ class Collector final : public ForwardObserver {
     s.weights = {weight};
     s.n_in = n_in;
     s.absmax.assign(size_t(n_in), 0.0f);
+    s.sum.assign(size_t(n_in), 0.0);
     s.sum_abs.assign(size_t(n_in), 0.0);
     s.sum_sq.assign(size_t(n_in), 0.0);
     if (opts_.hessian) s.hessian.assign(size_t(n_in * n_in), 0.0);
@@ -64,6 +65,7 @@ class Collector final : public ForwardObserver {
       for (int64_t j = 0; j < n_in; ++j) {
         const float a = std::fabs(xt[j]);
         s.absmax[size_t(j)] = std::max(s.absmax[size_t(j)], a);
+        s.sum[size_t(j)] += xt[j];
         s.sum_abs[size_t(j)] += a;
         s.sum_sq[size_t(j)] += double(xt[j]) * xt[j];
       }

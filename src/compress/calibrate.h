@@ -35,6 +35,7 @@ struct SiteStats {
   int64_t n_in = 0;
   int64_t n_tokens = 0;
   std::vector<float> absmax;    // [n_in] max |x| per channel
+  std::vector<double> sum;      // [n_in] sum x (the mean, hence the variance, for structured pruning)
   std::vector<double> sum_abs;  // [n_in] sum |x|
   std::vector<double> sum_sq;   // [n_in] sum x^2
   std::vector<double> hessian;  // [n_in, n_in] sum x x^T (empty unless requested)
@@ -43,6 +44,7 @@ struct SiteStats {
 
   double mean_abs(int64_t j) const { return sum_abs[size_t(j)] / double(n_tokens); }
   double mean_sq(int64_t j) const { return sum_sq[size_t(j)] / double(n_tokens); }
+  double mean(int64_t j) const { return sum[size_t(j)] / double(n_tokens); }
 };
 
 struct CalibStats {

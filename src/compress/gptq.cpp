@@ -13,15 +13,8 @@ GroupQuant gptq_quantize(const float* w, int64_t n_out, int64_t n_in, const std:
   if (int64_t(hessian.size()) != n_in * n_in) fail("gptq: the Hessian is not ", n_in, " x ", n_in);
   if (opts.damp < 0) fail("--damp must be >= 0");
   std::vector<double> h = hessian;
-  // Inputs that are always zero carry no information: GPTQ sets H[i][i] = 1 and drops the weight.
-  std::vector<bool> dead(size_t(n_in), false);
   int64_t n_dead = 0;
-  for (int64_t i = 0; i < n_in; ++i)
-    if (h[size_t(i * n_in + i)] == 0.0) {
-      dead[size_t(i)] = true;
-      h[size_t(i * n_in + i)] = 1.0;
-      ++n_dead;
-    }
+  const std::vector<bool> dead = mark_dead_inputs(h, n_in, &n_dead);
 
   // Processing order: act-order sorts by decreasing H[i][i] (the most active inputs first, while
   // many columns remain to absorb their error). perm[k] = original column of step k.
@@ -37,27 +30,8 @@ GroupQuant gptq_quantize(const float* w, int64_t n_out, int64_t n_in, const std:
   for (int64_t a = 0; a < n_in; ++a)
     for (int64_t b = 0; b < n_in; ++b) hp[size_t(a * n_in + b)] = h[size_t(perm[size_t(a)] * n_in + perm[size_t(b)])];
 
-  double mean_diag = 0;
-  for (int64_t i = 0; i < n_in; ++i) mean_diag += hp[size_t(i * n_in + i)];
-  mean_diag /= double(n_in);
-  // H^-1 through Cholesky; a failure (H numerically singular) retries with 10x the damping.
   double damp = opts.damp;
-  std::vector<double> u;  // [n_in, n_in] upper: U^T U = H^-1
-  for (int attempt = 0;; ++attempt) {
-    std::vector<double> a = hp;
-    for (int64_t i = 0; i < n_in; ++i) a[size_t(i * n_in + i)] += damp * mean_diag;
-    if (cholesky_lower(a, n_in)) {
-      std::vector<double> inv = inverse_from_cholesky(a, n_in, pool);
-      if (cholesky_lower(inv, n_in)) {
-        u.assign(size_t(n_in * n_in), 0.0);
-        for (int64_t i = 0; i < n_in; ++i)
-          for (int64_t j = i; j < n_in; ++j) u[size_t(i * n_in + j)] = inv[size_t(j * n_in + i)];
-        break;
-      }
-    }
-    if (attempt >= 6) fail("gptq: the calibration Hessian is not positive definite even with damping ", damp);
-    damp = damp > 0 ? damp * 10 : 1e-4;
-  }
+  const std::vector<double> u = inverse_cholesky_upper(hp, n_in, opts.damp, pool, &damp, "gptq");  // U^T U = H^-1
 
   GroupQuant gq;
   gq.bits = opts.bits;

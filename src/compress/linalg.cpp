@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/error.h"
+
 namespace tern {
 
 bool cholesky_lower(std::vector<double>& a, int64_t n) {
@@ -49,6 +51,42 @@ std::vector<double> inverse_from_cholesky(const std::vector<double>& l, int64_t 
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = i + 1; j < n; ++j) inv[size_t(i * n + j)] = inv[size_t(j * n + i)];
   return inv;
+}
+
+std::vector<bool> mark_dead_inputs(std::vector<double>& h, int64_t n, int64_t* n_dead) {
+  std::vector<bool> dead(size_t(n), false);
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (h[size_t(i * n + i)] == 0.0) {
+      dead[size_t(i)] = true;
+      h[size_t(i * n + i)] = 1.0;
+      ++count;
+    }
+  if (n_dead) *n_dead = count;
+  return dead;
+}
+
+std::vector<double> inverse_cholesky_upper(const std::vector<double>& h, int64_t n, double damp, ThreadPool& pool,
+                                           double* damp_used, const char* who) {
+  double mean_diag = 0;
+  for (int64_t i = 0; i < n; ++i) mean_diag += h[size_t(i * n + i)];
+  mean_diag /= double(n);
+  for (int attempt = 0;; ++attempt) {
+    std::vector<double> a = h;
+    for (int64_t i = 0; i < n; ++i) a[size_t(i * n + i)] += damp * mean_diag;
+    if (cholesky_lower(a, n)) {
+      std::vector<double> inv = inverse_from_cholesky(a, n, pool);
+      if (cholesky_lower(inv, n)) {  // inv = L L^T, so U = L^T
+        std::vector<double> u(size_t(n * n), 0.0);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = i; j < n; ++j) u[size_t(i * n + j)] = inv[size_t(j * n + i)];
+        if (damp_used) *damp_used = damp;
+        return u;
+      }
+    }
+    if (attempt >= 6) fail(who, ": the calibration Hessian is not positive definite even with damping ", damp);
+    damp = damp > 0 ? damp * 10 : 1e-4;
+  }
 }
 
 void matmul_nt(const float* x, int64_t n_t, const float* w, int64_t n_out, int64_t n_in, float* y,

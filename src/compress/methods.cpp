@@ -3,9 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <cstdio>
+#include <mutex>
 
 #include "compress/gptq.h"
 #include "compress/linalg.h"
+#include "compress/lowrank.h"
+#include "compress/prune.h"
+#include "compress/structured.h"
 #include "quant/quant_tern.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -17,13 +22,21 @@
 namespace tern {
 namespace {
 
-enum class Kind { Llama, Rtn, Gptq, Awq, LlmInt8, SmoothQuant };
+enum class Kind { Llama, Rtn, Gptq, Awq, LlmInt8, SmoothQuant, Prune, Structured, LowRank };
+
+// The pruning algorithms (compress/prune.h), named in methods as "<algo>[-owl]-<pattern>".
+enum class PruneAlgo { Magnitude, Wanda, SparseGpt };
 
 struct MethodDef {
   MethodInfo info;
   Kind kind;
   int bits;
   DType llama_type;  // Kind::Llama only
+  // Kind::Prune only:
+  PruneAlgo algo = PruneAlgo::Magnitude;
+  SparsityPattern pattern{};
+  bool owl = false;  // per-layer sparsities from outlier shares (OWL)
+  std::optional<DType> store_type{};  // "@type": the pruned linears' storage type (Prune, Structured)
 };
 
 const std::vector<MethodDef>& defs() {
@@ -51,13 +64,123 @@ const std::vector<MethodDef>& defs() {
   return d;
 }
 
+constexpr const char* kPruneAlgos[] = {"magnitude", "wanda", "sparsegpt"};
+
+// A pruning method's definition from its name ("wanda-50", "sparsegpt-2:4", "wanda-owl-70"),
+// nullptr when the name is not of that form. Definitions live for the process (MethodInfo
+// holds its name as a C string).
+const MethodDef* prune_def_base(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, MethodDef> made;
+  static std::map<std::string, std::string> names;  // node-stable storage of the names
+  // Low-rank: "svd-70", "asvd-70" (the fraction of the linears' parameters kept).
+  for (const char* sp : {"svd-", "asvd-"}) {
+    const std::string prefix = sp;
+    if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) continue;
+    const SparsityPattern p = parse_sparsity(name.substr(prefix.size()));
+    if (p.nm()) fail("method '", name, "': a low-rank budget is a percentage of the parameters kept (svd-70)");
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = made.find(name); it != made.end()) return &it->second;
+    const std::string& stored = names.emplace(name, name).first->second;
+    const bool asvd = prefix == "asvd-";
+    MethodDef d{{stored.c_str(),
+                 asvd ? "ASVD: activation-whitened truncated SVD of every linear, two factors, for a parameter budget"
+                      : "truncated SVD of every linear, two factors, for a parameter budget",
+                 asvd, false},
+                Kind::LowRank, 16, DType::F32};
+    d.pattern = p;  // .sparsity holds the budget kept
+    return &made.emplace(name, d).first->second;
+  }
+  // Structured: "flap-20", "structured-magnitude-20" (a fraction of the layers' parameters).
+  for (const char* sp : {"flap-", "structured-magnitude-", "llm-pruner-"}) {
+    const std::string prefix = sp;
+    if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) continue;
+    const SparsityPattern p = parse_sparsity(name.substr(prefix.size()));
+    if (p.nm()) fail("method '", name, "': structured pruning removes a fraction of the parameters, not N:M");
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = made.find(name); it != made.end()) return &it->second;
+    const std::string& stored = names.emplace(name, name).first->second;
+    const bool flap = prefix == "flap-";
+    const char* summary =
+        flap ? "FLaP: heads and FFN channels of low fluctuation removed, bias compensation; smaller dense model"
+        : prefix == "llm-pruner-"
+            ? "LLM-Pruner: heads and FFN channels of low first-order (gradient) importance removed; smaller dense model"
+            : "structured magnitude: heads and FFN channels of small weight norm removed; smaller dense model";
+    MethodDef d{{stored.c_str(), summary, flap, false}, Kind::Structured, 16, DType::F32};
+    d.pattern = p;
+    return &made.emplace(name, d).first->second;
+  }
+  int algo = -1;
+  std::string rest;
+  for (int a = 0; a < 3; ++a) {
+    const std::string prefix = std::string(kPruneAlgos[a]) + "-";
+    if (name.rfind(prefix, 0) == 0) {
+      algo = a;
+      rest = name.substr(prefix.size());
+    }
+  }
+  if (algo < 0 || rest.empty()) return nullptr;
+  const bool owl = rest.rfind("owl-", 0) == 0;
+  if (owl) rest = rest.substr(4);
+  const SparsityPattern p = parse_sparsity(rest);  // throws with the reason
+  if (owl && p.nm()) fail("method '", name, "': OWL chooses per-layer sparsities, which N:M patterns fix; drop -owl");
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = made.find(name); it != made.end()) return &it->second;
+  const std::string& stored = names.emplace(name, name).first->second;
+  static const char* const kSummary[] = {
+      "magnitude pruning: the smallest |W| of each matrix removed",
+      "Wanda: |W| x input-activation norm, lowest of each output row removed",
+      "SparseGPT: OBS updates with the calibration Hessian compensate the removed weights"};
+  // OWL weighs magnitudes by activation norms, so magnitude-owl calibrates too.
+  MethodDef d{{stored.c_str(), kSummary[algo], algo != 0 || owl, algo == 2}, Kind::Prune, 16, DType::F32};
+  d.algo = PruneAlgo(algo);
+  d.pattern = p;
+  d.owl = owl;
+  return &made.emplace(name, d).first->second;
+}
+
+const MethodDef* prune_def(const std::string& full_name) {
+  static std::mutex mu;
+  static std::map<std::string, MethodDef> made;
+  static std::map<std::string, std::string> names;  // node-stable storage of the names
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = made.find(full_name); it != made.end()) return &it->second;
+  }
+  // "<method>@<type>": the pruned weights stored in that type ("wanda-2:4@ts24_q8").
+  const size_t at = full_name.find('@');
+  const std::string name = full_name.substr(0, at);
+  std::optional<DType> store;
+  if (at != std::string::npos) store = parse_quantize_type(full_name.substr(at + 1));
+  const MethodDef* d = prune_def_base(name);
+  if (!d) return nullptr;
+  if (at == std::string::npos) return d;
+  MethodDef copy = *d;
+  copy.store_type = store;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string& stored = names.emplace(full_name, full_name).first->second;
+  copy.info.name = stored.c_str();
+  return &made.emplace(full_name, copy).first->second;
+}
+
 const MethodDef& def_of(const std::string& name) {
   const std::string n = name == "smoothquant" ? "smoothquant-w8a8" : name;
   for (const auto& d : defs())
     if (n == d.info.name) return d;
+  if (const MethodDef* d = prune_def(n)) return *d;
   std::string known;
   for (const auto& d : defs()) known += std::string(known.empty() ? "" : ", ") + d.info.name;
-  fail("unknown method '", name, "' (known: ", known, ")");
+  fail("unknown method '", name, "' (known: ", known,
+       ", and pruning: magnitude|wanda|sparsegpt[-owl]-<sparsity> such as wanda-50, sparsegpt-2:4; structured: "
+       "flap-<percent>, llm-pruner-<percent>, structured-magnitude-<percent>; low-rank: svd-<percent kept>, "
+       "asvd-<percent kept>)");
+}
+
+// ||X_j||_2 per input channel over the calibration tokens (Wanda's activation factor).
+std::vector<double> input_norms(const SiteStats& st) {
+  std::vector<double> n(static_cast<size_t>(st.n_in));
+  for (int64_t j = 0; j < st.n_in; ++j) n[size_t(j)] = std::sqrt(st.sum_sq[size_t(j)]);
+  return n;
 }
 
 // Names of one layer's tensors.
@@ -78,6 +201,23 @@ struct FloatTensor {
   bool modified = false;
   float* row(int64_t r) { return data.data() + r * n_in; }
 };
+
+// The model as the edits so far left it (edited tensors in f32), for sequential calibration.
+std::shared_ptr<const GgufFile> edited_model(const GgufFile& src, const std::map<std::string, FloatTensor>& f) {
+  GgufWriter w(src.version() >= 2 ? src.version() : 3);
+  w.copy_metadata(src);
+  for (const auto& t : src.tensors()) {
+    const auto it = f.find(t.name);
+    if (it != f.end() && it->second.modified)
+      w.add_tensor(t.name, DType::F32, t.ne, reinterpret_cast<const uint8_t*>(it->second.data.data()),
+                   it->second.data.size() * sizeof(float));
+    else
+      w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+  }
+  auto image = std::make_shared<std::vector<uint8_t>>(w.to_bytes());
+  return std::make_shared<const GgufFile>(
+      GgufFile::parse(image, image->data(), image->size(), str_cat(src.path(), " (pruned so far)")));
+}
 
 // One input site of a layer: the linears that read it, what precedes it (a norm vector or the
 // rows of a linear) and its channel ties.
@@ -180,6 +320,94 @@ Encoded encode_ti8(const FloatTensor& w, const std::vector<int32_t>& cols, const
           cols.empty() ? std::string(method) : str_cat(method, ", ", cols.size(), " outlier columns in 16 bits")};
 }
 
+// The per-tensor report of a method that wrote OUT itself (low-rank, structured), read back from
+// the files: a tensor IN lacks is `new_reason`, one whose shape changed "reshaped".
+void fill_written_report(MethodReport& rep, const std::string& in_path, const std::string& out_path,
+                         const char* new_reason, int64_t t0) {
+  const GgufFile src = GgufFile::open(in_path), out = GgufFile::open(out_path);
+  for (const auto& t : out.tensors()) {
+    TensorReport r;
+    r.name = t.name;
+    r.ne = t.ne;
+    const GgufTensorInfo* s = src.find_tensor(t.name);
+    r.src_type = s ? s->type : t.type;
+    r.requested = r.type = t.type;
+    r.src_bytes = s ? int64_t(s->n_bytes) : 0;
+    r.bytes = int64_t(t.n_bytes);
+    r.reason = !s ? new_reason : s->ne != t.ne ? "reshaped (structures removed)" : "kept";
+    rep.quant.bytes += r.bytes;
+    rep.quant.tensors.push_back(std::move(r));
+  }
+  for (const auto& t : src.tensors()) rep.quant.src_bytes += int64_t(t.n_bytes);
+  rep.quant.file_type = uint32_t(out.get_uint("general.file_type", 0));
+  rep.seconds = double(now_ns() - t0) / 1e9;
+  rep.quant.seconds = rep.seconds;
+}
+
+// Low-rank factorization (lowrank.h) as a method: relative allocation (each matrix's own
+// spectrum; docs/lowrank.md measured it ahead of raw energy), factors in "@type" or the source's.
+MethodReport apply_lowrank(const MethodDef& m, const std::string& in_path, const std::string& out_path,
+                           const MethodOptions& opts, int64_t t0) {
+  LowRankOptions lo;
+  lo.method = m.info.needs_calib ? LowRankMethod::Asvd : LowRankMethod::Svd;
+  lo.budget = m.pattern.sparsity;
+  lo.relative = true;
+  lo.type = m.store_type;
+  lo.damp = opts.damp;
+  lo.n_threads = opts.n_threads;
+  lo.progress = opts.progress;
+  if (lo.method == LowRankMethod::Asvd) {
+    if (!opts.sequential || opts.sequential->text_file.empty())
+      fail(m.info.name, " needs calibration data (--calib FILE)");
+    lo.calib = *opts.sequential;
+  }
+  const LowRankReport lr = lowrank_model(in_path, out_path, lo);
+  MethodReport rep;
+  rep.method = m.info.name;
+  rep.notes.push_back(str_cat("linear parameters ", lr.params_before, " -> ", lr.params_after));
+  fill_written_report(rep, in_path, out_path, "low-rank factor", t0);
+  return rep;
+}
+
+// Structured pruning (structured.h) as a method: its report in the methods' terms, the file's
+// tensors read back for the per-tensor table.
+MethodReport apply_structured(const MethodDef& m, const std::string& in_path, const std::string& out_path,
+                              const CalibStats* calib, const MethodOptions& opts, int64_t t0) {
+  const std::string name = m.info.name;
+  const bool flap = name.rfind("flap-", 0) == 0, llm_pruner = name.rfind("llm-pruner-", 0) == 0;
+  StructuredOptions so;
+  // --speed-only: the calibration-free baseline cuts the same fraction (same size and speed class).
+  so.method = !opts.search ? "magnitude" : flap ? "flap" : llm_pruner ? "llm-pruner" : "magnitude";
+  std::vector<LayerScores> gradient;
+  if (so.method == "llm-pruner") {
+    if (!opts.gradient_scores)
+      fail(name, " needs the training engine's gradients: run it through tern prune, quantize or compare");
+    gradient = opts.gradient_scores(in_path);
+    so.scores = &gradient;
+  }
+  so.ratio = m.pattern.sparsity;
+  so.n_threads = opts.n_threads;
+  so.progress = opts.progress;
+  if (so.method == "flap" && !calib) fail(m.info.name, " needs calibration data (--calib FILE)");
+  // With "@type" the smaller model is written in the source's types first, then stored as asked.
+  const std::string struct_out = m.store_type ? out_path + ".structured.tmp" : out_path;
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      if (!path.empty()) std::remove(path.c_str());
+    }
+  } cleanup{m.store_type ? struct_out : std::string()};
+  const StructuredReport sr = structured_prune(in_path, struct_out, so.method == "flap" ? calib : nullptr, so);
+  if (m.store_type) store_in_layout(struct_out, struct_out, out_path, m.store_type, {}, opts.n_threads);
+  MethodReport rep;
+  rep.method = m.info.name;
+  rep.notes = sr.notes;
+  if ((flap || llm_pruner) && !opts.search)
+    rep.notes.push_back("--speed-only: structured magnitude pruning at the same ratio");
+  fill_written_report(rep, in_path, out_path, "added (bias compensation)", t0);
+  return rep;
+}
+
 }  // namespace
 
 const std::vector<MethodInfo>& compression_methods() {
@@ -193,6 +421,11 @@ const std::vector<MethodInfo>& compression_methods() {
 
 const MethodInfo& find_method(const std::string& name) { return def_of(name).info; }
 
+bool is_pruning_method(const std::string& name) {
+  const Kind k = def_of(name).kind;
+  return k == Kind::Prune || k == Kind::Structured;
+}
+
 std::vector<std::string> default_compare_methods(DType src_type) {
   const std::string src = src_type == DType::F16 ? "f16" : src_type == DType::BF16 ? "bf16" : "f32";
   return {src, "q8_0", "q4_0", "q4_k", "gptq-int4", "awq-int4", "llm.int8", "smoothquant-w8a8"};
@@ -200,10 +433,27 @@ std::vector<std::string> default_compare_methods(DType src_type) {
 
 void check_method_source(const std::string& method, const GgufFile& src) {
   const MethodDef& m = def_of(method);
+  if (m.kind == Kind::Structured) {
+    check_structured_source(src);
+    return;
+  }
+  if (m.kind == Kind::LowRank) {
+    for (const auto& t : src.tensors())
+      if (t.name.rfind("blk.", 0) == 0 && t.ne.size() == 2 && !dtype_is_float(t.type))
+        fail(src.path(), " is already quantized (", t.name, " is ", dtype_name(t.type), "): ", m.info.name,
+             " starts from float weights; dequantize with tern quantize ", src.path(), " OUT.gguf --type f16 first");
+    return;
+  }
   for (const auto& t : src.tensors())
-    if (t.ne.size() == 2 && !dtype_is_float(t.type) && !(m.kind == Kind::Llama && t.type == m.llama_type))
+    if (t.ne.size() == 2 && !dtype_is_float(t.type) && !(m.kind == Kind::Llama && t.type == m.llama_type) &&
+        // Pruning leaves the embeddings and the output as they are, in whatever type.
+        !(m.kind == Kind::Prune && t.name.rfind("blk.", 0) != 0))
       fail(src.path(), " is already quantized (", t.name, " is ", dtype_name(t.type), "): ", m.info.name,
-           " starts from float weights (f32, f16 or bf16); give it the original model");
+           " starts from float weights (f32, f16 or bf16); give it the original model",
+           m.kind == Kind::Prune ? str_cat(" (prune the float model, then quantize, or store the pruned weights "
+                                           "quantized with --type; with only this file, dequantize it first: tern "
+                                           "quantize ", src.path(), " OUT.gguf --type f16)")
+                                 : std::string());
 }
 
 MethodReport apply_method(const std::string& method, const std::string& in_path, const std::string& out_path,
@@ -227,11 +477,14 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
     return rep;
   }
 
+  if (m.kind == Kind::Structured) return apply_structured(m, in_path, out_path, calib, opts, t0);
+  if (m.kind == Kind::LowRank) return apply_lowrank(m, in_path, out_path, opts, t0);
+
   const bool search = opts.search;
   const bool uses_calib = (m.info.needs_calib && search) || m.kind == Kind::LlmInt8;
   if (uses_calib && !calib) fail(m.info.name, " needs calibration data (--calib FILE)");
-  if (m.kind == Kind::Gptq && search && calib && !calib->sites.empty() && calib->sites[0].hessian.empty())
-    fail("gptq needs the calibration Hessian (calibrate with hessian = true)");
+  if (m.info.needs_hessian && search && calib && !calib->sites.empty() && calib->sites[0].hessian.empty())
+    fail(m.info.name, " needs the calibration Hessian (calibrate with hessian = true)");
   if (opts.group <= 0) fail("--group must be positive");
   if (m.kind == Kind::SmoothQuant && !(opts.alpha >= 0 && opts.alpha <= 1)) fail("--alpha must be in [0, 1]");
 
@@ -250,6 +503,29 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
       ft.n_in = t->ne[0];
       ft.n_out = t->n_rows();
       f.emplace(name, std::move(ft));
+    }
+  }
+
+  // Pruning: each layer's sparsity (OWL's per-layer ratios, else the pattern's).
+  std::vector<double> layer_sparsity(size_t(hp.n_layer), m.pattern.fraction());
+  if (m.kind == Kind::Prune) {
+    if (m.owl) {
+      std::vector<double> lod(size_t(hp.n_layer), 0.0);
+      for (int64_t il = 0; il < hp.n_layer; ++il) {
+        double outliers = 0, total = 0;
+        for (const auto& name : LayerNames(il).linears()) {
+          const FloatTensor& w = f.at(name);
+          const std::vector<double> xn = uses_calib ? input_norms(calib->of(name)) : std::vector<double>(size_t(w.n_in), 1.0);
+          const double n = double(w.n_out * w.n_in);
+          outliers += wanda_outlier_share(w.data.data(), w.n_out, w.n_in, xn, opts.owl_m) * n;
+          total += n;
+        }
+        lod[size_t(il)] = outliers / total;
+      }
+      layer_sparsity = owl_layer_sparsity(lod, m.pattern.sparsity, opts.owl_lambda);
+      std::string list;
+      for (double v : layer_sparsity) list += str_cat(list.empty() ? "" : " ", std::lround(v * 1000) / 10.0);
+      rep.notes.push_back(str_cat("OWL layer sparsities (%): ", list));
     }
   }
 
@@ -428,7 +704,64 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
         }
         break;
       }
-      case Kind::Llama: break;
+      case Kind::Prune: {
+        const SparsityPattern& pat = m.pattern;
+        const PruneAlgo algo = search ? m.algo : PruneAlgo::Magnitude;
+        // Sequential: this layer's inputs as the pruned layers before it produce them.
+        CalibStats layer_calib;
+        const CalibStats* lc = calib;
+        if (uses_calib && opts.sequential && il > 0) {
+          CalibOptions co = *opts.sequential;
+          co.hessian = m.info.needs_hessian;
+          co.progress = nullptr;
+          co.n_threads = opts.n_threads;
+          layer_calib = calibrate(edited_model(src, f), co);
+          lc = &layer_calib;
+        }
+        for (const auto& name : n.linears()) {
+          FloatTensor& w = f.at(name);
+          check_pattern(pat, w.n_in, str_cat(in_path, ": ", name));
+          SparsityPattern p = pat;
+          if (!pat.nm()) p.sparsity = layer_sparsity[size_t(il)];
+          const std::vector<float> w0 = w.data;
+          const SiteStats* st = uses_calib ? &lc->of(name) : nullptr;
+          switch (algo) {
+            case PruneAlgo::Magnitude: prune_magnitude(w.data.data(), w.n_out, w.n_in, p, pool); break;
+            case PruneAlgo::Wanda: prune_wanda(w.data.data(), w.n_out, w.n_in, input_norms(*st), p, pool); break;
+            case PruneAlgo::SparseGpt: {
+              SparseGptOptions so;
+              so.damp = opts.damp;
+              // At least 4 mask blocks per row: one block over a short row fixes every column's
+              // sparsity up front, which loses the adaptivity the block-wise choice gives.
+              so.block = std::min(opts.sparsegpt_block, std::max<int64_t>(8, (w.n_in + 3) / 4));
+              prune_sparsegpt(w.data.data(), w.n_out, w.n_in, st->hessian, p, so, pool);
+              break;
+            }
+          }
+          w.modified = true;
+          LayerReport lr;
+          lr.name = name;
+          lr.sparsity = zero_fraction(w.data.data(), int64_t(w.data.size()));
+          if (st && !st->hessian.empty())
+            lr.err = output_error_gram(w0.data(), w.data.data(), w.n_out, w.n_in, st->hessian, pool) / double(st->n_tokens);
+          else if (st && st->n_samples > 0)
+            lr.err = output_error_samples(w0.data(), w.data.data(), w.n_out, w.n_in, st->samples.data(), st->n_samples,
+                                          pool) /
+                     double(st->n_samples);
+          const GgufTensorInfo* t = src.find_tensor(name);
+          const DType want = m.store_type ? *m.store_type : opts.prune_type.value_or(t->type);
+          const DType type = fit_row_type(want, w.n_in);
+          enc.emplace(name, Encoded{type, want, encode_rows(w.data.data(), w.n_in, w.n_out, type, pool),
+                                    type == want ? str_cat(tag, ", ", pat.nm() ? pat.name() : p.name(), " zeros")
+                                                 : str_cat("fallback: rows of ", w.n_in, " do not fit ",
+                                                           dtype_name(want), ", stored as ", dtype_name(type))});
+          rep.layers.push_back(lr);
+        }
+        break;
+      }
+      case Kind::Llama:
+      case Kind::Structured:
+      case Kind::LowRank: break;  // returned above
     }
     if (opts.progress) opts.progress(il + 1, hp.n_layer, str_cat(tag, " layer ", il));
   }
@@ -460,12 +793,13 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
       o.own(std::vector<uint8_t>(p, p + ft->second.data.size() * sizeof(float)));
       r.requested = DType::F32;
       r.reason = "norm with smoothing scales folded in";
-    } else if (t.ne.size() < 2) {
+    } else if (t.ne.size() < 2 || m.kind == Kind::Prune) {
+      // Pruning leaves the embeddings, the output and the norms as they are.
       o.type = t.type;
       o.data = t.data;
       o.n_bytes = t.n_bytes;
       r.requested = t.type;
-      r.reason = "1-D: kept";
+      r.reason = t.ne.size() < 2 ? "1-D: kept" : "not pruned: kept";
     } else {
       auto [want, why] = default_tensor_type(src, t, rule);
       const DType type = fit_row_type(want, t.ne[0]);
@@ -493,18 +827,29 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
   DType main_type = DType::F16;
   int64_t most = -1;
   for (const auto& [t, b] : linear_bytes)
-    if (b > most && !dtype_is_float(t)) {
+    if (b > most && (!dtype_is_float(t) || m.kind == Kind::Prune)) {
       most = b;
       main_type = t;
     }
   rep.quant.file_type = llama_file_type(main_type);
-  std::vector<std::pair<std::string, GgufValue>> kv = {
-      {"general.file_type", GgufValue::u32(rep.quant.file_type)},
-      {"general.quantization_version", GgufValue::u32(2)},
-      {"tern.quant.method", GgufValue::string(m.info.name)},
-      {"tern.quant.bits", GgufValue::u32(uint32_t(m.bits))},
-      {"tern.quant.search", GgufValue::boolean(search)},
-  };
+  std::vector<std::pair<std::string, GgufValue>> kv = {{"general.file_type", GgufValue::u32(rep.quant.file_type)}};
+  if (!dtype_is_float(main_type)) kv.emplace_back("general.quantization_version", GgufValue::u32(2));
+  if (m.kind == Kind::Prune) {
+    double zeros = 0, total = 0;
+    for (const auto& l : rep.layers) {
+      const FloatTensor& w = f.at(l.name);
+      zeros += l.sparsity * double(w.data.size());
+      total += double(w.data.size());
+    }
+    kv.emplace_back("tern.prune.method", GgufValue::string(m.info.name));
+    kv.emplace_back("tern.prune.pattern", GgufValue::string(m.pattern.nm() ? m.pattern.name() : "unstructured"));
+    kv.emplace_back("tern.prune.sparsity", GgufValue::f32(float(total > 0 ? zeros / total : 0)));
+    kv.emplace_back("tern.prune.search", GgufValue::boolean(search));
+  } else {
+    kv.emplace_back("tern.quant.method", GgufValue::string(m.info.name));
+    kv.emplace_back("tern.quant.bits", GgufValue::u32(uint32_t(m.bits)));
+    kv.emplace_back("tern.quant.search", GgufValue::boolean(search));
+  }
   if (uses_calib) kv.emplace_back("tern.quant.calib_tokens", GgufValue::u32(uint32_t(calib->n_tokens)));
   switch (m.kind) {
     case Kind::Rtn:
@@ -523,7 +868,9 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
   if (m.kind == Kind::SmoothQuant) kv.emplace_back("tern.quant.smoothquant.alpha", GgufValue::f32(float(opts.alpha)));
   write_model(src, out, kv, out_path);
 
-  if (!search && m.kind != Kind::Rtn && m.kind != Kind::LlmInt8)
+  if (!search && m.kind == Kind::Prune && m.algo != PruneAlgo::Magnitude)
+    rep.notes.push_back("--speed-only: magnitude pruning at the method's pattern (same zeros per row, size and speed)");
+  else if (!search && m.kind != Kind::Rtn && m.kind != Kind::LlmInt8 && m.kind != Kind::Prune)
     rep.notes.push_back("--speed-only: round-to-nearest values in the method's format (same size and speed)");
   rep.seconds = double(now_ns() - t0) / 1e9;
   rep.quant.seconds = rep.seconds;

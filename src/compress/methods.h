@@ -8,18 +8,24 @@
 //   llm.int8                                  LLM.int8(): TI8 with 16-bit outlier columns
 //   smoothquant-w8a8 (smoothquant)            SmoothQuant: smoothing folded into norms and
 //                                             linears, then TI8 W8A8
+//   magnitude|wanda|sparsegpt[-owl]-<s>       pruning (prune.h) of every linear to sparsity <s>
+//                                             ("50": 50% unstructured, "2:4": N:M), stored in
+//                                             the source's float type unless opts.prune_type
 //
 // Every method writes a GGUF file that tern runs with its own kernels. The tensors the methods
 // were not designed for (token embedding, output) follow llama.cpp's rule for the method's bit
 // width (q8_0 for 8-bit methods, q4_0's rules for 4- and 3-bit ones), so sizes compare like for
 // like. Details, formulas and formats: docs/compression.md.
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "compress/awq.h"
 #include "compress/calibrate.h"
 #include "compress/quantize.h"
+#include "compress/structured.h"
 
 namespace tern {
 
@@ -32,9 +38,12 @@ struct MethodInfo {
 
 // Every method, in the order `tern compare` lists them.
 const std::vector<MethodInfo>& compression_methods();
-// The method of that name ("smoothquant" is an alias of "smoothquant-w8a8"); throws
-// "unknown method 'x' (known: ...)".
+// The method of that name ("smoothquant" is an alias of "smoothquant-w8a8"; pruning methods
+// are parsed from theirs); throws "unknown method 'x' (known: ...)" or the pattern's error.
 const MethodInfo& find_method(const std::string& name);
+// Whether `name` is a pruning method (unstructured, N:M or structured; "@type" allowed), the
+// ones a recovery fine-tune can follow.
+bool is_pruning_method(const std::string& name);
 // The default method list of `tern compare` for a source of type `src_type`.
 std::vector<std::string> default_compare_methods(DType src_type);
 
@@ -48,6 +57,20 @@ struct MethodOptions {
   // format with round-to-nearest values and no smoothing, which has the same size and speed.
   bool search = true;
   AwqOptions awq;
+  // Pruning: the type the pruned linears are stored in (default: the source tensor's float
+  // type); OWL's lambda (the spread of layer sparsities) and outlier multiple M; SparseGPT's
+  // mask block.
+  std::optional<DType> prune_type;
+  double owl_lambda = 0.08;
+  double owl_m = 5.0;
+  int64_t sparsegpt_block = 128;
+  // Pruning, sequential (as the papers prune): each layer's calibration inputs come from the
+  // model with the layers before it already pruned: n_layer calibration runs with these
+  // options (text, tokens) instead of one; unset: every layer uses `calib` (the dense model's).
+  std::optional<CalibOptions> sequential;
+  // llm-pruner-<s>: the gradient scores of the model at the path (the training engine computes
+  // them, above this layer: tools/llm_pruner.h sets this).
+  std::function<std::vector<LayerScores>(const std::string&)> gradient_scores;
   int n_threads = 0;
   ProgressFn progress;
 };
@@ -59,6 +82,7 @@ struct LayerReport {
   double err_rtn = -1;   // the same for round-to-nearest at the same bits and group size
   int64_t outliers = -1; // LLM.int8() outlier columns
   double alpha = -1;     // AWQ's chosen exponent
+  double sparsity = -1;  // pruning: fraction of the weights that are 0
 };
 
 struct MethodReport {

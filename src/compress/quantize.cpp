@@ -16,7 +16,9 @@ namespace {
 // The types `tern quantize --type` writes: ggml's, so that llama.cpp loads the result.
 constexpr DType kQuantizeTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                                     DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                                    DType::Q4_K, DType::Q5_K, DType::Q6_K};
+                                    DType::Q4_K, DType::Q5_K, DType::Q6_K,
+                                    // 2:4 magnitude pruning of a dense model (quant/quant_sparse.h)
+                                    DType::TS24_Q8, DType::TS24_F16};
 
 bool available(DType t) {
   const QuantTraits* q = quant_traits(t);
@@ -228,6 +230,53 @@ std::vector<uint8_t> quantize_model_image(const GgufFile& src, const QuantizeOpt
   rep.seconds = double(now_ns() - t0) / 1e9;
   if (report) *report = std::move(rep);
   return bytes;
+}
+
+QuantizeReport store_in_layout(const std::string& pruned, const std::string& recovered, const std::string& out,
+                               std::optional<DType> linear_type,
+                               const std::vector<std::pair<std::string, GgufValue>>& set_kv, int n_threads) {
+  const GgufFile layout = GgufFile::open(pruned);
+  const GgufFile rec = GgufFile::open(recovered);
+  ThreadPool pool(n_threads > 0 ? n_threads : default_thread_count());
+  QuantizeReport rep;
+  std::vector<OutTensor> tensors;
+  for (const auto& t : layout.tensors()) {
+    const GgufTensorInfo* r = rec.find_tensor(t.name);
+    if (!r) fail(recovered, ": missing tensor ", t.name, " of ", pruned);
+    if (r->ne != t.ne) fail(recovered, ": tensor ", t.name, " changed shape in training");
+    const bool linear = t.name.rfind("blk.", 0) == 0 && t.ne.size() == 2;
+    const DType want = linear && linear_type ? *linear_type : t.type;
+    const DType type = t.ne.size() < 2 ? DType::F32 : fit_row_type(want, t.ne[0]);
+    OutTensor o;
+    o.name = t.name;
+    o.ne = t.ne;
+    o.type = type;
+    if (type == r->type) {
+      o.data = r->data;
+      o.n_bytes = r->n_bytes;
+    } else {
+      const std::vector<float> f = tensor_to_f32(*r, pool);
+      o.own(encode_rows(f.data(), t.ne.empty() ? 1 : t.ne[0], r->n_rows(), type, pool));
+    }
+    TensorReport tr;
+    tr.name = t.name;
+    tr.ne = t.ne;
+    tr.src_type = r->type;
+    tr.requested = want;
+    tr.type = type;
+    tr.reason = type == want ? std::string(linear && linear_type ? "stored as requested" : "kept type")
+                             : str_cat("fallback: rows of ", t.ne[0], " do not fit ", dtype_name(want));
+    tr.src_bytes = int64_t(r->n_bytes);
+    tr.bytes = int64_t(o.n_bytes);
+    rep.src_bytes += tr.src_bytes;
+    rep.bytes += tr.bytes;
+    rep.tensors.push_back(std::move(tr));
+    tensors.push_back(std::move(o));
+  }
+  std::vector<std::pair<std::string, GgufValue>> kv = set_kv;
+  if (linear_type) kv.emplace_back("general.file_type", GgufValue::u32(llama_file_type(*linear_type)));
+  write_model(layout, tensors, kv, out);
+  return rep;
 }
 
 }  // namespace tern

@@ -113,4 +113,12 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
 std::vector<uint8_t> quantize_model_image(const GgufFile& src, const QuantizeOptions& opts,
                                           QuantizeReport* report = nullptr);
 
+// Writes the tensor values of VALUES (e.g. a training checkpoint in f32) to OUT in LAYOUT's form:
+// LAYOUT's metadata (with set_kv on top) and tensor order, each tensor in LAYOUT's type, or
+// `linear_type` for the layers' 2-D weights ("blk.*") when given (row-size fallbacks as above).
+// Both files must hold the same tensors with the same shapes. Exact zeros stay exact in every type.
+QuantizeReport store_in_layout(const std::string& layout, const std::string& values, const std::string& out,
+                               std::optional<DType> linear_type,
+                               const std::vector<std::pair<std::string, GgufValue>>& set_kv, int n_threads);
+
 }  // namespace tern

@@ -124,6 +124,7 @@ nlohmann::json rows_json(const std::vector<CompareRow>& rows) {
     }
     if (r.recon_ratio >= 0) j["recon_error_vs_rtn"] = r.recon_ratio;
     if (!r.notes.empty()) j["notes"] = r.notes;
+    if (!r.error.empty()) j["error"] = r.error;
     a.push_back(std::move(j));
   }
   return a;
@@ -135,7 +136,7 @@ std::string svg_chart(const std::vector<CompareRow>& rows, const std::string& ti
   auto yv = [&](const CompareRow& r) { return have_ppl ? r.ppl : r.tg_tok_s; };
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300, smax = 0;
   for (const auto& r : rows) {
-    if (have_ppl && r.ppl < 0) continue;
+    if ((have_ppl && r.ppl < 0) || !r.error.empty()) continue;
     const double x = double(r.weight_bytes) / 1048576.0;
     x0 = std::min(x0, x);
     x1 = std::max(x1, x);
@@ -185,7 +186,7 @@ std::string svg_chart(const std::vector<CompareRow>& rows, const std::string& ti
                                   "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
   for (size_t i = 0; i < rows.size(); ++i) {
     const CompareRow& r = rows[i];
-    if (have_ppl && r.ppl < 0) continue;
+    if ((have_ppl && r.ppl < 0) || !r.error.empty()) continue;
     const double cx = px(double(r.weight_bytes) / 1048576.0), cy = py(yv(r));
     const double rad = smax > 0 ? 4.0 + 14.0 * std::sqrt(r.tg_tok_s / smax) : 6.0;
     s += "<circle cx=\"" + fmt("%.1f", cx) + "\" cy=\"" + fmt("%.1f", cy) + "\" r=\"" + fmt("%.1f", rad) +

@@ -40,6 +40,7 @@ struct CompareRow {
   std::vector<FallbackGroup> fallbacks;
   double recon_ratio = -1;     // GPTQ/AWQ: mean over layers of error / RTN error (< 1: better)
   std::string notes;
+  std::string error;           // the method failed (the other rows are still measured)
 };
 
 // The fallbacks and n_converted of a method's report.

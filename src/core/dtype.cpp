@@ -32,6 +32,9 @@ constexpr DTypeSize kTypes[] = {
     {DType::TQ4_G64, "tq4_g64", 64, 35},  {DType::TQ4_G128, "tq4_g128", 128, 67},
     {DType::TQ3_G64, "tq3_g64", 64, 27},  {DType::TQ3_G128, "tq3_g128", 128, 51},
     {DType::TQ8_G64, "tq8_g64", 64, 67},  {DType::TQ8_G128, "tq8_g128", 128, 131},
+    // 2:4 sparse: per 32 columns 16 kept values + 4 bytes of 2-bit positions (quant/quant_sparse.h):
+    // f16 scale + 16 int8 (22 bytes), or 16 f16 (36 bytes).
+    {DType::TS24_Q8, "ts24_q8", 32, 22},  {DType::TS24_F16, "ts24_f16", 32, 36},
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "kernels/kernel_iface.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
+#include "kernels/sparse24.h"
 #include "kernels/tern_int.h"
 #include "quant/quant_traits.h"
 
@@ -102,7 +103,8 @@ void matmul_rows(const WeightView& w, const float* x, int64_t ldx, int64_t n_tok
   const Isa isa = selected_isa();
   require_interleave_kernels(isa, w);
   const KernelTable& kt = table_of(isa);
-  if (!w.interleaved16 && (is_tern_int_type(w.type) || !kt.has_kernel(w.type) || w.row_bytes() < 0)) {
+  if (!w.interleaved16 && (is_tern_int_type(w.type) || is_sparse24_type(w.type) || !kt.has_kernel(w.type) ||
+                           w.row_bytes() < 0)) {
     // Rows are independent and stored one after another, so rows [r0, r1) are a matrix of
     // their own; a one-thread pool runs everything on this thread (matmul_isa also reports
     // a row length that does not fit the type).
@@ -235,6 +237,11 @@ void matmul_isa(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64
     tern_int_matmul(isa, w, x, ldx, n_tokens, y, ldy, pool);
     return;
   }
+  // So do the 2:4 sparse ones (kernels/sparse24.h): compressed rows, shuffle-gathered activations.
+  if (is_sparse24_type(w.type)) {
+    sparse24_matmul(isa, w, x, ldx, n_tokens, y, ldy, pool);
+    return;
+  }
   if (w.row_bytes() < 0)
     fail("matmul: row length ", w.n_in, " is not a multiple of the ", dtype_name(w.type),
          " block size");
@@ -261,8 +268,8 @@ void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, con
   for (const MatmulTarget& t : targets) {
     TERN_ASSERT_MSG(t.w.n_in == targets[0].w.n_in, "matmul_shared_input: weights of different row lengths");
     TERN_ASSERT_MSG(!done.joint_rows || t.w.n_out == targets[0].w.n_out, "matmul_shared_input: joint rows of different counts");
-    shared = shared && t.w.n_out > 0 && !is_tern_int_type(t.w.type) && t.w.row_bytes() >= 0 &&
-             kt.has_kernel(t.w.type) && layouts_equal(effective_layout(kt, t.w, n_tokens), lay);
+    shared = shared && t.w.n_out > 0 && !is_tern_int_type(t.w.type) && !is_sparse24_type(t.w.type) &&
+             t.w.row_bytes() >= 0 && kt.has_kernel(t.w.type) && layouts_equal(effective_layout(kt, t.w, n_tokens), lay);
   }
   if (!shared) {
     // The prologue as a pass of its own, then one matmul per weight; the epilogue runs over

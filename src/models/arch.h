@@ -51,7 +51,7 @@ const std::vector<const ArchSpec*>& architectures();
 const ArchSpec& find_architecture(const std::string& name, const std::string& path);
 std::string architecture_list();  // "llama, qwen2, ..."
 
-extern const ArchSpec kArchLlama, kArchQwen2, kArchQwen2Moe, kArchQwen3, kArchQwen3Moe, kArchPhi3,
+extern const ArchSpec kArchLlama, kArchDeci, kArchQwen2, kArchQwen2Moe, kArchQwen3, kArchQwen3Moe, kArchPhi3,
     kArchGemma2, kArchGemma3;
 
 }  // namespace tern

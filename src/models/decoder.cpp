@@ -99,7 +99,10 @@ class DecoderModel final : public Model {
     extra_ = ld.take_extra();
     for (const auto& t : file_->tensors()) weight_bytes_ += int64_t(t.n_bytes);
     const auto stream = [&](const Linear& l) {
-      if (l.present())
+      if (l.factored()) {
+        for (const WeightView* f : {&l.lr_a, &l.lr_b})
+          decode_weight_memory_.emplace_back(static_cast<const uint8_t*>(f->data), size_t(f->n_out * f->row_bytes()));
+      } else if (l.present())
         decode_weight_memory_.emplace_back(static_cast<const uint8_t*>(l.w.data), size_t(l.w.n_out * l.w.row_bytes()));
     };
     for (const LayerWeights& L : layers_) {
@@ -172,7 +175,20 @@ class DecoderModel final : public Model {
                 bool bias_optional) {
     Linear l;
     l.name = tensor_name(t, il);
-    l.w = ld.matmul(l.name, n_in, n_out);
+    const std::string a = tensor_name(t, il, "lr_a.weight"), bn = tensor_name(t, il, "lr_b.weight");
+    if (!ld.has(l.name) && ld.has(a)) {
+      // Low-rank factored (`tern lowrank`): A [n_in -> rank], B [rank -> n_out]; the rank is A's.
+      const GgufTensorInfo* ta = ld.file().find_tensor(a);
+      const int64_t rank = ta->ne.size() == 2 ? ta->ne[1] : 0;
+      if (rank < 1) fail(file_->path(), ": loading ", a, ": expected ", n_in, " x rank, file has ", ta->shape_string());
+      if (!ld.has(bn)) fail(file_->path(), ": ", a, " has no partner ", bn);
+      l.lr_a = ld.matmul(a, n_in, rank);
+      l.lr_b = ld.matmul(bn, rank, n_out);
+      l.w = WeightView{l.lr_b.type, n_in, n_out, nullptr};
+      has_factored_ = true;
+    } else {
+      l.w = ld.matmul(l.name, n_in, n_out);
+    }
     const std::string b = tensor_name(t, il, "bias");
     if (bias_required) l.bias = ld.vector(b, n_out, "biases");
     else if (bias_optional) l.bias = ld.optional_vector(b, n_out, "biases");
@@ -212,6 +228,7 @@ class DecoderModel final : public Model {
   const float* rope_freqs_ = nullptr;  // [n_rot / 2] Llama 3.x frequency factors
   std::vector<LayerWeights> layers_;
   bool phased_ = false;
+  bool has_factored_ = false;        // some linear is low-rank factored (lr_a / lr_b)
 
   int64_t max_tokens_ = 0;
   // Activation scratch, sized by reserve(); T = tokens of the step.
@@ -381,7 +398,8 @@ bool DecoderModel::is_phased_capable() const {
   // forward_spmd splits every block into row units; a post-norm needs a whole row of a block's
   // output before the residual (one more phase), and experts are chosen per token: those
   // architectures take the pooled path in its place.
-  return !spec_.post_norms && hp_.n_expert == 0 && hp_.uniform_layers();
+  // Its row units read one matrix per linear: low-rank factored linears take the pooled path.
+  return !spec_.post_norms && hp_.n_expert == 0 && hp_.uniform_layers() && !has_factored_;
 }
 
 bool DecoderModel::rotate_keys(int64_t il, float* k, int64_t n_rows, int64_t delta) const {

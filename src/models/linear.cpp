@@ -37,12 +37,21 @@ void lora_rows_done(const void* ctx, int target, int64_t n_tokens, int64_t r0, i
   if (e.inner.fn) e.inner.fn(e.inner.ctx, target, n_tokens, r0, r1);
 }
 
-}  // namespace
-
-void apply_linear(const Linear& l, const float* x, int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
-                  ThreadPool& pool, const LinearHooks& hooks) {
+// apply_linear less the bias (apply_linears_shared's epilogues add theirs).
+void apply_linear_unbiased(const Linear& l, const float* x, int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
+                           ThreadPool& pool, const LinearHooks& hooks) {
   if (hooks.observer && l.observed) hooks.observer->on_linear_input(l.name, x, n_tokens, l.w.n_in);
-  matmul(l.w, x, ldx, n_tokens, y, ldy, pool);
+  if (l.factored()) {
+    // Two matmuls through a scratch of the rank's width (grown, never shrunk: no allocation once
+    // the largest step has run). The workers read it through the pointer.
+    thread_local std::vector<float> mid;  // [n_tokens, rank]
+    const int64_t rank = l.lr_a.n_out;
+    if (mid.size() < size_t(n_tokens * rank)) mid.resize(size_t(n_tokens * rank));
+    matmul(l.lr_a, x, ldx, n_tokens, mid.data(), rank, pool);
+    matmul(l.lr_b, mid.data(), rank, n_tokens, y, ldy, pool);
+  } else {
+    matmul(l.w, x, ldx, n_tokens, y, ldy, pool);
+  }
   const std::span<const LoraGroup> groups = hooks.lora ? hooks.lora->groups(l.lora_id) : std::span<const LoraGroup>{};
   if (!groups.empty()) {
     thread_local std::vector<float> u;
@@ -60,6 +69,13 @@ void apply_linear(const Linear& l, const float* x, int64_t ldx, int64_t n_tokens
       lora_expand_rows(groups, u_rows, u_offsets, l.row0, y, ldy, r0, r1);
     });
   }
+}
+
+}  // namespace
+
+void apply_linear(const Linear& l, const float* x, int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
+                  ThreadPool& pool, const LinearHooks& hooks) {
+  apply_linear_unbiased(l, x, ldx, n_tokens, y, ldy, pool, hooks);
   if (l.bias) add_bias_cols(y, ldy, l.bias, n_tokens, 0, l.w.n_out);
 }
 
@@ -67,6 +83,27 @@ void apply_linears_shared(std::span<const Linear* const> ls, std::span<float* co
                           const float* x, int64_t ldx, int64_t n_tokens, ThreadPool& pool, const RowsDone& done,
                           const InputRmsNorm& norm, const LinearHooks& hooks) {
   TERN_ASSERT(ls.size() == ys.size() && ls.size() == ldys.size() && ls.size() <= size_t(kMaxShared));
+  bool any_factored = false;
+  for (const Linear* l : ls) any_factored = any_factored || l->factored();
+  if (any_factored) {
+    // The plain path: normalise (rms_norm is the prologue's rms_norm_row), each linear on its
+    // own (observer and LoRA included), then the epilogue over every row at once.
+    const float* xin = x;
+    if (norm.weight) {
+      rms_norm(x, norm.weight, norm.out_rows, n_tokens, ls[0]->w.n_in, norm.eps, pool);
+      xin = norm.out_rows;
+    }
+    for (size_t i = 0; i < ls.size(); ++i)
+      apply_linear_unbiased(*ls[i], xin, ldx, n_tokens, ys[i], ldys[i], pool, hooks);
+    if (done.fn) {
+      if (done.joint_rows) {
+        done.fn(done.ctx, -1, n_tokens, 0, ls[0]->w.n_out);
+      } else {
+        for (size_t i = 0; i < ls.size(); ++i) done.fn(done.ctx, int(i), n_tokens, 0, ls[i]->w.n_out);
+      }
+    }
+    return;
+  }
   MatmulTarget targets[kMaxShared];
   for (size_t i = 0; i < ls.size(); ++i) targets[i] = MatmulTarget{ls[i]->w, ys[i], ldys[i]};
   const std::span<const MatmulTarget> tspan(targets, ls.size());

@@ -20,7 +20,12 @@ struct Linear {
   bool observed = true;         // shown to a ForwardObserver (not: the parts of a fused tensor after its first)
   int64_t row0 = 0;             // first row of `name` this linear computes (fused tensors' parts)
   int32_t lora_id = -1;         // its LoraTarget id (LoraStep), -1: adapters never apply
-  bool present() const { return w.data != nullptr; }
+  // A low-rank factored weight (`tern lowrank`, docs/lowrank.md): y = B (A x), with w.data null
+  // and w's n_in / n_out still the layer's shape (what the callers size their buffers by).
+  WeightView lr_a = {};         // [n_in -> rank]
+  WeightView lr_b = {};         // [rank -> n_out]
+  bool factored() const { return lr_a.data != nullptr; }
+  bool present() const { return w.data != nullptr || factored(); }
 };
 
 // What watches or changes a step's linear layers besides the weights: the calibration observer
@@ -30,7 +35,7 @@ struct LinearHooks {
   LoraStep* lora = nullptr;
 };
 
-// y = x W^T (+ the step's LoRA updates) (+ bias).
+// y = x W^T (+ the step's LoRA updates) (+ bias); a factored weight: y = (x A^T) B^T.
 //   x: [n_tokens][ldx] (n_in used), y: [n_tokens][ldy] (n_out written)
 void apply_linear(const Linear& l, const float* x, int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
                   ThreadPool& pool, const LinearHooks& hooks);
@@ -38,7 +43,8 @@ void apply_linear(const Linear& l, const float* x, int64_t ldx, int64_t n_tokens
 // with its fused RMSNorm prologue and row epilogue); biases are for the epilogue to add. The
 // observer sees the (normalised) input once per observed linear, after the call. LoRA updates
 // are added to each chunk of rows before `done` sees it (so before biases, RoPE, SwiGLU); with
-// adapters the norm runs before the matmul instead of in its prologue (the same bits).
+// adapters the norm runs before the matmul instead of in its prologue (the same bits). When one
+// of them is factored, each runs through apply_linear after the norm, then `done` sees all rows.
 void apply_linears_shared(std::span<const Linear* const> ls, std::span<float* const> ys, std::span<const int64_t> ldys,
                           const float* x, int64_t ldx, int64_t n_tokens, ThreadPool& pool, const RowsDone& done,
                           const InputRmsNorm& norm, const LinearHooks& hooks);

@@ -7,7 +7,7 @@
 namespace tern {
 
 const std::vector<const ArchSpec*>& architectures() {
-  static const std::vector<const ArchSpec*> kAll = {&kArchLlama,  &kArchQwen2,  &kArchQwen2Moe, &kArchQwen3,
+  static const std::vector<const ArchSpec*> kAll = {&kArchLlama,  &kArchDeci, &kArchQwen2,  &kArchQwen2Moe, &kArchQwen3,
                                                     &kArchQwen3Moe, &kArchPhi3, &kArchGemma2,   &kArchGemma3};
   return kAll;
 }

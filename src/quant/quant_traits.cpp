@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "quant/quant_codecs.h"
+#include "quant/quant_sparse.h"
 #include "quant/quant_tern.h"
 
 namespace tern {
@@ -57,8 +58,9 @@ const QuantTraits* quant_traits(DType t) {
   for (const auto& q : kTraits)
     if (q.type == t) return &q;
   // tern's own formats (LLM.int8(), SmoothQuant, GPTQ/AWQ groups) have their rows in
-  // quant_tern.cpp; nullptr for anything neither table knows.
-  return tern_quant_traits(t);
+  // quant_tern.cpp, the 2:4 sparse ones in quant_sparse.cpp; nullptr for anything no table knows.
+  if (const QuantTraits* q = tern_quant_traits(t)) return q;
+  return sparse24_quant_traits(t);
 }
 
 const QuantTraits& require_quant_traits(DType t, const char* tensor_name) {

@@ -26,8 +26,10 @@
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/kv_compare.h"
+#include "tools/llm_pruner.h"
 #include "tools/model_args.h"
 #include "tools/progress.h"
+#include "tools/prune_recover.h"
 
 namespace tern {
 namespace {
@@ -82,7 +84,8 @@ int cmd_compare(int argc, char** argv) {
   app.add_option("-m,--model", model, "source model (f32, f16 or bf16 GGUF)")->required();
   app.add_option("--methods", methods_arg,
                  "comma-separated methods (default: the source type, q8_0, q4_0, q4_k, gptq-int4, awq-int4, "
-                 "llm.int8, smoothquant-w8a8); known: " + known);
+                 "llm.int8, smoothquant-w8a8); known: " + known +
+                     ", and pruning: magnitude|wanda|sparsegpt[-owl]-<sparsity> (wanda-50, sparsegpt-2:4)");
   std::string kv_arg;
   int64_t kv_long = 0;
   app.add_option("--kv", kv_arg,
@@ -113,6 +116,10 @@ int cmd_compare(int argc, char** argv) {
   app.add_option("--damp", mopts.damp, "GPTQ dampening")->capture_default_str();
   app.add_flag("--act-order", mopts.act_order, "GPTQ act-order");
   app.add_option("--group", mopts.group, "GPTQ/AWQ/RTN group size")->capture_default_str();
+  RecoverOptions recover;
+  app.add_option("--recover-data", recover.data,
+                 "training text of the pruning methods' +recover variants (not the perplexity text)");
+  app.add_option("--recover-tokens", recover.tokens, "tokens of each +recover fine-tune")->capture_default_str();
   app.add_option("-t,--threads", threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--out-dir", out_dir, "keep the quantized models here (default: a temporary folder, removed)");
   app.add_flag("--json", json, "print the table as a JSON array (one object per method or --kv entry)");
@@ -186,8 +193,17 @@ int cmd_compare(int argc, char** argv) {
   const std::vector<std::string> methods =
       methods_arg.empty() ? default_compare_methods(src_type) : split_methods(methods_arg);
   if (methods.empty()) fail("--methods is empty");
-  bool need_calib = false, need_hessian = false;
-  for (const auto& m : methods) {
+  bool need_calib = false, need_hessian = false, need_recover = false;
+  // "<pruning method>+recover": the method, then a distillation toward the source (prune_recover.h).
+  auto base_of = [](const std::string& m) {
+    const std::string suffix = "+recover";
+    const bool r = m.size() > suffix.size() && m.compare(m.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return std::make_pair(r ? m.substr(0, m.size() - suffix.size()) : m, r);
+  };
+  for (const auto& full : methods) {
+    const auto [m, rec] = base_of(full);
+    if (rec && !is_pruning_method(m)) fail("method '", full, "': +recover follows a pruning method (wanda-50+recover)");
+    need_recover |= rec;
     const MethodInfo& info = find_method(m);  // throws for unknown names
     check_method_source(m, *src);
     const bool llm_int8 = std::string(info.name) == "llm.int8";
@@ -198,10 +214,25 @@ int cmd_compare(int argc, char** argv) {
   const std::string text = ppl_file.empty() ? std::string() : read_file_text(ppl_file, "perplexity text");
   if (calib_file.empty()) calib_file = ppl_file;
   if (need_calib && calib_file.empty()) fail("the methods need a calibration text: --calib FILE");
+  if (need_recover) {
+    recover.threads = threads;
+    recover.quiet = true;
+    check_recover_options(recover);
+    std::error_code ec;
+    if (!ppl_file.empty() && fs::equivalent(recover.data, ppl_file, ec))
+      fail("--recover-data is the perplexity text ", ppl_file, ": fine-tuning on it would flatter the +recover rows");
+  } else if (!recover.data.empty()) {
+    fail("--recover-data is for +recover methods (e.g. wanda-50+recover)");
+  }
   if (copts.n_tokens < 0) copts.n_tokens = speed_only ? 256 : 4096;
   mopts.search = !speed_only;
   mopts.n_threads = threads;
   copts.n_threads = threads;
+  {
+    CalibOptions g = copts;
+    g.text_file = calib_file;
+    enable_llm_pruner(mopts, g);
+  }
 
   const bool temp_dir = out_dir.empty();
   std::error_code ec;
@@ -231,24 +262,17 @@ int cmd_compare(int argc, char** argv) {
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const std::string targs = threads > 0 ? " -t " + std::to_string(threads) : std::string();
 
-  Progress progress("compare", 1, !json);
-  // A fresh bar whenever a new piece of work starts (its total changes or its count restarts).
-  int64_t last_done = 0, last_total = 0;
-  auto draw = [&](const std::string& label) {
-    return [&, label](int64_t done, int64_t total, const std::string& note) {
-      if (total != last_total || done < last_done) progress = Progress(label, total, !json);
-      last_done = done;
-      last_total = total;
-      progress.update(done, note);
-      if (done == total) progress.finish();
-    };
-  };
+  StagedProgress progress(!json);
+  auto draw = [&](const std::string& label) { return progress.stage(label); };
   CalibStats calib;
   if (need_calib) {
     copts.text_file = calib_file;
     copts.hessian = need_hessian;
     copts.progress = draw("calibrate");
     calib = calibrate(src, copts);
+    // Pruning methods recalibrate layer by layer through their pruned layers, as the papers do.
+    mopts.sequential = copts;
+    mopts.sequential->progress = nullptr;
     if (!json)
       std::fprintf(stderr, "calibration: %lld tokens of %s in %.1f s\n", static_cast<long long>(calib.n_tokens),
                    calib_file.c_str(), calib.seconds);
@@ -257,13 +281,35 @@ int cmd_compare(int argc, char** argv) {
   std::vector<CompareRow> rows;
   const std::string stem = fs::path(model).stem().string();
   for (size_t mi = 0; mi < methods.size(); ++mi) {
-    const std::string& m = methods[mi];
+    const auto [m, rec] = base_of(methods[mi]);
     const MethodInfo& info = find_method(m);
-    const std::string out = (dir / (stem + "-" + info.name + ".gguf")).string();
-    mopts.progress = draw(str_cat(info.name, " (", mi + 1, "/", methods.size(), ")"));
-    const MethodReport rep = apply_method(m, model, out, need_calib ? &calib : nullptr, mopts);
     CompareRow row;
-    row.method = info.name;
+    row.method = methods[mi];
+    try {
+    const std::string out = (dir / (stem + "-" + methods[mi] + ".gguf")).string();
+    mopts.progress = draw(str_cat(info.name, " (", mi + 1, "/", methods.size(), ")"));
+    MethodReport rep;
+    if (!rec) {
+      rep = apply_method(m, model, out, need_calib ? &calib : nullptr, mopts);
+    } else {
+      // Prune in the source's types, recover in f32, then store as the method asked ("@type").
+      const size_t at = m.find('@');
+      const std::optional<DType> type =
+          at == std::string::npos ? std::nullopt : std::optional<DType>(parse_quantize_type(m.substr(at + 1)));
+      const std::string pruned = out + ".pruned.tmp", recovered = out + ".recovered.tmp";
+      rep = apply_method(m.substr(0, at), model, pruned, need_calib ? &calib : nullptr, mopts);
+      if (!json) std::fprintf(stderr, "%s: recovering (%lld tokens)\n", methods[mi].c_str(), static_cast<long long>(recover.tokens));
+      const int64_t t_rec = now_ns();
+      recover_pruned(model, pruned, recovered, recover);
+      const QuantizeReport stored = store_in_layout(
+          pruned, recovered, out, type, {{"tern.prune.recover_tokens", GgufValue::u32(uint32_t(recover.tokens))}}, threads);
+      std::error_code rm;
+      fs::remove(pruned, rm);
+      fs::remove(recovered, rm);
+      rep.quant.tensors = stored.tensors;
+      rep.quant.bytes = stored.bytes;
+      rep.seconds += double(now_ns() - t_rec) / 1e9;
+    }
     row.format = main_format(rep);
     row.weight_bytes = rep.quant.bytes;
     int64_t n_el = 0, bytes2d = 0;
@@ -312,6 +358,15 @@ int cmd_compare(int argc, char** argv) {
       row.ppl_stderr = j["ppl_stderr"].get<double>();
       if (!rows.empty() && rows[0].ppl > 0) row.ppl_delta_pct = 100.0 * (row.ppl / rows[0].ppl - 1.0);
     }
+    } catch (const Error& e) {
+      // One method's failure (a training run, a child process) costs its row, not the table.
+      row = CompareRow{};
+      row.method = methods[mi];
+      row.format = "failed";
+      row.error = e.what();
+      row.notes = e.what();
+      std::fprintf(stderr, "tern compare: %s failed: %s\n", methods[mi].c_str(), e.what());
+    }
     rows.push_back(row);
   }
 
@@ -328,13 +383,16 @@ int cmd_compare(int argc, char** argv) {
                     100.0 * r.recon_ratio);
     for (const auto& r : rows)
       for (const std::string& n : fallback_notes(r)) std::printf("note: %s\n", n.c_str());
+    for (const auto& r : rows)
+      if (!r.error.empty()) std::printf("failed: %s: %s\n", r.method.c_str(), r.error.c_str());
   }
   std::fflush(stdout);
   if (!json_out.empty()) write_output_file(json_out, arr.dump(2) + "\n");
   if (!chart.empty())
     write_output_file(chart, svg_chart(rows, str_cat(stem, speed_only ? ": generation speed vs weight memory"
                                                                       : ": perplexity vs weight memory")));
-  return 0;
+  const auto n_failed = std::count_if(rows.begin(), rows.end(), [](const CompareRow& r) { return !r.error.empty(); });
+  return n_failed > 0 ? 1 : 0;  // the table is out; the exit status still says something failed
 }
 
 }  // namespace tern

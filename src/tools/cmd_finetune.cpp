@@ -111,9 +111,9 @@ int cmd_finetune(int argc, char** argv) {
   TrainSetup s;
   s.vocab_file = std::make_unique<GgufFile>(GgufFile::open(a.model));
   const std::string arch = s.vocab_file->get_string("general.architecture", "");
-  if (arch != "llama")
+  if (arch != "llama" && arch != "deci")
     fail(cmd, ": ", a.model, " is a \"", arch.empty() ? "(none)" : arch,
-         "\" model; the training engine trains the llama architecture only");
+         "\" model; the training engine trains the llama architecture only (and deci, llama with per-layer shapes)");
   // The file (s.vocab_file) outlives the model, whose encoded matrices point into its mapping.
   s.model = base_f32 ? train::load_model(*s.vocab_file) : train::load_frozen_base(*s.vocab_file);
   s.tokenizer = Tokenizer::from_gguf(*s.vocab_file);
@@ -149,7 +149,7 @@ int cmd_finetune(int argc, char** argv) {
   int64_t resume_step = 0;
   if (a.resume) {
     const auto ad = LoraAdapter::load(a.out);
-    if (ad->architecture() != "llama") fail("--resume: ", a.out, " is an adapter for \"", ad->architecture(), "\"");
+    if (ad->architecture() != arch) fail("--resume: ", a.out, " is an adapter for \"", ad->architecture(), "\"");
     const GgufFile f = GgufFile::open(a.out);
     const std::string was_targets = f.get_string("tern.lora.targets", "");
     if (was_targets != train::lora_targets_string(kinds))

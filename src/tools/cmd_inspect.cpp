@@ -78,7 +78,21 @@ std::vector<Hparam> llama_hparams(const GgufFile& f) {
     Hparam h{name, key, "", nullptr};
     std::optional<uint64_t> value;
     try {
-      if (const GgufValue* v = f.find(key)) {
+      if (const GgufValue* v = f.find(key); v && v->type == GgufType::ARRAY) {
+        // Per-layer values (structured-pruned models): the largest, and the list.
+        Json list = Json::array();
+        std::string text;
+        for (const GgufValue& item : std::get<GgufArray>(v->v).items) {
+          const uint64_t x = item.as_uint(key);
+          value = std::max(value.value_or(0), x);
+          list.push_back(x);
+          text += (text.empty() ? "" : " ") + std::to_string(x);
+        }
+        h.text = value ? str_cat("max ", *value, " (per layer: ", text, ")") : "(empty array)";
+        h.json = list;
+        out.push_back(std::move(h));
+        return value;
+      } else if (v) {
         value = v->as_uint(key);
         h.text = std::to_string(*value);
       } else if (fallback) {

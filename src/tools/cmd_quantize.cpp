@@ -12,84 +12,11 @@
 #include "tools/commands.h"
 #include "tools/model_args.h"
 #include "tools/progress.h"
+#include "tools/llm_pruner.h"
+#include "tools/run_method.h"
 #include "models/model.h"
 
 namespace tern {
-namespace {
-
-std::string shape_of(const std::vector<int64_t>& ne) {
-  std::string s;
-  for (size_t i = 0; i < ne.size(); ++i) s += (i ? " x " : "") + std::to_string(ne[i]);
-  return s;
-}
-
-int quantize_with_method(const std::string& in, const std::string& out, const std::string& method,
-                         MethodOptions mopts, CalibOptions copts, int n_threads, bool json) {
-  const MethodInfo& info = find_method(method);
-  check_output_not_input(out, {in, copts.text_file});
-  mopts.n_threads = n_threads;
-  copts.n_threads = n_threads;
-  Progress progress("quantize", 1, !json);
-  // A fresh bar whenever a new piece of work starts (its total changes or its count restarts).
-  int64_t last_done = 0, last_total = 0;
-  auto draw = [&](const std::string& label) {
-    return [&, label](int64_t done, int64_t total, const std::string& note) {
-      if (total != last_total || done < last_done) progress = Progress(label, total, !json);
-      last_done = done;
-      last_total = total;
-      progress.update(done, note);
-      if (done == total) progress.finish();
-    };
-  };
-  CalibStats calib;
-  const bool uses_calib = info.needs_calib;
-  if (uses_calib) {
-    if (copts.text_file.empty()) fail(info.name, " needs a calibration text: --calib FILE");
-    copts.hessian = info.needs_hessian;
-    copts.progress = draw("calibrate");
-    calib = calibrate(open_model_file(in), copts);
-  }
-  mopts.progress = draw(info.name);
-  const MethodReport rep = apply_method(method, in, out, uses_calib ? &calib : nullptr, mopts);
-  if (json) {
-    nlohmann::json tensors = nlohmann::json::array();
-    for (const auto& t : rep.quant.tensors)
-      tensors.push_back({{"name", t.name}, {"type", dtype_name(t.type)}, {"requested", dtype_name(t.requested)},
-                         {"fallback", t.type != t.requested}, {"reason", t.reason}, {"bytes", t.bytes}});
-    nlohmann::json layers = nlohmann::json::array();
-    for (const auto& l : rep.layers) {
-      nlohmann::json j = {{"name", l.name}};
-      if (l.err >= 0) j["err"] = l.err, j["err_rtn"] = l.err_rtn;
-      if (l.outliers >= 0) j["outliers"] = l.outliers;
-      if (l.alpha >= 0) j["alpha"] = l.alpha;
-      layers.push_back(j);
-    }
-    std::printf("%s\n", nlohmann::json{{"input", in}, {"output", out}, {"method", rep.method},
-                                       {"src_bytes", rep.quant.src_bytes}, {"bytes", rep.quant.bytes},
-                                       {"n_fallbacks", rep.quant.n_fallbacks()}, {"seconds", rep.seconds},
-                                       {"calib_tokens", uses_calib ? calib.n_tokens : 0}, {"tensors", tensors},
-                                       {"layers", layers}}
-                                .dump()
-                                .c_str());
-    return 0;
-  }
-  for (const auto& t : rep.quant.tensors)
-    std::printf("%-28s %-14s %5s -> %-8s %10s  %s\n", t.name.c_str(), shape_of(t.ne).c_str(), dtype_name(t.src_type),
-                dtype_name(t.type), format_bytes(t.bytes).c_str(), t.reason.c_str());
-  for (const auto& l : rep.layers)
-    if (l.err >= 0)
-      std::printf("%-28s output error %.4g (round-to-nearest %.4g, %.1f%%)%s\n", l.name.c_str(), l.err, l.err_rtn,
-                  l.err_rtn > 0 ? 100.0 * l.err / l.err_rtn : 0.0,
-                  l.alpha >= 0 ? str_cat(", alpha ", l.alpha).c_str() : "");
-  for (const auto& n : rep.notes) std::printf("note: %s\n", n.c_str());
-  std::printf("wrote %s: %s, %s -> %s of tensor data (%.2fx), %d fallback%s, %.2f s\n", out.c_str(),
-              rep.method.c_str(), format_bytes(rep.quant.src_bytes).c_str(), format_bytes(rep.quant.bytes).c_str(),
-              rep.quant.bytes > 0 ? double(rep.quant.src_bytes) / double(rep.quant.bytes) : 0.0,
-              rep.quant.n_fallbacks(), rep.quant.n_fallbacks() == 1 ? "" : "s", rep.seconds);
-  return 0;
-}
-
-}  // namespace
 
 int cmd_quantize(int argc, char** argv) {
   CLI::App app{"Requantize a GGUF model (F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K) with llama-quantize's default rules,\n"
@@ -123,7 +50,11 @@ int cmd_quantize(int argc, char** argv) {
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   if (type_name.empty() && method.empty()) fail("give --type TYPE or --method METHOD");
   check_output_not_input(out, {in});
-  if (!method.empty()) return quantize_with_method(in, out, method, mopts, copts, opts.n_threads, json);
+  // Pruning methods calibrate layer by layer through their pruned layers (the others ignore it).
+  mopts.sequential = copts;
+  copts.n_threads = opts.n_threads;
+  enable_llm_pruner(mopts, copts);
+  if (!method.empty()) return run_method(in, out, method, mopts, copts, opts.n_threads, json);
   opts.type = parse_quantize_type(type_name);
   if (!output_type.empty()) opts.output_type = parse_quantize_type(output_type);
   if (!embd_type.empty()) opts.embd_type = parse_quantize_type(embd_type);

@@ -28,6 +28,8 @@ int cmd_synth(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
 int cmd_compare(int argc, char** argv);
+int cmd_prune(int argc, char** argv);
+int cmd_lowrank(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_list(int argc, char** argv);
 int cmd_ps(int argc, char** argv);

@@ -38,4 +38,14 @@ void Progress::finish() {
   if (enabled_ && tty_) std::fprintf(stderr, "\n");
 }
 
+std::function<void(int64_t, int64_t, const std::string&)> StagedProgress::stage(const std::string& label) {
+  return [this, label](int64_t done, int64_t total, const std::string& note) {
+    if (total != last_total_ || done < last_done_) bar_ = Progress(label, total, enabled_);
+    last_done_ = done;
+    last_total_ = total;
+    bar_.update(done, note);
+    if (done == total) bar_.finish();
+  };
+}
+
 }  // namespace tern

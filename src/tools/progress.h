@@ -2,6 +2,7 @@
 // A one-line progress bar on stderr for long work (quantize, ppl, bench). Redraws at most
 // ~10 times a second; silent when disabled or when stderr is not a terminal and `force` is off.
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace tern {
@@ -20,6 +21,21 @@ class Progress {
   int64_t t_start_;
   int64_t t_last_draw_ = 0;
   int last_percent_ = -1;
+};
+
+// Bars for a sequence of pieces of work that report (done, total, note) through callbacks (the
+// compress layer's ProgressFn): a fresh bar, labelled as the stage says, whenever a new piece
+// starts (its total changes or its count restarts).
+class StagedProgress {
+ public:
+  explicit StagedProgress(bool enabled) : enabled_(enabled), bar_("", 1, enabled) {}
+  // The callback of one stage; it refers to this object, which must outlive it.
+  std::function<void(int64_t, int64_t, const std::string&)> stage(const std::string& label);
+
+ private:
+  bool enabled_;
+  Progress bar_;
+  int64_t last_done_ = 0, last_total_ = 0;
 };
 
 }  // namespace tern

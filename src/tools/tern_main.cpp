@@ -23,6 +23,8 @@ const std::vector<Command>& commands() {
       {"synth", "write a random-weight model with a real architecture shape", cmd_synth},
       {"bench", "prompt-processing and generation throughput with the decode roofline", cmd_bench},
       {"quantize", "requantize a GGUF model (f16, q8_0, q4_0, q4_k, ...) as llama-quantize does", cmd_quantize},
+      {"prune", "prune a model's linear layers: magnitude, Wanda, SparseGPT; unstructured, N:M or OWL", cmd_prune},
+      {"lowrank", "low-rank (truncated SVD / activation-aware SVD) factorization of the linear layers", cmd_lowrank},
       {"compare", "quantize with each compression method and tabulate memory, speed and perplexity", cmd_compare},
       {"serve", "serve a model over the OpenAI API, with metrics and a chat page", cmd_serve},
       {"list", "list the models in a directory: size, type, architecture, context, or why one is unusable", cmd_list},

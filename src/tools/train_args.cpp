@@ -77,12 +77,16 @@ void add_train_args(CLI::App& app, TrainArgs& a, bool distill) {
   add_run_options(app, a, RunOptionsHelp{"AdamW's decoupled weight decay (matrices only)",
                                          "seed of the initial weights and the data order",
                                          "end every document with EOS (so the model learns to stop)"});
+  app.add_flag("--keep-zeros", a.cfg.keep_zeros,
+               "with -m: the model's matrix entries that are exactly 0 stay 0 (sparse fine-tuning after tern prune)");
   app.add_option("-o,--output", a.out, "checkpoint GGUF (the optimizer state goes to OUT.optim)")->required();
 }
 
 TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& cmd, bool no_steps_needed,
                           const std::string* extra_text) {
   TrainSetup s;
+  if (a.cfg.keep_zeros && a.model.empty())
+    fail(cmd, ": --keep-zeros keeps the zeros of a pruned model: give it with -m MODEL");
   const bool new_shape = app.count("--n-embd") + app.count("--n-layer") + app.count("--n-head") +
                              app.count("--n-ff") + app.count("--n-head-kv") > 0;
   if (a.resume) {
@@ -202,6 +206,10 @@ int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
   std::fprintf(stderr, "%lld steps of %lld x %lld x %lld tokens, %d threads\n", static_cast<long long>(a.cfg.steps),
                static_cast<long long>(a.cfg.grad_accum), static_cast<long long>(a.cfg.n_seq),
                static_cast<long long>(a.cfg.n_ctx), s.pool->size());
+  if (a.cfg.keep_zeros)
+    std::fprintf(stderr, "%s: --keep-zeros: %lld matrix entries (%.1f%% of the parameters) stay 0\n", cmd.c_str(),
+                 static_cast<long long>(s.trainer->n_frozen()),
+                 100.0 * double(s.trainer->n_frozen()) / double(std::max<int64_t>(1, s.model.n_params())));
   if (a.resume)
     std::fprintf(stderr, "%s: resuming %s at step %lld\n", cmd.c_str(), a.out.c_str(),
                  static_cast<long long>(s.trainer->step()));

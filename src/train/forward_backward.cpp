@@ -20,15 +20,47 @@ void resize(std::vector<float>& v, int64_t n) { v.assign(size_t(n), 0.0f); }
 
 }  // namespace
 
+// y [n][e] += b [e] on every row (an output projection's bias).
+void ForwardBackward::add_bias(int64_t n, int64_t e, const float* b, float* y) {
+  auto rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i)
+      for (int64_t j = 0; j < e; ++j) y[i * e + j] += b[j];
+  };
+  if (pool_ != nullptr) pool_->parallel_for(n, [&](int64_t r0, int64_t r1, int) { rows(r0, r1); });
+  else rows(0, n);
+}
+
+// gb [e] += sum over the n rows of dy [n][e]: each column summed in row order in double by one
+// thread (split by columns), so the bits do not depend on the thread count.
+void ForwardBackward::bias_backward(int64_t n, int64_t e, const float* dy, float* gb) {
+  auto cols = [&](int64_t c0, int64_t c1) {
+    std::vector<double> acc(size_t(c1 - c0), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = c0; j < c1; ++j) acc[size_t(j - c0)] += double(dy[i * e + j]);
+    for (int64_t j = c0; j < c1; ++j) gb[j] += float(acc[size_t(j - c0)]);
+  };
+  if (pool_ != nullptr) pool_->parallel_for(e, [&](int64_t c0, int64_t c1, int) { cols(c0, c1); });
+  else cols(0, e);
+}
+
 ForwardBackward::ForwardBackward(const ModelShape& shape, int64_t n_seq, int64_t n_ctx, ThreadPool* pool)
     : shape_(shape), n_seq_(n_seq), n_ctx_(n_ctx), n_tok_(n_seq * n_ctx), pool_(pool) {
   if (n_seq <= 0 || n_ctx <= 0) fail("training batch: need at least one sequence of one token (got ", n_seq, " x ", n_ctx, ")");
-  const int64_t N = n_tok_, E = shape.n_embd, hd = shape.head_dim();
-  const int64_t qw = shape.n_head * hd, kvw = shape.n_head_kv * hd, F = shape.n_ff;
+  const int64_t N = n_tok_, E = shape.n_embd;
+  // The backward scratch serves every layer: sized for the widest (a pruned model's layers differ).
+  int64_t qw_max = 0, kvw_max = 0, F_max = 0;
+  for (int64_t il = 0; il < shape.n_layer; ++il) {
+    qw_max = std::max(qw_max, shape.q_width(il));
+    kvw_max = std::max(kvw_max, shape.kv_width(il));
+    F_max = std::max(F_max, shape.ff_length(il));
+  }
   inputs_.assign(size_t(N), 0);
   targets_.assign(size_t(N), 0);
   acts_.resize(size_t(shape.n_layer));
-  for (auto& a : acts_) {
+  for (int64_t il = 0; il < shape.n_layer; ++il) {
+    // Each layer's activations at its own widths.
+    LayerActs& a = acts_[size_t(il)];
+    const int64_t qw = shape.q_width(il), kvw = shape.kv_width(il), F = shape.ff_length(il);
     resize(a.x, N * E);
     resize(a.h1, N * E);
     resize(a.rstd1, N);
@@ -36,7 +68,7 @@ ForwardBackward::ForwardBackward(const ModelShape& shape, int64_t n_seq, int64_t
     resize(a.k, N * kvw);
     resize(a.v, N * kvw);
     resize(a.o, N * qw);
-    resize(a.lse, N * shape.n_head);
+    resize(a.lse, N * shape.head_count(il));
     resize(a.x_mid, N * E);
     resize(a.h2, N * E);
     resize(a.rstd2, N);
@@ -51,13 +83,13 @@ ForwardBackward::ForwardBackward(const ModelShape& shape, int64_t n_seq, int64_t
   resize(logits_, N * shape.n_vocab);
   resize(dx_, N * E);
   resize(dh_, N * E);
-  resize(dq_, N * qw);
-  resize(dk_, N * kvw);
-  resize(dv_, N * kvw);
-  resize(do_, N * qw);
-  resize(dact_, N * F);
-  resize(dgate_, N * F);
-  resize(dup_, N * F);
+  resize(dq_, N * qw_max);
+  resize(dk_, N * kvw_max);
+  resize(dv_, N * kvw_max);
+  resize(do_, N * qw_max);
+  resize(dact_, N * F_max);
+  resize(dgate_, N * F_max);
+  resize(dup_, N * F_max);
 }
 
 void ForwardBackward::prepare(const TrainModel& m) {
@@ -305,7 +337,6 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool 
   if (weight_t_offset_.size() != m.params.size()) fail("training batch: prepare() was not called");
   if (lora_ != nullptr && lora_t_.size() != lora_->data.size()) fail("training batch: prepare_lora() was not called");
   const int64_t N = n_tok_, E = shape_.n_embd, hd = shape_.head_dim(), V = shape_.n_vocab;
-  const int64_t qw = shape_.n_head * hd, kvw = shape_.n_head_kv * hd, F = shape_.n_ff;
   n_scored_ = 0;
   for (int64_t s = 0; s < n_seq_; ++s) {
     const int32_t* w = windows + s * (n_ctx_ + 1);
@@ -320,7 +351,6 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool 
   }
   auto wt = [&](int64_t offset) { return linear_of(m, offset); };
   const float* P = m.data.data();
-  const AttentionShape as{n_seq_, n_ctx_, shape_.n_head, shape_.n_head_kv, hd, float(1.0 / std::sqrt(double(hd)))};
 
   if (!TrainModel::is_encoded(m.tok_embd)) {
     embedding_forward<float>(pool_, N, E, inputs_.data(), P + m.tok_embd, acts_[0].x.data());
@@ -338,6 +368,9 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool 
   for (int64_t il = 0; il < shape_.n_layer; ++il) {
     LayerActs& a = acts_[size_t(il)];
     const LayerOffsets& l = m.layers[size_t(il)];
+    const int64_t nh = shape_.head_count(il), nkv = shape_.head_count_kv(il);
+    const int64_t qw = nh * hd, kvw = nkv * hd, F = shape_.ff_length(il);
+    const AttentionShape as{n_seq_, n_ctx_, nh, nkv, hd, float(1.0 / std::sqrt(double(hd)))};
     rmsnorm_forward<float>(pool_, N, E, a.x.data(), P + l.attn_norm, shape_.rms_eps, a.h1.data(), a.rstd1.data());
     linear_forward(E, qw, a.h1.data(), wt(l.wq), a.q.data(), false);
     linear_forward(E, kvw, a.h1.data(), wt(l.wk), a.k.data(), false);
@@ -345,12 +378,13 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool 
     lora_forward(il, int(LoraKind::Q), a.h1.data(), a.q.data(), train);
     lora_forward(il, int(LoraKind::K), a.h1.data(), a.k.data(), train);
     lora_forward(il, int(LoraKind::V), a.h1.data(), a.v.data(), train);
-    rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head, hd, shape_.rope_freq_base, a.q.data(), false);
-    rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head_kv, hd, shape_.rope_freq_base, a.k.data(), false);
+    rope_rotate<float>(pool_, N, n_ctx_, nh, hd, shape_.rope_freq_base, a.q.data(), false);
+    rope_rotate<float>(pool_, N, n_ctx_, nkv, hd, shape_.rope_freq_base, a.k.data(), false);
     attention_forward(pool_, as, a.q.data(), a.k.data(), a.v.data(), a.o.data(), a.lse.data());
     std::memcpy(a.x_mid.data(), a.x.data(), size_t(N * E) * sizeof(float));
     linear_forward(qw, E, a.o.data(), wt(l.wo), a.x_mid.data(), true);
     lora_forward(il, int(LoraKind::O), a.o.data(), a.x_mid.data(), train);
+    if (l.bo != LayerOffsets::kAbsent) add_bias(N, E, P + l.bo, a.x_mid.data());
     rmsnorm_forward<float>(pool_, N, E, a.x_mid.data(), P + l.ffn_norm, shape_.rms_eps, a.h2.data(), a.rstd2.data());
     linear_forward(E, F, a.h2.data(), wt(l.w_gate), a.gate.data(), false);
     linear_forward(E, F, a.h2.data(), wt(l.w_up), a.up.data(), false);
@@ -361,6 +395,7 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool 
     std::memcpy(next, a.x_mid.data(), size_t(N * E) * sizeof(float));
     linear_forward(F, E, a.act.data(), wt(l.w_down), next, true);
     lora_forward(il, int(LoraKind::Down), a.act.data(), next, train);
+    if (l.b_down != LayerOffsets::kAbsent) add_bias(N, E, P + l.b_down, next);
   }
   rmsnorm_forward<float>(pool_, N, E, x_final_.data(), P + m.output_norm, shape_.rms_eps, h_final_.data(),
                          rstd_final_.data());
@@ -378,14 +413,12 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
                                          const LossFn* loss_fn) {
   forward(m, windows, true);
   const int64_t N = n_tok_, E = shape_.n_embd, hd = shape_.head_dim(), V = shape_.n_vocab;
-  const int64_t qw = shape_.n_head * hd, kvw = shape_.n_head_kv * hd, F = shape_.n_ff;
   const int64_t n_mean = n_scored_ > 0 ? n_scored_ : 1;
   const float scale = grad_scale / float(n_mean);
   const double loss_sum =
       loss_fn != nullptr ? (*loss_fn)(logits_.data(), targets_.data(), N, V, scale)
                          : cross_entropy_fused<float>(pool_, N, V, logits_.data(), targets_.data(), scale);
   const float* P = m.data.data();
-  const AttentionShape as{n_seq_, n_ctx_, shape_.n_head, shape_.n_head_kv, hd, float(1.0 / std::sqrt(double(hd)))};
   // The base's gradients: into g (its layout), or nowhere when a LoRA adapter is trained (the
   // dW products skipped; the norms' small gradients go to scratch, as their input gradient is
   // computed with them).
@@ -409,7 +442,11 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
   for (int64_t il = shape_.n_layer - 1; il >= 0; --il) {
     LayerActs& a = acts_[size_t(il)];
     const LayerOffsets& l = m.layers[size_t(il)];
-    // x_out = x_mid + act W_down^T (dx_ holds d x_out)
+    const int64_t nh = shape_.head_count(il), nkv = shape_.head_count_kv(il);
+    const int64_t qw = nh * hd, kvw = nkv * hd, F = shape_.ff_length(il);
+    const AttentionShape as{n_seq_, n_ctx_, nh, nkv, hd, float(1.0 / std::sqrt(double(hd)))};
+    // x_out = x_mid + act W_down^T (+ b_down) (dx_ holds d x_out)
+    if (!frozen && l.b_down != LayerOffsets::kAbsent) bias_backward(N, E, dx_.data(), g + l.b_down);
     linear_backward(F, E, a.act.data(), lin(l.w_down), dx_.data(), dact_.data(), false, gw(l.w_down));
     lora_backward(il, int(LoraKind::Down), a.act.data(), dx_.data(), dact_.data(), gl);
     swiglu_backward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.gate_sig.data(), dact_.data(), dgate_.data(),
@@ -420,13 +457,14 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
     lora_backward(il, int(LoraKind::Up), a.h2.data(), dup_.data(), dh_.data(), gl);
     rmsnorm_backward<float>(pool_, N, E, a.x_mid.data(), P + l.ffn_norm, a.rstd2.data(), dh_.data(), dx_.data(),
                             gn(l.ffn_norm), true);
-    // x_mid = x + o W_o^T (dx_ holds d x_mid)
+    // x_mid = x + o W_o^T (+ b_o) (dx_ holds d x_mid)
+    if (!frozen && l.bo != LayerOffsets::kAbsent) bias_backward(N, E, dx_.data(), g + l.bo);
     linear_backward(qw, E, a.o.data(), lin(l.wo), dx_.data(), do_.data(), false, gw(l.wo));
     lora_backward(il, int(LoraKind::O), a.o.data(), dx_.data(), do_.data(), gl);
     attention_backward(pool_, as, a.q.data(), a.k.data(), a.v.data(), a.o.data(), a.lse.data(), do_.data(), dq_.data(),
                        dk_.data(), dv_.data());
-    rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head, hd, shape_.rope_freq_base, dq_.data(), true);
-    rope_rotate<float>(pool_, N, n_ctx_, shape_.n_head_kv, hd, shape_.rope_freq_base, dk_.data(), true);
+    rope_rotate<float>(pool_, N, n_ctx_, nh, hd, shape_.rope_freq_base, dq_.data(), true);
+    rope_rotate<float>(pool_, N, n_ctx_, nkv, hd, shape_.rope_freq_base, dk_.data(), true);
     linear_backward(E, qw, a.h1.data(), lin(l.wq), dq_.data(), dh_.data(), false, gw(l.wq));
     linear_backward(E, kvw, a.h1.data(), lin(l.wk), dk_.data(), dh_.data(), true, gw(l.wk));
     linear_backward(E, kvw, a.h1.data(), lin(l.wv), dv_.data(), dh_.data(), true, gw(l.wv));
@@ -442,13 +480,16 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
 }
 
 double ForwardBackward::flops_per_batch() const {
-  const double E = double(shape_.n_embd), hd = double(shape_.head_dim()), F = double(shape_.n_ff);
-  const double qw = double(shape_.n_head) * hd, kvw = double(shape_.n_head_kv) * hd, V = double(shape_.n_vocab);
-  const double L = double(shape_.n_layer), T = double(n_ctx_);
-  const double mac_per_token = L * (E * (qw + 2 * kvw) + qw * E + 3 * E * F) + E * V;
-  // Attention: q.k and p.v forward, four products backward (not counting the recompute), over
-  // the causal half.
-  const double attn_mac_per_seq = L * double(shape_.n_head) * hd * T * (T + 1) / 2.0 * 6.0;
+  const double E = double(shape_.n_embd), hd = double(shape_.head_dim()), V = double(shape_.n_vocab);
+  const double T = double(n_ctx_);
+  double mac_per_token = E * V, attn_mac_per_seq = 0.0;
+  for (int64_t il = 0; il < shape_.n_layer; ++il) {
+    const double qw = double(shape_.q_width(il)), kvw = double(shape_.kv_width(il)), F = double(shape_.ff_length(il));
+    mac_per_token += E * (qw + 2 * kvw) + qw * E + 3 * E * F;
+    // Attention: q.k and p.v forward, four products backward (not counting the recompute), over
+    // the causal half.
+    attn_mac_per_seq += double(shape_.head_count(il)) * hd * T * (T + 1) / 2.0 * 6.0;
+  }
   if (lora_ != nullptr) {
     // Frozen base: forward and input gradient (2 products, not 3); each adapter: its two
     // products forward, and dA, dB, du, dx backward.

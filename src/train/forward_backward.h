@@ -12,6 +12,11 @@
 // gradients (the dW products, the norms', the embedding's) are not computed; the input
 // gradients run through both the base weights and the adapter.
 //
+// Layers may differ (a structured-pruned model: ModelShape::head_count(il) etc.): each layer's
+// activations have its own widths, the backward scratch the widest layer's; a layer's optional
+// attn_output / ffn_down bias is added to that projection's output, and its gradient is the
+// output gradient summed over the tokens.
+//
 // A base from load_frozen_base may keep its matrices encoded (f16, bf16, quantized: QLoRA). Such
 // a linear's products dequantize a tile of W's rows at a time into scratch and multiply it with
 // the same f32 gemm, so the results are those of the dequantized f32 model bit for bit (each
@@ -110,6 +115,9 @@ class ForwardBackward {
   const QuantTraits& check_encoded(const EncodedTensor& e, int64_t in, int64_t out) const;
   // tile_[0 .. r) = rows o0 .. o0 + r of e, dequantized (split over the pool).
   void dequantize_tile(const EncodedTensor& e, const QuantTraits& q, int64_t o0, int64_t r);
+  // y [n][e] += b on every row; gb [e] += the column sums of dy [n][e] (a bias's gradient).
+  void add_bias(int64_t n, int64_t e, const float* b, float* y);
+  void bias_backward(int64_t n, int64_t e, const float* dy, float* gb);
   // y [n_tok][n_out] += s * drop(x) A^T B^T for the adapted (layer, kind); nothing when not adapted.
   void lora_forward(int64_t layer, int kind, const float* x, float* y, bool train);
   // dx [n_tok][n_in] += the adapter's input gradient; the adapter's dA, dB into g.
@@ -125,6 +133,8 @@ class ForwardBackward {
   // [R][n_tok]; x^T [in][n_tok] (forward_by_x_t).
   std::vector<float> tile_, tile_t_, x_t_;
   int64_t tile_rows_ = 0;
+  // [n_tok][E] x, h1, x_mid, h2; [n_tok] rstd1, rstd2; [n_tok][q_width(il)] q, o; [n_tok][kv_width(il)]
+  // k, v; [n_tok][head_count(il)] lse; [n_tok][ff_length(il)] gate, up, gate_sig, act.
   struct LayerActs {
     std::vector<float> x, h1, rstd1, q, k, v, o, lse, x_mid, h2, rstd2, gate, up, gate_sig, act;
   };

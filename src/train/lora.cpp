@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "core/error.h"
 #include "train/rng.h"
@@ -80,9 +81,23 @@ LoraWeights make_lora(const ModelShape& s, const std::vector<LoraKind>& kinds, i
   if (want[int(LoraKind::Output)] && s.tied_output)
     fail("LoRA target \"output\": this model's output projection is tied to token_embd (no output.weight); "
          "adapt the untied output of another model, or leave \"output\" out of --targets");
-  const int64_t E = s.n_embd, qw = s.n_head * s.head_dim(), kvw = s.n_head_kv * s.head_dim(), F = s.n_ff;
-  // (n_in, n_out) of each kind.
-  const int64_t dims[kLoraKinds][2] = {{E, qw}, {E, kvw}, {E, kvw}, {qw, E}, {E, F}, {E, F}, {F, E}, {E, s.n_vocab}};
+  // (n_in, n_out) of each kind in layer il (-1: output); a pruned base's layers differ.
+  auto dims = [&](LoraKind k, int64_t il) -> std::pair<int64_t, int64_t> {
+    const int64_t E = s.n_embd;
+    if (il < 0) return {E, s.n_vocab};
+    const int64_t qw = s.q_width(il), kvw = s.kv_width(il), F = s.ff_length(il);
+    switch (k) {
+      case LoraKind::Q: return {E, qw};
+      case LoraKind::K:
+      case LoraKind::V: return {E, kvw};
+      case LoraKind::O: return {qw, E};
+      case LoraKind::Gate:
+      case LoraKind::Up: return {E, F};
+      case LoraKind::Down: return {F, E};
+      case LoraKind::Output: break;
+    }
+    return {E, s.n_vocab};
+  };
   l.index.assign(size_t(s.n_layer + 1), {});
   for (auto& row : l.index) row.fill(-1);
   int64_t off = 0;
@@ -92,8 +107,7 @@ LoraWeights make_lora(const ModelShape& s, const std::vector<LoraKind>& kinds, i
     slot.layer = layer;
     slot.target = layer < 0 ? std::string("output.weight")
                             : "blk." + std::to_string(layer) + "." + kKindTensors[int(k)] + ".weight";
-    slot.n_in = dims[int(k)][0];
-    slot.n_out = dims[int(k)][1];
+    std::tie(slot.n_in, slot.n_out) = dims(k, layer);
     slot.a = off;
     l.params.push_back({slot.target + ".lora_a", {slot.n_in, rank}, off, rank * slot.n_in, true});
     off += rank * slot.n_in;

@@ -11,6 +11,37 @@
 
 namespace tern::train {
 
+bool ModelShape::uniform_layers() const {
+  for (int64_t il = 1; il < n_layer; ++il)
+    if (head_count(il) != head_count(0) || head_count_kv(il) != head_count_kv(0) || ff_length(il) != ff_length(0))
+      return false;
+  return true;
+}
+
+void ModelShape::set_per_layer(std::vector<int64_t> nh, std::vector<int64_t> nkv, std::vector<int64_t> nff) {
+  auto fill = [&](std::vector<int64_t>& v, int64_t scalar) {
+    if (v.empty()) v.assign(size_t(std::max<int64_t>(n_layer, 0)), scalar);
+  };
+  fill(nh, n_head);
+  fill(nkv, n_head_kv);
+  fill(nff, n_ff);
+  n_head_l = std::move(nh);
+  n_head_kv_l = std::move(nkv);
+  n_ff_l = std::move(nff);
+  auto largest = [](const std::vector<int64_t>& v, int64_t fallback) {
+    return v.empty() ? fallback : *std::max_element(v.begin(), v.end());
+  };
+  n_head = largest(n_head_l, n_head);
+  n_head_kv = largest(n_head_kv_l, n_head_kv);
+  n_ff = largest(n_ff_l, n_ff);
+  if (uniform_layers()) {
+    // Keep head_dim: it was n_embd / head_count(0) (or explicit) and stays so.
+    n_head_l.clear();
+    n_head_kv_l.clear();
+    n_ff_l.clear();
+  }
+}
+
 void ModelShape::validate(const std::string& what) const {
   auto need = [&](int64_t v, const char* name) {
     if (v <= 0) fail(what, ": ", name, " must be positive (got ", v, ")");
@@ -21,22 +52,76 @@ void ModelShape::validate(const std::string& what) const {
   need(n_head, "n_head");
   need(n_head_kv, "n_head_kv");
   need(n_ff, "n_ff");
-  if (n_embd % n_head != 0) fail(what, ": n_embd ", n_embd, " is not a multiple of n_head ", n_head);
-  if (n_head % n_head_kv != 0) fail(what, ": n_head ", n_head, " is not a multiple of n_head_kv ", n_head_kv);
+  auto per_layer = [&](const std::vector<int64_t>& v, const char* name) {
+    if (!v.empty() && int64_t(v.size()) != n_layer)
+      fail(what, ": ", v.size(), " values of ", name, " for ", n_layer, " layers");
+  };
+  per_layer(n_head_l, "n_head");
+  per_layer(n_head_kv_l, "n_head_kv");
+  per_layer(n_ff_l, "n_ff");
+  for (const auto* flags : {&attn_out_bias_l, &ffn_down_bias_l})
+    if (!flags->empty() && int64_t(flags->size()) != n_layer)
+      fail(what, ": ", flags->size(), " bias flags for ", n_layer, " layers");
+  for (int64_t il = 0; il < n_layer; ++il) {
+    const int64_t nh = head_count(il), nkv = head_count_kv(il), nff = ff_length(il);
+    if (nh <= 0 || nkv <= 0 || nff <= 0)
+      fail(what, ": layer ", il, " has n_head ", nh, ", n_head_kv ", nkv, ", n_ff ", nff, " (each must be positive)");
+    if (nh % nkv != 0) fail(what, ": layer ", il, ": n_head ", nh, " is not a multiple of n_head_kv ", nkv);
+  }
+  if (n_embd_head < 0) fail(what, ": head_dim (key_length) must be positive (got ", n_embd_head, ")");
+  if (n_embd_head == 0 && n_embd % head_count(0) != 0)
+    fail(what, ": n_embd ", n_embd, " is not a multiple of n_head ", head_count(0));
   if (head_dim() % 2 != 0) fail(what, ": head_dim ", head_dim(), " (n_embd / n_head) must be even for RoPE");
   if (!(rms_eps > 0.0f)) fail(what, ": rms_eps must be positive");
   if (!(rope_freq_base > 0.0f)) fail(what, ": rope freq_base must be positive");
 }
 
+namespace {
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (int64_t x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
+  return s;
+}
+
+int64_t count_set(const std::vector<uint8_t>& v) { return std::count_if(v.begin(), v.end(), [](uint8_t b) { return b != 0; }); }
+
+}  // namespace
+
 std::string ModelShape::describe() const {
-  return str_cat("n_vocab ", n_vocab, ", n_embd ", n_embd, ", n_layer ", n_layer, ", n_head ", n_head,
-                 ", n_head_kv ", n_head_kv, ", n_ff ", n_ff, tied_output ? ", tied output" : "");
+  if (uniform_layers() && n_embd_head == 0 && count_set(attn_out_bias_l) + count_set(ffn_down_bias_l) == 0)
+    return str_cat("n_vocab ", n_vocab, ", n_embd ", n_embd, ", n_layer ", n_layer, ", n_head ", n_head,
+                   ", n_head_kv ", n_head_kv, ", n_ff ", n_ff, tied_output ? ", tied output" : "");
+  // Per-layer values as lists, layer 0 first.
+  auto list = [&](int64_t (ModelShape::*get)(int64_t) const) {
+    std::vector<int64_t> v;
+    for (int64_t il = 0; il < n_layer; ++il) v.push_back((this->*get)(il));
+    std::string out = "[";
+    out += join(v);
+    out += ']';
+    return out;
+  };
+  std::string s = str_cat("n_vocab ", n_vocab, ", n_embd ", n_embd, ", n_layer ", n_layer, ", n_head ",
+                          list(&ModelShape::head_count), ", n_head_kv ", list(&ModelShape::head_count_kv), ", n_ff ",
+                          list(&ModelShape::ff_length), ", head_dim ", head_dim());
+  const int64_t nbo = count_set(attn_out_bias_l), nbd = count_set(ffn_down_bias_l);
+  if (nbo + nbd > 0) s += str_cat(", output biases: attn ", nbo, ", ffn ", nbd);
+  return s + (tied_output ? ", tied output" : "");
 }
 
 bool ModelShape::same_architecture(const ModelShape& o) const {
-  return n_vocab == o.n_vocab && n_embd == o.n_embd && n_layer == o.n_layer && n_head == o.n_head &&
-         n_head_kv == o.n_head_kv && n_ff == o.n_ff && rms_eps == o.rms_eps &&
-         rope_freq_base == o.rope_freq_base && tied_output == o.tied_output;
+  if (!(n_vocab == o.n_vocab && n_embd == o.n_embd && n_layer == o.n_layer && head_dim() == o.head_dim() &&
+        rms_eps == o.rms_eps && rope_freq_base == o.rope_freq_base && tied_output == o.tied_output))
+    return false;
+  for (int64_t il = 0; il < n_layer; ++il)
+    if (head_count(il) != o.head_count(il) || head_count_kv(il) != o.head_count_kv(il) ||
+        ff_length(il) != o.ff_length(il) || has_attn_out_bias(il) != o.has_attn_out_bias(il) ||
+        has_ffn_down_bias(il) != o.has_ffn_down_bias(il))
+      return false;
+  return true;
 }
 
 const ParamInfo* TrainModel::find(const std::string& name) const {
@@ -68,9 +153,11 @@ TrainModel layout(const ModelShape& s, Encoded&& encoded) {
     m.params.push_back({name, std::move(ne), at, n, decay});
     return at;
   };
-  const int64_t E = s.n_embd, hd = s.head_dim(), q_w = s.n_head * hd, kv_w = s.n_head_kv * hd;
+  const int64_t E = s.n_embd;
   m.tok_embd = add("token_embd.weight", {E, s.n_vocab}, true);
   for (int64_t il = 0; il < s.n_layer; ++il) {
+    // Each layer's own widths (a pruned model's layers differ).
+    const int64_t q_w = s.q_width(il), kv_w = s.kv_width(il), n_ff = s.ff_length(il);
     const std::string p = "blk." + std::to_string(il) + ".";
     LayerOffsets l{};
     l.attn_norm = add(p + "attn_norm.weight", {E}, false);
@@ -78,10 +165,13 @@ TrainModel layout(const ModelShape& s, Encoded&& encoded) {
     l.wk = add(p + "attn_k.weight", {E, kv_w}, true);
     l.wv = add(p + "attn_v.weight", {E, kv_w}, true);
     l.wo = add(p + "attn_output.weight", {q_w, E}, true);
+    // Biases: no weight decay (like the norms; they are offsets, not magnitudes to shrink).
+    if (s.has_attn_out_bias(il)) l.bo = add(p + "attn_output.bias", {E}, false);
     l.ffn_norm = add(p + "ffn_norm.weight", {E}, false);
-    l.w_gate = add(p + "ffn_gate.weight", {E, s.n_ff}, true);
-    l.w_up = add(p + "ffn_up.weight", {E, s.n_ff}, true);
-    l.w_down = add(p + "ffn_down.weight", {s.n_ff, E}, true);
+    l.w_gate = add(p + "ffn_gate.weight", {E, n_ff}, true);
+    l.w_up = add(p + "ffn_up.weight", {E, n_ff}, true);
+    l.w_down = add(p + "ffn_down.weight", {n_ff, E}, true);
+    if (s.has_ffn_down_bias(il)) l.b_down = add(p + "ffn_down.bias", {E}, false);
     m.layers.push_back(l);
   }
   m.output_norm = add("output_norm.weight", {E}, false);
@@ -115,7 +205,8 @@ TrainModel init_model(const ModelShape& s, uint64_t seed) {
   for (const auto& p : m.params) {
     float* d = m.data.data() + p.offset;
     if (p.ne.size() == 1) {
-      for (int64_t i = 0; i < p.size; ++i) d[i] = 1.0f;
+      const bool bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+      for (int64_t i = 0; i < p.size; ++i) d[i] = bias ? 0.0f : 1.0f;  // norms 1, biases 0
       continue;
     }
     const bool residual = p.name.find("attn_output") != std::string::npos || p.name.find("ffn_down") != std::string::npos;
@@ -125,17 +216,45 @@ TrainModel init_model(const ModelShape& s, uint64_t seed) {
   return m;
 }
 
+namespace {
+
+// A key that is one number for every layer or an i32/u32 array of one per layer (llama.cpp's
+// get_key_or_arr; what structured pruning writes). models/hparams.cpp reads the same keys for
+// inference; its helper is private to it.
+std::vector<int64_t> per_layer_key(const GgufFile& f, const std::string& key, int64_t n_layer,
+                                   const std::vector<int64_t>* fallback) {
+  const GgufValue* v = f.find(key);
+  if (v == nullptr) {
+    if (fallback != nullptr) return *fallback;
+    fail(f.path(), ": missing key ", key);
+  }
+  if (v->type != GgufType::ARRAY) return std::vector<int64_t>(size_t(n_layer), v->as_int(key));
+  const GgufArray& arr = v->as_array(key);
+  if (int64_t(arr.items.size()) != n_layer)
+    fail(f.path(), ": ", key, " has ", arr.items.size(), " values for ", n_layer, " layers");
+  std::vector<int64_t> out;
+  for (const GgufValue& x : arr.items) out.push_back(x.as_int(key));
+  return out;
+}
+
+}  // namespace
+
 ModelShape shape_of(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture", "");
-  if (arch != "llama")
-    fail(f.path(), ": tern train trains the llama architecture; this file is '", arch.empty() ? "(none)" : arch, "'");
-  const std::string a = "llama.";
+  if (arch != "llama" && arch != "deci")
+    fail(f.path(), ": tern train trains the llama architecture (and deci, llama with per-layer shapes); this file is '",
+         arch.empty() ? "(none)" : arch, "'");
+  const std::string a = arch + ".";
   ModelShape s;
+  s.arch = arch;
   s.n_embd = int64_t(f.get_uint(a + "embedding_length"));
   s.n_layer = int64_t(f.get_uint(a + "block_count"));
-  s.n_head = int64_t(f.get_uint(a + "attention.head_count"));
-  s.n_head_kv = int64_t(f.get_uint(a + "attention.head_count_kv", uint64_t(s.n_head)));
-  s.n_ff = int64_t(f.get_uint(a + "feed_forward_length"));
+  if (s.n_layer <= 0 || s.n_layer > 4096) fail(f.path(), ": bad ", a, "block_count ", s.n_layer);
+  // One value for every layer, or one per layer (a structured-pruned model).
+  const std::vector<int64_t> nh = per_layer_key(f, a + "attention.head_count", s.n_layer, nullptr);
+  const std::vector<int64_t> nkv = per_layer_key(f, a + "attention.head_count_kv", s.n_layer, &nh);
+  const std::vector<int64_t> nff = per_layer_key(f, a + "feed_forward_length", s.n_layer, nullptr);
+  s.set_per_layer(nh, nkv, nff);
   s.n_ctx_train = int64_t(f.get_uint(a + "context_length", 2048));
   s.rms_eps = float(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
   s.rope_freq_base = float(f.get_float(a + "rope.freq_base", 10000.0));
@@ -145,12 +264,32 @@ ModelShape shape_of(const GgufFile& f) {
   if (emb->ne.size() != 2) fail(f.path(), ": token_embd.weight has shape ", emb->shape_string(), ", expected 2-D");
   if (s.n_vocab == 0) s.n_vocab = emb->ne[1];
   s.tied_output = f.find_tensor("output.weight") == nullptr;
-  if (s.n_head > 0) {
-    const int64_t hd = s.n_embd / s.n_head;
-    const uint64_t key_len = f.get_uint(a + "attention.key_length", uint64_t(hd));
+  if (s.head_count(0) > 0) {
+    // head_dim: key_length where given (pruning removes heads, not head width, so it is no
+    // longer n_embd / head_count), else n_embd / head_count(0) as llama.cpp derives it.
+    const int64_t derived = s.n_embd % s.head_count(0) == 0 ? s.n_embd / s.head_count(0) : 0;
+    if (f.has(a + "attention.key_length")) {
+      const int64_t kl = int64_t(f.get_uint(a + "attention.key_length"));
+      const int64_t vl = int64_t(f.get_uint(a + "attention.value_length", uint64_t(kl)));
+      if (vl != kl)
+        fail(f.path(), ": attention.value_length ", vl, " != key_length ", kl, " (tern train needs equal K and V head sizes)");
+      if (kl <= 0) fail(f.path(), ": bad attention.key_length ", kl);
+      if (kl != derived) s.n_embd_head = kl;
+    }
+    const int64_t hd = s.n_embd_head > 0 ? s.n_embd_head : derived;
     const uint64_t n_rot = f.get_uint(a + "rope.dimension_count", uint64_t(hd));
-    if (int64_t(key_len) != hd) fail(f.path(), ": attention.key_length ", key_len, " != n_embd / n_head ", hd, " (tern train does not train that layout)");
-    if (int64_t(n_rot) != hd) fail(f.path(), ": rope.dimension_count ", n_rot, " != head_dim ", hd, " (partial RoPE is not trained)");
+    if (hd > 0 && int64_t(n_rot) != hd)
+      fail(f.path(), ": rope.dimension_count ", n_rot, " != head_dim ", hd, " (partial RoPE is not trained)");
+  }
+  // FLaP's bias compensation: optional output-projection biases, layer by layer.
+  for (int64_t il = 0; il < s.n_layer; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    const bool bo = f.find_tensor(p + "attn_output.bias") != nullptr;
+    const bool bd = f.find_tensor(p + "ffn_down.bias") != nullptr;
+    if (bo && s.attn_out_bias_l.empty()) s.attn_out_bias_l.assign(size_t(s.n_layer), 0);
+    if (bd && s.ffn_down_bias_l.empty()) s.ffn_down_bias_l.assign(size_t(s.n_layer), 0);
+    if (bo) s.attn_out_bias_l[size_t(il)] = 1;
+    if (bd) s.ffn_down_bias_l[size_t(il)] = 1;
   }
   if (f.find_tensor("rope_freqs.weight") != nullptr)
     fail(f.path(), ": rope_freqs.weight (Llama 3.x RoPE scaling) is not supported by tern train");
@@ -259,18 +398,35 @@ std::string describe_base_memory(const TrainModel& m) {
 void save_model(const TrainModel& m, const GgufFile& vocab, const std::string& path,
                 const std::vector<std::pair<std::string, GgufValue>>& extra) {
   const ModelShape& s = m.shape;
-  const std::string a = "llama.";
+  const std::string a = s.arch + ".";
   GgufWriter w(3);
-  w.set("general.architecture", GgufValue::string("llama"));
+  w.set("general.architecture", GgufValue::string(s.arch));
   w.set("general.name", GgufValue::string("tern-trained"));
   w.set("general.file_type", GgufValue::u32(0));  // LLAMA_FTYPE_ALL_F32
   w.set(a + "vocab_size", GgufValue::u32(uint32_t(s.n_vocab)));
   w.set(a + "context_length", GgufValue::u32(uint32_t(s.n_ctx_train)));
   w.set(a + "embedding_length", GgufValue::u32(uint32_t(s.n_embd)));
-  w.set(a + "feed_forward_length", GgufValue::u32(uint32_t(s.n_ff)));
+  // Uniform layers: the scalar keys, as always (existing checkpoints stay byte for byte the same);
+  // layers that differ: i32 arrays, one value per layer, as structured pruning writes them.
+  const bool uniform = s.uniform_layers();
+  auto layer_key = [&](const std::string& key, int64_t scalar, int64_t (ModelShape::*get)(int64_t) const) {
+    if (uniform) {
+      w.set(key, GgufValue::u32(uint32_t(scalar)));
+      return;
+    }
+    std::vector<GgufValue> v;
+    for (int64_t il = 0; il < s.n_layer; ++il) v.push_back(GgufValue::i32(int32_t((s.*get)(il))));
+    w.set(key, GgufValue::array(GgufType::I32, std::move(v)));
+  };
+  layer_key(a + "feed_forward_length", s.n_ff, &ModelShape::ff_length);
   w.set(a + "block_count", GgufValue::u32(uint32_t(s.n_layer)));
-  w.set(a + "attention.head_count", GgufValue::u32(uint32_t(s.n_head)));
-  w.set(a + "attention.head_count_kv", GgufValue::u32(uint32_t(s.n_head_kv)));
+  layer_key(a + "attention.head_count", s.n_head, &ModelShape::head_count);
+  layer_key(a + "attention.head_count_kv", s.n_head_kv, &ModelShape::head_count_kv);
+  // A reader derives head_dim as n_embd / head_count(layer 0) unless key_length says otherwise.
+  if (!uniform || s.n_embd_head > 0 || s.n_embd % s.head_count(0) != 0 || s.n_embd / s.head_count(0) != s.head_dim()) {
+    w.set(a + "attention.key_length", GgufValue::u32(uint32_t(s.head_dim())));
+    w.set(a + "attention.value_length", GgufValue::u32(uint32_t(s.head_dim())));
+  }
   w.set(a + "rope.dimension_count", GgufValue::u32(uint32_t(s.head_dim())));
   w.set(a + "rope.freq_base", GgufValue::f32(s.rope_freq_base));
   w.set(a + "attention.layer_norm_rms_epsilon", GgufValue::f32(s.rms_eps));

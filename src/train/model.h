@@ -4,6 +4,7 @@
 // each tensor as GGUF does. Written to GGUF it loads in `tern run` and in llama.cpp.
 // A frozen base for LoRA (load_frozen_base) may instead keep its f16/bf16/quantized matrices in
 // the file's encoding (EncodedTensor), so that a quantized base costs its file size (QLoRA).
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,13 +15,39 @@
 namespace tern::train {
 
 struct ModelShape {
+  // "llama", or "deci" (llama.cpp's name for Llama with per-layer shapes, which structured
+  // pruning writes so that llama.cpp loads it too): the key prefix loaded and saved.
+  std::string arch = "llama";
+  // n_head, n_head_kv, n_ff: every layer's, or with per-layer values the largest over the layers.
   int64_t n_vocab = 0, n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_ff = 0;
   int64_t n_ctx_train = 0;        // written as llama.context_length
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
   bool tied_output = false;       // no output.weight: logits use token_embd
+  // Layers that differ (a structured-pruned model: compress/structured.h): [n_layer] each, or
+  // empty when every layer has n_head / n_head_kv / n_ff (then files keep the scalar keys).
+  std::vector<int64_t> n_head_l, n_head_kv_l, n_ff_l;
+  // attention.key_length (= value_length) when the file gives one that differs from
+  // n_embd / head_count(0); 0: n_embd / head_count(0). Pruning keeps head_dim, not n_embd / n_head.
+  int64_t n_embd_head = 0;
+  // Per layer 1 where blk.N.attn_output.bias / blk.N.ffn_down.bias (f32 [n_embd], FLaP's bias
+  // compensation) exist; empty: none.
+  std::vector<uint8_t> attn_out_bias_l, ffn_down_bias_l;
 
-  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t head_count(int64_t il) const { return n_head_l.empty() ? n_head : n_head_l[size_t(il)]; }
+  int64_t head_count_kv(int64_t il) const { return n_head_kv_l.empty() ? n_head_kv : n_head_kv_l[size_t(il)]; }
+  int64_t ff_length(int64_t il) const { return n_ff_l.empty() ? n_ff : n_ff_l[size_t(il)]; }
+  bool has_attn_out_bias(int64_t il) const { return !attn_out_bias_l.empty() && attn_out_bias_l[size_t(il)] != 0; }
+  bool has_ffn_down_bias(int64_t il) const { return !ffn_down_bias_l.empty() && ffn_down_bias_l[size_t(il)] != 0; }
+  int64_t head_dim() const { return n_embd_head > 0 ? n_embd_head : n_embd / head_count(0); }
+  int64_t q_width(int64_t il) const { return head_count(il) * head_dim(); }
+  int64_t kv_width(int64_t il) const { return head_count_kv(il) * head_dim(); }
+  bool uniform_layers() const;    // every layer has the same head counts and FFN width
+  // Sets the per-layer values (empty ones: the scalars everywhere), the scalars to the largest,
+  // and drops the vectors again when the layers agree (so a uniform shape has empty vectors).
+  void set_per_layer(std::vector<int64_t> n_head_per_layer, std::vector<int64_t> n_head_kv_per_layer,
+                     std::vector<int64_t> n_ff_per_layer);
+
   // Throws tern::Error naming the first inconsistent field (what = where it came from).
   void validate(const std::string& what) const;
   std::string describe() const;   // "n_embd 64, n_layer 5, ..."
@@ -47,7 +74,9 @@ struct EncodedTensor {
 
 // Offsets (in floats, into data or into a gradient array of the same layout) of a layer's tensors.
 struct LayerOffsets {
+  static constexpr int64_t kAbsent = INT64_MIN;  // an optional tensor the layer does not have
   int64_t attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+  int64_t bo = kAbsent, b_down = kAbsent;        // attn_output.bias, ffn_down.bias [n_embd]
 };
 
 struct TrainModel {
@@ -79,8 +108,10 @@ TrainModel make_model(const ModelShape& shape);
 TrainModel init_model(const ModelShape& shape, uint64_t seed);
 
 // A Llama-architecture GGUF's weights as f32 (f16, bf16 and quantized tensors are dequantized).
-// Throws tern::Error naming the file and tensor for another architecture, a tensor tern does not
-// train (biases, q/k norms, rope_freqs...), a missing tensor or a wrong shape.
+// Per-layer head counts and FFN widths (arrays) and attn_output / ffn_down biases (trained, no
+// weight decay) are read; throws tern::Error naming the file and tensor for another
+// architecture, a tensor tern does not train (q/k/v biases, q/k norms, rope_freqs...), a
+// missing tensor or a wrong shape.
 TrainModel load_model(const GgufFile& file);
 
 // The same model as a frozen base for LoRA (QLoRA when the file is quantized): the 2-D tensors
@@ -95,7 +126,9 @@ TrainModel load_frozen_base(const GgufFile& file);
 std::string describe_base_memory(const TrainModel& model);
 
 // Writes the model as an F32 GGUF through GgufWriter (temporary file, then rename): the
-// architecture keys llama.cpp's converter writes, the tokenizer.* keys copied from `vocab`, and
+// architecture keys llama.cpp's converter writes (head_count, head_count_kv and
+// feed_forward_length as i32 arrays when the layers differ, key_length / value_length when
+// head_dim is not n_embd / head_count), the tokenizer.* keys copied from `vocab`, and
 // `extra` keys (e.g. the training step) after them.
 void save_model(const TrainModel& model, const GgufFile& vocab, const std::string& path,
                 const std::vector<std::pair<std::string, GgufValue>>& extra = {});

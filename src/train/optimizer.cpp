@@ -24,6 +24,20 @@ double global_norm(const float* g, int64_t n) {
 AdamW::AdamW(const OptimizerConfig& config, int64_t n_params)
     : config_(config), m_(size_t(n_params), 0.0f), v_(size_t(n_params), 0.0f) {}
 
+int64_t AdamW::freeze_zeros(const std::vector<ParamInfo>& params, const std::vector<float>& data) {
+  frozen_.assign(data.size(), 0);
+  int64_t n = 0;
+  for (const ParamInfo& p : params) {
+    if (!p.decay) continue;  // norms: never pruned
+    for (int64_t i = p.offset; i < p.offset + p.size; ++i)
+      if (data[size_t(i)] == 0.0f) {
+        frozen_[size_t(i)] = 1;
+        ++n;
+      }
+  }
+  return n;
+}
+
 double AdamW::step(TrainModel& model, float* g, int64_t step, ThreadPool* pool) {
   return this->step(model.params, model.data, g, step, pool);
 }
@@ -32,6 +46,9 @@ double AdamW::step(const std::vector<ParamInfo>& params, std::vector<float>& dat
                    ThreadPool* pool) {
   const int64_t n = int64_t(data.size());
   if (int64_t(m_.size()) != n) fail("optimizer state has ", m_.size(), " values for a model of ", n, " parameters");
+  if (!frozen_.empty())
+    for (int64_t i = 0; i < n; ++i)
+      if (frozen_[size_t(i)]) g[i] = 0.0f;
   const double norm = global_norm(g, n);
   // torch.nn.utils.clip_grad_norm_: g *= min(1, clip / (norm + 1e-6)).
   float clip_coef = 1.0f;

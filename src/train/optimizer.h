@@ -40,6 +40,12 @@ class AdamW {
   // The same over any parameter table: `data` holds the tensors `params` names (a LoRA adapter's).
   double step(const std::vector<ParamInfo>& params, std::vector<float>& data, float* g, int64_t step, ThreadPool* pool);
 
+  // Sparse fine-tuning (recovery after `tern prune`): the entries of the matrices (ParamInfo::decay)
+  // that are exactly 0 in `data` now keep gradient 0 in every later step, so they stay 0 (AdamW
+  // moves nothing whose gradient, moments and weight are 0) and the clipping norm is the sparse
+  // model's. Returns how many entries were frozen.
+  int64_t freeze_zeros(const std::vector<ParamInfo>& params, const std::vector<float>& data);
+
   // State, for checkpoints.
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
@@ -49,6 +55,7 @@ class AdamW {
  private:
   OptimizerConfig config_;
   std::vector<float> m_, v_;
+  std::vector<uint8_t> frozen_;  // [n_params] 1: gradient forced to 0 (empty: none)
 };
 
 }  // namespace tern::train

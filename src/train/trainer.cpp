@@ -48,6 +48,10 @@ Trainer::Trainer(TrainModel& model, LoraWeights* lora, const GgufFile& vocab, Tr
     fb_.set_lora(lora_);
     fb_.prepare(model_);  // the frozen base: once
   }
+  if (cfg_.keep_zeros) {
+    if (lora_ != nullptr) fail("keep_zeros is for full fine-tuning: an adapter's update is dense");
+    n_frozen_ = opt_.freeze_zeros(model_.params, model_.data);
+  }
 }
 
 void Trainer::prepare() {
@@ -116,7 +120,7 @@ void Trainer::save_checkpoint() {
   if (lora_ != nullptr) {
     std::vector<std::pair<std::string, GgufValue>> keys = adapter_keys_;
     keys.emplace_back("tern.train.step", GgufValue::u64(uint64_t(step_)));
-    save_lora(*lora_, "llama", cfg_.out_path, keys);
+    save_lora(*lora_, model_.shape.arch, cfg_.out_path, keys);
   } else {
     save_model(model_, vocab_, cfg_.out_path, {{"tern.train.step", GgufValue::u64(uint64_t(step_))}});
   }

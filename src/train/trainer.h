@@ -43,6 +43,7 @@ struct TrainConfig {
   int64_t val_windows = 64;   // windows of the validation stream used (0: all)
   int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end / on stop)
   std::string out_path;       // checkpoint (model) path; OUT.optim beside it
+  bool keep_zeros = false;    // the model's exact zeros in matrices stay 0 (sparse fine-tuning)
 };
 
 struct StepLog {
@@ -79,6 +80,7 @@ class Trainer {
   // hold OUT's weights). Throws tern::Error when the files do not belong together or the shape differs.
   void resume(const GgufFile& optim_state, int64_t model_step);
   int64_t step() const { return step_; }
+  int64_t n_frozen() const { return n_frozen_; }  // keep_zeros: matrix entries held at 0
 
   // Custom loss on the logits (distillation); called for each micro-batch after before_batch.
   void set_loss(LossFn loss) { loss_ = std::move(loss); }
@@ -121,6 +123,7 @@ class Trainer {
   std::vector<int32_t> batch_;
   int64_t step_ = 0;
   int64_t last_checkpoint_step_ = -1;
+  int64_t n_frozen_ = 0;  // keep_zeros: matrix entries held at 0
   LossFn loss_;
   std::function<void(const int32_t*, int64_t, int64_t)> before_batch_;
   std::vector<std::pair<std::string, GgufValue>> adapter_keys_;

@@ -66,7 +66,9 @@ def read_gguf(path):
     return meta, tensors
 
 
-def llama_logits(meta, t, ids):
+def llama_logits(meta, t, ids, taps=None):
+    """Logits [T, n_vocab]. taps: a dict that receives every linear layer's input [T, n_in] under
+    its weight's name (the layers reading one input share it)."""
     arch = meta["general.architecture"]
     E = meta[f"{arch}.embedding_length"]
     L = meta[f"{arch}.block_count"]
@@ -96,6 +98,9 @@ def llama_logits(meta, t, ids):
     for il in range(L):
         p = f"blk.{il}."
         h = rms(x, t[p + "attn_norm.weight"])
+        if taps is not None:
+            for n in ("attn_q", "attn_k", "attn_v"):
+                taps[p + n + ".weight"] = h
         q = rope((h @ t[p + "attn_q.weight"].T).reshape(T, H, hd), H)
         k = rope((h @ t[p + "attn_k.weight"].T).reshape(T, Hkv, hd), Hkv)
         v = (h @ t[p + "attn_v.weight"].T).reshape(T, Hkv, hd)
@@ -107,11 +112,17 @@ def llama_logits(meta, t, ids):
         att = np.exp(att - att.max(-1, keepdims=True))
         att /= att.sum(-1, keepdims=True)
         o = np.einsum("hts,shd->thd", att, v).reshape(T, E)
+        if taps is not None:
+            taps[p + "attn_output.weight"] = o
         x = x + o @ t[p + "attn_output.weight"].T
         h = rms(x, t[p + "ffn_norm.weight"])
         g = h @ t[p + "ffn_gate.weight"].T
         u = h @ t[p + "ffn_up.weight"].T
-        x = x + (g / (1 + np.exp(-g)) * u) @ t[p + "ffn_down.weight"].T
+        a = g / (1 + np.exp(-g)) * u
+        if taps is not None:
+            taps[p + "ffn_gate.weight"] = taps[p + "ffn_up.weight"] = h
+            taps[p + "ffn_down.weight"] = a
+        x = x + a @ t[p + "ffn_down.weight"].T
     x = rms(x, t["output_norm.weight"])
     out = t.get("output.weight", t["token_embd.weight"])
     return x @ out.T

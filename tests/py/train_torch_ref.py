@@ -11,6 +11,9 @@ Model (weights as numpy/torch [n_out, n_in], i.e. ggml ne reversed):
              x += o Wo^T; h2 = rms(x) * ffn_norm; x += (silu(h2 Wg^T) * h2 Wu^T) Wd^T
   logits = (rms(x) * output_norm) output^T   (output = token_embd when absent: tied)
   loss = mean cross-entropy over all B*T positions.
+Per-layer shapes (a structured-pruned model): head_count, head_count_kv and feed_forward_length
+may be arrays (one value per layer), head_dim is attention.key_length when given, and a layer
+may have attn_output.bias / ffn_down.bias ([n_embd], added to that projection's output).
 
 Self-checks:  /usr/bin/python3 tests/py/train_torch_ref.py [--tern build/release/tern]
   * the torch forward vs gguf_np.llama_logits (numpy float64) and, with --tern, `tern logits`;
@@ -42,10 +45,15 @@ class HParams:
         self.arch = arch
         self.n_embd = int(meta[f"{arch}.embedding_length"])
         self.n_layer = int(meta[f"{arch}.block_count"])
-        self.n_head = int(meta[f"{arch}.attention.head_count"])
-        self.n_head_kv = int(meta.get(f"{arch}.attention.head_count_kv", self.n_head))
-        self.n_ff = int(meta.get(f"{arch}.feed_forward_length", 0))
-        self.head_dim = self.n_embd // self.n_head
+
+        def per_layer(v):  # one value for every layer, or a list of one per layer
+            return [int(x) for x in v] if isinstance(v, list) else [int(v)] * self.n_layer
+        self.n_head_l = per_layer(meta[f"{arch}.attention.head_count"])
+        self.n_head_kv_l = per_layer(meta.get(f"{arch}.attention.head_count_kv", self.n_head_l))
+        self.n_ff_l = per_layer(meta.get(f"{arch}.feed_forward_length", 0))
+        self.n_head, self.n_head_kv, self.n_ff = self.n_head_l[0], self.n_head_kv_l[0], self.n_ff_l[0]
+        self.head_dim = int(meta.get(f"{arch}.attention.key_length", self.n_embd // self.n_head))
+        self.biases = sorted(n for n in tensors if n.endswith("attn_output.bias") or n.endswith("ffn_down.bias"))
         self.n_rot = int(meta.get(f"{arch}.rope.dimension_count", self.head_dim))
         self.rope_base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
         self.eps = float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
@@ -58,14 +66,24 @@ class HParams:
         h.arch = "llama"
         h.n_embd, h.n_layer, h.n_head, h.n_head_kv, h.n_ff = n_embd, n_layer, n_head, n_head_kv, n_ff
         h.head_dim = n_embd // n_head
+        h.n_head_l, h.n_head_kv_l, h.n_ff_l = [n_head] * n_layer, [n_head_kv] * n_layer, [n_ff] * n_layer
+        h.biases = []
         h.n_rot = h.head_dim
         h.rope_base, h.eps, h.n_vocab, h.tied = rope_base, eps, n_vocab, tied
         return h
 
     def __repr__(self):
-        return (f"HParams(vocab={self.n_vocab}, embd={self.n_embd}, layer={self.n_layer}, head={self.n_head}, "
-                f"head_kv={self.n_head_kv}, ff={self.n_ff}, rot={self.n_rot}, base={self.rope_base}, "
-                f"eps={self.eps:g}, tied={self.tied})")
+        if self.uniform():
+            return (f"HParams(vocab={self.n_vocab}, embd={self.n_embd}, layer={self.n_layer}, head={self.n_head}, "
+                    f"head_kv={self.n_head_kv}, ff={self.n_ff}, rot={self.n_rot}, base={self.rope_base}, "
+                    f"eps={self.eps:g}, tied={self.tied})")
+        return (f"HParams(vocab={self.n_vocab}, embd={self.n_embd}, layer={self.n_layer}, head={self.n_head_l}, "
+                f"head_kv={self.n_head_kv_l}, ff={self.n_ff_l}, head_dim={self.head_dim}, rot={self.n_rot}, "
+                f"biases={len(self.biases)}, tied={self.tied})")
+
+    def uniform(self):
+        return (len(set(self.n_head_l)) == 1 and len(set(self.n_head_kv_l)) == 1 and len(set(self.n_ff_l)) == 1
+                and self.head_dim * self.n_head == self.n_embd and not self.biases)
 
 
 def param_names(hp):
@@ -75,6 +93,7 @@ def param_names(hp):
         names += [p + n for n in ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
                                   "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight",
                                   "ffn_up.weight", "ffn_down.weight")]
+        names += [n for n in getattr(hp, "biases", []) if n.startswith(p)]
     names.append("output_norm.weight")
     if not hp.tied:
         names.append("output.weight")
@@ -112,6 +131,76 @@ def random_params(hp, dtype=torch.float32, seed=0, std=0.02):
     return params
 
 
+def _raw_kvs(path):
+    """The metadata of a GGUF file as (key, raw bytes of type + value), in file order: lets a test
+    copy the tokenizer into a file it writes without re-encoding each key's type."""
+    import struct
+    buf = open(path, "rb").read()
+    off = 4 + 4
+    n_tensors, n_kv = struct.unpack_from("<QQ", buf, off)
+    off += 16
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    def skip(t, o):
+        if t == 8:
+            (n,) = struct.unpack_from("<Q", buf, o)
+            return o + 8 + n
+        if t == 9:
+            et, n = struct.unpack_from("<IQ", buf, o)
+            o += 12
+            if et in sizes:
+                return o + n * sizes[et]
+            for _ in range(n):
+                o = skip(et, o)
+            return o
+        return o + sizes[t]
+    out = []
+    for _ in range(n_kv):
+        (n,) = struct.unpack_from("<Q", buf, off)
+        key = buf[off + 8: off + 8 + n].decode()
+        off += 8 + n
+        start = off
+        (t,) = struct.unpack_from("<I", buf, off)
+        off = skip(t, off + 4)
+        out.append((key, buf[start:off]))
+    return out
+
+
+def write_llama_gguf(path, vocab_path, meta, P):
+    """An F32 llama GGUF: `meta` (key -> int (u32), float (f32), or list of ints (i32 array)), the
+    tokenizer.* keys of vocab_path copied as they are, and the tensors of P (name -> [n_out, n_in]
+    array, numpy order) in order."""
+    import struct
+
+    def s(x):
+        b = x.encode()
+        return struct.pack("<Q", len(b)) + b
+    kvs = [("general.architecture", struct.pack("<I", 8) + s("llama"))]
+    for k, v in meta.items():
+        if isinstance(v, list):
+            kvs.append((k, struct.pack("<IIQ", 9, 5, len(v)) + b"".join(struct.pack("<i", int(x)) for x in v)))
+        elif isinstance(v, float):
+            kvs.append((k, struct.pack("<If", 6, v)))
+        else:
+            kvs.append((k, struct.pack("<II", 4, int(v))))
+    kvs += [(k, raw) for k, raw in _raw_kvs(vocab_path) if k.startswith("tokenizer.")]
+    out = bytearray(b"GGUF") + struct.pack("<IQQ", 3, len(P), len(kvs))
+    for k, raw in kvs:
+        out += s(k) + raw
+    blobs, off = [], 0
+    for name, arr in P.items():
+        a = np.ascontiguousarray(np.asarray(arr, dtype=np.float64), dtype="<f4")
+        ne = list(reversed(a.shape))
+        out += s(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        out += struct.pack("<IQ", 0, off)
+        b = a.tobytes() + b"\0" * ((-a.nbytes) % 32)
+        blobs.append(b)
+        off += len(b)
+    out += b"\0" * ((-len(out)) % 32)
+    with open(path, "wb") as f:
+        f.write(bytes(out) + b"".join(blobs))
+
+
 # ----------------------------------------------------------------------------------------------
 # forward
 
@@ -139,22 +228,31 @@ def apply_rope(x, cos, sin, n_rot):
     return torch.cat((y, x[..., n_rot:]), dim=-1)
 
 
-def forward_logits(hp, P, ids, rope=None):
-    """ids: LongTensor [B, T] -> logits [B, T, n_vocab]."""
+def forward_logits(hp, P, ids, rope=None, lora=None, alpha=None):
+    """ids: LongTensor [B, T] -> logits [B, T, n_vocab]. lora: {base tensor name: (A [r, n_in],
+    B [n_out, r])}: that linear adds (alpha / r) (x A^T) B^T (LoRA, llama.cpp's rule)."""
     B, T = ids.shape
+
+    def lin(x, name):
+        y = x @ P[name].t()
+        if lora is not None and name in lora:
+            A, Bm = lora[name]
+            y = y + (alpha / A.shape[0]) * ((x @ A.t()) @ Bm.t())
+        return y
     dtype = P["token_embd.weight"].dtype
-    E, H, Hkv, hd = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
+    hd = hp.head_dim
     cos, sin = rope if rope is not None else rope_tables(hp, T, dtype)
     mask = torch.full((T, T), float("-inf"), dtype=dtype).triu(1)
     scale = 1.0 / math.sqrt(hd)
-    rep = H // Hkv
     x = P["token_embd.weight"][ids]
     for il in range(hp.n_layer):
         p = f"blk.{il}."
+        H, Hkv = hp.n_head_l[il], hp.n_head_kv_l[il]
+        rep = H // Hkv
         h = rmsnorm(x, P[p + "attn_norm.weight"], hp.eps)
-        q = (h @ P[p + "attn_q.weight"].t()).view(B, T, H, hd)
-        k = (h @ P[p + "attn_k.weight"].t()).view(B, T, Hkv, hd)
-        v = (h @ P[p + "attn_v.weight"].t()).view(B, T, Hkv, hd)
+        q = lin(h, p + "attn_q.weight").view(B, T, H, hd)
+        k = lin(h, p + "attn_k.weight").view(B, T, Hkv, hd)
+        v = lin(h, p + "attn_v.weight").view(B, T, Hkv, hd)
         q = apply_rope(q, cos, sin, hp.n_rot).transpose(1, 2)            # [B, H, T, hd]
         k = apply_rope(k, cos, sin, hp.n_rot).transpose(1, 2)            # [B, Hkv, T, hd]
         v = v.transpose(1, 2)
@@ -164,14 +262,19 @@ def forward_logits(hp, P, ids, rope=None):
         att = (q @ k.transpose(-1, -2)) * scale + mask
         att = torch.softmax(att, dim=-1)
         o = (att @ v).transpose(1, 2).reshape(B, T, H * hd)
-        x = x + o @ P[p + "attn_output.weight"].t()
+        x = x + lin(o, p + "attn_output.weight")
+        if p + "attn_output.bias" in P:
+            x = x + P[p + "attn_output.bias"]
         h2 = rmsnorm(x, P[p + "ffn_norm.weight"], hp.eps)
-        g = h2 @ P[p + "ffn_gate.weight"].t()
-        u = h2 @ P[p + "ffn_up.weight"].t()
-        x = x + (F.silu(g) * u) @ P[p + "ffn_down.weight"].t()
+        g = lin(h2, p + "ffn_gate.weight")
+        u = lin(h2, p + "ffn_up.weight")
+        x = x + lin(F.silu(g) * u, p + "ffn_down.weight")
+        if p + "ffn_down.bias" in P:
+            x = x + P[p + "ffn_down.bias"]
     x = rmsnorm(x, P["output_norm.weight"], hp.eps)
-    out = P["token_embd.weight"] if hp.tied else P["output.weight"]
-    return x @ out.t()
+    if hp.tied:
+        return x @ P["token_embd.weight"].t()
+    return lin(x, "output.weight")
 
 
 def loss_fn(hp, P, windows, rope=None):
