@@ -105,20 +105,22 @@ void ts24_decode_row(DType t, const uint8_t* src, float* dst, int64_t n, const c
   }
 }
 
+// Named apart from quant_tern.cpp's helpers of the same shape: a unity build (TERN_UNITY) compiles
+// both files as one source, where two anonymous-namespace templates of one name collide.
 namespace {
 
 template <DType T>
-void to_float_of(const void* src, float* dst, int64_t n) {
+void ts24_to_float_of(const void* src, float* dst, int64_t n) {
   ts24_decode_row(T, static_cast<const uint8_t*>(src), dst, n);
 }
 template <DType T>
-void from_float_of(const float* src, void* dst, int64_t n) {
+void ts24_from_float_of(const float* src, void* dst, int64_t n) {
   ts24_encode_row(T, src, n, static_cast<uint8_t*>(dst));
 }
 template <DType T>
-QuantTraits row(DType act) {
+QuantTraits ts24_row(DType act) {
   const DTypeSize& s = dtype_info(T);
-  return {T, s.name, s.block_size, s.block_bytes, to_float_of<T>, from_float_of<T>, act};
+  return {T, s.name, s.block_size, s.block_bytes, ts24_to_float_of<T>, ts24_from_float_of<T>, act};
 }
 
 }  // namespace
@@ -126,7 +128,7 @@ QuantTraits row(DType act) {
 const QuantTraits* sparse24_quant_traits(DType t) {
   // Activations: ts24_q8 pairs with int8 per 32 columns as Q8_0 (kernels/sparse24.h), ts24_f16
   // with f32 as the float types.
-  static const QuantTraits kRows[] = {row<DType::TS24_Q8>(DType::Q8_0), row<DType::TS24_F16>(DType::F32)};
+  static const QuantTraits kRows[] = {ts24_row<DType::TS24_Q8>(DType::Q8_0), ts24_row<DType::TS24_F16>(DType::F32)};
   for (const auto& r : kRows)
     if (r.type == t) return &r;
   return nullptr;
