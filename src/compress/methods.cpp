@@ -390,7 +390,7 @@ MethodReport apply_structured(const MethodDef& m, const std::string& in_path, co
   so.progress = opts.progress;
   if (so.method == "flap" && !calib) fail(m.info.name, " needs calibration data (--calib FILE)");
   // With "@type" the smaller model is written in the source's types first, then stored as asked.
-  const std::string struct_out = m.store_type ? out_path + ".structured.tmp" : out_path;
+  const std::string struct_out = m.store_type ? make_scratch_file(out_path, "structured") : out_path;
   struct Cleanup {
     std::string path;
     ~Cleanup() {

@@ -180,4 +180,20 @@ void check_output_not_input(const std::string& out, const std::vector<std::strin
   }
 }
 
+std::string make_scratch_file(const std::string& out, const std::string& tag) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(out).parent_path();
+  if (dir.empty()) dir = ".";
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    std::error_code ec;
+    dir = fs::temp_directory_path(ec);
+    if (ec) fail("no writable directory for scratch files beside ", out);
+  }
+  std::string name = (dir / (fs::path(out).filename().string() + "." + tag + ".XXXXXX")).string();
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) fail("cannot create a scratch file in ", dir.string(), ": ", std::strerror(errno));
+  ::close(fd);
+  return name;
+}
+
 }  // namespace tern

@@ -56,4 +56,9 @@ void check_output_path(const std::string& path);
 // an output that does not exist yet is no input.
 void check_output_not_input(const std::string& out, const std::vector<std::string>& inputs);
 
+// A new, empty scratch file for intermediate work toward `out`: created exclusively (mkstemp)
+// beside it, or in the system's temporary directory when that directory is not writable (`out`
+// a device such as /dev/null), so it never replaces a file that was there. The caller removes it.
+std::string make_scratch_file(const std::string& out, const std::string& tag);
+
 }  // namespace tern

@@ -296,7 +296,7 @@ int cmd_compare(int argc, char** argv) {
       const size_t at = m.find('@');
       const std::optional<DType> type =
           at == std::string::npos ? std::nullopt : std::optional<DType>(parse_quantize_type(m.substr(at + 1)));
-      const std::string pruned = out + ".pruned.tmp", recovered = out + ".recovered.tmp";
+      const std::string pruned = make_scratch_file(out, "pruned"), recovered = make_scratch_file(out, "recovered");
       rep = apply_method(m.substr(0, at), model, pruned, need_calib ? &calib : nullptr, mopts);
       if (!json) std::fprintf(stderr, "%s: recovering (%lld tokens)\n", methods[mi].c_str(), static_cast<long long>(recover.tokens));
       const int64_t t_rec = now_ns();

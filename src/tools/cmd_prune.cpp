@@ -107,7 +107,8 @@ int cmd_prune(int argc, char** argv) {
   check_output_path(out);
   const std::optional<DType> final_type = mopts.prune_type;
   mopts.prune_type.reset();
-  const std::string pruned_tmp = out + ".pruned.tmp", recovered_tmp = out + ".recovered.tmp";
+  // Scratch files of their own (never an existing OUT.something of the user's).
+  const std::string pruned_tmp = make_scratch_file(out, "pruned"), recovered_tmp = make_scratch_file(out, "recovered");
   struct Cleanup {
     std::vector<std::string> paths;
     ~Cleanup() {

@@ -378,14 +378,25 @@ TEST(PruneStories, RecoveryKeepsTheMaskAndLowersPerplexity) {
   const std::string train = testing::shared_path("data/tinystories/tinystories_train_prefix_4M.txt");
   const std::string pruned = prune_file("wanda-50");
   const std::string rec = temp_path("prune_wanda_rec.gguf");
+  // A user's file with a name like a scratch file's is not touched.
+  const std::string bystander = rec + ".pruned.tmp";
+  {
+    FILE* f = std::fopen(bystander.c_str(), "w");
+    std::fputs("mine", f);
+    std::fclose(f);
+  }
   std::string o, e;
   ASSERT_EQ(run_command(kTern + " prune " + testing::stories() + " " + rec + " --method wanda --calib " +
                             testing::tinystories_val() + " --recover 20000 --recover-data " + train + " --json",
                         &o, &e),
             0)
       << e;
-  EXPECT_FALSE(std::filesystem::exists(rec + ".pruned.tmp"));
-  EXPECT_FALSE(std::filesystem::exists(rec + ".recovered.tmp.optim"));
+  EXPECT_EQ(testing::read_file_bytes(bystander), "mine");
+  // No scratch file is left beside the output.
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(rec).parent_path()))
+    if (entry.path() != bystander) {
+      EXPECT_EQ(entry.path().filename().string().find("prune_wanda_rec.gguf.pruned."), std::string::npos) << entry.path();
+    }
   const GgufFile f = GgufFile::open(rec);
   EXPECT_EQ(f.get_uint("tern.prune.recover_tokens"), 20000u);
   // The mask is the pruned model's, exactly: recovery moves only the kept weights.
