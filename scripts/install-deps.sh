@@ -9,6 +9,7 @@ packages=(
   python3 python3-numpy python3-jinja2  # numpy: the oracles; jinja2: the chat-template reference
   python3-torch libopenblas0-pthread    # the training oracle and speed peer (OpenBLAS: torch's fast BLAS)
   chromium  # headless browser for the chat page's test (tests/server/js)
+  libopenmpi-dev openmpi-bin  # Open MPI: --tp / --pp over mpirun (src/dist, docs/distributed.md)
 )
 # --aarch64: also the ARM64 cross build's (scripts/test-aarch64.sh): Debian's cross compiler,
 # qemu-user to run its tests, and the arm64 builds of the libraries tern links (multiarch).

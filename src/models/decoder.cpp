@@ -26,6 +26,7 @@
 #include "models/linear.h"
 #include "models/lora_step.h"
 #include "models/model.h"
+#include "models/partition.h"
 #include "models/registry.h"
 #include "models/tensor_names.h"
 #include "models/weight_loader.h"
@@ -87,17 +88,30 @@ void act_rows_done(const void* ctx, int, int64_t n_tokens, int64_t r0, int64_t r
   for (int64_t t = 0; t < n_tokens; ++t) geglu(a.gate + t * a.ld + r0, a.up + t * a.ld + r0, a.gate + t * a.ld + r0, r1 - r0);
 }
 
+// A linear's tensor-parallel share (models/partition.h): the weight's rows [row0, row0 + n_out) of
+// rows_total, or with cols_total > 0 its columns [col0, col0 + n_in) of cols_total.
+struct Share {
+  int64_t row0 = 0, rows_total = -1;
+  int64_t col0 = 0, cols_total = 0;
+  bool bias = true;  // this rank adds the bias (a column-split matrix's once, on rank 0)
+};
+
 class DecoderModel final : public Model {
  public:
-  DecoderModel(const ArchSpec& spec, std::shared_ptr<const GgufFile> file) : spec_(spec), file_(std::move(file)) {
-    hp_ = read_hparams(*file_);
+  DecoderModel(const ArchSpec& spec, std::shared_ptr<const GgufFile> file, ModelPartition part)
+      : spec_(spec), file_(std::move(file)), part_(std::move(part)) {
+    full_hp_ = read_hparams(*file_);
+    hp_ = partition_hparams(full_hp_, part_, file_->path());
+    layer_begin_ = part_.layer_begin;
+    layer_end_ = part_.layer_end < 0 ? hp_.n_layer : part_.layer_end;
     WeightLoader ld(file_);
     bind_weights(ld);    // plans: checks every tensor, sums the interleaved bytes
     ld.start_loading();
     bind_weights(ld);    // loads: the same tensors, interleaved into one buffer
     arena_ = ld.take_arena();
     extra_ = ld.take_extra();
-    for (const auto& t : file_->tensors()) weight_bytes_ += int64_t(t.n_bytes);
+    if (part_.whole())
+      for (const auto& t : file_->tensors()) weight_bytes_ += int64_t(t.n_bytes);
     const auto stream = [&](const Linear& l) {
       if (l.factored()) {
         for (const WeightView* f : {&l.lr_a, &l.lr_b})
@@ -114,7 +128,12 @@ class DecoderModel final : public Model {
         for (const Linear* l : {&L.moe->sh_gate, &L.moe->sh_up, &L.moe->sh_down}) stream(*l);
       }
     }
-    stream(output_);
+    if (output_.present()) stream(output_);
+    if (!part_.whole()) {
+      // This part's bytes: the matrices it reads, and the embedding rows it looks up.
+      for (const auto& m : decode_weight_memory_) weight_bytes_ += int64_t(m.size());
+      if (tok_embd_.data && output_.w.data != tok_embd_.data) weight_bytes_ += tok_embd_.n_out * tok_embd_.row_bytes();
+    }
     phased_ = is_phased_capable();
     number_lora_targets();
   }
@@ -165,6 +184,7 @@ class DecoderModel final : public Model {
   int64_t max_step_tokens() const override { return max_tokens_; }
 
   void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) override;
+  void forward_stage(std::span<const SeqBatch> seqs, KvStore& kv, float* x, float* logits, ThreadPool& pool) override;
 
  private:
   // Binds every tensor the spec asks for (the loader checks names, shapes and types).
@@ -172,9 +192,25 @@ class DecoderModel final : public Model {
   // Gives every linear an adapters may apply to its LoraTarget id (and token_embd one).
   void number_lora_targets();
   Linear linear(WeightLoader& ld, Tensor t, int64_t il, int64_t n_in, int64_t n_out, bool bias_required,
-                bool bias_optional) {
+                bool bias_optional, const Share& share = Share{}) {
     Linear l;
     l.name = tensor_name(t, il);
+    if (share.rows_total >= 0 || share.cols_total > 0) {
+      if (!ld.has(l.name) && ld.has(tensor_name(t, il, "lr_a.weight")))
+        fail(file_->path(), ": ", l.name, " is low-rank factored (tern lowrank); tensor parallelism needs plain matrices");
+      if (share.cols_total > 0) {
+        l.w = ld.matmul_cols(l.name, share.cols_total, n_out, share.col0, n_in);
+      } else {
+        l.w = ld.matmul(l.name, n_in, n_out, share.row0, share.rows_total);
+        l.row0 = share.row0;
+      }
+      const std::string b = tensor_name(t, il, "bias");
+      const int64_t b_len = share.rows_total >= 0 ? share.rows_total : n_out;
+      const float* bias = bias_required ? ld.vector(b, b_len, "biases")
+                          : bias_optional ? ld.optional_vector(b, b_len, "biases") : nullptr;
+      if (bias && share.bias) l.bias = bias + share.row0;
+      return l;
+    }
     const std::string a = tensor_name(t, il, "lr_a.weight"), bn = tensor_name(t, il, "lr_b.weight");
     if (!ld.has(l.name) && ld.has(a)) {
       // Low-rank factored (`tern lowrank`): A [n_in -> rank], B [rank -> n_out]; the rank is A's.
@@ -200,6 +236,8 @@ class DecoderModel final : public Model {
   RopeParams rope_params(bool swa) const;
   bool rotate_keys(int64_t il, float* k, int64_t n_rows, int64_t delta) const override;
 
+  // Positions, RoPE tables and the step's adapters; the token embeddings into x_ when `embed`.
+  void prepare_step(std::span<const SeqBatch> seqs, int64_t T, bool embed);
   // forward() less the hidden states: the chosen path's layers and logits.
   void forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool);
   void forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
@@ -220,10 +258,15 @@ class DecoderModel final : public Model {
 
   const ArchSpec& spec_;
   std::shared_ptr<const GgufFile> file_;
+  ModelPartition part_;              // the part of the model this process holds (whole by default)
+  HParams full_hp_;                  // the whole model's shape (hp_: this part's)
+  int64_t layer_begin_ = 0, layer_end_ = 0;  // the layers held: [layer_begin_, layer_end_)
   HugeBuffer arena_;                 // the interleaved copies of the matmul weights
   std::vector<HugeBuffer> extra_;
   WeightView tok_embd_;
-  Linear output_;
+  Linear output_;                    // [n_embd -> n_vocab], or this rank's vocab_ rows of it
+  SplitRange vocab_{0, 0};           // tensor parallelism: the output rows this rank computes
+  std::vector<float> logits_share_;  // [rows][max share] this rank's logits, then [tp_size][rows][max share]
   const float* output_norm_ = nullptr;
   const float* rope_freqs_ = nullptr;  // [n_rot / 2] Llama 3.x frequency factors
   std::vector<LayerWeights> layers_;
@@ -310,10 +353,21 @@ static void add_embedding_lora(std::span<const LoraGroup> groups, std::span<cons
 
 void DecoderModel::bind_weights(WeightLoader& ld) {
   const int64_t E = hp_.n_embd, V = hp_.n_vocab, hd = hp_.head_dim;
-  output_norm_ = ld.vector(tensor_name(Tensor::OutputNorm), E, "norm weights");
-  if (ld.has(tensor_name(Tensor::Output))) {
-    tok_embd_ = ld.rows(tensor_name(Tensor::TokenEmbd), E, V);  // rows looked up, never a matmul
-    output_ = Linear{tensor_name(Tensor::Output), ld.matmul(tensor_name(Tensor::Output), E, V)};
+  const bool first = part_.first_stage(), last = part_.last_stage(hp_.n_layer);
+  if (last) output_norm_ = ld.vector(tensor_name(Tensor::OutputNorm), E, "norm weights");
+  const bool tied = !ld.has(tensor_name(Tensor::Output));
+  if (last && part_.tp_size > 1) {
+    // Tensor parallelism splits the output projection by vocabulary rows; the logits are
+    // gathered (forward_output). The embedding rows are looked up from the file.
+    vocab_ = split_range(V, 1, part_.tp_rank, part_.tp_size);
+    const std::string n = tensor_name(tied ? Tensor::TokenEmbd : Tensor::Output);
+    output_ = Linear{n, ld.matmul(n, E, vocab_.size(), vocab_.begin, V), nullptr, true, vocab_.begin};
+    if (first) tok_embd_ = ld.rows(tensor_name(Tensor::TokenEmbd), E, V);
+  } else if (!tied) {
+    if (first) tok_embd_ = ld.rows(tensor_name(Tensor::TokenEmbd), E, V);  // rows looked up, never a matmul
+    if (last) output_ = Linear{tensor_name(Tensor::Output), ld.matmul(tensor_name(Tensor::Output), E, V)};
+  } else if (!last) {
+    if (first) tok_embd_ = ld.rows(tensor_name(Tensor::TokenEmbd), E, V);  // (a first stage that is not the last)
   } else {
     // Tied embeddings: the output projection is a matmul like any other, so the matrix takes the
     // layout the kernels read (interleaved where they want it) and the lookup dequantizes its rows
@@ -327,26 +381,38 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
   const bool any_bias_optional = spec_.optional_bias;
   layers_.clear();
   layers_.resize(size_t(hp_.n_layer));
-  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+  const bool split = part_.tp_size > 1;
+  const int64_t tp = part_.tp_size, tpr = part_.tp_rank;
+  for (int64_t il = layer_begin_; il < layer_end_; ++il) {
     LayerWeights& L = layers_[size_t(il)];
     L.n_head = hp_.head_count(il);
     L.n_head_kv = hp_.head_count_kv(il);
-    L.n_ff = hp_.ff_length(il);
     const int64_t Eq = L.n_head * hd, Ekv = L.n_head_kv * hd;
+    // The whole layer's widths; a tensor-parallel rank holds heads [tpr * n_head, ...) of them.
+    const int64_t Eq_all = Eq * tp, Ekv_all = Ekv * tp;
     L.attn_norm = ld.vector(tensor_name(Tensor::AttnNorm, il), E, "norm weights");
     if (spec_.fused_qkv && ld.has(tensor_name(Tensor::AttnQkv, il))) {
       // Row ranges of one matrix: q rows, then k, then v (each its own view of the file's rows).
       const std::string n = tensor_name(Tensor::AttnQkv, il);
-      const int64_t rows = Eq + 2 * Ekv;
-      L.q = Linear{n, ld.matmul(n, E, Eq, 0, rows)};
-      L.k = Linear{n, ld.matmul(n, E, Ekv, Eq, rows), nullptr, false, Eq};
-      L.v = Linear{n, ld.matmul(n, E, Ekv, Eq + Ekv, rows), nullptr, false, Eq + Ekv};
+      const int64_t rows = Eq_all + 2 * Ekv_all;
+      const int64_t q0 = tpr * Eq, k0 = Eq_all + tpr * Ekv, v0 = Eq_all + Ekv_all + tpr * Ekv;
+      L.q = Linear{n, ld.matmul(n, E, Eq, q0, rows), nullptr, true, q0};
+      L.k = Linear{n, ld.matmul(n, E, Ekv, k0, rows), nullptr, false, k0};
+      L.v = Linear{n, ld.matmul(n, E, Ekv, v0, rows), nullptr, false, v0};
+    } else if (split) {
+      const bool bias_opt = any_bias_optional || spec_.fused_qkv;
+      L.q = linear(ld, Tensor::AttnQ, il, E, Eq, spec_.qkv_bias, bias_opt, Share{tpr * Eq, Eq_all});
+      L.k = linear(ld, Tensor::AttnK, il, E, Ekv, spec_.qkv_bias, bias_opt, Share{tpr * Ekv, Ekv_all});
+      L.v = linear(ld, Tensor::AttnV, il, E, Ekv, spec_.qkv_bias, bias_opt, Share{tpr * Ekv, Ekv_all});
     } else {
       L.q = linear(ld, Tensor::AttnQ, il, E, Eq, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
       L.k = linear(ld, Tensor::AttnK, il, E, Ekv, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
       L.v = linear(ld, Tensor::AttnV, il, E, Ekv, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
     }
-    L.o = linear(ld, Tensor::AttnOutput, il, Eq, E, false, any_bias_optional);
+    if (split)
+      L.o = linear(ld, Tensor::AttnOutput, il, Eq, E, false, any_bias_optional, Share{0, -1, tpr * Eq, Eq_all, tpr == 0});
+    else
+      L.o = linear(ld, Tensor::AttnOutput, il, Eq, E, false, any_bias_optional);
     if (spec_.qk_norm) {
       L.q_norm = ld.vector(tensor_name(Tensor::AttnQNorm, il), hd, "norm weights");
       L.k_norm = ld.vector(tensor_name(Tensor::AttnKNorm, il), hd, "norm weights");
@@ -358,6 +424,25 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
     L.ffn_norm = ld.vector(tensor_name(Tensor::FfnNorm, il), E, "norm weights");
     const bool routed = spec_.moe == ArchSpec::Moe::Required ||
                         (spec_.moe == ArchSpec::Moe::Optional && ld.has(tensor_name(Tensor::FfnGateInp, il)));
+    if (routed && split)
+      fail(file_->path(), ": layer ", il, " routes experts; tensor parallelism of mixture-of-experts layers is not "
+           "supported yet (use --pp for this model)");
+    // This rank's FFN channels: whole blocks of ffn_down's type (its columns are split).
+    SplitRange ff{0, full_hp_.ff_length(il)};
+    if (split && !routed) {
+      const int64_t F_all = full_hp_.ff_length(il);
+      const std::string down = tensor_name(Tensor::FfnDown, il);
+      const int64_t unit = ld.has(down) ? ld.column_unit(down) : 1;
+      if (F_all % unit != 0)
+        fail(file_->path(), ": ", down, "'s ", F_all, " columns are not whole blocks of ", unit,
+             ", so its FFN cannot be split for tensor parallelism");
+      ff = ffn_range(full_hp_, il, part_, unit);
+      if (ff.size() == 0)
+        fail(file_->path(), ": --tp ", tp, " leaves rank ", tpr, " no FFN channels of layer ", il, " (", F_all,
+             " channels in blocks of ", unit, ")");
+      hp_.n_ff_per_layer[size_t(il)] = ff.size();
+    }
+    L.n_ff = split ? ff.size() : hp_.ff_length(il);
     if (routed) {
       if (hp_.n_expert == 0)
         fail(file_->path(), ": ", tensor_name(Tensor::FfnGateInp, il), " present but ", hp_.arch,
@@ -383,15 +468,25 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
       L.moe = std::move(X);
     } else if (spec_.fused_gate_up && !ld.has(tensor_name(Tensor::FfnGate, il))) {
       const std::string n = tensor_name(Tensor::FfnUp, il);
-      L.gate = Linear{n, ld.matmul(n, E, L.n_ff, 0, 2 * L.n_ff)};
-      L.up = Linear{n, ld.matmul(n, E, L.n_ff, L.n_ff, 2 * L.n_ff), nullptr, false, L.n_ff};
-      L.down = linear(ld, Tensor::FfnDown, il, L.n_ff, E, false, false);
+      const int64_t F_all = full_hp_.ff_length(il);
+      L.gate = Linear{n, ld.matmul(n, E, L.n_ff, ff.begin, 2 * F_all), nullptr, true, ff.begin};
+      L.up = Linear{n, ld.matmul(n, E, L.n_ff, F_all + ff.begin, 2 * F_all), nullptr, false, F_all + ff.begin};
+      if (split)
+        L.down = linear(ld, Tensor::FfnDown, il, L.n_ff, E, false, false, Share{0, -1, ff.begin, F_all, tpr == 0});
+      else
+        L.down = linear(ld, Tensor::FfnDown, il, L.n_ff, E, false, false);
+    } else if (split) {
+      const int64_t F_all = full_hp_.ff_length(il);
+      L.gate = linear(ld, Tensor::FfnGate, il, E, L.n_ff, false, any_bias_optional, Share{ff.begin, F_all});
+      L.up = linear(ld, Tensor::FfnUp, il, E, L.n_ff, false, any_bias_optional, Share{ff.begin, F_all});
+      L.down = linear(ld, Tensor::FfnDown, il, L.n_ff, E, false, any_bias_optional, Share{0, -1, ff.begin, F_all, tpr == 0});
     } else {
       L.gate = linear(ld, Tensor::FfnGate, il, E, L.n_ff, false, any_bias_optional);
       L.up = linear(ld, Tensor::FfnUp, il, E, L.n_ff, false, any_bias_optional);
       L.down = linear(ld, Tensor::FfnDown, il, L.n_ff, E, false, any_bias_optional);
     }
   }
+  if (split) hp_.n_ff = *std::max_element(hp_.n_ff_per_layer.begin(), hp_.n_ff_per_layer.end());
 }
 
 bool DecoderModel::is_phased_capable() const {
@@ -399,7 +494,8 @@ bool DecoderModel::is_phased_capable() const {
   // output before the residual (one more phase), and experts are chosen per token: those
   // architectures take the pooled path in its place.
   // Its row units read one matrix per linear: low-rank factored linears take the pooled path.
-  return !spec_.post_norms && hp_.n_expert == 0 && hp_.uniform_layers() && !has_factored_;
+  // A part of a model (dist/) sums partial results between the phases: the pooled path.
+  return !spec_.post_norms && hp_.n_expert == 0 && hp_.uniform_layers() && !has_factored_ && part_.whole();
 }
 
 bool DecoderModel::rotate_keys(int64_t il, float* k, int64_t n_rows, int64_t delta) const {
@@ -452,7 +548,8 @@ void DecoderModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* l
 }
 
 void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
-  const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+  TERN_ASSERT_MSG(part_.first_stage() && part_.last_stage(hp_.n_layer), "a pipeline stage runs forward_stage()");
+  const int64_t E = hp_.n_embd;
   int64_t T = 0;
   for (const auto& s : seqs) {
     TERN_ASSERT(int64_t(s.slots.size()) >= s.n_past + int64_t(s.tokens.size()));
@@ -465,27 +562,7 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
   if (T == 0) return;
   TERN_ASSERT_MSG(T <= max_tokens_, "step larger than reserve()");
 
-  // Embedding lookup and positions.
-  {
-    int64_t t = 0;
-    for (const auto& s : seqs)
-      for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
-        const int32_t id = s.tokens[i];
-        TERN_ASSERT_MSG(id >= 0 && id < V, "token id out of range");
-        dequantize_row(tok_embd_, id, x_.data() + t * E);
-        positions_[size_t(t)] = int32_t(s.first_pos() + int64_t(i));
-      }
-    // The step's adapters; a token_embd update goes into the looked-up rows before Gemma's
-    // scaling (as llama.cpp adds it, so a merged embedding matrix gives the same rows).
-    const bool adapted = lora_.begin(seqs);
-    hooks_ = LinearHooks{observer_, adapted ? &lora_ : nullptr};
-    if (adapted) add_embedding_lora(lora_.groups(embd_lora_id_), seqs, x_.data(), E);
-    if (hp_.embd_scale != 0.0f)
-      for (int64_t i = 0; i < T * E; ++i) x_[size_t(i)] *= hp_.embd_scale;
-    // The rotations depend on the position only: tabulated once, not per head and layer.
-    rope_table_ext(positions_.data(), T, rope_params(false), rope_cs_.data());
-    if (has_swa_rope()) rope_table_ext(positions_.data(), T, rope_params(true), rope_cs_swa_.data());
-  }
+  prepare_step(seqs, T, /*embed=*/true);
 
   // Small models decoding a few tokens: each operation is a microsecond or less, so one pool
   // region per operation (11 per layer) costs more than the work. They run either as one region
@@ -542,12 +619,65 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
   forward_output(seqs, logits, pool);
 }
 
+void DecoderModel::prepare_step(std::span<const SeqBatch> seqs, int64_t T, bool embed) {
+  const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+  int64_t t = 0;
+  for (const auto& s : seqs)
+    for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
+      const int32_t id = s.tokens[i];
+      TERN_ASSERT_MSG(id >= 0 && id < V, "token id out of range");
+      if (embed) dequantize_row(tok_embd_, id, x_.data() + t * E);
+      positions_[size_t(t)] = int32_t(s.first_pos() + int64_t(i));
+    }
+  // The step's adapters; a token_embd update goes into the looked-up rows before Gemma's
+  // scaling (as llama.cpp adds it, so a merged embedding matrix gives the same rows).
+  const bool adapted = lora_.begin(seqs);
+  hooks_ = LinearHooks{observer_, adapted ? &lora_ : nullptr};
+  if (embed && adapted) add_embedding_lora(lora_.groups(embd_lora_id_), seqs, x_.data(), E);
+  if (embed && hp_.embd_scale != 0.0f)
+    for (int64_t i = 0; i < T * E; ++i) x_[size_t(i)] *= hp_.embd_scale;
+  // The rotations depend on the position only: tabulated once, not per head and layer.
+  rope_table_ext(positions_.data(), T, rope_params(false), rope_cs_.data());
+  if (has_swa_rope()) rope_table_ext(positions_.data(), T, rope_params(true), rope_cs_swa_.data());
+}
+
+void DecoderModel::forward_stage(std::span<const SeqBatch> seqs, KvStore& kv, float* x, float* logits,
+                                 ThreadPool& pool) {
+  const int64_t E = hp_.n_embd;
+  int64_t T = 0;
+  for (const auto& s : seqs) T += int64_t(s.tokens.size());
+  if (T == 0) return;
+  TERN_ASSERT_MSG(T <= max_tokens_, "step larger than reserve()");
+  const bool first = part_.first_stage(), last = part_.last_stage(hp_.n_layer);
+  prepare_step(seqs, T, first);
+  if (!first) std::copy_n(x, T * E, x_.data());
+  forward_layers_pooled(seqs, kv, T, pool);
+  if (last) forward_output(seqs, logits, pool);
+  else std::copy_n(x_.data(), T * E, x);
+}
+
 void DecoderModel::forward_output(std::span<const SeqBatch> seqs, float* logits, ThreadPool& pool) {
   const int64_t E = hp_.n_embd, V = hp_.n_vocab;
   // Final norm and output projection only for the rows that need logits.
   const int64_t rows = gather_output_rows(seqs, out_rows_.data());
   rms_norm(out_rows_.data(), output_norm_, out_rows_.data(), rows, E, hp_.rms_eps, pool);
-  apply_linear(output_, out_rows_.data(), E, rows, logits, V, pool, hooks_);
+  if (part_.tp_size > 1) {
+    // Each rank's vocabulary share, gathered: rank r's columns [v0_r, v1_r) of every row.
+    const int tp = part_.tp_size;
+    const int64_t share = split_range(V, 1, 0, tp).size();  // the largest share (rank 0's)
+    logits_share_.resize(size_t(rows * share) * size_t(tp + 1));
+    float* mine = logits_share_.data();
+    float* all = mine + rows * share;
+    apply_linear(output_, out_rows_.data(), E, rows, mine, share, pool, hooks_);
+    part_.all_gather(mine, rows * share, all);
+    for (int r = 0; r < tp; ++r) {
+      const SplitRange vr = split_range(V, 1, r, tp);
+      for (int64_t i = 0; i < rows; ++i)
+        std::copy_n(all + (r * rows + i) * share, vr.size(), logits + i * V + vr.begin);
+    }
+  } else {
+    apply_linear(output_, out_rows_.data(), E, rows, logits, V, pool, hooks_);
+  }
   if (hp_.final_softcap > 0.0f) softcap_inplace(logits, rows * V, hp_.final_softcap);
 }
 
@@ -588,7 +718,7 @@ int64_t DecoderModel::gather_output_rows(std::span<const SeqBatch> seqs, float* 
 }
 
 void DecoderModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool) {
-  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+  for (int64_t il = layer_begin_; il < layer_end_; ++il) {
     attention_block(il, seqs, kv, T, pool);
     ffn_block(il, T, pool);
   }
@@ -663,6 +793,7 @@ void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, K
         for (int64_t j = 0; j < a.ld_key_mass; ++j) dst[j] += a.key_mass[kvh * a.ld_key_mass + j];
     }
   apply_linear(L.o, attn_.data(), Eq, T, xn_.data(), E, pool, hooks_);
+  if (part_.tp_size > 1) part_.all_reduce(xn_.data(), T * E);  // the heads' partial sums
   if (L.attn_post_norm) rms_norm(xn_.data(), L.attn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
   add_inplace(x_.data(), xn_.data(), T * E);
 }
@@ -686,6 +817,7 @@ void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
   apply_linears_shared(gu, ys, lds, x_.data(), E, T, pool, RowsDone{act_rows_done, &act, true},
                        InputRmsNorm{L.ffn_norm, hp_.rms_eps, xn_.data()}, hooks_);
   apply_linear(L.down, gate_.data(), F, T, xn_.data(), E, pool, hooks_);
+  if (part_.tp_size > 1) part_.all_reduce(xn_.data(), T * E);  // the channels' partial sums
   if (L.ffn_post_norm) rms_norm(xn_.data(), L.ffn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
   add_inplace(x_.data(), xn_.data(), T * E);
 }
@@ -974,8 +1106,9 @@ void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int
 
 }  // namespace
 
-std::unique_ptr<Model> make_decoder(const ArchSpec& spec, std::shared_ptr<const GgufFile> file) {
-  return std::make_unique<DecoderModel>(spec, std::move(file));
+std::unique_ptr<Model> make_decoder(const ArchSpec& spec, std::shared_ptr<const GgufFile> file,
+                                    const ModelPartition& part) {
+  return std::make_unique<DecoderModel>(spec, std::move(file), part);
 }
 
 }  // namespace tern

@@ -16,7 +16,9 @@
 #include "kernels/matmul.h"
 #include "models/hparams.h"
 #include "models/lora.h"
+#include "core/error.h"
 #include "kv/kv_store.h"
+#include "models/partition.h"
 #include "ops/attention_iface.h"
 
 namespace tern {
@@ -82,6 +84,15 @@ class Model {
   // new tokens of a step (see reserve()).
   virtual void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits,
                        ThreadPool& pool) = 0;
+  // One pipeline stage's share of a step, for a model loaded as a part (models/partition.h,
+  // dist/): the first stage embeds the tokens, a later one reads its input from x [T, n_embd];
+  // the stage runs its layers (K/V into `kv`, which holds its layers); the last stage writes the
+  // logits as forward() does, an earlier one its output into x. Hidden states and key masses are
+  // not produced.
+  virtual void forward_stage(std::span<const SeqBatch> seqs, KvStore& kv, float* x, float* logits, ThreadPool& pool) {
+    (void)seqs, (void)kv, (void)x, (void)logits, (void)pool;
+    TERN_ASSERT_MSG(false, "this model does not run as pipeline stages");
+  }
   // Sizes the activation scratch for steps of up to n_tokens new tokens (allocates once).
   virtual void reserve(int64_t n_tokens) = 0;
   virtual int64_t max_step_tokens() const = 0;
@@ -117,6 +128,8 @@ struct LoadedModel {
 HParams read_hparams(const GgufFile& file);
 // Builds the architecture named by general.architecture; throws for unknown ones.
 std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file);
+// The part of it `part` names (models/partition.h): a tensor-parallel shard and/or pipeline stage.
+std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, const ModelPartition& part);
 
 // Whether the file starts with GGUF's magic. What a file is comes from its bytes, not its name:
 // a GGUF renamed .bin is still a GGUF. False when it cannot be read (the loader that runs next

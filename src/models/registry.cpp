@@ -24,9 +24,11 @@ const ArchSpec& find_architecture(const std::string& name, const std::string& pa
   fail(path, ": unsupported architecture '", name, "' (tern runs: ", architecture_list(), ")");
 }
 
-std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file) {
+std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file) { return load_model(std::move(file), {}); }
+
+std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, const ModelPartition& part) {
   const ArchSpec& spec = find_architecture(file->get_string("general.architecture"), file->path());
-  return make_decoder(spec, std::move(file));
+  return make_decoder(spec, std::move(file), part);
 }
 
 }  // namespace tern

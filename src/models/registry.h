@@ -8,6 +8,7 @@
 
 namespace tern {
 
-std::unique_ptr<Model> make_decoder(const ArchSpec& spec, std::shared_ptr<const GgufFile> file);
+std::unique_ptr<Model> make_decoder(const ArchSpec& spec, std::shared_ptr<const GgufFile> file,
+                                    const ModelPartition& part = {});
 
 }  // namespace tern

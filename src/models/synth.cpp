@@ -166,7 +166,8 @@ void add_generated_vocab(GgufWriter& w, int64_t n_vocab, const std::vector<std::
 }
 
 SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
-  const SynthShape& sh = find_synth_shape(opts.shape);
+  SynthShape sh = find_synth_shape(opts.shape);
+  if (opts.n_layer > 0) sh.n_layer = opts.n_layer;  // the shape's layers, fewer of them (tests)
   const ArchSpec& spec = find_architecture(sh.arch, "synth shape " + std::string(sh.name));
   const QuantTraits& want = require_quant_traits(opts.type, "synth weights");
   if (!want.from_float) fail("tern cannot quantize to ", dtype_name(opts.type));

@@ -43,6 +43,7 @@ struct SynthOptions {
   uint64_t seed = 1234;
   int n_threads = 0;
   int64_t n_ctx_train = 0;     // llama.context_length to write; 0: the shape's
+  int64_t n_layer = 0;         // layers to write; 0: the shape's (fewer: a shape's layers at test size)
 };
 
 struct SynthReport {

@@ -1,6 +1,8 @@
 #include "models/weight_loader.h"
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -56,19 +58,11 @@ WeightView WeightLoader::matmul(const std::string& name, int64_t n_in, int64_t n
   WeightView w{t.type, n_in, n_out, static_cast<const uint8_t*>(t.data) + first_row * row_bytes};
   if (!want_interleave16(w)) return w;
   const size_t bytes = size_t(w.n_out * w.row_bytes());
-  const size_t padded = (bytes + 63) / 64 * 64;
   if (!loading_) {
-    planned_ += padded;
+    claim(bytes);
     return w;
   }
-  uint8_t* dst;
-  if (arena_used_ + bytes <= planned_) {
-    dst = arena_.get() + arena_used_;
-    arena_used_ += padded;
-  } else {
-    extra_.push_back(alloc_huge_buffer(bytes));
-    dst = extra_.back().get();
-  }
+  uint8_t* dst = claim(bytes);
   // The copy replaces the file's bytes, whose pages go back to the kernel (a read-only mapping:
   // nothing is lost, a later reader gets them from the file again), so resident memory stays
   // one copy of the weights. In pieces of ~8 MiB (whole 16-row groups, which interleave16 lays
@@ -95,6 +89,71 @@ WeightView WeightLoader::matmul(const std::string& name, int64_t n_in, int64_t n
       }
     }
     if (r1 == w.n_out) break;
+  }
+  w.data = dst;
+  w.interleaved16 = true;
+  return w;
+}
+
+uint8_t* WeightLoader::claim(size_t bytes) {
+  const size_t padded = (bytes + 63) / 64 * 64;
+  if (!loading_) {
+    planned_ += padded;
+    return nullptr;
+  }
+  if (arena_used_ + bytes <= planned_) {
+    uint8_t* dst = arena_.get() + arena_used_;
+    arena_used_ += padded;
+    return dst;
+  }
+  extra_.push_back(alloc_huge_buffer(bytes));
+  return extra_.back().get();
+}
+
+int64_t WeightLoader::column_unit(const std::string& name) const {
+  const GgufTensorInfo& t = tensor(name);
+  const QuantTraits* q = quant_traits(t.type);
+  return q ? q->block_size : 1;
+}
+
+WeightView WeightLoader::matmul_cols(const std::string& name, int64_t n_in_total, int64_t n_out, int64_t col0,
+                                     int64_t n_in) {
+  const GgufTensorInfo& t = tensor(name);
+  const QuantTraits& q = require_quant_traits(t.type, name.c_str());
+  if (t.ne.size() != 2 || t.ne[0] != n_in_total || t.ne[1] != n_out)
+    fail(file_->path(), ": loading ", name, ": expected ", n_in_total, " x ", n_out, ", file has ", t.shape_string());
+  const int64_t bs = q.block_size;
+  if (dtype_row_bytes(t.type, n_in_total) != n_in_total / bs * q.block_bytes)
+    fail(file_->path(), ": ", name, " is ", dtype_name(t.type),
+         ", whose rows are not plain sequences of blocks: it cannot be split by columns for tensor parallelism "
+         "(requantize it to a llama.cpp type first)");
+  if (col0 % bs != 0 || n_in % bs != 0 || col0 < 0 || col0 + n_in > n_in_total)
+    fail(file_->path(), ": ", name, " (", dtype_name(t.type), ", blocks of ", bs, "): columns [", col0, ", ",
+         col0 + n_in, ") are not whole blocks within its ", n_in_total, " columns, so it cannot be split this way "
+         "for tensor parallelism (a smaller --tp, or another type)");
+  check_once(t);
+  WeightView w{t.type, n_in, n_out, nullptr};
+  const int64_t rb = w.row_bytes(), rb_total = dtype_row_bytes(t.type, n_in_total), off = col0 / bs * q.block_bytes;
+  const size_t bytes = size_t(n_out * rb);
+  uint8_t* dst = claim(bytes);
+  if (!loading_) return w;
+  const uint8_t* src = static_cast<const uint8_t*>(t.data);
+  if (!want_interleave16(w)) {
+    for (int64_t r = 0; r < n_out; ++r) std::memcpy(dst + r * rb, src + r * rb_total + off, size_t(rb));
+    w.data = dst;
+    return w;
+  }
+  // Gathered in pieces of whole 16-row groups (interleave16 lays each out over its own bytes).
+  const int64_t piece_rows = std::max<int64_t>(16, (int64_t(8) << 20) / std::max<int64_t>(rb, 1) / 16 * 16);
+  std::vector<uint8_t> gathered(size_t(std::min(piece_rows + 15, n_out) * rb));
+  for (int64_t r0 = 0; r0 < n_out; r0 += piece_rows) {
+    const int64_t r1 = n_out - r0 <= piece_rows + 15 ? n_out : r0 + piece_rows;
+    for (int64_t r = r0; r < r1; ++r) std::memcpy(gathered.data() + (r - r0) * rb, src + r * rb_total + off, size_t(rb));
+    WeightView piece = w;
+    piece.n_out = r1 - r0;
+    piece.data = gathered.data();
+    interleave16(piece, dst + r0 * rb);
+    if (r1 == n_out) break;
   }
   w.data = dst;
   w.interleaved16 = true;

@@ -9,7 +9,7 @@ namespace tern {
 
 Session::Session(std::shared_ptr<const GgufFile> file, const SessionConfig& cfg)
     : file_(std::move(file)),
-      model_(load_model(file_)),
+      model_(cfg.load ? cfg.load(file_) : load_model(file_)),
       n_ctx_(cfg.n_ctx > 0 ? cfg.n_ctx : model_->hparams().n_ctx_train),
       n_batch_(std::max<int64_t>(1, std::min(cfg.n_batch, n_ctx_))),
       pool_(cfg.n_threads > 0 ? cfg.n_threads : default_thread_count()) {

@@ -4,6 +4,7 @@
 //
 // Owns the model, its KV store, the thread pool and the logits buffer; not thread-safe.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -23,6 +24,9 @@ struct SessionConfig {
   // Eviction (--kv-policy): the arena holds kv_policy.capacity(n_ctx) tokens and the sequence may
   // grow past n_ctx, the policy choosing which tokens stay (kv/kv_policy.h).
   KvPolicy kv_policy;
+  // Builds the model from the file (default: load_model); a parallel layout's (dist/) loads
+  // this rank's part and runs steps over every rank.
+  std::function<std::unique_ptr<Model>(std::shared_ptr<const GgufFile>)> load;
 };
 
 class Session {

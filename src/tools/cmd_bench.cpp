@@ -14,6 +14,7 @@
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
+#include "tools/parallel_report.h"
 #include "tools/progress.h"
 #include "tools/spec_args.h"
 
@@ -83,6 +84,7 @@ int cmd_bench(int argc, char** argv) {
   CLI::App app{"Prompt-processing and generation throughput (llama-bench style) with the decode roofline."};
   ModelArgs margs;
   margs.add_to(app, /*with_ctx=*/false);
+  margs.add_parallel_to(app);
   int64_t n_prompt = 512, n_gen = 128;
   int reps = 5;
   bool json = false, no_bandwidth = false, roofline = false;
@@ -167,6 +169,9 @@ int cmd_bench(int argc, char** argv) {
   // to over 100% between runs of the same build. The probe reads the decode's own weights where
   // they are (bandwidth_probe.h: another buffer can sit on faster or slower memory), 2 passes,
   // or, for a model that lists none, a 256 MiB buffer of its own (3 passes).
+  // Under a parallel layout the probe would read rank 0's part only: the roofline is one
+  // process's, so it is left out (docs/distributed.md has the cost model instead).
+  if (margs.layout.parallel()) no_bandwidth = true;
   std::unique_ptr<ReadBandwidthProbe> probe;
   const bool probe_weights = !s.model().decode_weight_memory().empty();
   if (!no_bandwidth) {
@@ -224,6 +229,7 @@ int cmd_bench(int argc, char** argv) {
     }
     for (auto& v : runs) verify_ms.push_back(percentile(v, 50));
   }
+  const ParallelBenchReport parallel = parallel_bench_report(n_prompt > 0 ? std::function<void()>([&] { run_pp(); }) : nullptr);
   const double bw = bw_runs.empty() ? 0.0 : percentile(bw_runs, 50);
   const double pp_med = percentile(pp, 50), tg_med = percentile(tg, 50);
   const double roofline_tok_s = bw > 0 ? bw * 1e9 / double(per_token) : 0.0;
@@ -281,6 +287,7 @@ int cmd_bench(int argc, char** argv) {
       j["pp_compute_peak"] = pp_peak ? pp_peak->name : "";
       j["pp_compute_pct"] = pp_compute_pct;
     }
+    if (!parallel.json.is_null()) j["parallel"] = parallel.json;
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -322,6 +329,7 @@ int cmd_bench(int argc, char** argv) {
       std::printf("\npp%lld: no %s peak on this CPU to compare with\n", static_cast<long long>(n_prompt),
                   compute_peak_for(type, s.hparams().n_embd));
   }
+  if (!parallel.text.empty()) std::printf("%s", parallel.text.c_str());
   return 0;
 }
 

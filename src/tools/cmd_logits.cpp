@@ -16,6 +16,7 @@ int cmd_logits(int argc, char** argv) {
   CLI::App app{"Print or save the logits of every position of a prompt (one batched prefill)."};
   ModelArgs margs;
   margs.add_to(app);
+  margs.add_parallel_to(app);
   std::string prompt, ids_text, out_file;
   bool no_bos = false, json = false;
   app.add_option("-p,--prompt", prompt, "prompt text");

@@ -111,6 +111,7 @@ int cmd_ppl(int argc, char** argv) {
   ModelArgs margs;
   margs.add_to(app, /*with_ctx=*/false);
   margs.add_kv_policy_to(app);
+  margs.add_parallel_to(app);
   std::string text_file;
   int64_t n_ctx = 512;
   int64_t max_chunks = -1;

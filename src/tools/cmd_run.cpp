@@ -64,6 +64,7 @@ int cmd_run(int argc, char** argv) {
   ModelArgs margs;
   margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
   margs.add_kv_policy_to(app);
+  margs.add_parallel_to(app);
   ConstraintArgs cargs;
   cargs.add_to(app);
   std::string prompt, prompt_file;

@@ -25,6 +25,8 @@ int cmd_synth(int argc, char** argv) {
   app.add_option("-t,--threads", opts.n_threads, "threads (default: all cores)");
   app.add_option("--ctx-train", opts.n_ctx_train, "training context written to the header (0: the shape's)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  app.add_option("--layers", opts.n_layer, "layers to write (0: the shape's): the shape's layers, fewer of them")
+      ->check(CLI::Range(int64_t(0), int64_t(4096)));
   app.add_option("-o,--output", out, "output GGUF file")->required();
   app.add_flag("--json", json, "print the report as JSON");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;

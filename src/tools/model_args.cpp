@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "dist/parallel_model.h"
 #include "tools/cli_util.h"
 
 namespace tern {
@@ -25,6 +26,18 @@ void ModelArgs::add_to(CLI::App& app, bool with_ctx, KvType default_kv_type) {
   app.add_option("--lora", lora,
                  "LoRA adapter in llama.cpp's GGUF format, FILE or FILE:SCALE (default scale 1); "
                  "repeat to stack adapters");
+}
+
+void ModelArgs::add_parallel_to(CLI::App& app) {
+  app.add_option("--tp", layout.tp,
+                 "tensor parallelism: split every layer's heads and FFN channels over N ranks (under mpirun; "
+                 "docs/distributed.md)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--pp", layout.pp, "pipeline parallelism: split the layers into N stages, one per rank group (under mpirun)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--micro-batches", layout.micro_batches,
+                 "pipeline: micro-batches a step is cut into, so that the stages work at once (0: --pp)")
+      ->check(CLI::Range(0, 65536));
 }
 
 void KvPolicyArgs::add_to(CLI::App& app) {
@@ -94,6 +107,15 @@ LoadedSession open_session(const ModelArgs& args, std::shared_ptr<const GgufFile
   cfg.n_batch = args.batch;
   cfg.kv_type = kv_type_from_name(args.kv_type);
   cfg.kv_policy = args.kv_policy_config();
+  if (args.layout.parallel()) {
+    if (!args.lora.empty()) fail("--lora is not supported with --tp / --pp yet");
+    if (cfg.kv_policy.evicts()) fail("--kv-policy ", args.kv_policy_args.kind, " is not supported with --tp / --pp yet");
+    const dist::ParallelLayout layout = args.layout;
+    const int threads = args.threads;
+    cfg.load = [layout, threads](std::shared_ptr<const GgufFile> f) {
+      return dist::load_parallel_model(std::move(f), layout, threads);
+    };
+  }
   LoraSet lora = load_lora_args(args.lora, *s.file);  // (before the model: a bad adapter fails fast)
   s.session = std::make_unique<Session>(s.file, cfg);
   if (!lora.empty()) s.session->set_lora(std::move(lora));

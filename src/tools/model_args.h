@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/layout.h"
 #include "runtime/context_fit.h"
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
@@ -35,6 +36,7 @@ struct ModelArgs {
   std::string kv_type = "f32";  // KV cache element type (kv/kv_store.h kv_types())
   std::vector<std::string> lora;  // --lora FILE[:SCALE], repeatable: adapters stacked on the model
   KvPolicyArgs kv_policy_args;  // add_kv_policy_to
+  dist::ParallelLayout layout;  // --tp, --pp, --micro-batches (add_parallel_to)
 
   // default_kv_type: --kv-type's default for this command (f16 for run and serve, which
   // generate text, as llama.cpp; f32 for the measurements compared with f32 references).
@@ -42,6 +44,9 @@ struct ModelArgs {
   // --kv-policy and its options (commands that run one Session).
   void add_kv_policy_to(CLI::App& app) { kv_policy_args.add_to(app); }
   KvPolicy kv_policy_config() const { return kv_policy_args.config(); }
+  // --tp, --pp and --micro-batches: the model spread over the ranks of `mpirun -np tp*pp`
+  // (docs/distributed.md).
+  void add_parallel_to(CLI::App& app);
   // True when the user gave --ctx (a command may also set `ctx` itself).
   bool ctx_given() const { return ctx_option_ && ctx_option_->count() > 0; }
   // "tern run" once parsed: the prefix of the warnings open_session prints.

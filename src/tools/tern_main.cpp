@@ -4,6 +4,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "dist/comm.h"
+#include "dist/parallel_model.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -85,7 +87,24 @@ int run_command(const Command& c, int argc, char** argv) {
 
 }  // namespace
 
+int tern_command(int argc, char** argv);
+
 int tern_main(int argc, char** argv) {
+  // Under mpirun every rank starts here: rank 0 runs the command, the others serve its parallel
+  // model (dist/parallel_model.h) until it is done.
+  dist::init(&argc, &argv);
+  if (dist::world().rank() != 0) {
+    const int rc = dist::worker_main();
+    dist::finalize();
+    return rc;
+  }
+  const int rc = tern_command(argc, argv);
+  dist::release_workers();
+  dist::finalize();
+  return rc;
+}
+
+int tern_command(int argc, char** argv) {
   if (argc < 2) {
     print_usage(stderr);
     return 2;

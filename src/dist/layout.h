@@ -1,0 +1,34 @@
+#pragma once
+// A parallel layout: tp x pp ranks, rank = stage * tp + tp_rank (world rank 0 is stage 0's first
+// tensor-parallel rank, the one that runs the command), and how a step is cut into micro-batches.
+// Pure logic: tested without MPI.
+#include <cstdint>
+#include <string>
+
+#include "models/hparams.h"
+#include "models/partition.h"
+
+namespace tern::dist {
+
+struct ParallelLayout {
+  int tp = 1;             // tensor-parallel ranks per stage (--tp)
+  int pp = 1;             // pipeline stages (--pp)
+  int micro_batches = 0;  // micro-batches a step is cut into (--micro-batches; 0: pp)
+  int ranks() const { return tp * pp; }
+  bool parallel() const { return ranks() > 1; }
+  int stage_of(int rank) const { return rank / tp; }
+  int tp_rank_of(int rank) const { return rank % tp; }
+  int rank_of(int stage, int tp_rank) const { return stage * tp + tp_rank; }
+  int micro_batch_count() const { return micro_batches > 0 ? micro_batches : pp; }
+  std::string describe() const;  // "tp 2 x pp 2 (4 ranks), 4 micro-batches"
+};
+
+// Throws tern::Error naming the flag and the model (`path`): --tp or --pp below 1, more stages
+// than layers, a --tp that does not divide every layer's head counts, or a world of another size
+// than tp x pp (`world_size`).
+void check_layout(const ParallelLayout& layout, const HParams& hp, const std::string& path, int world_size);
+
+// Rank `rank`'s part of the model (without its all-reduce, which the caller binds).
+ModelPartition partition_of(const ParallelLayout& layout, int rank, int64_t n_layer);
+
+}  // namespace tern::dist

@@ -1,0 +1,344 @@
+#include "dist/parallel_model.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "dist/comm.h"
+#include "dist/step_plan.h"
+
+namespace tern::dist {
+namespace {
+
+// What rank 0 broadcasts: a header, then `bytes` of payload.
+enum class MsgKind : int32_t { Load = 1, Step = 2, Exit = 3, Timeline = 4 };
+struct MsgHeader {
+  MsgKind kind;
+  int32_t pad = 0;
+  int64_t bytes = 0;
+};
+
+// The load request: the layout, rank 0's thread count, and what the file must be.
+struct LoadRequest {
+  int32_t tp, pp, micro_batches, n_threads;
+  uint64_t fingerprint;
+  uint64_t file_size;
+  // followed by the path
+};
+
+// Point-to-point tags: a micro-batch's activations, and its logits back to rank 0.
+constexpr int kTagActivations = 1 << 20;
+constexpr int kTagLogits = 2 << 20;
+constexpr int64_t kStatusBytes = 1024;  // one rank's load status: "" or its error
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// FNV-1a over what makes two files the same model: architecture, tensor names, types, shapes
+// and sizes, and the file's size.
+uint64_t fingerprint(const GgufFile& f) {
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&](const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  const std::string arch = f.get_string("general.architecture");
+  mix(arch.data(), arch.size());
+  for (const auto& t : f.tensors()) {
+    mix(t.name.data(), t.name.size());
+    mix(&t.type, sizeof t.type);
+    for (int64_t d : t.ne) mix(&d, sizeof d);
+    mix(&t.n_bytes, sizeof t.n_bytes);
+  }
+  return h;
+}
+
+// One rank's share of the work: its part of the model and the communicators it runs over.
+struct Executor {
+  ParallelLayout layout;
+  int rank = 0;
+  std::unique_ptr<Comm> tp_comm;  // the ranks of this rank's stage
+  std::shared_ptr<const GgufFile> file;
+  std::unique_ptr<Model> model;
+  int64_t step = 0;
+  std::vector<BusyInterval> timeline;
+  // Scratch: micro-batches' activations and logits (kept until their sends complete).
+  std::vector<std::vector<float>> xs, ls;
+  std::vector<float> scratch_logits;
+
+  int stage() const { return layout.stage_of(rank); }
+  int tp_rank() const { return layout.tp_rank_of(rank); }
+
+  void record(int mb, int64_t n_tokens, double t0) {
+    timeline.push_back(BusyInterval{rank, stage(), tp_rank(), step, mb, n_tokens, t0, now_s()});
+  }
+
+  // Loads this rank's part; "" or the error.
+  std::string load(const std::string& path, std::shared_ptr<const GgufFile> f, const ParallelLayout& l, uint64_t want_fp,
+                   uint64_t want_size) {
+    layout = l;
+    rank = world().rank();
+    model.reset();
+    // Every rank takes part in the split, whatever happens to its load.
+    tp_comm = world().split(layout.stage_of(rank), layout.tp_rank_of(rank));
+    try {
+      file = f ? std::move(f) : open_model_file(path);
+      if (file->file_size() != want_size || fingerprint(*file) != want_fp)
+        fail(path, " on this rank is not rank 0's model file (", file->file_size(), " bytes here, ", want_size,
+             " there, or other tensors): every rank must open the same model");
+      const HParams hp = read_hparams(*file);
+      ModelPartition part = partition_of(layout, rank, hp.n_layer);
+      Comm* c = tp_comm.get();
+      if (layout.tp > 1) {
+        part.all_reduce = [c](float* x, int64_t n) { c->all_reduce_sum(x, n); };
+        part.all_gather = [c](const float* mine, int64_t n, float* all) {
+          c->all_gather(mine, n * int64_t(sizeof(float)), all);
+        };
+      }
+      model = load_model(file, part);
+      return "";
+    } catch (const std::exception& e) {
+      model.reset();
+      return e.what();
+    }
+  }
+
+  // Runs one step on this rank. logits: rank 0's output ([n_logit_rows, n_vocab]); others
+  // pass nullptr.
+  void run(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
+    const int64_t V = model->hparams().n_vocab, E = model->hparams().n_embd;
+    int64_t T = 0;
+    for (const SeqBatch& s : seqs) T += int64_t(s.tokens.size());
+    if (T == 0) return;
+    model->reserve(T);
+    if (!logits) {
+      scratch_logits.resize(size_t(n_logit_rows(seqs) * V));
+      logits = scratch_logits.data();
+    }
+    if (layout.pp == 1) {
+      const double t0 = now_s();
+      model->forward(seqs, kv, logits, pool);
+      record(0, T, t0);
+      ++step;
+      return;
+    }
+    const std::vector<MicroBatch> mbs = split_micro_batches(seqs, layout.micro_batch_count());
+    const int s = stage(), r = tp_rank(), last = layout.pp - 1;
+    Comm& w = world();
+    xs.resize(mbs.size());
+    ls.resize(mbs.size());
+    for (size_t i = 0; i < mbs.size(); ++i) {
+      const MicroBatch& mb = mbs[i];
+      xs[i].resize(size_t(mb.n_tokens * E));
+      if (s > 0) w.recv(xs[i].data(), int64_t(xs[i].size() * sizeof(float)), layout.rank_of(s - 1, r), kTagActivations + int(i));
+      ls[i].resize(s == last ? mb.logit_rows.size() * size_t(V) : 0);
+      const double t0 = now_s();
+      model->forward_stage(mb.seqs, kv, xs[i].data(), ls[i].data(), pool);
+      record(int(i), mb.n_tokens, t0);
+      if (s < last)
+        w.send_async(xs[i].data(), int64_t(xs[i].size() * sizeof(float)), layout.rank_of(s + 1, r), kTagActivations + int(i));
+      else if (r == 0)
+        w.send_async(ls[i].data(), int64_t(ls[i].size() * sizeof(float)), 0, kTagLogits + int(i));
+    }
+    w.wait_sends();
+    if (rank == 0) {
+      std::vector<float> rows;
+      for (size_t i = 0; i < mbs.size(); ++i) {
+        rows.resize(mbs[i].logit_rows.size() * size_t(V));
+        w.recv(rows.data(), int64_t(rows.size() * sizeof(float)), layout.rank_of(last, 0), kTagLogits + int(i));
+        for (size_t j = 0; j < mbs[i].logit_rows.size(); ++j)
+          if (const int64_t row = mbs[i].logit_rows[j]; row >= 0)
+            std::memcpy(logits + row * V, rows.data() + j * size_t(V), size_t(V) * sizeof(float));
+      }
+    }
+    ++step;
+  }
+
+  // Sends this rank's intervals to rank 0 (or, on rank 0, gathers everyone's).
+  std::vector<BusyInterval> exchange_timeline() {
+    Comm& w = world();
+    std::vector<BusyInterval> all;
+    if (rank != 0) {
+      const int64_t n = int64_t(timeline.size());
+      w.send(&n, sizeof n, 0, 7);
+      if (n > 0) w.send(timeline.data(), n * int64_t(sizeof(BusyInterval)), 0, 8);
+    } else {
+      all = timeline;
+      for (int src = 1; src < w.size(); ++src) {
+        int64_t n = 0;
+        w.recv(&n, sizeof n, src, 7);
+        std::vector<BusyInterval> part(static_cast<size_t>(n));
+        if (n > 0) w.recv(part.data(), n * int64_t(sizeof(BusyInterval)), src, 8);
+        all.insert(all.end(), part.begin(), part.end());
+      }
+    }
+    timeline.clear();
+    return all;
+  }
+};
+
+Executor& executor() {
+  static Executor e;
+  return e;
+}
+bool g_released = false;
+bool g_active = false;
+std::vector<RankInfo> g_infos;
+
+void broadcast_message(MsgKind kind, std::vector<uint8_t>* payload) {
+  MsgHeader h{kind, 0, payload ? int64_t(payload->size()) : 0};
+  world().broadcast(&h, sizeof h, 0);
+  if (h.bytes > 0) world().broadcast(payload->data(), h.bytes, 0);
+}
+
+// Every rank's load status; rank 0 throws for the first failure.
+std::vector<RankInfo> gather_load_status(const std::string& error) {
+  Comm& w = world();
+  Executor& ex = executor();
+  struct Status {
+    char error[kStatusBytes];
+    RankInfo info;
+  } mine{};
+  std::snprintf(mine.error, sizeof mine.error, "%s", error.c_str());
+  mine.info.rank = w.rank();
+  mine.info.stage = ex.layout.stage_of(w.rank());
+  mine.info.tp_rank = ex.layout.tp_rank_of(w.rank());
+  if (ex.model) {
+    const HParams& hp = ex.model->hparams();
+    const ModelPartition part = partition_of(ex.layout, w.rank(), hp.n_layer);
+    mine.info.layer_begin = part.layer_begin;
+    mine.info.layer_end = part.layer_end < 0 ? hp.n_layer : part.layer_end;
+    mine.info.weight_bytes = ex.model->weight_bytes();
+    mine.info.kv_bytes_per_token = kv_bytes_per_token(hp, KvType::F32);
+  }
+  std::vector<Status> all(size_t(w.size()));
+  w.all_gather(&mine, sizeof mine, all.data());
+  std::vector<RankInfo> infos;
+  for (const Status& s : all) {
+    if (s.error[0] != '\0') {
+      ex.model.reset();  // a part without the others is of no use
+      if (w.rank() == 0) fail("rank ", s.info.rank, ": ", std::string(s.error, strnlen(s.error, sizeof s.error)));
+    }
+    infos.push_back(s.info);
+  }
+  return infos;
+}
+
+// Rank 0's view of the whole model.
+class ParallelModel final : public Model {
+ public:
+  ParallelModel() {
+    Model& local = *executor().model;
+    hp_ = local.hparams();
+    weight_bytes_ = local.weight_bytes();
+    decode_weight_memory_ = local.decode_weight_memory();
+  }
+  void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) override {
+    for (const SeqBatch& s : seqs) {
+      if (s.lora && !s.lora->empty()) fail("LoRA adapters are not supported with --tp / --pp");
+      if (s.hidden) fail("hidden states (embeddings) are not supported with --tp / --pp");
+      if (s.key_mass) fail("H2O key masses are not supported with --tp / --pp");
+      if (s.tokens.empty()) fail("a parallel step with an empty sequence");
+    }
+    std::vector<uint8_t> plan = encode_step(seqs, reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), kv.type());
+    broadcast_message(MsgKind::Step, &plan);
+    executor().run(seqs, kv, logits, pool);
+  }
+  void reserve(int64_t n_tokens) override { executor().model->reserve(n_tokens); }
+  int64_t max_step_tokens() const override { return executor().model->max_step_tokens(); }
+  void check_lora(const LoraAdapter& adapter) const override {
+    fail(adapter.path(), ": LoRA adapters are not supported with --tp / --pp yet");
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_parallel_model(std::shared_ptr<const GgufFile> file, const ParallelLayout& layout,
+                                           int n_threads) {
+  Comm& w = world();
+  check_layout(layout, read_hparams(*file), file->path(), w.size());
+  const std::string& path = file->path();
+  std::vector<uint8_t> req(sizeof(LoadRequest) + path.size());
+  const LoadRequest lr{layout.tp, layout.pp, layout.micro_batches, n_threads, fingerprint(*file), file->file_size()};
+  std::memcpy(req.data(), &lr, sizeof lr);
+  std::memcpy(req.data() + sizeof lr, path.data(), path.size());
+  broadcast_message(MsgKind::Load, &req);
+  const std::string error = executor().load(path, file, layout, lr.fingerprint, lr.file_size);
+  g_infos = gather_load_status(error);
+  g_active = true;
+  return std::make_unique<ParallelModel>();
+}
+
+int worker_main() {
+  Comm& w = world();
+  Executor& ex = executor();
+  std::unique_ptr<ThreadPool> pool;
+  std::map<uint64_t, KvStore> kvs;  // rank 0's arena id -> this rank's arena
+  std::vector<uint8_t> payload;
+  try {
+    for (;;) {
+      MsgHeader h{};
+      w.broadcast(&h, sizeof h, 0);
+      payload.resize(size_t(h.bytes));
+      if (h.bytes > 0) w.broadcast(payload.data(), h.bytes, 0);
+      switch (h.kind) {
+        case MsgKind::Exit:
+          return 0;
+        case MsgKind::Load: {
+          LoadRequest lr;
+          if (payload.size() < sizeof lr) fail("malformed load request");
+          std::memcpy(&lr, payload.data(), sizeof lr);
+          // Rank 0's path, or this node's copy of the model where it lives elsewhere.
+          std::string path(reinterpret_cast<const char*>(payload.data()) + sizeof lr, payload.size() - sizeof lr);
+          if (const char* own = std::getenv("TERN_RANK_MODEL"); own && *own) path = own;
+          kvs.clear();
+          pool = std::make_unique<ThreadPool>(lr.n_threads > 0 ? lr.n_threads : default_thread_count());
+          const std::string error =
+              ex.load(path, nullptr, ParallelLayout{lr.tp, lr.pp, lr.micro_batches}, lr.fingerprint, lr.file_size);
+          gather_load_status(error);
+          break;
+        }
+        case MsgKind::Step: {
+          StepPlan plan = decode_step(payload);
+          if (!ex.model) fail("a step before a model was loaded");
+          auto it = kvs.find(plan.kv_id);
+          if (it == kvs.end() || it->second.n_slots() != plan.kv_slots || it->second.type() != plan.kv_type) {
+            if (it != kvs.end()) kvs.erase(it);
+            it = kvs.emplace(plan.kv_id, make_kv_store(ex.model->hparams(), plan.kv_slots, plan.kv_type)).first;
+          }
+          ex.run(plan.seqs, it->second, nullptr, *pool);
+          break;
+        }
+        case MsgKind::Timeline:
+          ex.exchange_timeline();
+          break;
+        default:
+          fail("unknown message ", int(h.kind), " from rank 0");
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tern: rank %d: error: %s\n", w.rank(), e.what());
+    std::fflush(stderr);
+    abort_all(1);
+  }
+}
+
+void release_workers() {
+  if (g_released || world().size() == 1 || world().rank() != 0) return;
+  g_released = true;
+  broadcast_message(MsgKind::Exit, nullptr);
+}
+
+std::vector<RankInfo> rank_infos() { return g_infos; }
+const ParallelLayout* active_layout() { return g_active ? &executor().layout : nullptr; }
+
+std::vector<BusyInterval> collect_timeline() {
+  if (world().rank() != 0) return {};
+  if (world().size() > 1) broadcast_message(MsgKind::Timeline, nullptr);
+  return executor().exchange_timeline();
+}
+
+}  // namespace tern::dist

@@ -1,0 +1,54 @@
+#include "models/partition.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace tern {
+
+SplitRange split_range(int64_t total, int64_t unit, int part, int parts) {
+  TERN_ASSERT(unit > 0 && total % unit == 0 && parts > 0 && part >= 0 && part < parts);
+  const int64_t units = total / unit, base = units / parts, extra = units % parts;
+  const int64_t u0 = part * base + std::min<int64_t>(part, extra);
+  const int64_t u1 = u0 + base + (part < extra ? 1 : 0);
+  return SplitRange{u0 * unit, u1 * unit};
+}
+
+SplitRange stage_layers(int64_t n_layer, int stage, int n_stages) { return split_range(n_layer, 1, stage, n_stages); }
+
+HParams partition_hparams(const HParams& hp, const ModelPartition& part, const std::string& path) {
+  HParams out = hp;
+  if (part.whole()) return out;
+  const int64_t l0 = part.layer_begin, l1 = part.layer_end < 0 ? hp.n_layer : part.layer_end;
+  if (l0 < 0 || l1 > hp.n_layer || l0 >= l1)
+    fail(path, ": pipeline stage of layers [", l0, ", ", l1, ") is empty or outside the model's ", hp.n_layer, " layers");
+  if (part.tp_size < 1 || part.tp_rank < 0 || part.tp_rank >= part.tp_size) fail("tensor-parallel rank out of range");
+  if (part.tp_size > 1 && (!part.all_reduce || !part.all_gather)) fail("tensor parallelism without its collectives");
+  const int64_t tp = part.tp_size;
+  out.n_head_per_layer.assign(size_t(hp.n_layer), 0);
+  out.n_head_kv_per_layer.assign(size_t(hp.n_layer), 0);
+  out.n_ff_per_layer.assign(size_t(hp.n_layer), 0);
+  for (int64_t il = l0; il < l1; ++il) {
+    const int64_t nh = hp.head_count(il), nkv = hp.head_count_kv(il);
+    if (nh % tp != 0 || nkv % tp != 0)
+      fail(path, ": --tp ", tp, " does not divide layer ", il, "'s head counts (", nh, " query heads, ", nkv,
+           " KV heads): tensor parallelism gives each rank whole heads; use a --tp that divides both");
+    out.n_head_per_layer[size_t(il)] = nh / tp;
+    out.n_head_kv_per_layer[size_t(il)] = nkv / tp;
+    // The FFN split's unit (ffn_down's block) is known only with the tensors; the loader sets
+    // the exact widths (ffn_range). This is the even share, for sizing before the load.
+    out.n_ff_per_layer[size_t(il)] = (hp.ff_length(il) + tp - 1) / tp;
+  }
+  out.n_head = *std::max_element(out.n_head_per_layer.begin(), out.n_head_per_layer.end());
+  out.n_head_kv = *std::max_element(out.n_head_kv_per_layer.begin(), out.n_head_kv_per_layer.end());
+  out.n_ff = *std::max_element(out.n_ff_per_layer.begin(), out.n_ff_per_layer.end());
+  return out;
+}
+
+SplitRange ffn_range(const HParams& full, int64_t il, const ModelPartition& part, int64_t unit) {
+  const int64_t F = full.ff_length(il);
+  if (part.tp_size == 1) return SplitRange{0, F};
+  return split_range(F, unit, part.tp_rank, part.tp_size);
+}
+
+}  // namespace tern

@@ -1,0 +1,265 @@
+// tern under mpirun (docs/distributed.md): the parallel layouts give the single process's greedy
+// tokens, each tensor-parallel rank holds about 1/N of the split weights, the pipeline reports
+// its timeline, and bad layouts, mismatched files and a dying rank end the job with a message
+// instead of a hang. Skipped where mpirun or an MPI build is missing. Every mpirun is bounded by
+// `timeout`, so a hang fails the test instead of stalling the suite.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "test_util.h"
+
+namespace tern::testing {
+namespace {
+
+const std::string& mpirun_prefix() {
+  // Oversubscribed (4 ranks on a 2-core machine), as root where the tests run as root.
+  static const std::string p =
+      std::string("timeout 300 mpirun --oversubscribe") + (::geteuid() == 0 ? " --allow-run-as-root" : "");
+  return p;
+}
+
+// Why the suite cannot run here, or "".
+std::string skip_reason() {
+  std::string out;
+  if (run_command("command -v mpirun", &out) != 0) return "mpirun is not installed (libopenmpi-dev openmpi-bin)";
+  const TernResult r = run_tern("run -m " + real_model_path() + " -p hi -n 1 --tp 2");
+  if (r.err.find("built without MPI") != std::string::npos) return "tern was built without MPI";
+  return "";
+}
+
+// `mpirun -np N tern ARGS`: exit status, stdout, stderr.
+TernResult mpirun(int np, const std::string& args) {
+  TernResult r;
+  r.rc = run_command(mpirun_prefix() + " -np " + std::to_string(np) + " " + TERN_BINARY + " " + args, &r.out, &r.err);
+  return r;
+}
+
+struct Mpi : ::testing::Test {
+  void SetUp() override {
+    static const std::string why = skip_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+std::vector<int> generated_ids(const std::string& json_out) {
+  const auto j = nlohmann::json::parse(json_out);
+  return j.at("ids").get<std::vector<int>>();
+}
+
+struct Layout {
+  int np;
+  std::string flags;
+};
+
+void expect_same_tokens(const std::string& model, const std::string& prompt, int n, const std::vector<Layout>& layouts) {
+  const std::string args = "run -m " + model + " -p '" + prompt + "' -n " + std::to_string(n) + " --temp 0 --json -t 1";
+  const TernResult single = run_tern(args);
+  ASSERT_EQ(single.rc, 0) << single.err;
+  const std::vector<int> want = generated_ids(single.out);
+  ASSERT_EQ(int(want.size()), n);
+  for (const Layout& l : layouts) {
+    const TernResult r = mpirun(l.np, args + " " + l.flags);
+    ASSERT_EQ(r.rc, 0) << l.flags << "\n" << r.err;
+    EXPECT_EQ(generated_ids(r.out), want) << l.flags;
+  }
+}
+
+TEST_F(Mpi, GreedyTokensEqualTheSingleProcessOnARealModel) {
+  expect_same_tokens(real_model_path(), "Once upon a time", 32,
+                     {{2, "--tp 2"}, {2, "--pp 2"}, {4, "--tp 2 --pp 2"}, {3, "--pp 3 --micro-batches 2"}});
+}
+
+// The TinyLlama-1.1B shape (2048 wide, 32 query / 4 KV heads, 5632 FFN channels, 32000 tokens;
+// two of its 22 layers, to keep the suite small), in f16 and in q4_K (block-aligned splits of
+// real sizes).
+struct MpiTinyLlama : Mpi {
+  static void SetUpTestSuite() {
+    dir_ = make_temp_dir("tern_mpi");
+    f16_ = dir_ + "/tinyllama2-f16.gguf";
+    q4k_ = dir_ + "/tinyllama2-q4k.gguf";
+    for (const auto& [path, type] : {std::pair{f16_, "f16"}, std::pair{q4k_, "q4_k"}}) {
+      const TernResult r = run_tern("synth --shape tinyllama-1.1b --layers 2 --type " + std::string(type) + " -o " + path);
+      ASSERT_EQ(r.rc, 0) << r.err;
+    }
+  }
+  static void TearDownTestSuite() { remove_temp_dir(dir_); }
+  static std::string dir_, f16_, q4k_;
+};
+std::string MpiTinyLlama::dir_, MpiTinyLlama::f16_, MpiTinyLlama::q4k_;
+
+// Every position's logits of `ids` ([n][32000]), from `tern logits` alone (np 0) or under mpirun.
+std::vector<float> logits_of(const std::string& model, const std::string& ids, int np, const std::string& flags,
+                             const std::string& out) {
+  const std::string args = "logits -m " + model + " --ids '" + ids + "' --no-bos -t 1 -o " + out + " " + flags;
+  const TernResult r = np == 0 ? run_tern(args) : mpirun(np, args);
+  EXPECT_EQ(r.rc, 0) << flags << "\n" << r.err;
+  const std::string bytes = read_file_bytes(out);
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+// max over rows of max |a - b| / max |a|.
+double max_relative_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t n_vocab) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t r0 = 0; r0 + size_t(n_vocab) <= std::min(a.size(), b.size()); r0 += size_t(n_vocab)) {
+    double d = 0, m = 0;
+    for (size_t i = r0; i < r0 + size_t(n_vocab); ++i) {
+      d = std::max(d, double(std::fabs(a[i] - b[i])));
+      m = std::max(m, double(std::fabs(a[i])));
+    }
+    worst = std::max(worst, d / m);
+  }
+  return worst;
+}
+
+TEST_F(MpiTinyLlama, GreedyTokensEqualTheSingleProcess) {
+  expect_same_tokens(f16_, "Once upon a time", 16, {{2, "--tp 2"}, {4, "--tp 4"}, {4, "--tp 2 --pp 2"}, {2, "--pp 2"}});
+}
+
+// The bound. Pipeline stages run the same kernels on the same rows: bit-identical logits.
+// Tensor parallelism sums attn_output's and ffn_down's partial products per rank and then over
+// the ranks (in rank order): only the order of the f32 additions changes, so with float
+// weights the logits stay within 1e-4 of max |logit| (measured ~3e-6 on this model). Quantized
+// weights pair with quantized activations (q8_K for q4_K): a residual that moved by one ulp can
+// round one activation to the next 8-bit step, a jump of one quantum that later layers carry,
+// so their bound is looser: 5% of max |logit| (measured up to ~1.7% over 27 positions of this
+// random-weight model; a wrong split gives differences of the logits' own size).
+TEST_F(MpiTinyLlama, LogitsStayWithinTheBound) {
+  const std::string ids = "1 259 300 273 413 1568 734 331 350 577 264 26050 22598 16078 15249 9937 11303";
+  const int64_t V = 32000;
+  const auto f16_ref = logits_of(f16_, ids, 0, "", dir_ + "/ref.bin");
+  ASSERT_EQ(f16_ref.size(), size_t(17 * V));
+  for (const Layout& l : std::vector<Layout>{{2, "--tp 2"}, {4, "--tp 4"}, {4, "--tp 2 --pp 2"}}) {
+    const double rel = max_relative_diff(f16_ref, logits_of(f16_, ids, l.np, l.flags, dir_ + "/par.bin"), V);
+    std::printf("f16 %s: max |diff| = %.2e of max |logit|\n", l.flags.c_str(), rel);
+    EXPECT_LE(rel, 1e-4) << l.flags;
+  }
+  EXPECT_EQ(logits_of(f16_, ids, 2, "--pp 2", dir_ + "/par.bin"), f16_ref);
+  const auto q4k_ref = logits_of(q4k_, ids, 0, "", dir_ + "/ref.bin");
+  EXPECT_EQ(logits_of(q4k_, ids, 2, "--pp 2 --micro-batches 3", dir_ + "/par.bin"), q4k_ref);
+  for (const Layout& l : std::vector<Layout>{{2, "--tp 2"}, {4, "--tp 4"}}) {
+    const double rel = max_relative_diff(q4k_ref, logits_of(q4k_, ids, l.np, l.flags, dir_ + "/par.bin"), V);
+    std::printf("q4_K %s: max |diff| = %.2e of max |logit|\n", l.flags.c_str(), rel);
+    EXPECT_LE(rel, 0.05) << l.flags;
+  }
+}
+
+TEST_F(MpiTinyLlama, EachTensorParallelRankHoldsHalfTheSplitWeights) {
+  const std::string bench = "bench -m " + q4k_ + " -p 16 -n 4 -r 1 --json -t 1";
+  const TernResult single = run_tern(bench);
+  ASSERT_EQ(single.rc, 0) << single.err;
+  const int64_t whole = nlohmann::json::parse(single.out).at("weight_bytes").get<int64_t>();
+  const TernResult r = mpirun(2, bench + " --tp 2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& ranks = j.at("parallel").at("ranks");
+  ASSERT_EQ(ranks.size(), 2u);
+  // Every rank looks its token embeddings up from the mapped file (32000 rows of 2048 in q4_K:
+  // 8 blocks of 144 bytes); everything else (layers, output projection) is split in two.
+  const int64_t embd = int64_t(32000) * (2048 / 256) * 144;
+  int64_t sum = 0;
+  for (const auto& rank : ranks) {
+    const int64_t b = rank.at("weight_bytes").get<int64_t>();
+    sum += b - embd;
+    const double share = double(b - embd) / double(whole - embd);
+    EXPECT_GT(share, 0.45) << rank.dump();
+    EXPECT_LT(share, 0.55) << rank.dump();
+    std::printf("rank %d: %.1f MiB (whole model %.1f MiB), %.3f of the split weights\n", rank.at("rank").get<int>(),
+                double(b) / 1048576.0, double(whole) / 1048576.0, share);
+  }
+  EXPECT_NEAR(double(sum), double(whole - embd), 0.01 * double(whole));  // nothing lost, nothing doubled
+  // Each rank's K/V holds 2 of the 4 KV heads (of 64), K and V, 2 layers, f32.
+  for (const auto& rank : ranks) EXPECT_EQ(rank.at("kv_bytes_per_token").get<int64_t>(), int64_t(2) * 2 * 2 * 64 * 4);
+}
+
+TEST_F(MpiTinyLlama, PipelineReportsEveryStageAndMicroBatch) {
+  const TernResult r = mpirun(2, "bench -m " + q4k_ + " -p 64 -n 0 -r 1 --json -t 1 --pp 2 --micro-batches 4");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto p = nlohmann::json::parse(r.out).at("parallel").at("pipeline");
+  EXPECT_EQ(p.at("stages").get<int>(), 2);
+  EXPECT_EQ(p.at("micro_batches").get<int>(), 4);
+  EXPECT_NEAR(p.at("ideal_bubble").get<double>(), 1.0 / 5.0, 1e-12);
+  const double bubble = p.at("bubble").get<double>();
+  EXPECT_GE(bubble, 0.0);
+  EXPECT_LE(bubble, 1.0);
+  // Each stage ran each micro-batch once, stage 1 after stage 0 had finished it.
+  std::map<std::pair<int, int>, std::pair<double, double>> seen;  // (stage, mb) -> (start, end)
+  int64_t tokens = 0;
+  for (const auto& b : p.at("timeline")) {
+    const auto key = std::make_pair(b.at("stage").get<int>(), b.at("micro_batch").get<int>());
+    EXPECT_TRUE(seen.emplace(key, std::make_pair(b.at("start_ms").get<double>(), b.at("end_ms").get<double>())).second);
+    if (key.first == 0) tokens += b.at("n_tokens").get<int64_t>();
+  }
+  EXPECT_EQ(seen.size(), 8u);
+  EXPECT_EQ(tokens, 64);
+  for (int mb = 0; mb < 4; ++mb) {
+    const auto s1 = seen[{1, mb}];
+    const auto s0 = seen[{0, mb}];
+    EXPECT_GE(s1.first, s0.second) << "micro-batch " << mb;
+  }
+}
+
+TEST_F(Mpi, BadLayoutsAreClearErrors) {
+  const std::string run = "run -m " + real_model_path() + " -p hi -n 2 -t 1 ";
+  struct Case {
+    int np;
+    std::string flags, message;
+  } cases[] = {
+      {3, "--tp 3", "--tp 3 does not divide layer 0's head counts"},
+      {2, "--pp 64", "more pipeline stages than the model's"},
+      {3, "--tp 2", "needs 2 ranks, but mpirun started 3"},
+      {2, "--tp 2 --lora " + real_model_path(), "--lora is not supported with --tp / --pp"},
+  };
+  for (const Case& c : cases) {
+    const TernResult r = mpirun(c.np, run + c.flags);
+    EXPECT_NE(r.rc, 0) << c.flags;
+    EXPECT_NE(r.rc, 124) << c.flags << ": timed out";
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.flags << "\n" << r.err;
+  }
+  // Without mpirun a layout says how to start it.
+  const TernResult alone = run_tern(run + "--tp 2");
+  EXPECT_EQ(alone.rc, 1);
+  EXPECT_NE(alone.err.find("mpirun -np 2"), std::string::npos) << alone.err;
+}
+
+TEST_F(Mpi, ARankWithAnotherModelFileIsRefused) {
+  // Rank 1 opens its own copy ($TERN_RANK_MODEL): another model than rank 0's.
+  const std::string other = std::string(TERN_SOURCE_DIR) + "/models/tern-stories.gguf";
+  const std::string mine = real_model_path();
+  if (mine == other) GTEST_SKIP() << "needs ../shared's stories260K beside the repository's model";
+  TernResult r;
+  r.rc = run_command(mpirun_prefix() + " -np 1 " + TERN_BINARY + " run -m " + mine + " -p hi -n 2 -t 1 --tp 2 : -np 1 -x TERN_RANK_MODEL=" +
+                         other + " " + TERN_BINARY,
+                     &r.out, &r.err);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("rank 1: " + other + " on this rank is not rank 0's model file"), std::string::npos) << r.err;
+}
+
+TEST_F(Mpi, ADyingRankEndsTheJobWithoutAHang) {
+  // Rank 1 (whose command line carries a marker: a worker reads none of it; the pattern is
+  // anchored at the binary so that mpirun's and the shell's command lines do not match) is killed
+  // mid-benchmark; mpirun must end every rank and say so. timeout's 124 would mean a hang.
+  const std::string marker = "tern-dying-rank-" + std::to_string(::getpid());
+  const std::string cmd = mpirun_prefix() + " -np 1 " + TERN_BINARY + " bench -m " + real_model_path() +
+                          " -p 256 -n 256 -r 1000 --no-bandwidth -t 1 --tp 2 : -np 1 " + TERN_BINARY + " " + marker +
+                          " & sleep 3; pkill -9 -f \"^" + std::string(TERN_BINARY) + " " + marker + "\"; wait $!";
+  TernResult r;
+  r.rc = run_command("bash -c '" + cmd + "'", &r.out, &r.err);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.rc, 124) << "the job hung after a rank died";
+  EXPECT_NE(r.err.find("signal 9"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tern::testing
