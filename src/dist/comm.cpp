@@ -130,6 +130,13 @@ void init(int* argc, char*** argv) {
   (void)argc, (void)argv;
 #ifdef TERN_HAVE_MPI
   if (launched_by_mpirun() && !g_mpi_started) {
+    // A pipeline stage sends a micro-batch's activations (MPI_Isend) and computes the next one
+    // without calling MPI: over TCP a message past the eager limit (64 KiB by default) waits
+    // for the sender's next MPI call, so the stages would not overlap. Up to 16 MiB go eagerly
+    // unless the user set these (mpirun --mca, or OMPI_MCA_* in the environment).
+    for (const char* key : {"OMPI_MCA_btl_tcp_eager_limit", "OMPI_MCA_btl_tcp_rndv_eager_limit",
+                            "OMPI_MCA_btl_tcp_max_send_size"})
+      ::setenv(key, "16777216", /*overwrite=*/0);
     int provided = 0;
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
     g_mpi_started = true;

@@ -71,16 +71,25 @@ StepPlan decode_step(std::span<const uint8_t> bytes) {
   p.kv_id = r.get<uint64_t>();
   p.kv_slots = r.get<int64_t>();
   const int64_t n_seqs = r.get<int64_t>();
-  if (n_seqs < 0 || n_seqs > int64_t(bytes.size())) fail("step plan: bad sequence count ", n_seqs);
+  if (n_seqs < 0 || n_seqs > int64_t((bytes.size() - r.at) / sizeof(SeqHeader)))
+    fail("step plan: bad sequence count ", n_seqs);
+  bool known_type = false;
+  for (const KvTypeTraits& t : kv_types()) known_type = known_type || t.type == p.kv_type;
+  if (!known_type) fail("step plan: unknown K/V type ", int(p.kv_type));
   std::vector<SeqHeader> heads;
   int64_t n_tokens = 0, n_slots = 0;
   for (int64_t i = 0; i < n_seqs; ++i) {
     heads.push_back(r.get<SeqHeader>());
     const SeqHeader& h = heads.back();
-    if (h.n_tokens < 0 || h.n_slots < h.n_past + h.n_tokens || h.n_past < 0)
+    // Counts checked against the ints the rest of the message can hold before any arithmetic
+    // or allocation on them (a corrupt count would overflow or allocate terabytes).
+    const int64_t room = int64_t((bytes.size() - r.at) / sizeof(int32_t));
+    if (h.n_past < 0 || h.n_tokens < 1 || h.n_slots < 0 || h.n_tokens > room || h.n_slots > room ||
+        h.n_slots - h.n_tokens < h.n_past)
       fail("step plan: sequence ", i, " has inconsistent sizes");
     n_tokens += h.n_tokens;
     n_slots += h.n_slots;
+    if (n_tokens + n_slots > room) fail("step plan: truncated message (", bytes.size(), " bytes)");
   }
   p.tokens.resize(size_t(n_tokens));
   p.slots.resize(size_t(n_slots));

@@ -105,6 +105,7 @@ class DecoderModel final : public Model {
     layer_begin_ = part_.layer_begin;
     layer_end_ = part_.layer_end < 0 ? hp_.n_layer : part_.layer_end;
     WeightLoader ld(file_);
+    ld.release_checked_pages(!part_.whole());
     bind_weights(ld);    // plans: checks every tensor, sums the interleaved bytes
     ld.start_loading();
     bind_weights(ld);    // loads: the same tensors, interleaved into one buffer

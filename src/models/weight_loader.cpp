@@ -26,7 +26,14 @@ const GgufTensorInfo& WeightLoader::tensor(const std::string& name) const {
 
 void WeightLoader::check_once(const GgufTensorInfo& t) {
   if (!checked_.insert(&t).second) return;
-  if (!loading_) check_weights_finite(file_->path(), t);
+  if (loading_) return;
+  check_weights_finite(file_->path(), t);
+  if (release_checked_ && file_->file_mapped() && t.n_bytes > 0) {
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t b = reinterpret_cast<uintptr_t>(t.data);
+    const uintptr_t b0 = (b + page - 1) / page * page, b1 = (b + uintptr_t(t.n_bytes)) / page * page;
+    if (b1 > b0) ::madvise(reinterpret_cast<void*>(b0), b1 - b0, MADV_DONTNEED);
+  }
 }
 
 WeightView WeightLoader::rows(const std::string& name, int64_t n_in, int64_t n_out) {
@@ -138,25 +145,36 @@ WeightView WeightLoader::matmul_cols(const std::string& name, int64_t n_in_total
   uint8_t* dst = claim(bytes);
   if (!loading_) return w;
   const uint8_t* src = static_cast<const uint8_t*>(t.data);
-  if (!want_interleave16(w)) {
-    for (int64_t r = 0; r < n_out; ++r) std::memcpy(dst + r * rb, src + r * rb_total + off, size_t(rb));
-    w.data = dst;
-    return w;
-  }
-  // Gathered in pieces of whole 16-row groups (interleave16 lays each out over its own bytes).
+  const bool interleave = want_interleave16(w);
+  // In pieces of whole 16-row groups (interleave16 lays each out over its own bytes); each
+  // piece's source pages go back once it is copied: a share's columns lie on every page of the
+  // tensor, which would otherwise stay resident whole.
   const int64_t piece_rows = std::max<int64_t>(16, (int64_t(8) << 20) / std::max<int64_t>(rb, 1) / 16 * 16);
-  std::vector<uint8_t> gathered(size_t(std::min(piece_rows + 15, n_out) * rb));
+  std::vector<uint8_t> gathered(interleave ? size_t(std::min(piece_rows + 15, n_out) * rb) : 0);
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t src0 = reinterpret_cast<uintptr_t>(src);
+  uintptr_t dropped = (src0 + page - 1) / page * page;
   for (int64_t r0 = 0; r0 < n_out; r0 += piece_rows) {
     const int64_t r1 = n_out - r0 <= piece_rows + 15 ? n_out : r0 + piece_rows;
-    for (int64_t r = r0; r < r1; ++r) std::memcpy(gathered.data() + (r - r0) * rb, src + r * rb_total + off, size_t(rb));
-    WeightView piece = w;
-    piece.n_out = r1 - r0;
-    piece.data = gathered.data();
-    interleave16(piece, dst + r0 * rb);
+    uint8_t* to = interleave ? gathered.data() : dst + r0 * rb;
+    for (int64_t r = r0; r < r1; ++r) std::memcpy(to + (r - r0) * rb, src + r * rb_total + off, size_t(rb));
+    if (interleave) {
+      WeightView piece = w;
+      piece.n_out = r1 - r0;
+      piece.data = gathered.data();
+      interleave16(piece, dst + r0 * rb);
+    }
+    if (file_->file_mapped()) {
+      const uintptr_t e = (src0 + uintptr_t(r1 * rb_total)) / page * page;
+      if (e > dropped) {
+        ::madvise(reinterpret_cast<void*>(dropped), e - dropped, MADV_DONTNEED);
+        dropped = e;
+      }
+    }
     if (r1 == n_out) break;
   }
   w.data = dst;
-  w.interleaved16 = true;
+  w.interleaved16 = interleave;
   return w;
 }
 

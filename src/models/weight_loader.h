@@ -26,6 +26,11 @@ class WeightLoader {
   // Ends the planning pass: from now on matmul() interleaves into the planned buffer.
   void start_loading();
 
+  // A part of a model (models/partition.h) reads a share of most tensors: each tensor's pages go
+  // back to the kernel once its values are checked (they are read-only file pages), so that the
+  // process keeps only what it then reads or copies, not the whole file.
+  void release_checked_pages(bool on) { release_checked_ = on; }
+
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
   // A 2-D tensor used by row lookups (embeddings): as stored.   [n_in, n_out]
   WeightView rows(const std::string& name, int64_t n_in, int64_t n_out);
@@ -60,6 +65,7 @@ class WeightLoader {
 
   std::shared_ptr<const GgufFile> file_;
   bool loading_ = false;
+  bool release_checked_ = false;
   size_t planned_ = 0;                   // interleaved bytes the plan found
   HugeBuffer arena_;
   size_t arena_used_ = 0;
