@@ -9,13 +9,14 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "dist/comm.h"
+#include "dist/jobs.h"
 #include "dist/step_plan.h"
 
 namespace tern::dist {
 namespace {
 
 // What rank 0 broadcasts: a header, then `bytes` of payload.
-enum class MsgKind : int32_t { Load = 1, Step = 2, Exit = 3, Timeline = 4 };
+enum class MsgKind : int32_t { Load = 1, Step = 2, Exit = 3, Timeline = 4, Job = 5 };
 struct MsgHeader {
   MsgKind kind;
   int32_t pad = 0;
@@ -315,6 +316,9 @@ int worker_main() {
         case MsgKind::Timeline:
           ex.exchange_timeline();
           break;
+        case MsgKind::Job:
+          serve_job(std::string(payload.begin(), payload.end()));
+          break;
         default:
           fail("unknown message ", int(h.kind), " from rank 0");
       }
@@ -324,6 +328,11 @@ int worker_main() {
     std::fflush(stderr);
     abort_all(1);
   }
+}
+
+void announce_job(const std::string& message) {
+  std::vector<uint8_t> payload(message.begin(), message.end());
+  broadcast_message(MsgKind::Job, &payload);
 }
 
 void release_workers() {

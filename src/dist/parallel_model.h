@@ -32,6 +32,9 @@ std::unique_ptr<Model> load_parallel_model(std::shared_ptr<const GgufFile> file,
 // while running a step ends the whole job with a message (abort_all): the other ranks would
 // otherwise wait for this one's part forever.
 int worker_main();
+// Rank 0: tells the workers to run a data-parallel job (dist/jobs.h; the message is the job's
+// name, a NUL, and its payload).
+void announce_job(const std::string& message);
 // Rank 0, on its way out (success or error): lets the workers exit. Idempotent; a no-op alone.
 void release_workers();
 

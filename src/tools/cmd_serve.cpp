@@ -26,6 +26,7 @@
 #include "tools/cli_util.h"
 #include "tools/latency_args.h"
 #include "tools/commands.h"
+#include "tools/replica_router.h"
 #include "tools/model_args.h"
 #include "tools/serve_models.h"
 #include "tools/spec_args.h"
@@ -273,7 +274,26 @@ int cmd_serve(int argc, char** argv) {
                  "'Authorization: Bearer KEY' (default: $TERN_ADMIN_KEY if set; without one they answer 403)");
   app.add_flag("--allow-lora-updates", scfg.allow_lora_updates,
                "allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (adapters from the server's disk)");
+  RouterConfig router;
+  app.add_option("--replicas", router.replicas,
+                 "data parallelism: start N replicas of this server (each with these options and its own threads) "
+                 "behind one front end that routes each request to the least-loaded replica, or to the one that "
+                 "served its prompt prefix (docs/distributed.md)")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--replica", router.remote, "data parallelism: also route to this server (http://HOST:PORT), repeatable");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (router.replicas > 0 || !router.remote.empty()) {
+    router.host = scfg.host;
+    router.port = scfg.port;
+    router.serve_args = replica_serve_args(std::vector<std::string>(argv + 1, argv + argc));
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+    return run_replica_router(router);
+  }
   if (models_dir.empty() && model_args.empty()) {
     std::fprintf(stderr, "tern serve: give -m FILE, or several models: --models DIR or -m NAME=FILE (repeatable)\n");
     return 2;

@@ -34,6 +34,9 @@ int cmd_serve(int argc, char** argv);
 int cmd_list(int argc, char** argv);
 int cmd_ps(int argc, char** argv);
 int cmd_bench_serve(int argc, char** argv);
+int cmd_batch(int argc, char** argv);
+// Registers tern batch's data-parallel job (dist/jobs.h) before the ranks start serving.
+void register_batch_job();
 int cmd_train(int argc, char** argv);
 int cmd_finetune(int argc, char** argv);
 int cmd_eval(int argc, char** argv);

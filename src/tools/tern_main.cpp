@@ -37,6 +37,7 @@ const std::vector<Command>& commands() {
       {"lora", "LoRA adapters: merge them into a base model (tern lora merge)", cmd_lora},
       {"distill", "knowledge distillation from a teacher GGUF (token-level KL, sequence-level samples)", cmd_distill},
       {"bench-serve", "serving benchmark: concurrent requests through the batching engine", cmd_bench_serve},
+      {"batch", "completions for a file of prompts; data-parallel over the ranks under mpirun", cmd_batch},
   };
   return kCommands;
 }
@@ -92,6 +93,7 @@ int tern_command(int argc, char** argv);
 int tern_main(int argc, char** argv) {
   // Under mpirun every rank starts here: rank 0 runs the command, the others serve its parallel
   // model (dist/parallel_model.h) until it is done.
+  register_batch_job();
   dist::init(&argc, &argv);
   if (dist::world().rank() != 0) {
     const int rc = dist::worker_main();

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -259,6 +261,118 @@ TEST_F(Mpi, ADyingRankEndsTheJobWithoutAHang) {
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.rc, 124) << "the job hung after a rank died";
   EXPECT_NE(r.err.find("signal 9"), std::string::npos) << r.err;
+}
+
+// tern batch: one rank here, two under mpirun (the same completions, both ranks working).
+struct Batch : ::testing::Test {
+  void SetUp() override { dir_ = make_temp_dir("tern_batch"); }
+  void TearDown() override { remove_temp_dir(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    const std::string path = dir_ + "/" + name;
+    FILE* f = std::fopen(path.c_str(), "wb");
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+    return path;
+  }
+  static std::vector<nlohmann::json> lines_of(const std::string& path) {
+    std::vector<nlohmann::json> out;
+    std::string text = read_file_bytes(path);
+    size_t pos = 0;
+    while (pos < text.size()) {
+      const size_t end = text.find('\n', pos);
+      out.push_back(nlohmann::json::parse(text.substr(pos, end - pos)));
+      pos = end + 1;
+    }
+    return out;
+  }
+  std::string dir_;
+};
+
+const char* kBatchPrompts = "Once upon a time\nThe little dog\n\nLily wanted to\n{\"prompt\": \"Tom had a red ball\"}\nThe sun was\n";
+const std::vector<std::string> kBatchTexts = {"Once upon a time", "The little dog", "Lily wanted to", "Tom had a red ball",
+                                              "The sun was"};
+
+TEST_F(Batch, WritesEveryPromptInTheFilesOrder) {
+  const std::string in = write("p.txt", kBatchPrompts), out = dir_ + "/out.jsonl";
+  const TernResult r = run_tern("batch -m " + real_model_path() + " -f " + in + " -o " + out + " -n 12 --ignore-eos -t 1 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto report = nlohmann::json::parse(r.out);
+  EXPECT_EQ(report.at("prompts").get<int>(), 5);
+  EXPECT_EQ(report.at("generated_tokens").get<int>(), 60);
+  const auto lines = lines_of(out);
+  ASSERT_EQ(lines.size(), 5u);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i].at("index").get<size_t>(), i);
+    EXPECT_EQ(lines[i].at("prompt").get<std::string>(), kBatchTexts[i]);
+    EXPECT_EQ(lines[i].at("n_generated").get<int>(), 12);
+    EXPECT_FALSE(lines[i].at("completion").get<std::string>().empty());
+  }
+  // The first completion is the model's greedy continuation, as `tern run` gives it.
+  const TernResult run = run_tern("run -m " + real_model_path() + " -p 'Once upon a time' -n 12 --ignore-eos --temp 0 --json -t 1");
+  ASSERT_EQ(run.rc, 0) << run.err;
+  EXPECT_EQ(lines[0].at("completion").get<std::string>(), nlohmann::json::parse(run.out).at("text").get<std::string>());
+}
+
+TEST_F(Batch, APromptThatCannotRunFailsAlone) {
+  std::string long_prompt;
+  for (int i = 0; i < 200; ++i) long_prompt += "the little dog ran ";
+  const std::string in = write("p.txt", "Once upon a time\n" + long_prompt + "\nThe sun was\n"), out = dir_ + "/out.jsonl";
+  const TernResult r = run_tern("batch -m " + real_model_path() + " -f " + in + " -o " + out + " -n 8 -c 64 -t 1");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  const auto lines = lines_of(out);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_FALSE(lines[0].contains("error"));
+  EXPECT_TRUE(lines[1].contains("error")) << lines[1].dump();
+  EXPECT_FALSE(lines[2].contains("error"));
+}
+
+TEST_F(Batch, BadInputsAreClearErrors) {
+  const std::string in = write("p.txt", kBatchPrompts);
+  const std::string before = read_file_bytes(in);
+  TernResult r = run_tern("batch -m " + real_model_path() + " -f " + in + " -o " + in);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(read_file_bytes(in), before);  // the input is never overwritten
+  r = run_tern("batch -m " + real_model_path() + " -f " + write("bad.jsonl", "{\"text\": 1}\n") + " -o " + dir_ + "/o");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("bad.jsonl:1: expected {\"prompt\""), std::string::npos) << r.err;
+  r = run_tern("batch -m " + real_model_path() + " -f " + write("empty.txt", "\n\n") + " -o " + dir_ + "/o");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("no prompts"), std::string::npos) << r.err;
+}
+
+TEST_F(Batch, ReadsShareGptPrompts) {
+  const std::string sharegpt = shared_path("data/prompts/ShareGPT_V3_filtered_500.json");
+  if (!std::filesystem::exists(sharegpt)) GTEST_SKIP() << "needs ../shared";
+  const std::string out = dir_ + "/out.jsonl";
+  const TernResult r = run_tern("batch -m " + real_model_path() + " -f " + sharegpt + " --limit 6 -o " + out + " -n 4 -c 2048 -t 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto lines = lines_of(out);
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_NE(lines[0].at("prompt").get<std::string>().find("WSUS"), std::string::npos);
+}
+
+TEST_F(Mpi, BatchOverTwoRanksGivesTheSameCompletions) {
+  const std::string dir = make_temp_dir("tern_batch_mpi");
+  const std::string in = dir + "/p.txt", one = dir + "/one.jsonl", two = dir + "/two.jsonl";
+  {
+    FILE* f = std::fopen(in.c_str(), "wb");
+    std::fputs(kBatchPrompts, f);
+    std::fclose(f);
+  }
+  const std::string args = "batch -m " + real_model_path() + " -f " + in + " -n 16 --ignore-eos -t 1 -o ";
+  const TernResult a = run_tern(args + one);
+  const TernResult b = mpirun(2, args + two);
+  ASSERT_EQ(a.rc, 0) << a.err;
+  ASSERT_EQ(b.rc, 0) << b.err;
+  const auto la = Batch::lines_of(one), lb = Batch::lines_of(two);
+  std::set<int> ranks_used;
+  ASSERT_EQ(la.size(), lb.size());
+  for (size_t i = 0; i < la.size(); ++i) {
+    EXPECT_EQ(la[i].at("completion"), lb[i].at("completion")) << i;
+    ranks_used.insert(lb[i].at("rank").get<int>());
+  }
+  EXPECT_EQ(ranks_used, (std::set<int>{0, 1}));  // both ranks took a share
+  remove_temp_dir(dir);
 }
 
 }  // namespace
