@@ -48,7 +48,10 @@ for i in $(seq 1 "$ranks"); do
   ip -n "$ns" link set "${tag}p$i" up
   ip -n "$ns" link set lo up
   # Each node's sending side: what leaves it is shaped (every rank-to-rank path crosses one).
-  [ "$gbit" = 0 ] || ip netns exec "$ns" tc qdisc add dev "${tag}p$i" root tbf rate "${gbit}gbit" burst 4mb latency 100ms
+  # The bucket holds what the link sends in one 4 ms kernel tick (tbf's least for the rate),
+  # at least 64 KB: a larger one would let whole messages through at memory speed.
+  burst=$(awk -v g="$gbit" 'BEGIN { b = g * 1e9 / 8 / 250; if (b < 65536) b = 65536; printf "%d", b }')
+  [ "$gbit" = 0 ] || ip netns exec "$ns" tc qdisc add dev "${tag}p$i" root tbf rate "${gbit}gbit" burst "$burst" latency 100ms
   echo "$net.$((10 + i)) slots=1" >> "$work/hosts"
 done
 # mpirun starts its daemons through this "remote shell": the host's namespace instead of ssh.

@@ -138,7 +138,9 @@ void init(int* argc, char*** argv) {
                             "OMPI_MCA_btl_tcp_max_send_size"})
       ::setenv(key, "16777216", /*overwrite=*/0);
     int provided = 0;
-    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    // SERIALIZED: one thread at a time, but not always the main one (tern serve's engine loop
+    // runs the steps on its own thread).
+    MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
     g_mpi_started = true;
     world_ptr() = std::make_unique<MpiComm>(MPI_COMM_WORLD);
   }

@@ -1,7 +1,8 @@
 #pragma once
 // The communicator tern's parallel layouts run on (docs/distributed.md): one process per rank,
-// launched with `mpirun`, over Open MPI. Only the calling thread talks to MPI (the thread pools'
-// workers never do), so MPI is initialised at MPI_THREAD_FUNNELED.
+// launched with `mpirun`, over Open MPI. One thread at a time talks to MPI (the thread pools'
+// workers never do; tern serve's engine thread does), so MPI is initialised at
+// MPI_THREAD_SERIALIZED.
 //
 // Built without MPI (no libopenmpi-dev at configure time), or run without `mpirun`, the world is
 // one rank and every collective is a copy: the single-process path never needs MPI at run time.

@@ -1,6 +1,7 @@
 #include "dist/parallel_model.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +17,15 @@ namespace tern::dist {
 namespace {
 
 // What rank 0 broadcasts: a header, then `bytes` of payload.
-enum class MsgKind : int32_t { Load = 1, Step = 2, Exit = 3, Timeline = 4, Job = 5 };
+enum class MsgKind : int32_t { Load = 1, Step = 2, Exit = 3, Timeline = 4, Job = 5, CopySlots = 6 };
+
+// Copy-on-write of K/V slots (the engine's shared blocks), on every rank's arena.
+struct CopySlotsRequest {
+  uint64_t kv_id;
+  int64_t kv_slots;
+  int32_t kv_type, pad;
+  int64_t src, dst, n;
+};
 struct MsgHeader {
   MsgKind kind;
   int32_t pad = 0;
@@ -240,7 +249,9 @@ class ParallelModel final : public Model {
   void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) override {
     for (const SeqBatch& s : seqs) {
       if (s.lora && !s.lora->empty()) fail("LoRA adapters are not supported with --tp / --pp");
-      if (s.hidden) fail("hidden states (embeddings) are not supported with --tp / --pp");
+      // With tensor parallelism alone rank 0 holds the whole residual stream after the last
+      // all-reduce: its own forward writes the hidden states. A pipeline's are on its last stage.
+      if (s.hidden && executor().layout.pp > 1) fail("hidden states (embeddings) are not available with --pp");
       if (s.key_mass) fail("H2O key masses are not supported with --tp / --pp");
       if (s.tokens.empty()) fail("a parallel step with an empty sequence");
     }
@@ -248,6 +259,15 @@ class ParallelModel final : public Model {
     broadcast_message(MsgKind::Step, &plan);
     executor().run(seqs, kv, logits, pool);
   }
+  void copy_kv_slots(KvStore& kv, int64_t src, int64_t dst, int64_t n) override {
+    CopySlotsRequest c{reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), int32_t(kv.type()), 0, src, dst, n};
+    std::vector<uint8_t> payload(sizeof c);
+    std::memcpy(payload.data(), &c, sizeof c);
+    broadcast_message(MsgKind::CopySlots, &payload);
+    kv.copy_slots(src, dst, n);
+  }
+  bool has_hidden_states() const override { return executor().layout.pp == 1; }
+  bool can_evict_kv() const override { return false; }
   void reserve(int64_t n_tokens) override { executor().model->reserve(n_tokens); }
   int64_t max_step_tokens() const override { return executor().model->max_step_tokens(); }
   void check_lora(const LoraAdapter& adapter) const override {
@@ -274,10 +294,25 @@ std::unique_ptr<Model> load_parallel_model(std::shared_ptr<const GgufFile> file,
 }
 
 int worker_main() {
+  // A worker follows rank 0: it exits when rank 0 releases it, after rank 0's own graceful
+  // shutdown (mpirun passes SIGINT / SIGTERM to every rank; were the workers to die of it, mpirun
+  // would end the job before rank 0 had finished its requests). Should rank 0 die, mpirun kills
+  // the workers outright.
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGTERM, SIG_IGN);
   Comm& w = world();
   Executor& ex = executor();
   std::unique_ptr<ThreadPool> pool;
   std::map<uint64_t, KvStore> kvs;  // rank 0's arena id -> this rank's arena
+  // This rank's arena for rank 0's `id` (made, or made again when its size or type changed).
+  const auto arena = [&](uint64_t id, int64_t n_slots, KvType type) -> KvStore& {
+    auto it = kvs.find(id);
+    if (it == kvs.end() || it->second.n_slots() != n_slots || it->second.type() != type) {
+      if (it != kvs.end()) kvs.erase(it);
+      it = kvs.emplace(id, make_kv_store(ex.model->hparams(), n_slots, type)).first;
+    }
+    return it->second;
+  };
   std::vector<uint8_t> payload;
   try {
     for (;;) {
@@ -305,12 +340,18 @@ int worker_main() {
         case MsgKind::Step: {
           StepPlan plan = decode_step(payload);
           if (!ex.model) fail("a step before a model was loaded");
-          auto it = kvs.find(plan.kv_id);
-          if (it == kvs.end() || it->second.n_slots() != plan.kv_slots || it->second.type() != plan.kv_type) {
-            if (it != kvs.end()) kvs.erase(it);
-            it = kvs.emplace(plan.kv_id, make_kv_store(ex.model->hparams(), plan.kv_slots, plan.kv_type)).first;
-          }
-          ex.run(plan.seqs, it->second, nullptr, *pool);
+          ex.run(plan.seqs, arena(plan.kv_id, plan.kv_slots, plan.kv_type), nullptr, *pool);
+          break;
+        }
+        case MsgKind::CopySlots: {
+          CopySlotsRequest c;
+          if (payload.size() != sizeof c) fail("malformed copy request");
+          std::memcpy(&c, payload.data(), sizeof c);
+          if (!ex.model) fail("a copy before a model was loaded");
+          KvStore& kv = arena(c.kv_id, c.kv_slots, KvType(c.kv_type));
+          if (c.src < 0 || c.dst < 0 || c.n < 0 || c.src + c.n > kv.n_slots() || c.dst + c.n > kv.n_slots())
+            fail("copy of K/V slots out of range");
+          kv.copy_slots(c.src, c.dst, c.n);
           break;
         }
         case MsgKind::Timeline:

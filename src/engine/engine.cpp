@@ -242,7 +242,7 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
   if (cfg.max_waiting < 1) fail("max_waiting must be >= 1, got ", cfg.max_waiting);
   if (cfg.n_parallel < 1) fail("--parallel must be >= 1, got ", cfg.n_parallel);
   if (cfg.n_ctx < 0 || cfg.kv_memory_bytes < 0) fail("--ctx and --kv-memory must be >= 0");
-  model = load_model(file);
+  model = cfg.load ? cfg.load(file) : load_model(file);
   const HParams& hp = model->hparams();
   n_vocab = hp.n_vocab;
   if (tok->n_vocab() > n_vocab)
@@ -440,6 +440,8 @@ double Engine::Impl::estimate_prefill_ms_per_token() const {
 
 void Engine::Impl::validate(const RequestParams& p) const {
   if (p.prompt_ids.empty()) fail("the prompt has no tokens");
+  if (p.embedding.enabled && !model->has_hidden_states())
+    fail("embeddings are not available from a model split into pipeline stages (--pp)");
   if (p.embedding.enabled) {
     // Nothing is generated: the prompt may fill the context.
     if (int64_t(p.prompt_ids.size()) > n_ctx)
@@ -461,6 +463,8 @@ void Engine::Impl::validate(const RequestParams& p) const {
   if (p.kv_policy && p.kv_policy->evicts() && p.embedding.enabled)
     fail("an embedding request attends to its whole input: it takes no KV eviction policy");
   const KvPolicy& policy = policy_of(p);
+  if (policy.evicts() && !model->can_evict_kv())
+    fail("kv policy ", policy.describe(), " is not available with --tp / --pp");
   if (policy.evicts()) {
     if (p.n != 1)
       fail("kv policy ", policy.describe(), ": n = ", p.n, " completions share their prompt's blocks, and an ",
@@ -681,7 +685,7 @@ bool Engine::Impl::run_step() {
   const int64_t bs = kv->block_size();
   // Copy-on-write of shared partial blocks (forked completions), before anything is written.
   for (const BlockCopy& cp : kv->pending_copies())
-    kv_store->copy_slots(int64_t(cp.src) * bs, int64_t(cp.dst) * bs, cp.n_tokens);
+    model->copy_kv_slots(*kv_store, int64_t(cp.src) * bs, int64_t(cp.dst) * bs, cp.n_tokens);
   // The plan -> SeqBatch entries (token spans point into the scheduler's token lists, which
   // do not change until commit()).
   batch.clear();

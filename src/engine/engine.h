@@ -74,6 +74,9 @@ struct EngineConfig {
   // private blocks (never shared through the prefix cache), evicting as the policy says, and
   // may generate past the context (max_tokens is then not clipped to it).
   KvPolicy kv_policy;
+  // Builds the model from the file (default: load_model); a parallel layout's (dist/) loads
+  // this rank's part and runs every step over all ranks.
+  std::function<std::unique_ptr<Model>(std::shared_ptr<const GgufFile>)> load;
 };
 
 // add_request's refusal when a request is predicted to wait longer than max_queue_ms.

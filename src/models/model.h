@@ -93,6 +93,13 @@ class Model {
     (void)seqs, (void)kv, (void)x, (void)logits, (void)pool;
     TERN_ASSERT_MSG(false, "this model does not run as pipeline stages");
   }
+  // Copies n K/V slots from src to dst in every layer (copy-on-write of a shared block). A model
+  // spread over processes (dist/) copies them on every rank.
+  virtual void copy_kv_slots(KvStore& kv, int64_t src, int64_t dst, int64_t n) { kv.copy_slots(src, dst, n); }
+  // What a model spread over processes (dist/) may not provide: the final hidden states
+  // (SeqBatch::hidden: embeddings) and KV eviction (key masses, re-rotated keys).
+  virtual bool has_hidden_states() const { return true; }
+  virtual bool can_evict_kv() const { return true; }
   // Sizes the activation scratch for steps of up to n_tokens new tokens (allocates once).
   virtual void reserve(int64_t n_tokens) = 0;
   virtual int64_t max_step_tokens() const = 0;

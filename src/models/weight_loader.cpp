@@ -12,6 +12,29 @@
 #include "quant/quant_traits.h"
 
 namespace tern {
+namespace {
+
+// Gives a read-only file mapping's pages back to the kernel as a copy moves past them (nothing
+// is lost: a later reader faults them in from the file again), so that resident memory holds
+// one copy of the weights, not the copy and the file.
+class PageReleaser {
+ public:
+  explicit PageReleaser(const void* start)
+      : page_(uintptr_t(::sysconf(_SC_PAGESIZE))),
+        done_((reinterpret_cast<uintptr_t>(start) + page_ - 1) / page_ * page_) {}
+  // Releases the whole pages before `end`.
+  void release_to(const void* end) {
+    const uintptr_t e = reinterpret_cast<uintptr_t>(end) / page_ * page_;
+    if (e <= done_) return;
+    ::madvise(reinterpret_cast<void*>(done_), e - done_, MADV_DONTNEED);
+    done_ = e;
+  }
+
+ private:
+  uintptr_t page_, done_;
+};
+
+}  // namespace
 
 void WeightLoader::start_loading() {
   loading_ = true;
@@ -28,12 +51,8 @@ void WeightLoader::check_once(const GgufTensorInfo& t) {
   if (!checked_.insert(&t).second) return;
   if (loading_) return;
   check_weights_finite(file_->path(), t);
-  if (release_checked_ && file_->file_mapped() && t.n_bytes > 0) {
-    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-    const uintptr_t b = reinterpret_cast<uintptr_t>(t.data);
-    const uintptr_t b0 = (b + page - 1) / page * page, b1 = (b + uintptr_t(t.n_bytes)) / page * page;
-    if (b1 > b0) ::madvise(reinterpret_cast<void*>(b0), b1 - b0, MADV_DONTNEED);
-  }
+  if (release_checked_ && file_->file_mapped())
+    PageReleaser(t.data).release_to(static_cast<const uint8_t*>(t.data) + t.n_bytes);
 }
 
 WeightView WeightLoader::rows(const std::string& name, int64_t n_in, int64_t n_out) {
@@ -78,9 +97,7 @@ WeightView WeightLoader::matmul(const std::string& name, int64_t n_in, int64_t n
   // (145 MB for Qwen2.5-0.5B's tied embeddings) was resident twice at the peak of the load.
   const int64_t rb = w.row_bytes();
   const int64_t piece_rows = std::max<int64_t>(16, (int64_t(8) << 20) / std::max<int64_t>(rb, 1) / 16 * 16);
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t src0 = reinterpret_cast<uintptr_t>(w.data);
-  uintptr_t dropped = (src0 + page - 1) / page * page;  // source pages before this are returned
+  PageReleaser source(w.data);
   for (int64_t r0 = 0; r0 < w.n_out; r0 += piece_rows) {
     // The last piece takes the rows left (a float matrix's tail rows past the last full group).
     const int64_t r1 = w.n_out - r0 <= piece_rows + 15 ? w.n_out : r0 + piece_rows;
@@ -88,13 +105,7 @@ WeightView WeightLoader::matmul(const std::string& name, int64_t n_in, int64_t n
     piece.n_out = r1 - r0;
     piece.data = static_cast<const uint8_t*>(w.data) + r0 * rb;
     interleave16(piece, dst + r0 * rb);
-    if (file_->file_mapped()) {
-      const uintptr_t e = (src0 + uintptr_t(r1 * rb)) / page * page;
-      if (e > dropped) {
-        ::madvise(reinterpret_cast<void*>(dropped), e - dropped, MADV_DONTNEED);
-        dropped = e;
-      }
-    }
+    if (file_->file_mapped()) source.release_to(static_cast<const uint8_t*>(w.data) + r1 * rb);
     if (r1 == w.n_out) break;
   }
   w.data = dst;
@@ -151,9 +162,7 @@ WeightView WeightLoader::matmul_cols(const std::string& name, int64_t n_in_total
   // tensor, which would otherwise stay resident whole.
   const int64_t piece_rows = std::max<int64_t>(16, (int64_t(8) << 20) / std::max<int64_t>(rb, 1) / 16 * 16);
   std::vector<uint8_t> gathered(interleave ? size_t(std::min(piece_rows + 15, n_out) * rb) : 0);
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t src0 = reinterpret_cast<uintptr_t>(src);
-  uintptr_t dropped = (src0 + page - 1) / page * page;
+  PageReleaser source(src);
   for (int64_t r0 = 0; r0 < n_out; r0 += piece_rows) {
     const int64_t r1 = n_out - r0 <= piece_rows + 15 ? n_out : r0 + piece_rows;
     uint8_t* to = interleave ? gathered.data() : dst + r0 * rb;
@@ -164,13 +173,7 @@ WeightView WeightLoader::matmul_cols(const std::string& name, int64_t n_in_total
       piece.data = gathered.data();
       interleave16(piece, dst + r0 * rb);
     }
-    if (file_->file_mapped()) {
-      const uintptr_t e = (src0 + uintptr_t(r1 * rb_total)) / page * page;
-      if (e > dropped) {
-        ::madvise(reinterpret_cast<void*>(dropped), e - dropped, MADV_DONTNEED);
-        dropped = e;
-      }
-    }
+    if (file_->file_mapped()) source.release_to(src + r1 * rb_total);
     if (r1 == n_out) break;
   }
   w.data = dst;

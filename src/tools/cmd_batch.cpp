@@ -28,7 +28,7 @@ constexpr const char* kBatchJob = "batch";
 
 // Prompts from a file: a ShareGPT JSON array (first human turn of each conversation), JSONL
 // ({"prompt": ...} per line), or plain text (one prompt per non-empty line).
-std::vector<std::string> read_prompts(const std::string& path) {
+std::vector<std::string> read_batch_prompts(const std::string& path) {
   const std::string raw = read_file_text(path, "prompts file");
   std::vector<std::string> out;
   size_t first = raw.find_first_not_of(" \t\r\n");
@@ -221,7 +221,7 @@ int cmd_batch(int argc, char** argv) {
   app.add_flag("--json", json, "print the report as one JSON object");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   check_output_not_input(out_path, {model, prompts_path});
-  std::vector<std::string> prompts = read_prompts(prompts_path);
+  std::vector<std::string> prompts = read_batch_prompts(prompts_path);
   if (limit > 0 && int64_t(prompts.size()) > limit) prompts.resize(size_t(limit));
   (void)read_hparams(*open_model_file(model));  // a bad model fails here, before the ranks start
   const nlohmann::json job = {{"model", model},     {"threads", threads},         {"ctx", ctx},

@@ -284,6 +284,8 @@ int cmd_bench_serve(int argc, char** argv) {
   bool json = false, no_prefix_cache = false, ignore_eos_off = false;
   app.add_option("-m,--model", model_path, "model file: GGUF, or a llama2.c .bin with --tokenizer")->required();
   app.add_option("--tokenizer", tokenizer_bin, "llama2.c tokenizer.bin (for a .bin model)");
+  dist::ParallelLayout layout;
+  add_parallel_options(app, layout);
   app.add_option("-t,--threads", ecfg.n_threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--prompts", prompts_file, "ShareGPT-format JSON (first human turn of each conversation); "
                                             "default: synthetic prompts of --input-len random tokens");
@@ -382,6 +384,7 @@ int cmd_bench_serve(int argc, char** argv) {
   // --spec-compare: the plain run first, on an engine with no drafter; then the speculative one
   // on a fresh engine (same configuration otherwise), so neither inherits the other's prefix
   // cache.
+  ecfg.load = parallel_loader(layout, ecfg.n_threads);
   EngineConfig spec_ecfg = ecfg;
   spec_ecfg.spec = spec;
   resolve_self_draft(spec_ecfg.spec, file, ecfg.n_threads);  // --draft-self: the model requantized

@@ -55,6 +55,18 @@ double keep_alive_seconds(const std::string& text) {
   }
 }
 
+// Signals are taken by one thread with sigwait(): blocked before any other thread exists so
+// every thread inherits the mask. A vanished client must not kill the process either.
+sigset_t block_stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
+
 // Prints the listening line, serves until SIGINT / SIGTERM (or a failing listener), then shuts
 // down with `grace_s` for the requests in flight.
 void serve_until_signal(server::Server& srv, int port, const server::ServerConfig& scfg, sigset_t& signals,
@@ -174,6 +186,7 @@ int cmd_serve(int argc, char** argv) {
   ModelArgs margs;
   margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
   margs.add_kv_policy_to(app);
+  margs.add_parallel_to(app);
   // -m is repeatable here, and optional with --models.
   std::vector<std::string> model_args;
   std::string models_dir, max_memory, keep_alive = "5m";
@@ -286,12 +299,7 @@ int cmd_serve(int argc, char** argv) {
     router.host = scfg.host;
     router.port = scfg.port;
     router.serve_args = replica_serve_args(std::vector<std::string>(argv + 1, argv + argc));
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    ::signal(SIGPIPE, SIG_IGN);
+    block_stop_signals();
     return run_replica_router(router);
   }
   if (models_dir.empty() && model_args.empty()) {
@@ -312,14 +320,7 @@ int cmd_serve(int argc, char** argv) {
   if (!single && !alias.empty())
     throw Error("--alias names one model: with several, name them -m NAME=FILE or by aliases in models.json");
 
-  // Signals are taken by one thread with sigwait(): block them before any other thread exists
-  // so every thread inherits the mask. A vanished client must not kill the process either.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t signals = block_stop_signals();
 
   ecfg.n_threads = margs.threads;
   ecfg.max_batch_tokens = margs.batch;
@@ -328,6 +329,15 @@ int cmd_serve(int argc, char** argv) {
   ecfg.prefix_caching = !no_prefix_cache;
   apply_latency_args(latency, ecfg);
   ecfg.spec = spec_config_from_args(spec);
+  if (margs.layout.parallel()) {
+    // One model over the ranks of `mpirun` (docs/distributed.md): rank 0 serves, every step runs
+    // on all ranks.
+    if (!single) throw Error("--tp / --pp serve one model (-m FILE), not a pool of models");
+    if (!lora_args.empty() || scfg.allow_lora_updates) throw Error("LoRA adapters are not supported with --tp / --pp yet");
+    if (ecfg.kv_policy.evicts()) fail("--kv-policy ", margs.kv_policy_args.kind, " is not supported with --tp / --pp yet");
+    if (!scfg.admin_key.empty()) throw Error("live base swaps (--admin-key) are not supported with --tp / --pp");
+    ecfg.load = parallel_loader(margs.layout, margs.threads);
+  }
   scfg.timings = !no_timings;
   // /api/version: the number of `tern --version` ("tern 0.1.0").
   scfg.version = std::string(kVersion).substr(std::string(kVersion).find(' ') + 1);

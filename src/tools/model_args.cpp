@@ -28,7 +28,17 @@ void ModelArgs::add_to(CLI::App& app, bool with_ctx, KvType default_kv_type) {
                  "repeat to stack adapters");
 }
 
-void ModelArgs::add_parallel_to(CLI::App& app) {
+void ModelArgs::add_parallel_to(CLI::App& app) { add_parallel_options(app, layout); }
+
+std::function<std::unique_ptr<Model>(std::shared_ptr<const GgufFile>)> parallel_loader(const dist::ParallelLayout& layout,
+                                                                                        int n_threads) {
+  if (!layout.parallel()) return nullptr;
+  return [layout, n_threads](std::shared_ptr<const GgufFile> f) {
+    return dist::load_parallel_model(std::move(f), layout, n_threads);
+  };
+}
+
+void add_parallel_options(CLI::App& app, dist::ParallelLayout& layout) {
   app.add_option("--tp", layout.tp,
                  "tensor parallelism: split every layer's heads and FFN channels over N ranks (under mpirun; "
                  "docs/distributed.md)")
@@ -110,11 +120,7 @@ LoadedSession open_session(const ModelArgs& args, std::shared_ptr<const GgufFile
   if (args.layout.parallel()) {
     if (!args.lora.empty()) fail("--lora is not supported with --tp / --pp yet");
     if (cfg.kv_policy.evicts()) fail("--kv-policy ", args.kv_policy_args.kind, " is not supported with --tp / --pp yet");
-    const dist::ParallelLayout layout = args.layout;
-    const int threads = args.threads;
-    cfg.load = [layout, threads](std::shared_ptr<const GgufFile> f) {
-      return dist::load_parallel_model(std::move(f), layout, threads);
-    };
+    cfg.load = parallel_loader(args.layout, args.threads);
   }
   LoraSet lora = load_lora_args(args.lora, *s.file);  // (before the model: a bad adapter fails fast)
   s.session = std::make_unique<Session>(s.file, cfg);

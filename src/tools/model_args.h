@@ -2,6 +2,7 @@
 // Options shared by every command that loads a model (-m, --tokenizer, --threads, --ctx,
 // --batch, --kv-type), and sizing its context to the machine.
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,13 @@ struct ModelArgs {
   const CLI::App* app_ = nullptr;
   const CLI::Option* ctx_option_ = nullptr;
 };
+
+// --tp, --pp and --micro-batches into `layout` (commands that build their engine themselves).
+void add_parallel_options(CLI::App& app, dist::ParallelLayout& layout);
+// The model loader of a layout (nullptr when it is one process): rank 0's view of the model over
+// the ranks of mpirun (dist/parallel_model.h), each rank with n_threads.
+std::function<std::unique_ptr<Model>(std::shared_ptr<const GgufFile>)> parallel_loader(const dist::ParallelLayout& layout,
+                                                                                        int n_threads);
 
 // Adds `--kv-type f32|f16` to `app`, writing the name to `name` (a bad value is a usage error).
 void add_kv_type_option(CLI::App& app, std::string& name, KvType default_type);

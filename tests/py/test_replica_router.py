@@ -47,7 +47,8 @@ class Router:
                 break
             time.sleep(0.1)
         if not self.url:
-            tail = open(self.log_path).read()[-800:]
+            with open(self.log_path) as f:
+                tail = f.read()[-800:]
             self.close()
             raise RuntimeError("the router did not start: " + tail)
 
@@ -75,6 +76,8 @@ class Router:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        import shutil
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def completion(router, prompt, max_tokens=16, stream=False, timeout=TIMEOUT):
@@ -92,8 +95,11 @@ class ReplicaRouterTest(unittest.TestCase):
         cls.router.close()
         # Stopping the router stops its replicas: no process of it is left.
         for r in cls.replicas_seen:
-            with open(os.devnull) as _:
-                alive = os.path.exists(f"/proc/{r}") and open(f"/proc/{r}/stat").read().split()[2] != "Z"
+            try:
+                with open(f"/proc/{r}/stat") as f:
+                    alive = f.read().split()[2] != "Z"
+            except OSError:
+                alive = False
             assert not alive, f"replica {r} outlived the router"
 
     replicas_seen = []
