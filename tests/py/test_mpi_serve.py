@@ -5,15 +5,15 @@ write on every rank; streams), a pipeline refuses embeddings with a clear error,
 mpirun ends every rank. Skipped without mpirun or an MPI build. Every wait is bounded."""
 import json
 import os
-import re
 import shutil
-import signal
 import subprocess
-import tempfile
-import time
+import sys
 import unittest
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_util import ServerProcess  # noqa: E402
 
 TERN = os.environ.get("TERN_BINARY", os.path.join(os.path.dirname(__file__), "../../build/release/tern"))
 SHARED = os.environ.get("TERN_SHARED_DIR", os.path.join(os.path.dirname(__file__), "../../../shared"))
@@ -33,29 +33,12 @@ def mpi_available():
     return "built without MPI" not in r.stderr
 
 
-class Server:
+class Server(ServerProcess):
     def __init__(self, np, flags):
-        self.dir = tempfile.mkdtemp(prefix="tern_mpi_serve_")
-        self.log_path = os.path.join(self.dir, "log")
-        self.log = open(self.log_path, "w")
         cmd = ([TERN] if np == 0 else ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
                + ["-np", str(np), TERN])
-        self.proc = subprocess.Popen(cmd + ["serve", "-m", real_model(), "-t", "1", "--port", "0", "--kv-type", "f32",
-                                            "--parallel", "4", *flags], stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = None
-        end = time.time() + TIMEOUT
-        while time.time() < end and self.proc.poll() is None:
-            with open(self.log_path) as f:
-                m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", f.read())
-            if m:
-                self.url = m.group(1)
-                break
-            time.sleep(0.1)
-        if not self.url:
-            with open(self.log_path) as f:
-                tail = f.read()[-800:]
-            self.stop()
-            raise RuntimeError("tern serve did not start: " + tail)
+        super().__init__(cmd + ["serve", "-m", real_model(), "-t", "1", "--port", "0", "--kv-type", "f32", "--parallel",
+                                "4", *flags], TIMEOUT)
 
     def post(self, path, body):
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
@@ -65,19 +48,6 @@ class Server:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode(errors="replace")
-
-    def stop(self):
-        rc = None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                rc = self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        return rc
 
 
 def answers(server):

@@ -7,7 +7,6 @@ client can read), while the others finish and every later request goes to the su
 Python's standard library only; every wait is bounded."""
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +16,9 @@ import time
 import unittest
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_util import ServerProcess  # noqa: E402
 
 TERN = os.environ.get("TERN_BINARY", os.path.join(os.path.dirname(__file__), "../../build/release/tern"))
 SHARED = os.environ.get("TERN_SHARED_DIR", os.path.join(os.path.dirname(__file__), "../../../shared"))
@@ -30,27 +32,10 @@ def real_model():
     return os.path.join(os.path.dirname(__file__), "../../models/tern-stories.gguf")
 
 
-class Router:
+class Router(ServerProcess):
     def __init__(self, model, extra=()):
-        self.dir = tempfile.mkdtemp(prefix="tern_router_")
-        self.log_path = os.path.join(self.dir, "log")
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([TERN, "serve", "-m", model, "--replicas", "2", "-t", "1", "--port", "0",
-                                      "--kv-type", "f32", *extra], stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = None
-        end = time.time() + TIMEOUT
-        while time.time() < end and self.proc.poll() is None:
-            with open(self.log_path) as f:
-                m = re.search(r"listening on (http://127\.0\.0\.1:\d+) \(router\)", f.read())
-            if m:
-                self.url = m.group(1)
-                break
-            time.sleep(0.1)
-        if not self.url:
-            with open(self.log_path) as f:
-                tail = f.read()[-800:]
-            self.close()
-            raise RuntimeError("the router did not start: " + tail)
+        super().__init__([TERN, "serve", "-m", model, "--replicas", "2", "-t", "1", "--port", "0", "--kv-type", "f32",
+                          *extra], TIMEOUT, suffix=" (router)")
 
     def request(self, method, path, body=None, timeout=TIMEOUT):
         data = json.dumps(body).encode() if body is not None else None
@@ -68,16 +53,7 @@ class Router:
         return json.loads(text)["replicas"]
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        import shutil
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.stop()
 
 
 def completion(router, prompt, max_tokens=16, stream=False, timeout=TIMEOUT):
