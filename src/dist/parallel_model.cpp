@@ -44,6 +44,7 @@ struct LoadRequest {
 constexpr int kTagActivations = 1 << 20;
 constexpr int kTagLogits = 2 << 20;
 constexpr int64_t kStatusBytes = 1024;  // one rank's load status: "" or its error
+constexpr size_t kMaxIntervals = 1 << 16;  // busy intervals a rank keeps between collections
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -83,6 +84,8 @@ struct Executor {
   int tp_rank() const { return layout.tp_rank_of(rank); }
 
   void record(int mb, int64_t n_tokens, double t0) {
+    // Only the recent intervals are kept: a server runs steps for days and nobody may ask.
+    if (timeline.size() >= kMaxIntervals) timeline.erase(timeline.begin(), timeline.begin() + kMaxIntervals / 2);
     timeline.push_back(BusyInterval{rank, stage(), tp_rank(), step, mb, n_tokens, t0, now_s()});
   }
 
@@ -124,11 +127,11 @@ struct Executor {
     for (const SeqBatch& s : seqs) T += int64_t(s.tokens.size());
     if (T == 0) return;
     model->reserve(T);
-    if (!logits) {
-      scratch_logits.resize(size_t(n_logit_rows(seqs) * V));
-      logits = scratch_logits.data();
-    }
     if (layout.pp == 1) {
+      if (!logits) {  // every tensor-parallel rank computes the gathered logits; rank 0 keeps them
+        scratch_logits.resize(size_t(n_logit_rows(seqs) * V));
+        logits = scratch_logits.data();
+      }
       const double t0 = now_s();
       model->forward(seqs, kv, logits, pool);
       record(0, T, t0);

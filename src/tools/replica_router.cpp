@@ -319,34 +319,60 @@ class Router {
     }
     lock.unlock();
     res.content_type = type;
-    auto client_ptr = std::make_shared<std::thread>(std::move(client));
-    res.stream = [up, &r, client_ptr, ndjson = type.rfind("application/x-ndjson", 0) == 0](server::HttpStreamSink& sink) {
+    // The stream's state outlives this handler: the server runs res.stream after sending the
+    // head, or drops it unrun (a client gone before the head): either way the client thread is
+    // joined and the replica's counts settled once.
+    struct StreamState {
+      std::shared_ptr<Upstream> up;
+      std::thread client;
+      Replica* replica;
+      bool settled = false;
+      ~StreamState() {
+        {
+          std::lock_guard<std::mutex> g(up->m);
+          up->cancel = true;
+        }
+        if (client.joinable()) client.join();
+        if (!settled) {
+          replica->in_flight--;
+          replica->failed++;
+        }
+      }
+    };
+    auto st = std::make_shared<StreamState>();
+    st->up = up;
+    st->client = std::move(client);
+    st->replica = &r;
+    res.stream = [st, ndjson = type.rfind("application/x-ndjson", 0) == 0](server::HttpStreamSink& sink) {
+      Upstream& u = *st->up;
       bool client_gone = false;
       for (;;) {
-        std::unique_lock<std::mutex> l(up->m);
-        up->cv.wait(l, [&] { return !up->chunks.empty() || up->done; });
+        std::unique_lock<std::mutex> l(u.m);
+        u.cv.wait(l, [&] { return !u.chunks.empty() || u.done; });
         std::deque<std::string> chunks;
-        chunks.swap(up->chunks);
-        const bool done = up->done;
+        chunks.swap(u.chunks);
+        const bool done = u.done;
         l.unlock();
         for (const std::string& c : chunks)
           if (!client_gone && !sink.write(c)) {
             client_gone = true;
-            std::lock_guard<std::mutex> g(up->m);
-            up->cancel = true;  // the client left: stop reading the replica's answer
+            std::lock_guard<std::mutex> g(u.m);
+            u.cancel = true;  // the client left: stop reading the replica's answer
           }
         if (done) break;
       }
-      client_ptr->join();
-      const bool broken = !up->ok && !client_gone;
+      st->client.join();
+      Replica& rep = *st->replica;
+      const bool broken = !u.ok && !client_gone;
       if (broken) {
         // The replica died mid-answer: the stream ends with an error the client can read.
-        r.up = false;
-        const std::string msg = error_json("replica " + r.url() + " failed mid-response: " + httplib::to_string(up->error));
+        rep.up = false;
+        const std::string msg = error_json("replica " + rep.url() + " failed mid-response: " + httplib::to_string(u.error));
         sink.write(ndjson ? msg + "\n" : "data: " + msg + "\n\n");
       }
-      r.in_flight--;
-      (broken ? r.failed : r.served)++;
+      rep.in_flight--;
+      (broken ? rep.failed : rep.served)++;
+      st->settled = true;
     };
     return true;
   }
