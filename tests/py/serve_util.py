@@ -1,4 +1,4 @@
-"""Starting a `tern serve` (or a router, or one under mpirun) for the Python suites: the process
+"""Where tern and the test model are, and starting a `tern serve` (or a router, or one under mpirun) for the Python suites: the process
 with its output in a log file, and the URL it prints once it listens."""
 import os
 import re
@@ -7,6 +7,17 @@ import signal
 import subprocess
 import tempfile
 import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TERN = os.environ.get("TERN_BINARY", os.path.join(HERE, "../../build/release/tern"))
+SHARED = os.environ.get("TERN_SHARED_DIR", os.path.join(HERE, "../../../shared"))
+TIMEOUT = 120
+
+
+def real_model():
+    """stories260K from ../shared, else the repository's own default model."""
+    shared = os.path.join(SHARED, "models/stories260K.gguf")
+    return shared if os.path.exists(shared) else os.path.join(HERE, "../../models/tern-stories.gguf")
 
 
 class ServerProcess:

@@ -13,16 +13,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import ServerProcess  # noqa: E402
-
-TERN = os.environ.get("TERN_BINARY", os.path.join(os.path.dirname(__file__), "../../build/release/tern"))
-SHARED = os.environ.get("TERN_SHARED_DIR", os.path.join(os.path.dirname(__file__), "../../../shared"))
-TIMEOUT = 120
-
-
-def real_model():
-    shared = os.path.join(SHARED, "models/stories260K.gguf")
-    return shared if os.path.exists(shared) else os.path.join(os.path.dirname(__file__), "../../models/tern-stories.gguf")
+from serve_util import TERN, TIMEOUT, ServerProcess, real_model  # noqa: E402
 
 
 def mpi_available():
