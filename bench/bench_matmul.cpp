@@ -10,8 +10,8 @@
 // Usage: bench_matmul [--threads N] [--types q4_0,q8_0,...] [--isa ref,avx2,avx2i,avx512,avx512i]
 //                     [--tokens 128] [--seconds 0.5] [--sweep 22]
 // avx2i / avx512i: the AVX2 / AVX-512 kernels on weights interleaved by 16 rows, as models load
-// them (kernels/matmul.h; the types that variant reads so: Q4_0, Q8_0, Q4_K, the float types,
-// and Q6_K for avx2i; others are skipped).
+// them (kernels/matmul.h; the types that variant reads so: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K,
+// Q5_K, MXFP4, the float types, and Q6_K for avx2i; others are skipped).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   int64_t n_tok = 128;
   double min_seconds = 0.5;
   int sweep_layers = 0;
-  std::vector<std::string> types = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"};
+  std::vector<std::string> types = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "mxfp4"};
   std::vector<std::string> isas = {"ref", "avx2", "avx2i", "avx512", "avx512i"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];

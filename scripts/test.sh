@@ -6,11 +6,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+# Each stage's end, in seconds since the start: where CI's time goes (keep the whole under 30 min).
+started=$SECONDS
+stage_done() { echo "test.sh: $1 done after $((SECONDS - started)) s"; }
 [ "${TERN_SKIP_DEPS:-0}" = 1 ] || bash scripts/install-deps.sh
 
 cmake --preset release
 cmake --build --preset release -j "$jobs"
+stage_done "release build"
 ctest --preset release -j "$jobs"
+stage_done "release tests"
 
 # ARM64: the kernel and op tests cross-built and run under qemu-aarch64, every ARM variant
 # against the reference (scripts/test-aarch64.sh --quick; without --quick it runs everything).
@@ -18,6 +23,7 @@ ctest --preset release -j "$jobs"
 if [ "${TERN_SKIP_ARM64:-0}" != 1 ]; then
   if [ "${TERN_SKIP_DEPS:-0}" = 1 ] || bash scripts/install-deps.sh --aarch64; then
     TERN_SKIP_DEPS=1 bash scripts/test-aarch64.sh --quick
+    stage_done "ARM64 (qemu) tests"
   else
     echo "test.sh: the ARM64 cross toolchain could not be installed: the ARM64 stage is skipped"
   fi
@@ -27,8 +33,10 @@ if [ "${TERN_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake --preset debug
   asan_targets=(test_gguf test_tokenizer test_sampling test_sched test_spec test_models test_train test_server_adversarial)
   cmake --build --preset debug -j "$jobs" --target tern "${asan_targets[@]}"
+  stage_done "sanitizer build"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   # Only the binaries built above: select their tests by label (one label per layer).
   # server_adversarial: the ASan/UBSan `tern serve` under the adversarial suite.
   ctest --test-dir build/debug -j "$jobs" --output-on-failure -L "^(gguf|tokenizer|sampling|sched|spec|models|train|server_adversarial)$"
+  stage_done "sanitizer tests"
 fi

@@ -16,7 +16,7 @@ namespace {
 // The types `tern quantize --type` writes: ggml's, so that llama.cpp loads the result.
 constexpr DType kQuantizeTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                                     DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                                    DType::Q4_K, DType::Q5_K, DType::Q6_K,
+                                    DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4,
                                     // 2:4 magnitude pruning of a dense model (quant/quant_sparse.h)
                                     DType::TS24_Q8, DType::TS24_F16};
 
@@ -74,12 +74,19 @@ std::pair<DType, std::string> default_tensor_type(const GgufFile& src, const Ggu
   if (name == "output.weight" || (!has_output && name == "token_embd.weight")) {
     if (opts.output_type) return {*opts.output_type, "--output-type"};
     if (opts.type == DType::Q8_0) return {DType::Q8_0, "output rule (q8_0 target: q8_0)"};
+    if (opts.type == DType::MXFP4) return {DType::Q8_0, "output rule (mxfp4 target: q8_0)"};
     if (!available(DType::Q6_K)) return {DType::Q8_0, "output rule (q8_0: no q6_k codec)"};
     if (t.ne[0] % kQK_K != 0)
       return {DType::Q8_0, str_cat("output rule (q8_0: rows of ", t.ne[0], " do not fit q6_k's 256-blocks)")};
     return {DType::Q6_K, "output rule (q6_k)"};
   }
   if (name == "token_embd.weight" && opts.embd_type) return {*opts.embd_type, "--embedding-type"};
+  // llama-quantize's MXFP4_MOE: the experts' 3-D tensors in mxfp4 (the format gpt-oss ships them
+  // in), every other matrix in q8_0.
+  if (opts.type == DType::MXFP4) {
+    if (t.ne.size() >= 3 && t.ne[2] > 1) return {DType::MXFP4, "mxfp4_moe rule (expert tensor)"};
+    return {DType::Q8_0, "mxfp4_moe rule (not an expert tensor: q8_0)"};
+  }
   // The _M mixes (llama-quantize's Q4_K_M / Q5_K_M): attn_v and ffn_down of the "more bits"
   // layers in q6_k.
   if ((opts.type == DType::Q4_K || opts.type == DType::Q5_K) && available(DType::Q6_K) &&

@@ -7,6 +7,8 @@
 //   - 1-D tensors (norms) are copied as they are (f32);
 //   - for a quantized target, output.weight (or token_embd.weight when the output is tied) gets
 //     q6_k when its rows fit 256-element super-blocks, else q8_0 (a q8_0 target keeps q8_0);
+//   - mxfp4 means llama.cpp's MXFP4_MOE: the 3-D expert tensors get mxfp4, every other matrix
+//     (the output included) q8_0;
 //   - q4_k means llama.cpp's Q4_K_M mix: attn_v and ffn_down of the "more bits" layers get q6_k;
 //   - a tensor whose rows do not fit the chosen type's block size falls back to the nearest type
 //     that fits and is at least as precise (k-quant -> q8_0 -> f16), reported per tensor;

@@ -23,7 +23,7 @@ constexpr DTypeSize kTypes[] = {
     {DType::I32, "i32", 1, 4},         {DType::I64, "i64", 1, 8},
     {DType::F64, "f64", 1, 8},         {DType::IQ1_M, "iq1_m", 256, 56},
     {DType::BF16, "bf16", 1, 2},       {DType::TQ1_0, "tq1_0", 256, 54},
-    {DType::TQ2_0, "tq2_0", 256, 66},
+    {DType::TQ2_0, "tq2_0", 256, 66},  {DType::MXFP4, "mxfp4", 32, 17},
     // tern's formats: row = n_in/32 blocks' worth of int8 + tail (scale, outliers), see
     // quant/quant_tern.h; group formats: f16 scale + u8 zero + packed values per group.
     {DType::TI8, "ti8", 32, 34},          {DType::TI8_O9, "ti8_o9", 32, 36},

@@ -15,6 +15,7 @@ enum class DType : uint32_t {
   IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
   IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
   TQ1_0 = 34, TQ2_0 = 35,
+  MXFP4 = 39,  // OCP microscaling FP4 (gpt-oss's experts): E2M1 values, an E8M0 exponent per 32
   // tern's own formats (docs/compression.md), numbered from 1000 so that they never collide
   // with ggml's ids. TI8*: int8 rows with a per-row scale and 16-bit outlier columns
   // (LLM.int8(), SmoothQuant W8A8); the suffix is the class's bits per weight. TQ*: b-bit

@@ -250,6 +250,11 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
   n_ctx = cfg.n_ctx > 0 ? cfg.n_ctx : hp.n_ctx_train;
   if (n_ctx < 2 || n_ctx > (int64_t(1) << 24)) fail("context size ", n_ctx, " is out of range");
 
+  // State-space models keep a fixed-size state per sequence, which the paged cache and its
+  // scheduler do not hold yet (issue #29): refused here, before any arena is sized.
+  if (hp.recurrent())
+    fail(file->path(), ": ", hp.arch, " is a state-space model; the serving engine (serve, bench-serve, batch) "
+         "does not hold recurrent states yet: run it with tern run, logits, ppl or bench");
   // The arena: --kv-memory bytes, or room for n_parallel full contexts.
   const int64_t bs = cfg.kv_block_size;
   check_kv_type(cfg.kv_type, kv_rows(hp), hp.head_dim, file->path());

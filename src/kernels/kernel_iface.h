@@ -4,7 +4,8 @@
 //
 // How a matmul runs (dispatch.cpp):
 //   1. quantize the f32 activations once into the caller's scratch, in the format the weight
-//      type pairs with (Q8_0 for Q8_0/Q4_0, Q8_K for the K-quants; float weights read x as is);
+//      type pairs with (Q8_0 for the blocks of 32, MXFP4 included; Q8_K for the K-quants; float
+//      weights read x as is);
 //   2. split the output rows into chunks claimed by the pool's threads; each chunk computes
 //      y[t][r] for its rows and every token with the table's gemm.
 //
@@ -24,7 +25,7 @@ namespace tern::kern {
 //
 //   Q8_0Rows, per token:  qs [n_in] int8 | d [n_in/32] f32 | nsum [n_in/32] int32
 //       x[i] ~= d[i/32] * qs[i]; nsum[b] = -sum(qs of block b) (Q4_0's -8 offset folds into
-//       the integer accumulator through it). d is kept in f32, not f16 as in GGUF's Q8_0.
+//       the integer accumulator through it, as does the bias of the x86 tiles' MXFP4 table). d is kept in f32, not f16 as in GGUF's Q8_0.
 //   Q8_KRows, per token:  qs [n_in] int8 | d [n_in/256] f32 | bsums [n_in/16] int16
 //       exactly the content of llama.cpp's block_q8_K, split into arrays.
 //

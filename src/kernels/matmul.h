@@ -11,7 +11,7 @@
 // is tested against kernels/ref.
 // Must be called from the thread that owns `pool`; work is split across the pool.
 //
-// Quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) multiply activations quantized on the fly to
+// Quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4) multiply activations quantized on the fly to
 // 8 bits per block (Q8_0 / Q8_K, as llama.cpp does), so results differ from the f32 oracle
 // matmul_ref by that rounding (~0.5% of the magnitude of the result). Float weights (F32,
 // F16, BF16) use f32 arithmetic throughout, one FMA per element in k order into one sum per
@@ -30,7 +30,7 @@ struct WeightView {
   int64_t n_in = 0;    // ne[0]
   int64_t n_out = 0;   // ne[1]
   const void* data = nullptr;
-  // Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K and F32 / F16 / BF16 (by 16):
+  // Q4_0 / Q8_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K / MXFP4 and F32 / F16 / BF16 (by 16):
   // the rows interleaved at load time (interleave16 below) for the AVX2 / AVX-512 kernels,
   // instead of one row after another.
   bool interleaved16 = false;
@@ -47,6 +47,8 @@ struct WeightView {
 // (f16) at 32; Q5_0 / Q5_1 their 32-bit qh at 32 / 64 + 4i, bits permuted (bit g of byte j =
 // the fifth bit of element 4g + j, so one shift puts a nibble group's four at bit 4 of its four
 // bytes); then Q4_0's 4 nibble pieces.
+// MXFP4 per group and block of 32 (272 bytes): the rows' E8M0 bytes at i, then Q4_0's 4 nibble
+// pieces at 16 + 64k.
 // Q4_K per group of 16 rows and super-block of 256: 16 x 144 bytes: the rows' d (f16) at 0,
 // dmin at 32; at 64 + 16j row i's byte sc_j | (m_j & 3) << 6 (sub-block j's
 // 6-bit scale and the low bits of its min); at 192 + 4i row i's eight m_j >> 2 in nibbles; at
@@ -69,7 +71,7 @@ struct WeightView {
 // the n_out % 16 rows after the last whole group stay as stored, where they were. BF16 with an
 // even n_in per pair of elements (2p, 2p + 1) instead: 16 dwords, dword i = row i's elements 2p
 // | 2p + 1 << 16 (the operand of vdpbf16ps; the FMA tiles split a dword by a shift and a mask).
-// Whether this process would use them: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or a float type with the AVX2 or
+// Whether this process would use them: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, MXFP4 or a float type with the AVX2 or
 // AVX-512 kernels selected, Q6_K with the AVX2 ones, Q2_K / Q3_K with the AVX-512 ones, a float type with
 // an ARM variant selected (the table in kernels/dispatch.cpp); n_out % 16 == 0 (float types: n_out >= 16);
 // TERN_REPACK not "0".

@@ -1,5 +1,6 @@
 #include "kv/kv_store.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -117,6 +118,36 @@ void KvStore::copy_slots(int64_t src, int64_t dst, int64_t n) {
       std::memmove(base + dst * rb, base + src * rb, size_t(n * rb));
     }
   }
+}
+
+void KvStore::set_state_rows(std::vector<int64_t> state_rows, int64_t n_state_slots) {
+  TERN_ASSERT(state_rows.size() == rows_.size() && n_state_slots >= 0);
+  state_rows_ = std::move(state_rows);
+  n_state_slots_ = n_state_slots;
+  state_offset_.clear();
+  int64_t offset = 0;
+  for (int64_t r : state_rows_) {
+    state_offset_.push_back(offset);
+    offset += r * n_state_slots;
+  }
+  state_.assign(size_t(offset), 0.0f);
+}
+
+void KvStore::clear_state(int64_t slot) {
+  TERN_ASSERT(slot >= 0 && slot < n_state_slots_);
+  for (size_t il = 0; il < state_rows_.size(); ++il) std::fill_n(state(int64_t(il), slot), state_rows_[il], 0.0f);
+}
+
+void KvStore::copy_state(int64_t src, int64_t dst) {
+  TERN_ASSERT(src >= 0 && src < n_state_slots_ && dst >= 0 && dst < n_state_slots_);
+  for (size_t il = 0; il < state_rows_.size(); ++il)
+    std::copy_n(state(int64_t(il), src), state_rows_[il], state(int64_t(il), dst));
+}
+
+int64_t KvStore::state_bytes_per_slot() const {
+  int64_t n = 0;
+  for (int64_t r : state_rows_) n += r;
+  return n * int64_t(sizeof(float));
 }
 
 int64_t KvStore::bytes_per_token(std::span<const int64_t> rows, KvType type) {

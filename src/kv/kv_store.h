@@ -59,7 +59,19 @@ class KvStore {
   void copy_slots(int64_t src, int64_t dst, int64_t n);
   int64_t n_slots() const { return n_slots_; }
   int64_t row(int64_t il = 0) const { return rows_[size_t(il)]; }
-  int64_t bytes() const { return int64_t(data_.size()); }
+  int64_t bytes() const { return int64_t(data_.size()) + int64_t(state_.size() * sizeof(float)); }
+
+  // Recurrent models (state-space layers, models/mamba.cpp) keep a fixed-size state per
+  // sequence instead of (or beside) K/V: n_state_slots slots, state_rows[il] f32 per slot in
+  // layer il (0 for a layer without one). A sequence's state slot is SeqBatch::state_slot.
+  void set_state_rows(std::vector<int64_t> state_rows, int64_t n_state_slots);
+  float* state(int64_t il, int64_t slot) {
+    return state_.data() + state_offset_[size_t(il)] + slot * state_rows_[size_t(il)];
+  }
+  void clear_state(int64_t slot);            // every layer's state of the slot to 0
+  void copy_state(int64_t src, int64_t dst);  // every layer's state of src into dst
+  int64_t n_state_slots() const { return n_state_slots_; }
+  int64_t state_bytes_per_slot() const;
   // Bytes one token takes: K and V, every layer.
   static int64_t bytes_per_token(std::span<const int64_t> rows, KvType type);
 
@@ -71,6 +83,10 @@ class KvStore {
   std::vector<int64_t> row_bytes_;     // [n_layer] bytes per slot and layer
   std::vector<int64_t> layer_offset_;  // [n_layer] byte offset of the layer's K arena (V follows)
   std::vector<uint8_t> data_;  // per layer: [K, V][n_slots][row_bytes(il)]
+  int64_t n_state_slots_ = 0;
+  std::vector<int64_t> state_rows_;    // [n_layer] floats per state slot and layer
+  std::vector<int64_t> state_offset_;  // [n_layer] float offset of the layer's states
+  std::vector<float> state_;           // per layer: [n_state_slots][state_rows(il)]
 };
 
 }  // namespace tern

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "models/hparams.h"
+#include "models/tensor_names.h"
 
 namespace tern {
 
@@ -21,9 +22,14 @@ enum class SwaPattern {
   FiveToOne,  // layers il % 6 < 5; every sixth is global (Gemma 3)
 };
 
+// Which layer stack runs the architecture: the transformer decoder (models/decoder.cpp) or the
+// state-space stack (models/mamba.cpp).
+enum class LayerStack { Decoder, Mamba };
+
 struct ArchSpec {
   const char* name;                        // general.architecture
   const char* family;                      // what people call it ("Qwen2 / Qwen2.5")
+  LayerStack stack = LayerStack::Decoder;
   RopeLayout rope_layout = RopeLayout::Norm;
   FfnActivation activation = FfnActivation::Silu;
   bool qkv_bias = false;        // attn_q/k/v.bias required (Qwen2)
@@ -43,6 +49,12 @@ struct ArchSpec {
   bool shared_expert = false;   // ffn_*_shexp with a sigmoid gate (Qwen2-MoE)
   bool expert_norm_topk = true; // renormalise the chosen experts' weights (llama.cpp's norm_w)
   bool norm_topk_key = false;   // <arch>.expert_weights_norm may override it
+  ExpertGating gating = ExpertGating::Softmax;  // when the file has no expert_gating_func
+  bool out_bias = false;        // attn_output.bias required (gpt-oss)
+  bool attn_sinks = false;      // attn_sinks [n_head] required: softmax sinks (gpt-oss)
+  bool expert_biases = false;   // ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias required (gpt-oss)
+  Tensor ffn_norm = Tensor::FfnNorm;  // the FFN's input norm (gpt-oss: post_attention_norm)
+  DType expert_type = DType::F32;     // F32: experts in `tern synth --type`; else always this (gpt-oss: MXFP4)
 };
 
 // The architectures tern runs, in the order `tern` lists them.
@@ -52,6 +64,6 @@ const ArchSpec& find_architecture(const std::string& name, const std::string& pa
 std::string architecture_list();  // "llama, qwen2, ..."
 
 extern const ArchSpec kArchLlama, kArchDeci, kArchQwen2, kArchQwen2Moe, kArchQwen3, kArchQwen3Moe, kArchPhi3,
-    kArchGemma2, kArchGemma3;
+    kArchGemma2, kArchGemma3, kArchGptOss, kArchMamba;
 
 }  // namespace tern

@@ -2,8 +2,10 @@
 // (optionally scaled), then per layer
 //   attention block: RMSNorm -> q/k/v (fused or not, optional bias) -> q/k head norms ->
 //                    RoPE (Norm or NeoX, frequency factors, scaling) -> KV store -> attention
-//                    (GQA, sliding window, soft-capping) -> output (+ post-norm) -> residual
-//   FFN block:       RMSNorm -> SwiGLU / GeGLU dense FFN, or routed experts (+ shared expert)
+//                    (GQA, sliding window, soft-capping, sinks) -> output (+ bias, post-norm)
+//                    -> residual
+//   FFN block:       RMSNorm -> SwiGLU / GeGLU dense FFN, or routed experts (+ shared expert;
+//                    router and expert biases, clamped SwiGLU for gpt-oss)
 //                    -> (+ post-norm) -> residual
 // then the output norm, the output projection (tied or not) and final soft-capping. A sequence
 // may also ask for its tokens' hidden states after the output norm (SeqBatch::hidden).
@@ -36,8 +38,8 @@ namespace tern {
 namespace {
 
 struct Experts {
-  Linear router;                          // ffn_gate_inp [n_embd -> n_expert]
-  std::vector<Linear> gate, up, down;     // [n_expert] views of the 3-D ffn_*_exps
+  Linear router;                          // ffn_gate_inp [n_embd -> n_expert] (+ bias, gpt-oss)
+  std::vector<Linear> gate, up, down;     // [n_expert] views of the 3-D ffn_*_exps (+ biases, gpt-oss)
   Linear sh_gate, sh_up, sh_down;         // shared expert (Qwen2-MoE)
   const float* sh_gate_inp = nullptr;     // [n_embd] its sigmoid gate
 };
@@ -49,6 +51,7 @@ struct LayerWeights {
   const float* k_norm = nullptr;          // [head_dim]
   const float* attn_post_norm = nullptr;  // [n_embd]
   Linear q, k, v, o;                      // [n_embd -> n_head*head_dim | n_head_kv*head_dim], o back
+  const float* attn_sinks = nullptr;      // [n_head] softmax sink logits (gpt-oss)
   const float* ffn_norm = nullptr;        // [n_embd]
   const float* ffn_post_norm = nullptr;   // [n_embd]
   Linear gate, up, down;                  // dense FFN [n_embd -> n_ff], [n_ff -> n_embd]
@@ -85,7 +88,8 @@ void act_rows_done(const void* ctx, int, int64_t n_tokens, int64_t r0, int64_t r
     swiglu_cols(a.gate, a.up, a.gate, a.ld, n_tokens, r0, r1);
     return;
   }
-  for (int64_t t = 0; t < n_tokens; ++t) geglu(a.gate + t * a.ld + r0, a.up + t * a.ld + r0, a.gate + t * a.ld + r0, r1 - r0);
+  const auto act = a.act == FfnActivation::GeluTanh ? geglu : swiglu_oai;
+  for (int64_t t = 0; t < n_tokens; ++t) act(a.gate + t * a.ld + r0, a.up + t * a.ld + r0, a.gate + t * a.ld + r0, r1 - r0);
 }
 
 // A linear's tensor-parallel share (models/partition.h): the weight's rows [row0, row0 + n_out) of
@@ -411,9 +415,12 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
       L.v = linear(ld, Tensor::AttnV, il, E, Ekv, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
     }
     if (split)
-      L.o = linear(ld, Tensor::AttnOutput, il, Eq, E, false, any_bias_optional, Share{0, -1, tpr * Eq, Eq_all, tpr == 0});
+      L.o = linear(ld, Tensor::AttnOutput, il, Eq, E, spec_.out_bias, any_bias_optional,
+                   Share{0, -1, tpr * Eq, Eq_all, tpr == 0});
     else
-      L.o = linear(ld, Tensor::AttnOutput, il, Eq, E, false, any_bias_optional);
+      L.o = linear(ld, Tensor::AttnOutput, il, Eq, E, spec_.out_bias, any_bias_optional);
+    if (spec_.attn_sinks)  // this rank's heads' sinks
+      L.attn_sinks = ld.vector(tensor_name(Tensor::AttnSinks, il), L.n_head * tp, "attention sinks") + tpr * L.n_head;
     if (spec_.qk_norm) {
       L.q_norm = ld.vector(tensor_name(Tensor::AttnQNorm, il), hd, "norm weights");
       L.k_norm = ld.vector(tensor_name(Tensor::AttnKNorm, il), hd, "norm weights");
@@ -422,7 +429,7 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
       L.attn_post_norm = ld.vector(tensor_name(Tensor::AttnPostNorm, il), E, "norm weights");
       L.ffn_post_norm = ld.vector(tensor_name(Tensor::FfnPostNorm, il), E, "norm weights");
     }
-    L.ffn_norm = ld.vector(tensor_name(Tensor::FfnNorm, il), E, "norm weights");
+    L.ffn_norm = ld.vector(tensor_name(spec_.ffn_norm, il), E, "norm weights");
     const bool routed = spec_.moe == ArchSpec::Moe::Required ||
                         (spec_.moe == ArchSpec::Moe::Optional && ld.has(tensor_name(Tensor::FfnGateInp, il)));
     if (routed && split)
@@ -450,14 +457,24 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
              ".expert_count is missing");
       auto X = std::make_unique<Experts>();
       const int64_t NE = hp_.n_expert, F = hp_.n_ff_exp;
-      X->router = Linear{tensor_name(Tensor::FfnGateInp, il), ld.matmul(tensor_name(Tensor::FfnGateInp, il), E, NE)};
+      const std::string gi = tensor_name(Tensor::FfnGateInp, il);
+      X->router = Linear{gi, ld.matmul(gi, E, NE),
+                         spec_.expert_biases ? ld.vector(tensor_name(Tensor::FfnGateInp, il, "bias"), NE, "router biases")
+                                             : nullptr};
+      // gpt-oss: one bias row per expert, [n_ff_exp, n_expert] (gate, up) and [n_embd, n_expert] (down).
+      const float *gate_b = nullptr, *up_b = nullptr, *down_b = nullptr;
+      if (spec_.expert_biases) {
+        gate_b = ld.vectors(tensor_name(Tensor::FfnGateExps, il, "bias"), F, NE, "expert biases");
+        up_b = ld.vectors(tensor_name(Tensor::FfnUpExps, il, "bias"), F, NE, "expert biases");
+        down_b = ld.vectors(tensor_name(Tensor::FfnDownExps, il, "bias"), E, NE, "expert biases");
+      }
       for (int64_t e = 0; e < NE; ++e) {
         // Experts are not shown to the observer: calibration of 3-D tensors is not supported.
         const std::string g = tensor_name(Tensor::FfnGateExps, il), u = tensor_name(Tensor::FfnUpExps, il),
                           d = tensor_name(Tensor::FfnDownExps, il);
-        X->gate.push_back(Linear{g, ld.matmul(g, E, F, 0, F, e, NE), nullptr, false});
-        X->up.push_back(Linear{u, ld.matmul(u, E, F, 0, F, e, NE), nullptr, false});
-        X->down.push_back(Linear{d, ld.matmul(d, F, E, 0, E, e, NE), nullptr, false});
+        X->gate.push_back(Linear{g, ld.matmul(g, E, F, 0, F, e, NE), gate_b ? gate_b + e * F : nullptr, false});
+        X->up.push_back(Linear{u, ld.matmul(u, E, F, 0, F, e, NE), up_b ? up_b + e * F : nullptr, false});
+        X->down.push_back(Linear{d, ld.matmul(d, F, E, 0, E, e, NE), down_b ? down_b + e * E : nullptr, false});
       }
       if (spec_.shared_expert) {
         const int64_t S = hp_.n_ff_shexp;
@@ -778,6 +795,7 @@ void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, K
                     L.n_head, L.n_head_kv, hd, scale, kv.type()};
     a.softcap = hp_.attn_softcap;
     a.window = window;
+    a.sinks = L.attn_sinks;
     if (s.key_mass) {
       a.key_mass = key_mass_.data() + mass_at;
       a.ld_key_mass = s.n_past + n;
@@ -840,12 +858,19 @@ void DecoderModel::moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool)
       float sum = 0.0f;
       for (int64_t e = 0; e < NE; ++e) sum += (p[e] = std::exp(p[e] - mx));
       for (int64_t e = 0; e < NE; ++e) p[e] /= sum;
-    } else {
+    } else if (hp_.expert_gating == ExpertGating::Sigmoid) {
       for (int64_t e = 0; e < NE; ++e) p[e] = 1.0f / (1.0f + std::exp(-p[e]));
     }
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + K, order.end(),
                       [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    if (hp_.expert_gating == ExpertGating::SoftmaxWeight) {
+      // The chosen logits' softmax, in place of their logits (the others are not used).
+      const float mx = p[order[0]];
+      float sum = 0.0f;
+      for (int64_t j = 0; j < K; ++j) sum += (p[order[size_t(j)]] = std::exp(p[order[size_t(j)]] - mx));
+      for (int64_t j = 0; j < K; ++j) p[order[size_t(j)]] /= sum;
+    }
     float wsum = 0.0f;
     for (int64_t j = 0; j < K; ++j) wsum += p[order[size_t(j)]];
     for (int64_t j = 0; j < K; ++j) {
@@ -878,7 +903,7 @@ void DecoderModel::experts_over_tokens(const Experts& X, int64_t T, ThreadPool& 
     if (rows.empty()) continue;
     const int64_t n = int64_t(rows.size());
     for (int64_t r = 0; r < n; ++r) std::copy_n(xn_.data() + rows[size_t(r)] * E, E, moe_x_.data() + r * E);
-    const ActRows act{moe_gate_.data(), moe_up_.data(), F, spec_.activation};
+    const ActRows act{moe_gate_.data(), moe_up_.data(), F, spec_.activation, X.gate[size_t(e)].bias, X.up[size_t(e)].bias};
     const Linear* gu[] = {&X.gate[size_t(e)], &X.up[size_t(e)]};
     float* const ys[] = {moe_gate_.data(), moe_up_.data()};
     const int64_t lds[] = {F, F};
@@ -923,34 +948,52 @@ void DecoderModel::shared_expert(const Experts& X, int64_t T, ThreadPool& pool) 
 // activation applied as its rows finish) and their down matrices one more region over all
 // their rows, instead of two regions per expert. Bytes read: the chosen experts' only.
 struct ExpertsAct {
-  float* gate;      // [K][F] receives act(gate) * up
+  float* gate;      // [K][F] receives act(gate + gate_bias) * (up + up_bias)
   float* up;        // [K][F]
   int64_t F, K;
   FfnActivation act;
+  const float* const* gate_bias;  // [K] each chosen expert's biases [F] (gpt-oss), or nullptr
+  const float* const* up_bias;
 };
 void experts_act_done(const void* ctx, int, int64_t, int64_t r0, int64_t r1) {
   const ExpertsAct& a = *static_cast<const ExpertsAct*>(ctx);
-  const ActRows one{a.gate, a.up, a.F, a.act};
-  act_rows_done(&one, -1, a.K, r0, r1);  // the K experts' rows are K "tokens" of F
+  if (!a.gate_bias) {
+    const ActRows all{a.gate, a.up, a.F, a.act};
+    act_rows_done(&all, -1, a.K, r0, r1);  // the K experts' rows are K "tokens" of F
+    return;
+  }
+  for (int64_t j = 0; j < a.K; ++j) {
+    const ActRows one{a.gate + j * a.F, a.up + j * a.F, a.F, a.act, a.gate_bias[j], a.up_bias[j]};
+    act_rows_done(&one, -1, 1, r0, r1);
+  }
 }
 
 void DecoderModel::moe_decode_token(const Experts& X, ThreadPool& pool) {
   const int64_t E = hp_.n_embd, K = hp_.n_expert_used, F = hp_.n_ff_exp;
   std::vector<MatmulTarget>& targets = moe_targets_;
   targets.clear();
+  const float* gate_b[64];
+  const float* up_b[64];
+  TERN_ASSERT(K <= 64);
   for (int64_t j = 0; j < K; ++j) {
     const size_t e = size_t(chosen_[size_t(j)]);
     targets.push_back(MatmulTarget{X.gate[e].w, moe_gate_.data() + j * F, F});
     targets.push_back(MatmulTarget{X.up[e].w, moe_up_.data() + j * F, F});
+    gate_b[j] = X.gate[e].bias;
+    up_b[j] = X.up[e].bias;
   }
-  const ExpertsAct act{moe_gate_.data(), moe_up_.data(), F, K, spec_.activation};
+  const bool biased = X.gate[0].bias != nullptr;
+  const ExpertsAct act{moe_gate_.data(), moe_up_.data(), F, K, spec_.activation, biased ? gate_b : nullptr,
+                       biased ? up_b : nullptr};
   matmul_shared_input(targets, xn_.data(), E, 1, pool, RowsDone{experts_act_done, &act, true});
   // The downs: K x n_embd rows in blocks of 64 (multiples of the kernels' 4-row tile).
   constexpr int64_t kRows = 64;
   const int64_t per_expert = (E + kRows - 1) / kRows;
   pool.for_chunks(K * per_expert, [&](int64_t c, int) {
     const int64_t j = c / per_expert, r0 = (c % per_expert) * kRows, r1 = std::min(E, r0 + kRows);
-    matmul_rows(X.down[size_t(chosen_[size_t(j)])].w, moe_gate_.data() + j * F, F, 1, moe_y_.data() + j * E, E, r0, r1);
+    const Linear& down = X.down[size_t(chosen_[size_t(j)])];
+    matmul_rows(down.w, moe_gate_.data() + j * F, F, 1, moe_y_.data() + j * E, E, r0, r1);
+    if (down.bias) add_bias_cols(moe_y_.data() + j * E, E, down.bias, 1, r0, r1);
   });
   // Summed in expert order, as experts_over_tokens does: the same bits for a token either way.
   int32_t order[64];
@@ -1073,6 +1116,7 @@ void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int
                                s.n_past, n, hp_.n_head, hp_.n_head_kv, hd, scale, kv.type()};
             args.softcap = hp_.attn_softcap;
             args.window = hp_.is_swa(il) ? hp_.n_swa : 0;
+            args.sinks = L.attn_sinks;
             for (int64_t kvh = h0; kvh < h1; ++kvh) attention_kv_head(args, kvh);
             t += n;
           }

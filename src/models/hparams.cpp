@@ -34,6 +34,43 @@ int64_t max_of(const std::vector<int64_t>& v) {
   return m;
 }
 
+// n_vocab from the embedding tensor (the tokenizer may be absent or larger).
+void read_vocab_size(const GgufFile& f, HParams& hp) {
+  const std::string& p = f.path();
+  const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
+  if (!emb) fail(p, ": missing tensor token_embd.weight");
+  if (emb->ne.size() != 2) fail(p, ": token_embd.weight must be 2-D, has ", emb->ne.size(), " dimensions");
+  if (emb->ne[0] != hp.n_embd)
+    fail(p, ": token_embd.weight is ", emb->shape_string(), ", expected rows of embedding_length ", hp.n_embd);
+  hp.n_vocab = emb->ne[1];
+}
+
+// A state-space model (Mamba): no attention, no FFN; `<arch>.ssm.*` as llama.cpp's converter
+// writes them (the head counts and feed_forward_length it writes are 0).
+HParams read_ssm_hparams(const GgufFile& f, HParams hp) {
+  const std::string& p = f.path();
+  const std::string a = hp.arch + ".";
+  hp.n_ctx_train = int64_t(f.get_uint(a + "context_length", 1 << 20));
+  hp.rms_eps = float(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  if (!(hp.rms_eps > 0.0f)) fail(p, ": bad ", a, "attention.layer_norm_rms_epsilon");
+  HParams::Ssm& s = hp.ssm;
+  s.d_conv = int64_t(f.get_uint(a + "ssm.conv_kernel"));
+  s.d_inner = int64_t(f.get_uint(a + "ssm.inner_size"));
+  s.d_state = int64_t(f.get_uint(a + "ssm.state_size"));
+  s.dt_rank = int64_t(f.get_uint(a + "ssm.time_step_rank"));
+  if (const GgufValue* v = f.find(a + "ssm.dt_b_c_rms")) s.dt_b_c_rms = v->as_bool(a + "ssm.dt_b_c_rms");
+  if (s.d_conv < 1 || s.d_conv > 64) fail(p, ": bad ", a, "ssm.conv_kernel ", s.d_conv);
+  if (s.d_inner < 1 || s.d_inner > (1 << 20)) fail(p, ": bad ", a, "ssm.inner_size ", s.d_inner);
+  if (s.d_state < 1 || s.d_state > 1024) fail(p, ": bad ", a, "ssm.state_size ", s.d_state);
+  if (s.dt_rank < 1 || s.dt_rank > s.d_inner) fail(p, ": bad ", a, "ssm.time_step_rank ", s.dt_rank);
+  hp.n_head_per_layer.assign(size_t(hp.n_layer), 0);
+  hp.n_head_kv_per_layer.assign(size_t(hp.n_layer), 0);
+  hp.n_ff_per_layer.assign(size_t(hp.n_layer), 0);
+  hp.swa_layers.assign(size_t(hp.n_layer), 0);
+  read_vocab_size(f, hp);
+  return hp;
+}
+
 }  // namespace
 
 bool HParams::uniform_layers() const {
@@ -53,6 +90,7 @@ HParams read_hparams(const GgufFile& f) {
   hp.n_layer = int64_t(f.get_uint(a + "block_count"));
   if (hp.n_embd <= 0 || hp.n_embd > (1 << 20)) fail(p, ": bad ", a, "embedding_length ", hp.n_embd);
   if (hp.n_layer <= 0 || hp.n_layer > 4096) fail(p, ": bad ", a, "block_count ", hp.n_layer);
+  if (spec.stack == LayerStack::Mamba) return read_ssm_hparams(f, std::move(hp));
   hp.n_head_per_layer = per_layer(f, a + "attention.head_count", hp.n_layer, nullptr);
   hp.n_head_kv_per_layer = per_layer(f, a + "attention.head_count_kv", hp.n_layer, &hp.n_head_per_layer);
   const std::vector<int64_t> no_dense_ffn(size_t(hp.n_layer), 0);  // MoE-only files may omit the key
@@ -183,18 +221,16 @@ HParams read_hparams(const GgufFile& f) {
     }
     hp.expert_norm_topk = spec.expert_norm_topk;
     if (const GgufValue* v = f.find(a + "expert_weights_norm")) hp.expert_norm_topk = v->as_bool(a + "expert_weights_norm");
-    const uint64_t gating = f.get_uint(a + "expert_gating_func", 1);  // llama.cpp: 1 softmax, 2 sigmoid
-    if (gating != 1 && gating != 2) fail(p, ": ", a, "expert_gating_func ", gating, " is not 1 (softmax) or 2 (sigmoid)");
-    hp.expert_gating = gating == 2 ? ExpertGating::Sigmoid : ExpertGating::Softmax;
+    // llama.cpp's numbering: 1 softmax, 2 sigmoid, 3 softmax over the chosen (the architecture's
+    // own when the key is absent: gpt-oss's converter writes none).
+    const uint64_t def = spec.gating == ExpertGating::Sigmoid ? 2 : spec.gating == ExpertGating::SoftmaxWeight ? 3 : 1;
+    const uint64_t gating = f.get_uint(a + "expert_gating_func", def);
+    if (gating < 1 || gating > 3)
+      fail(p, ": ", a, "expert_gating_func ", gating, " is not 1 (softmax), 2 (sigmoid) or 3 (softmax of the chosen)");
+    hp.expert_gating = gating == 2 ? ExpertGating::Sigmoid : gating == 3 ? ExpertGating::SoftmaxWeight : ExpertGating::Softmax;
   }
 
-  // n_vocab comes from the embedding tensor (the tokenizer may be absent or larger).
-  const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
-  if (!emb) fail(p, ": missing tensor token_embd.weight");
-  if (emb->ne.size() != 2) fail(p, ": token_embd.weight must be 2-D, has ", emb->ne.size(), " dimensions");
-  if (emb->ne[0] != hp.n_embd)
-    fail(p, ": token_embd.weight is ", emb->shape_string(), ", expected rows of embedding_length ", hp.n_embd);
-  hp.n_vocab = emb->ne[1];
+  read_vocab_size(f, hp);
   return hp;
 }
 

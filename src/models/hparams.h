@@ -12,8 +12,12 @@ namespace tern {
 // Pair layout of RoPE (llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX): Norm rotates (2i, 2i+1),
 // NeoX rotates (i, i + n_rot/2).
 enum class RopeLayout { Norm, Neox };
-enum class FfnActivation { Silu, GeluTanh };   // SwiGLU / GeGLU
-enum class ExpertGating { Softmax, Sigmoid };
+// SwiGLU, GeGLU, and gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai: with g = min(gate, 7)
+// and u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1)).
+enum class FfnActivation { Silu, GeluTanh, SwigluOai };
+// Softmax: softmax over every expert, then the top k; Sigmoid: sigmoid per expert, top k;
+// SoftmaxWeight (gpt-oss, llama.cpp's 3): the top k of the router logits, then softmax over those k.
+enum class ExpertGating { Softmax, Sigmoid, SoftmaxWeight };
 
 // Position scaling of RoPE beyond the training context (`<arch>.rope.scaling.*`).
 struct RopeScaling {
@@ -62,6 +66,18 @@ struct HParams {
   int64_t n_ff_shexp = 0;           // expert_shared_feed_forward_length (0: no shared expert)
   ExpertGating expert_gating = ExpertGating::Softmax;
   bool expert_norm_topk = true;     // the chosen experts' weights renormalised to sum 1
+
+  // State-space layers (Mamba, `<arch>.ssm.*`): the causal conv1d's width, the inner width, the
+  // SSM state per channel, the rank of the time step's projection; FalconMamba RMS-normalises
+  // dt, B and C (ssm.dt_b_c_rms). A model with them keeps a fixed-size state per sequence.
+  struct Ssm {
+    int64_t d_conv = 0, d_inner = 0, d_state = 0, dt_rank = 0;
+    bool dt_b_c_rms = false;
+  } ssm;
+  bool recurrent() const { return ssm.d_inner > 0; }
+  // f32 of one sequence's recurrent state in a layer: the conv window's last d_conv - 1 inputs
+  // and the SSM state, [d_conv - 1][d_inner] then [d_inner][d_state].
+  int64_t state_floats() const { return recurrent() ? (ssm.d_conv - 1 + ssm.d_state) * ssm.d_inner : 0; }
 
   // Per layer; an HParams built by hand without the per-layer arrays has n_head etc. everywhere.
   int64_t head_count(int64_t il) const { return n_head_per_layer.empty() ? n_head : n_head_per_layer[size_t(il)]; }

@@ -13,11 +13,13 @@ std::vector<int64_t> kv_rows(const HParams& hp) {
   return rows;
 }
 
-KvStore make_kv_store(const HParams& hp, int64_t n_slots, KvType type) {
+KvStore make_kv_store(const HParams& hp, int64_t n_slots, KvType type, int64_t n_state_slots) {
   std::vector<int64_t> rows = kv_rows(hp);
   check_kv_type(type, rows, hp.head_dim, "model '" + hp.arch + "' (" + std::to_string(hp.n_head_kv) + " KV heads of " +
                                              std::to_string(hp.head_dim) + ")");
-  return KvStore(std::move(rows), n_slots, type);
+  KvStore kv(std::move(rows), n_slots, type);
+  if (hp.recurrent()) kv.set_state_rows(std::vector<int64_t>(size_t(hp.n_layer), hp.state_floats()), n_state_slots);
+  return kv;
 }
 
 int64_t kv_bytes_per_token(const HParams& hp, KvType type) { return KvStore::bytes_per_token(kv_rows(hp), type); }

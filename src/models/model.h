@@ -26,7 +26,8 @@ namespace tern {
 // The K/V arena (kv/kv_store.h) for this model's layers: check_kv_type's error (naming the
 // architecture and shape) when `type` cannot store its rows.
 std::vector<int64_t> kv_rows(const HParams& hp);
-KvStore make_kv_store(const HParams& hp, int64_t n_slots, KvType type = KvType::F32);
+// A recurrent model's store also holds n_state_slots sequence states (KvStore::set_state_rows).
+KvStore make_kv_store(const HParams& hp, int64_t n_slots, KvType type = KvType::F32, int64_t n_state_slots = 1);
 int64_t kv_bytes_per_token(const HParams& hp, KvType type);
 
 // Sees the input of every linear layer during forward (calibration for GPTQ, AWQ,
@@ -61,6 +62,9 @@ struct SeqBatch {
   // RoPE position of the first new token; -1: n_past (nothing evicted). Evicted positions are
   // simply absent from `slots`; the kept keys keep the rotations of their original positions.
   int64_t pos = -1;
+  // Recurrent models (HParams::recurrent()): the sequence's state slot in the KvStore, which the
+  // model zeroes when n_past == 0 and carries from step to step; -1 for a transformer.
+  int32_t state_slot = -1;
   int64_t first_pos() const { return pos >= 0 ? pos : n_past; }
 };
 

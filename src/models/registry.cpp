@@ -8,7 +8,8 @@ namespace tern {
 
 const std::vector<const ArchSpec*>& architectures() {
   static const std::vector<const ArchSpec*> kAll = {&kArchLlama,  &kArchDeci, &kArchQwen2,  &kArchQwen2Moe, &kArchQwen3,
-                                                    &kArchQwen3Moe, &kArchPhi3, &kArchGemma2,   &kArchGemma3};
+                                                    &kArchQwen3Moe, &kArchPhi3, &kArchGemma2,   &kArchGemma3,
+                                                    &kArchGptOss, &kArchMamba};
   return kAll;
 }
 
@@ -28,6 +29,10 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file) { return
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, const ModelPartition& part) {
   const ArchSpec& spec = find_architecture(file->get_string("general.architecture"), file->path());
+  if (spec.stack == LayerStack::Mamba) {
+    if (!part.whole()) fail(file->path(), ": ", spec.name, " models do not run split over processes (--tp / --pp) yet");
+    return make_mamba(spec, std::move(file));
+  }
   return make_decoder(spec, std::move(file), part);
 }
 

@@ -48,6 +48,21 @@ const std::vector<SynthShape>& synth_shapes() {
       {.name = "qwen3moe-mini", .arch = "qwen3moe", .n_embd = 1024, .n_ff = 3072, .n_layer = 8, .n_head = 16,
        .n_head_kv = 4, .n_vocab = 151936, .n_ctx = 40960, .rope_freq_base = 1000000.0f, .head_dim = 128, .n_expert = 64,
        .n_expert_used = 8, .n_ff_exp = 384},
+      // gpt-oss (config.json of openai/gpt-oss-20b and -120b): 2880 wide, 64 query heads of 64, 8 KV
+      // heads, experts of 2880 in MXFP4 (32 of them top-4; 128 top-4), a 128-token window on
+      // every other layer, YaRN x32 over 4096 tokens.
+      {.name = "gpt-oss-20b", .arch = "gpt-oss", .n_embd = 2880, .n_ff = 2880, .n_layer = 24, .n_head = 64,
+       .n_head_kv = 8, .n_vocab = 201088, .n_ctx = 131072, .rope_freq_base = 150000.0f, .head_dim = 64,
+       .n_expert = 32, .n_expert_used = 4, .n_ff_exp = 2880, .n_swa = 128, .yarn_factor = 32.0f, .yarn_ctx_orig = 4096},
+      {.name = "gpt-oss-120b", .arch = "gpt-oss", .n_embd = 2880, .n_ff = 2880, .n_layer = 36, .n_head = 64,
+       .n_head_kv = 8, .n_vocab = 201088, .n_ctx = 131072, .rope_freq_base = 150000.0f, .head_dim = 64,
+       .n_expert = 128, .n_expert_used = 4, .n_ff_exp = 2880, .n_swa = 128, .yarn_factor = 32.0f, .yarn_ctx_orig = 4096},
+      // Mamba-1 (state-spaces/mamba-130m, -1.4b): tied embeddings, 2x inner width, 16 states per
+      // channel, 4 conv taps, dt rank n_embd / 16; the converter's 2^20 context.
+      {.name = "mamba-130m", .arch = "mamba", .n_embd = 768, .n_layer = 24, .n_vocab = 50280, .n_ctx = 1 << 20,
+       .tied_output = true, .ssm_d_inner = 1536, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 48},
+      {.name = "mamba-1.4b", .arch = "mamba", .n_embd = 2048, .n_layer = 48, .n_vocab = 50280, .n_ctx = 1 << 20,
+       .tied_output = true, .ssm_d_inner = 4096, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 128},
       // Tests.
       {.name = "llama3-tiny", .n_embd = 64, .n_ff = 128, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_vocab = 512,
        .n_ctx = 512, .rope_freq_base = 500000.0f, .tied_output = true, .llama3_rope_ctx = 32, .init_gain = 1.0f},
@@ -71,6 +86,13 @@ const std::vector<SynthShape>& synth_shapes() {
       {.name = "gemma3-tiny", .arch = "gemma3", .n_embd = 64, .n_ff = 128, .n_layer = 6, .n_head = 4, .n_head_kv = 1,
        .n_vocab = 512, .n_ctx = 512, .rope_freq_base = 1000000.0f, .tied_output = true, .head_dim = 32, .n_swa = 16,
        .init_gain = 1.0f},
+      // 3 layers: sliding (0, 2) and global (1); n_head * head_dim = 128 != n_embd; MXFP4 experts
+      // (rows of 64: two blocks); YaRN x4 beyond 64 positions, so the 64-token tests cross it.
+      {.name = "gpt-oss-tiny", .arch = "gpt-oss", .n_embd = 64, .n_ff = 64, .n_layer = 3, .n_head = 4, .n_head_kv = 2,
+       .n_vocab = 512, .n_ctx = 512, .rope_freq_base = 150000.0f, .head_dim = 32, .n_expert = 4, .n_expert_used = 2,
+       .n_ff_exp = 64, .n_swa = 16, .yarn_factor = 4.0f, .yarn_ctx_orig = 64, .init_gain = 1.0f},
+      {.name = "mamba-tiny", .arch = "mamba", .n_embd = 64, .n_layer = 3, .n_vocab = 512, .n_ctx = 1 << 20,
+       .tied_output = true, .ssm_d_inner = 128, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 8, .init_gain = 1.0f},
   };
   return kShapes;
 }
@@ -176,7 +198,8 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   // Keys as llama.cpp's converter writes them for the architecture.
   const std::string a = std::string(sh.arch) + ".";
   const bool moe = sh.n_expert > 0;
-  const int64_t hd = sh.head_dim > 0 ? sh.head_dim : sh.n_embd / sh.n_head;
+  const int64_t hd = sh.head_dim > 0 ? sh.head_dim : sh.n_head > 0 ? sh.n_embd / sh.n_head : 0;
+  const bool mamba = spec.stack == LayerStack::Mamba;
   GgufWriter w(3);
   w.set("general.architecture", GgufValue::string(sh.arch));
   w.set("general.name", GgufValue::string(std::string("tern-synth-") + sh.name));
@@ -186,24 +209,38 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   w.set(a + "feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff)));
   w.set(a + "block_count", GgufValue::u32(uint32_t(sh.n_layer)));
   w.set(a + "attention.head_count", GgufValue::u32(uint32_t(sh.n_head)));
-  w.set(a + "attention.head_count_kv", GgufValue::u32(uint32_t(sh.n_head_kv)));
-  if (spec.rope_layout == RopeLayout::Norm || spec.fused_qkv)  // llama's and phi3's converters
-    w.set(a + "rope.dimension_count", GgufValue::u32(uint32_t(hd)));
-  w.set(a + "rope.freq_base", GgufValue::f32(sh.rope_freq_base));
-  w.set(a + "attention.layer_norm_rms_epsilon", GgufValue::f32(std::string(sh.arch) == "llama" ? 1e-5f : 1e-6f));
-  if (sh.head_dim > 0) {
-    w.set(a + "attention.key_length", GgufValue::u32(uint32_t(hd)));
-    w.set(a + "attention.value_length", GgufValue::u32(uint32_t(hd)));
-  }
-  if (sh.n_swa > 0) w.set(a + "attention.sliding_window", GgufValue::u32(uint32_t(sh.n_swa)));
-  if (sh.attn_softcap > 0) w.set(a + "attn_logit_softcapping", GgufValue::f32(sh.attn_softcap));
-  if (sh.final_softcap > 0) w.set(a + "final_logit_softcapping", GgufValue::f32(sh.final_softcap));
-  if (moe) {
-    w.set(a + "expert_count", GgufValue::u32(uint32_t(sh.n_expert)));
-    w.set(a + "expert_used_count", GgufValue::u32(uint32_t(sh.n_expert_used)));
-    if (std::string(sh.arch) != "llama")  // Mixtral's experts are feed_forward_length wide
-      w.set(a + "expert_feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff_exp)));
-    if (sh.n_ff_shexp > 0) w.set(a + "expert_shared_feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff_shexp)));
+  if (mamba) {  // (the converter writes head_count and feed_forward_length 0)
+    w.set(a + "ssm.conv_kernel", GgufValue::u32(uint32_t(sh.ssm_d_conv)));
+    w.set(a + "ssm.inner_size", GgufValue::u32(uint32_t(sh.ssm_d_inner)));
+    w.set(a + "ssm.state_size", GgufValue::u32(uint32_t(sh.ssm_d_state)));
+    w.set(a + "ssm.time_step_rank", GgufValue::u32(uint32_t(sh.ssm_dt_rank)));
+    w.set(a + "ssm.dt_b_c_rms", GgufValue::boolean(false));
+    w.set(a + "attention.layer_norm_rms_epsilon", GgufValue::f32(1e-5f));
+  } else {
+    w.set(a + "attention.head_count_kv", GgufValue::u32(uint32_t(sh.n_head_kv)));
+    if (spec.rope_layout == RopeLayout::Norm || spec.fused_qkv)  // llama's and phi3's converters
+      w.set(a + "rope.dimension_count", GgufValue::u32(uint32_t(hd)));
+    w.set(a + "rope.freq_base", GgufValue::f32(sh.rope_freq_base));
+    w.set(a + "attention.layer_norm_rms_epsilon", GgufValue::f32(std::string(sh.arch) == "llama" ? 1e-5f : 1e-6f));
+    if (sh.head_dim > 0) {
+      w.set(a + "attention.key_length", GgufValue::u32(uint32_t(hd)));
+      w.set(a + "attention.value_length", GgufValue::u32(uint32_t(hd)));
+    }
+    if (sh.n_swa > 0) w.set(a + "attention.sliding_window", GgufValue::u32(uint32_t(sh.n_swa)));
+    if (sh.yarn_factor > 0) {
+      w.set(a + "rope.scaling.type", GgufValue::string("yarn"));
+      w.set(a + "rope.scaling.factor", GgufValue::f32(sh.yarn_factor));
+      w.set(a + "rope.scaling.original_context_length", GgufValue::u32(uint32_t(sh.yarn_ctx_orig)));
+    }
+    if (sh.attn_softcap > 0) w.set(a + "attn_logit_softcapping", GgufValue::f32(sh.attn_softcap));
+    if (sh.final_softcap > 0) w.set(a + "final_logit_softcapping", GgufValue::f32(sh.final_softcap));
+    if (moe) {
+      w.set(a + "expert_count", GgufValue::u32(uint32_t(sh.n_expert)));
+      w.set(a + "expert_used_count", GgufValue::u32(uint32_t(sh.n_expert_used)));
+      if (std::string(sh.arch) != "llama")  // Mixtral's experts are feed_forward_length wide
+        w.set(a + "expert_feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff_exp)));
+      if (sh.n_ff_shexp > 0) w.set(a + "expert_shared_feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff_shexp)));
+    }
   }
 
   int64_t n_vocab = sh.n_vocab;
@@ -229,6 +266,8 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   auto add_matrix = [&](const std::string& name, int64_t n_in, int64_t n_out, float out_gain = 1.0f,
                         int64_t n_expert = 0, bool keep_f32 = false) {
     DType type = keep_f32 ? DType::F32 : opts.type;
+    // Experts in the architecture's own format whatever --type says (gpt-oss: MXFP4, as released).
+    if (n_expert > 0 && spec.expert_type != DType::F32) type = spec.expert_type;
     if (dtype_row_bytes(type, n_in) < 0) {
       // Rows that do not fit the block size: llama-quantize's substitute (q4_k -> q5_0, ...).
       type = fit_row_type(type, n_in);
@@ -266,6 +305,16 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
     rep.weight_bytes += n * 4;
   };
   auto add_norm = [&](const std::string& name, int64_t n) { add_vector(name, n, 1.0f, 0.1f); };
+  // count f32 vectors of n as one [n, count] tensor (gpt-oss's expert biases), N(0, jitter^2).
+  auto add_vectors = [&](const std::string& name, int64_t n, int64_t count, float jitter) {
+    buffers.emplace_back(size_t(n * count) * 4);
+    float* f = reinterpret_cast<float*>(buffers.back().data());
+    if (gain > 0) fill_normal(f, n * count, opts.seed ^ hash_name(name), jitter);
+    else std::fill(f, f + n * count, 0.0f);
+    w.add_tensor(name, DType::F32, {n, count}, f, uint64_t(n * count) * 4);
+    rep.n_params += n * count;
+    rep.weight_bytes += n * count * 4;
+  };
 
   const int64_t E = sh.n_embd, Eq = sh.n_head * hd, Ekv = sh.n_head_kv * hd, F = sh.n_ff;
   add_matrix(tensor_name(Tensor::TokenEmbd), E, n_vocab, sh.tied_output ? 4.0f : 1.0f);
@@ -290,6 +339,41 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
     std::memcpy(buffers.back().data(), ff.data(), ff.size() * 4);
     w.add_tensor(tensor_name(Tensor::RopeFreqs), DType::F32, {int64_t(ff.size())}, buffers.back().data(), ff.size() * 4);
   }
+  // An f32 tensor of shape ne, N(center, stddev^2) per element (the SSM's own parameters).
+  auto add_f32 = [&](const std::string& name, std::vector<int64_t> ne, float center, float stddev) {
+    int64_t n = 1;
+    for (int64_t d : ne) n *= d;
+    buffers.emplace_back(size_t(n) * 4);
+    float* f = reinterpret_cast<float*>(buffers.back().data());
+    fill_normal(f, n, opts.seed ^ hash_name(name), stddev);
+    for (int64_t i = 0; i < n; ++i) f[i] += center;
+    w.add_tensor(name, DType::F32, ne, f, uint64_t(n) * 4);
+    rep.n_params += n;
+    rep.weight_bytes += n * 4;
+    return f;
+  };
+  if (mamba) {
+    // Mamba's initialisation where it shapes the dynamics: A = -(s + 1) for state s (S4D-real),
+    // time steps softplus(dt_bias) around 0.1, D = 1, conv taps ~ 1/sqrt(taps).
+    const int64_t DI = sh.ssm_d_inner, DS = sh.ssm_d_state, K = sh.ssm_d_conv, R = sh.ssm_dt_rank;
+    const float jitter = gain > 0 ? 0.1f : 0.0f;
+    for (int64_t il = 0; il < sh.n_layer; ++il) {
+      add_norm(tensor_name(Tensor::AttnNorm, il), E);
+      add_matrix(tensor_name(Tensor::SsmIn, il), E, 2 * DI);
+      add_f32(tensor_name(Tensor::SsmConv1d, il), {K, DI}, 0.0f, 1.0f / std::sqrt(float(K)));
+      add_f32(tensor_name(Tensor::SsmConv1d, il, "bias"), {DI}, 0.0f, 0.1f);
+      add_matrix(tensor_name(Tensor::SsmX, il), DI, R + 2 * DS);
+      add_matrix(tensor_name(Tensor::SsmDt, il), R, DI);
+      add_f32(tensor_name(Tensor::SsmDt, il, "bias"), {DI}, -2.0f, 0.5f);
+      float* a_log = add_f32(tensor_name(Tensor::SsmA, il, ""), {DS, DI}, 0.0f, jitter);
+      for (int64_t c = 0; c < DI; ++c)
+        for (int64_t k = 0; k < DS; ++k) a_log[c * DS + k] = -float(k + 1) * (1.0f + a_log[c * DS + k]);
+      add_f32(tensor_name(Tensor::SsmD, il, ""), {DI}, 1.0f, jitter);
+      add_matrix(tensor_name(Tensor::SsmOut, il), DI, E);
+    }
+    w.write(out_path);
+    return rep;
+  }
   for (int64_t il = 0; il < sh.n_layer; ++il) {
     add_norm(tensor_name(Tensor::AttnNorm, il), E);
     if (spec.fused_qkv) {
@@ -309,14 +393,23 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
       add_norm(tensor_name(Tensor::AttnKNorm, il), hd);
     }
     add_matrix(tensor_name(Tensor::AttnOutput, il), Eq, E);
+    if (spec.out_bias) add_vector(tensor_name(Tensor::AttnOutput, il, "bias"), E, 0.0f, 0.1f);
+    // Sinks about the scores' own size, so that they take a visible share of each softmax.
+    if (spec.attn_sinks) add_vector(tensor_name(Tensor::AttnSinks, il), sh.n_head, 0.0f, 1.0f);
     if (spec.post_norms) add_norm(tensor_name(Tensor::AttnPostNorm, il), E);
-    add_norm(tensor_name(Tensor::FfnNorm, il), E);
+    add_norm(tensor_name(spec.ffn_norm, il), E);
     if (moe) {
       const int64_t NE = sh.n_expert, FX = sh.n_ff_exp;
       add_matrix(tensor_name(Tensor::FfnGateInp, il), E, NE, 1.0f, 0, /*keep_f32=*/true);
+      if (spec.expert_biases) add_vector(tensor_name(Tensor::FfnGateInp, il, "bias"), NE, 0.0f, 0.1f);
       add_matrix(tensor_name(Tensor::FfnGateExps, il), E, FX, 1.0f, NE);
       add_matrix(tensor_name(Tensor::FfnUpExps, il), E, FX, 1.0f, NE);
       add_matrix(tensor_name(Tensor::FfnDownExps, il), FX, E, 1.0f, NE);
+      if (spec.expert_biases) {
+        add_vectors(tensor_name(Tensor::FfnGateExps, il, "bias"), FX, NE, 0.1f);
+        add_vectors(tensor_name(Tensor::FfnUpExps, il, "bias"), FX, NE, 0.1f);
+        add_vectors(tensor_name(Tensor::FfnDownExps, il, "bias"), E, NE, 0.1f);
+      }
       if (sh.n_ff_shexp > 0) {
         add_vector(tensor_name(Tensor::FfnGateInpShexp, il), E, 0.0f, 1.0f / std::sqrt(float(E)));
         add_matrix(tensor_name(Tensor::FfnGateShexp, il), E, sh.n_ff_shexp);

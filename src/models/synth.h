@@ -23,6 +23,11 @@ struct SynthShape {
   // Llama 3.1-style rope_freqs.weight (factor 32, low/high frequency factors 1 / 4) for this
   // original context; 0: none.
   int64_t llama3_rope_ctx = 0;
+  // YaRN RoPE scaling (rope.scaling.type yarn) by this factor beyond this original context; 0: none.
+  float yarn_factor = 0.0f;
+  int64_t yarn_ctx_orig = 0;
+  // State-space layers (arch "mamba"): inner width, state per channel, conv taps, dt rank.
+  int64_t ssm_d_inner = 0, ssm_d_state = 0, ssm_d_conv = 0, ssm_dt_rank = 0;
   // > 0: weights N(0, (gain^2 / n_in)) and norm weights 1 + N(0, 0.1^2), biases N(0, 0.1^2)
   // (tests: decisive logits, every norm and bias visible in the output); 0: weights N(0, 0.02^2)
   // and norms 1 (benchmarks: the shapes of real models).
@@ -32,7 +37,8 @@ struct SynthShape {
 // The known shapes: Llama-architecture ones ("stories260k", "tinyllama-1.1b", "llama2-7b",
 // "llama3-8b", "qwen2-0.5b"), real released models of every architecture ("qwen2.5-0.5b",
 // "qwen3-0.6b", "llama3.2-1b", "phi3-mini", "gemma2-2b", "gemma3-1b", "mixtral-mini",
-// "qwen3moe-mini") and tiny ones with each architecture's features for tests ("qwen2-tiny", ...).
+// "qwen3moe-mini", "gpt-oss-20b", "gpt-oss-120b") and tiny ones with each architecture's features
+// for tests ("qwen2-tiny", ...).
 const std::vector<SynthShape>& synth_shapes();
 const SynthShape& find_synth_shape(const std::string& name);  // throws listing the known names
 

@@ -25,6 +25,7 @@ constexpr NameRow kNames[] = {
     {Tensor::AttnQNorm, "attn_q_norm", true},
     {Tensor::AttnKNorm, "attn_k_norm", true},
     {Tensor::AttnPostNorm, "post_attention_norm", true},
+    {Tensor::AttnSinks, "attn_sinks", true},
     {Tensor::FfnNorm, "ffn_norm", true},
     {Tensor::FfnGate, "ffn_gate", true},
     {Tensor::FfnUp, "ffn_up", true},
@@ -38,6 +39,13 @@ constexpr NameRow kNames[] = {
     {Tensor::FfnGateShexp, "ffn_gate_shexp", true},
     {Tensor::FfnUpShexp, "ffn_up_shexp", true},
     {Tensor::FfnDownShexp, "ffn_down_shexp", true},
+    {Tensor::SsmIn, "ssm_in", true},
+    {Tensor::SsmConv1d, "ssm_conv1d", true},
+    {Tensor::SsmX, "ssm_x", true},
+    {Tensor::SsmDt, "ssm_dt", true},
+    {Tensor::SsmA, "ssm_a", true},
+    {Tensor::SsmD, "ssm_d", true},
+    {Tensor::SsmOut, "ssm_out", true},
 };
 
 const NameRow& row(Tensor t) {
@@ -57,8 +65,10 @@ std::string tensor_name(Tensor t, int64_t il, const char* suffix) {
   TERN_ASSERT_MSG(r.per_layer == (il >= 0), "layer index given for a global tensor or missing for a layer's");
   std::string s = r.per_layer ? "blk." + std::to_string(il) + "." : std::string();
   s += r.stem;
-  s += '.';
-  s += suffix;
+  if (*suffix) {
+    s += '.';
+    s += suffix;
+  }
   return s;
 }
 

@@ -20,7 +20,8 @@ enum class Tensor {
   AttnOutput,     // blk.N.attn_output   [n_head * head_dim, n_embd]
   AttnQNorm,      // blk.N.attn_q_norm   [head_dim]          (Qwen3, Gemma 3)
   AttnKNorm,      // blk.N.attn_k_norm   [head_dim]
-  AttnPostNorm,   // blk.N.post_attention_norm [n_embd]      (Gemma 2/3)
+  AttnPostNorm,   // blk.N.post_attention_norm [n_embd]      (Gemma 2/3; gpt-oss: the FFN's input norm)
+  AttnSinks,      // blk.N.attn_sinks    [n_head]            (gpt-oss: one softmax sink logit per head)
   FfnNorm,        // blk.N.ffn_norm      [n_embd]
   FfnGate,        // blk.N.ffn_gate      [n_embd, n_ff]
   FfnUp,          // blk.N.ffn_up        [n_embd, n_ff]      (Phi-3: [n_embd, 2 n_ff], gate then up)
@@ -34,13 +35,22 @@ enum class Tensor {
   FfnGateShexp,   // blk.N.ffn_gate_shexp [n_embd, n_ff_shexp]
   FfnUpShexp,     // blk.N.ffn_up_shexp   [n_embd, n_ff_shexp]
   FfnDownShexp,   // blk.N.ffn_down_shexp [n_ff_shexp, n_embd]
+  // State-space layers (Mamba).
+  SsmIn,          // blk.N.ssm_in        [n_embd, 2 d_inner]  (x rows, then z rows)
+  SsmConv1d,      // blk.N.ssm_conv1d    [d_conv, d_inner]    (+ bias [d_inner])
+  SsmX,           // blk.N.ssm_x         [d_inner, dt_rank + 2 d_state]  (dt, B, C)
+  SsmDt,          // blk.N.ssm_dt        [dt_rank, d_inner]   (+ bias [d_inner])
+  SsmA,           // blk.N.ssm_a         [d_state, d_inner]   (-exp(A_log), as converted; no suffix)
+  SsmD,           // blk.N.ssm_d         [d_inner]            (no suffix)
+  SsmOut,         // blk.N.ssm_out       [d_inner, n_embd]
 };
 
 // The stem of a tensor's name ("attn_q", "token_embd").
 const char* tensor_stem(Tensor t);
 // Whether the tensor belongs to a layer (named blk.<il>.<stem>).
 bool tensor_per_layer(Tensor t);
-// "token_embd.weight", "blk.3.attn_q.weight", "blk.3.attn_q.bias".
+// "token_embd.weight", "blk.3.attn_q.weight", "blk.3.attn_q.bias"; suffix "": no suffix
+// (Mamba's "blk.3.ssm_a" and "blk.3.ssm_d", as llama.cpp names them).
 std::string tensor_name(Tensor t, int64_t il = -1, const char* suffix = "weight");
 
 }  // namespace tern

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -89,7 +90,20 @@ void check_weights_finite(const std::string& file_path, const GgufTensorInfo& t)
     const int64_t bad = first_non_finite<uint16_t>(t.data + off, n_blocks, kF16Exp, size_t(info.block_bytes));
     if (bad >= 0) report(file_path, t, in_block(bad));
   }
-  if (is_tq(t.type)) {  // GPTQ / AWQ groups: an f16 scale at the start of every group
+  if (t.type == DType::MXFP4) {
+    // An E8M0 exponent of 253 or more times a large code overflows f32 (what ggml decodes is
+    // inf there): codes of doubled magnitude m (up to 12) in a block of exponent e decode to
+    // m 2^(e - 128), infinite once m >= 2^(256 - e). tern's quantizer never writes such a block.
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const uint8_t* blk = t.data + b * info.block_bytes;
+      if (blk[0] < 253) continue;
+      const int limit = 1 << (256 - blk[0]);  // 8, 4 or 2
+      for (int j = 0; j < 32; ++j) {
+        const uint8_t code = j < 16 ? blk[1 + j] & 0x0F : blk[1 + j - 16] >> 4;
+        if (std::abs(int(kMxfp4Values[code])) >= limit) report(file_path, t, in_block(b));
+      }
+    }
+  } else if (is_tq(t.type)) {  // GPTQ / AWQ groups: an f16 scale at the start of every group
     const int64_t bad = first_non_finite<uint16_t>(t.data, n_blocks, kF16Exp, size_t(info.block_bytes));
     if (bad >= 0) report(file_path, t, in_block(bad));
   } else if (is_ti8(t.type)) {  // LLM.int8() rows: int8 values, then the f16 scale and outliers

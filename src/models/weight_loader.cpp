@@ -182,11 +182,17 @@ WeightView WeightLoader::matmul_cols(const std::string& name, int64_t n_in_total
 }
 
 const float* WeightLoader::vector(const std::string& name, int64_t n, const char* what) {
+  return vectors(name, n, 0, what);
+}
+
+const float* WeightLoader::vectors(const std::string& name, int64_t n, int64_t count, const char* what) {
   const GgufTensorInfo& t = tensor(name);
   if (t.type != DType::F32)
     fail(file_->path(), ": loading ", name, ": ", what, " must be f32, file has ", dtype_name(t.type));
-  if (t.ne.size() != 1 || t.ne[0] != n)
-    fail(file_->path(), ": loading ", name, ": expected ", n, ", file has ", t.shape_string());
+  const bool fits = count == 0 ? t.ne.size() == 1 && t.ne[0] == n : t.ne.size() == 2 && t.ne[0] == n && t.ne[1] == count;
+  if (!fits)
+    fail(file_->path(), ": loading ", name, ": expected ", count == 0 ? str_cat(n) : str_cat(n, " x ", count),
+         ", file has ", t.shape_string());
   if (reinterpret_cast<uintptr_t>(t.data) % alignof(float) != 0)
     fail(file_->path(), ": tensor ", name, " data is misaligned");
   check_once(t);

@@ -53,6 +53,9 @@ class WeightLoader {
   const float* optional_vector(const std::string& name, int64_t n, const char* what = "vectors") {
     return has(name) ? vector(name, n, what) : nullptr;
   }
+  // `count` f32 vectors of n elements stored as one 2-D tensor [n, count] (gpt-oss's expert
+  // biases, one row per expert).
+  const float* vectors(const std::string& name, int64_t n, int64_t count, const char* what = "vectors");
 
   const GgufFile& file() const { return *file_; }
 

@@ -9,4 +9,5 @@ void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n) 
   silu_mul_impl(gate, up, out, n);
 }
 void f32_to_f16_avx512(const float* src, uint16_t* dst, int64_t n) { f32_to_f16_impl(src, dst, n); }
+void ssm_scan_avx512(const SsmScanArgs& a, int64_t c0, int64_t c1) { ssm_scan_impl(a, c0, c1); }
 }  // namespace tern::attn

@@ -33,6 +33,9 @@ inline constexpr int64_t kKvQ4_0BlockBytes = 18;
 //   rule: a key at distance window or more is masked).
 //   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax
 //   (Gemma 2's attention-logit soft-capping).
+//   sinks (gpt-oss): one learned logit per query head that joins every row's softmax as one more
+//   "key" with no value: out = sum_p exp(s_p - m) v_p / (sum_p exp(s_p - m) + exp(sink - m)), m the
+//   maximum over the scores and the sink (llama.cpp's soft_max_ext with sinks).
 //   GQA: query head h reads KV head h / (n_head / n_head_kv); K/V are never copied per head.
 struct AttentionArgs {
   const float* q;
@@ -52,11 +55,37 @@ struct AttentionArgs {
   KvType kv_type = KvType::F32;
   float softcap = 0.0f;  // 0: none
   int64_t window = 0;    // 0: the whole context
+  const float* sinks = nullptr;  // [n_head] per-head sink logits (already scaled), nullptr: none
   // When set (H2O): key_mass[kvh * ld_key_mass + p] += the softmax probability of key p, summed
   // over the new tokens and the query heads of KV head kvh. Written by the tiles of one KV head
   // only, so heads never race; the values do not depend on how rows are tiled up to rounding.
   float* key_mass = nullptr;
   int64_t ld_key_mass = 0;  // >= n_past + n_tokens
+};
+
+// Mamba's selective scan (models/mamba.cpp) over one sequence's n_tokens, per channel c:
+//   dt = softplus(dt_raw[t][c])      (ggml's: dt_raw itself above 20)
+//   h[c][s] = h[c][s] exp(dt A[c][s]) + B[t][s] (u[t][c] dt)         for s < d_state
+//   y[t][c] = (sum_s h[c][s] C[t][s] + D[c] u[t][c]) silu(z[t][c])
+// A <= 0 (the file holds -exp(A_log); the loader checks). Rows of each [n_tokens][ld] input are
+// `ld` floats apart; h is the sequence's state, [d_inner][d_state], read and left updated.
+struct SsmScanArgs {
+  const float* u;   // [n][ldu], channel c at column c
+  int64_t ldu;
+  const float* dt;  // [n][lddt] before softplus
+  int64_t lddt;
+  const float* b;   // [n][ldbc] B; C at c
+  const float* c;
+  int64_t ldbc;
+  const float* z;   // [n][ldz] the gate
+  int64_t ldz;
+  const float* a;   // [d_inner][d_state]
+  const float* d;   // [d_inner]
+  float* h;         // [d_inner][d_state]
+  float* y;         // [n][ldy]
+  int64_t ldy;
+  int64_t n_tokens;
+  int64_t d_state;
 };
 
 namespace attn {
@@ -88,6 +117,12 @@ void silu_mul_neon(const float* gate, const float* up, float* out, int64_t n);
 void f32_to_f16_avx2(const float* src, uint16_t* dst, int64_t n);
 void f32_to_f16_avx512(const float* src, uint16_t* dst, int64_t n);
 void f32_to_f16_neon(const float* src, uint16_t* dst, int64_t n);
+
+// The selective scan (SsmScanArgs) on channels [c0, c1), vectorised over the states (16 at a
+// time, exp as the attention kernels compute it).
+void ssm_scan_avx2(const SsmScanArgs& a, int64_t c0, int64_t c1);
+void ssm_scan_avx512(const SsmScanArgs& a, int64_t c0, int64_t c1);
+void ssm_scan_neon(const SsmScanArgs& a, int64_t c0, int64_t c1);
 
 }  // namespace attn
 }  // namespace tern

@@ -12,5 +12,6 @@ namespace {
 void attention_tile_neon(const AttentionArgs&, int64_t, int64_t, int64_t, float*) { absent("attention_tile_neon"); }
 void silu_mul_neon(const float*, const float*, float*, int64_t) { absent("silu_mul_neon"); }
 void f32_to_f16_neon(const float*, uint16_t*, int64_t) { absent("f32_to_f16_neon"); }
+void ssm_scan_neon(const SsmScanArgs&, int64_t, int64_t) { absent("ssm_scan_neon"); }
 
 }  // namespace tern::attn

@@ -15,5 +15,7 @@ void silu_mul_avx2(const float*, const float*, float*, int64_t) { absent("silu_m
 void silu_mul_avx512(const float*, const float*, float*, int64_t) { absent("silu_mul_avx512"); }
 void f32_to_f16_avx2(const float*, uint16_t*, int64_t) { absent("f32_to_f16_avx2"); }
 void f32_to_f16_avx512(const float*, uint16_t*, int64_t) { absent("f32_to_f16_avx512"); }
+void ssm_scan_avx2(const SsmScanArgs&, int64_t, int64_t) { absent("ssm_scan_avx2"); }
+void ssm_scan_avx512(const SsmScanArgs&, int64_t, int64_t) { absent("ssm_scan_avx512"); }
 
 }  // namespace tern::attn

@@ -367,6 +367,41 @@ inline float exp_nonpos(float x) {
   return lanes[0];
 }
 
+// The selective scan (attention_iface.h, SsmScanArgs): per channel and token, the d_state states
+// 16 at a time; dt A <= 0, so exp is the attention kernels' exp_nonpos (a tail of states, when
+// d_state is not a multiple of 16, takes the same function lane by lane: the same values).
+inline void ssm_scan_impl(const SsmScanArgs& a, int64_t c0, int64_t c1) {
+  const int64_t S = a.d_state;
+  for (int64_t c = c0; c < c1; ++c) {
+    float* h = a.h + c * S;
+    const float* A = a.a + c * S;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const float raw = a.dt[t * a.lddt + c];
+      const float dt = raw <= 20.0f ? log1pf(expf(raw)) : raw;
+      const float u = a.u[t * a.ldu + c];
+      const float udt = u * dt;
+      const float* B = a.b + t * a.ldbc;
+      const float* C = a.c + t * a.ldbc;
+      const V vdt = vset1(dt), vudt = vset1(udt);
+      V acc = vzero();
+      int64_t k = 0;
+      for (; k + 16 <= S; k += 16) {
+        const V hv = vfma(vload(h + k), vexp_nonpos(vmul(vdt, vload(A + k))), vmul(vload(B + k), vudt));
+        vstore(h + k, hv);
+        acc = vfma(hv, vload(C + k), acc);
+      }
+      float y = vhsum(acc);
+      for (; k < S; ++k) {
+        h[k] = h[k] * exp_nonpos(dt * A[k]) + B[k] * udt;
+        y += h[k] * C[k];
+      }
+      y += a.d[c] * u;
+      const float z = a.z[t * a.ldz + c];
+      a.y[t * a.ldy + c] = y * (z / (1.0f + expf(-z)));
+    }
+  }
+}
+
 #if !defined(__aarch64__)
 // dst[i * ld + r] = rows[r][d0 + i] for r, i in 0..7: eight 8-element row pieces (f32, or f16
 // widened as loaded, or quantized and dequantized as loaded) transposed in registers (unpack,
@@ -690,6 +725,17 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
     }
   }
 
+  // Sinks: one more term of the row's softmax denominator, with no value; the row's maximum
+  // and sum take it in, so that the key masses below are the probabilities of the keys too.
+  if (a.sinks)
+    for (int64_t r = 0; r < R; ++r) {
+      const float sink = a.sinks[kvh * g + r % g];
+      const float mx = m[r] > sink ? m[r] : sink;
+      const float c = m[r] == neg_inf ? 0.0f : exp_nonpos(m[r] - mx);
+      l[r] = l[r] * c + exp_nonpos(sink - mx);
+      m[r] = mx;
+      for (int64_t d = 0; d < hd; ++d) O[r * hd + d] *= c;
+    }
   for (int64_t r = 0; r < R; ++r) {
     float* out = a.out + (i0 + r / g) * a.ldo + (kvh * g + r % g) * hd;
     const float inv = 1.0f / l[r];

@@ -178,6 +178,18 @@ void attend_row(const AttentionArgs& a, int64_t i, int64_t h, float* acc, float*
       for (int64_t d = 0; d < hd; ++d) acc[d] += w * vrow[d];
     }
   }
+  if (a.sinks) {
+    // The head's sink joins the softmax as a score with no value (attention_iface.h).
+    const float sink = a.sinks[h];
+    if (sink > m) {
+      const float r = std::exp(m - sink);
+      l = l * r + 1.0f;
+      for (int64_t d = 0; d < hd; ++d) acc[d] *= r;
+      m = sink;
+    } else {
+      l += std::exp(sink - m);
+    }
+  }
   const float inv = 1.0f / l;
   for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv;
   if (a.key_mass) {
@@ -208,6 +220,43 @@ void f32_to_f16_with(Isa isa, const float* src, uint16_t* dst, int64_t n) {
   }
 }
 }  // namespace
+
+namespace {
+// The scan's scalar reference (attention_iface.h, SsmScanArgs).
+void ssm_scan_ref(const SsmScanArgs& a, int64_t c0, int64_t c1) {
+  const int64_t S = a.d_state;
+  for (int64_t c = c0; c < c1; ++c) {
+    float* h = a.h + c * S;
+    const float* A = a.a + c * S;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const float raw = a.dt[t * a.lddt + c];
+      const float dt = raw <= 20.0f ? std::log1p(std::exp(raw)) : raw;
+      const float u = a.u[t * a.ldu + c];
+      const float* B = a.b + t * a.ldbc;
+      const float* C = a.c + t * a.ldbc;
+      float y = 0.0f;
+      for (int64_t k = 0; k < S; ++k) {
+        h[k] = h[k] * std::exp(dt * A[k]) + B[k] * (u * dt);
+        y += h[k] * C[k];
+      }
+      y += a.d[c] * u;
+      const float z = a.z[t * a.ldz + c];
+      a.y[t * a.ldy + c] = y * (z / (1.0f + std::exp(-z)));
+    }
+  }
+}
+}  // namespace
+
+void ssm_scan_isa(Isa isa, const SsmScanArgs& a, int64_t c0, int64_t c1) {
+  switch (isa) {
+    case Isa::Avx512: attn::ssm_scan_avx512(a, c0, c1); break;
+    case Isa::Avx2: attn::ssm_scan_avx2(a, c0, c1); break;
+    case Isa::Neon: case Isa::Dotprod: case Isa::I8mm: attn::ssm_scan_neon(a, c0, c1); break;
+    default: ssm_scan_ref(a, c0, c1);
+  }
+}
+
+void ssm_scan(const SsmScanArgs& a, int64_t c0, int64_t c1) { ssm_scan_isa(selected_isa(), a, c0, c1); }
 
 void convert_f32_to_f16_isa(Isa isa, const float* src, uint16_t* dst, int64_t n) {
   if (!isa_supported(isa)) fail("f16 conversion variant ", isa_name(isa), " is not supported by this CPU");

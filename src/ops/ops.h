@@ -63,6 +63,14 @@ void rms_norm_heads(float* x, int64_t ldx, const float* weight, int64_t n_tokens
 void add_bias_cols(float* y, int64_t ldy, const float* bias, int64_t n_tokens, int64_t c0, int64_t c1);
 // out = gelu(gate) * up with the tanh approximation of GELU (GeGLU, Gemma), n elements.
 void geglu(const float* gate, const float* up, float* out, int64_t n);
+// gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai, alpha 1.702, limit 7): with g = min(gate, 7)
+// and u = clamp(up, -7, 7), out = g * sigmoid(1.702 g) * (u + 1), n elements; out may alias.
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n);
+// Mamba's selective scan (SsmScanArgs, ops/attention_iface.h) on channels [c0, c1): the selected
+// ISA's variant (TERN_FORCE_ISA picks one), or the given one (tests). The scalar reference uses
+// std::exp; the SIMD variants the attention kernels' exp (relative error ~2e-7).
+void ssm_scan(const SsmScanArgs& a, int64_t c0, int64_t c1);
+void ssm_scan_isa(Isa isa, const SsmScanArgs& a, int64_t c0, int64_t c1);
 // x = cap * tanh(x / cap) elementwise (final-logit soft-capping).
 void softcap_inplace(float* x, int64_t n, float cap);
 

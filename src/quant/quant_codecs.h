@@ -32,6 +32,9 @@ void q5_0_from_float(const float* src, void* dst, int64_t n);
 void q5_1_to_float(const void* src, float* dst, int64_t n);
 void q5_1_from_float(const float* src, void* dst, int64_t n);
 
+void mxfp4_to_float(const void* src, float* dst, int64_t n);
+void mxfp4_from_float(const float* src, void* dst, int64_t n);
+
 void q2_k_to_float(const void* src, float* dst, int64_t n);
 void q2_k_from_float(const float* src, void* dst, int64_t n);
 void q3_k_to_float(const void* src, float* dst, int64_t n);

@@ -42,6 +42,8 @@ const QuantTraits kTraits[] = {
     {DType::Q4_1, "q4_1", 32, sizeof(BlockQ4_1), q4_1_to_float, q4_1_from_float, DType::Q8_0},
     {DType::Q5_0, "q5_0", 32, sizeof(BlockQ5_0), q5_0_to_float, q5_0_from_float, DType::Q8_0},
     {DType::Q5_1, "q5_1", 32, sizeof(BlockQ5_1), q5_1_to_float, q5_1_from_float, DType::Q8_0},
+    // MXFP4 pairs with Q8_0 activations, as in ggml (vec_dot_mxfp4_q8_0).
+    {DType::MXFP4, "mxfp4", 32, sizeof(BlockMXFP4), mxfp4_to_float, mxfp4_from_float, DType::Q8_0},
     {DType::Q2_K, "q2_k", kQK_K, sizeof(BlockQ2_K), q2_k_to_float, q2_k_from_float, DType::Q8_K},
     {DType::Q3_K, "q3_k", kQK_K, sizeof(BlockQ3_K), q3_k_to_float, q3_k_from_float, DType::Q8_K},
     {DType::Q4_K, "q4_k", kQK_K, sizeof(BlockQ4_K), q4_k_to_float, q4_k_from_float, DType::Q8_K},
@@ -88,6 +90,7 @@ uint32_t llama_file_type(DType type) {
     case DType::Q5_K: return 17; // MOSTLY_Q5_K_M (llama-quantize's "Q5_K")
     case DType::Q6_K: return 18; // MOSTLY_Q6_K
     case DType::BF16: return 32; // MOSTLY_BF16
+    case DType::MXFP4: return 38; // MOSTLY_MXFP4_MOE
     default: return static_cast<uint32_t>(type);  // tern's own types: the type id itself
   }
 }

@@ -138,7 +138,26 @@ struct BlockQ8_K {
   int16_t bsums[kQK_K / 16];
 };
 
+// MXFP4 (OCP microscaling, ggml's block_mxfp4): x = kMxfp4Values[q] * e8m0_half(e), q the 4-bit
+// index of an FP4 E2M1 value; nibbles as in Q4_0 (low: elements 0..15, high: 16..31).
+struct BlockMXFP4 {
+  uint8_t e;        // E8M0 shared exponent: the block's scale is 2^(e - 127)
+  uint8_t qs[16];
+};
+// The E2M1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) doubled, so that they are
+// integers; e8m0_half halves the scale to match. Index 8 is -0, stored as 0.
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// 2^(e - 127) / 2 = 2^(e - 128), exactly (e < 2: a denormal float), as ggml builds it from the
+// bits. Baseline code only (the rule of kernels/kernel_iface.h): the ISA kernels have their own.
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
 static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);

@@ -130,6 +130,13 @@ MemoryInfo read_memory_info() {
 }
 
 ContextPlan plan_context(const ContextRequest& r) {
+  if (r.hparams.recurrent()) {
+    // A state-space model's memory does not grow with the context (a fixed state per
+    // sequence): the context is what was asked for, else the training context.
+    ContextPlan p;
+    p.n_ctx = r.n_ctx > 0 ? r.n_ctx : r.hparams.n_ctx_train;
+    return p;
+  }
   const int64_t per_token = kv_bytes_per_token(r.hparams, r.kv_type);
   const int64_t n_train = r.hparams.n_ctx_train;
   const int64_t n_parallel = std::max<int64_t>(1, r.n_parallel);

@@ -8,6 +8,10 @@ namespace tern {
 
 void check_policy_for_model(const KvPolicy& policy, const Model& model, const std::string& what) {
   if (!policy.evicts()) return;
+  if (model.hparams().recurrent())
+    fail(what, ": --kv-policy ", policy.describe(), " has nothing to evict: ", model.hparams().arch,
+         " is a state-space model whose memory is a fixed-size state per sequence, with no K/V cache "
+         "(use --kv-policy none; its context is unbounded already)");
   if (model.hparams().n_swa > 0)
     fail(what, ": --kv-policy ", policy.describe(), " cannot be honoured by this model: its sliding-window ",
          "layers mask keys by their distance in the cache, which eviction changes (use --kv-policy none)");

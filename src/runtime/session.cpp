@@ -70,6 +70,7 @@ const float* Session::eval(std::span<const int32_t> tokens, bool all_logits) {
     sb.slots = std::span<const int32_t>(slots_.data(), size_t(past + m));
     sb.all_logits = all_logits;
     sb.lora = lora_.empty() ? nullptr : &lora_;
+    if (model_->hparams().recurrent()) sb.state_slot = 0;  // the session's one sequence
     model_->forward(std::span<const SeqBatch>(&sb, 1), *kv_, out, pool_);
     tokens_.insert(tokens_.end(), sb.tokens.begin(), sb.tokens.end());
     if (m >= 2 && n_batched_ == past) n_batched_ = past + m;
@@ -89,6 +90,15 @@ void Session::set_lora(LoraSet lora) {
 
 void Session::truncate(int64_t n) {
   if (n < 0) fail("truncate to ", n, " tokens");
+  if (n < n_past() && n > 0 && model_->hparams().recurrent()) {
+    // A recurrent state holds the whole prefix in a fixed size and cannot be rolled back to an
+    // earlier position: recompute it from the tokens kept (the next eval from 0 zeroes it).
+    const std::vector<int32_t> keep(tokens_.begin(), tokens_.begin() + n);
+    tokens_.clear();
+    n_batched_ = 0;
+    eval(keep);
+    return;
+  }
   if (n < n_past()) {
     tokens_.resize(size_t(n));
     if (evicting_) evicting_->truncate(n);

@@ -54,6 +54,8 @@ DraftModel::DraftModel(std::shared_ptr<const GgufFile> file, int64_t n_ctx, int6
   if (n_ctx < 2) fail("draft model: context of ", n_ctx, " tokens");
   if (regions < 1) fail("draft model: ", regions, " sequences");
   model_ = load_model(file_);
+  if (model_->hparams().recurrent())
+    fail(file_->path(), ": a state-space model cannot be a draft model yet (its state cannot be rolled back)");
   n_ctx_ = std::min(n_ctx_, std::max<int64_t>(2, model_->hparams().n_ctx_train));
   if (n_ctx_ * n_regions_ >= (int64_t(1) << 31)) fail("draft model: the KV arena is too large");
   kv_ = std::make_unique<KvStore>(make_kv_store(model_->hparams(), n_ctx_ * n_regions_, kv_type));

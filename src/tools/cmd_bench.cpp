@@ -257,6 +257,8 @@ int cmd_bench(int argc, char** argv) {
                         {"pp_runs", pp},
                         {"tg_runs", tg},
                         {"weight_bytes", weight_bytes},
+                        {"kv_bytes_per_token", kv_bytes_per_token(s.hparams(), s.kv_type())},
+                        {"state_bytes_per_sequence", s.hparams().state_floats() * s.hparams().n_layer * int64_t(sizeof(float))},
                         {"bytes_per_token", per_token},
                         {"bandwidth_gb_s", bw},
                         {"bandwidth_runs", bw_runs},

@@ -160,6 +160,11 @@ int cmd_run(int argc, char** argv) {
   const double tbt_mean = mean(m.tbt_ms), tbt_p50 = percentile(m.tbt_ms, 50), tbt_p99 = percentile(m.tbt_ms, 99);
   const int64_t weight_bytes = ls.session->model().weight_bytes();
   const int64_t kv_bytes = ls.session->kv_bytes();
+  // What the context costs: K/V bytes per token (0 for a state-space model) and the fixed
+  // recurrent state per sequence (0 for a transformer): MLA's, GQA's and SSMs' savings side by side.
+  const HParams& hp = ls.session->hparams();
+  const int64_t kv_per_token = kv_bytes_per_token(hp, ls.session->kv_type());
+  const int64_t state_per_seq = hp.state_floats() * hp.n_layer * int64_t(sizeof(float));
   const int64_t rss = peak_rss_bytes();
   if (json) {
     nlohmann::json j;
@@ -181,6 +186,7 @@ int cmd_run(int argc, char** argv) {
                     {"accepted_per_step", m.accepted_per_step},
                     {"draft_ms", m.draft_ms},
                     {"weight_bytes", weight_bytes},   {"kv_bytes", kv_bytes},
+                    {"kv_bytes_per_token", kv_per_token}, {"state_bytes_per_sequence", state_per_seq},
                     {"n_ctx", ls.session->n_ctx()},
                     {"kv_type", kv_type_name(ls.session->kv_type())},
                     {"peak_rss_bytes", rss},          {"threads", ls.session->pool().size()},
@@ -198,14 +204,19 @@ int cmd_run(int argc, char** argv) {
                "prefill             %10.2f tok/s\n"
                "decode              %10.2f tok/s\n"
                "weights             %10s\n"
-               "KV cache            %10s (%lld tokens, %s)\n"
+               "%s"
                "peak RSS            %10s\n",
                static_cast<long long>(m.n_prompt), static_cast<long long>(m.n_generated),
                r.finish_reason.c_str(), static_cast<unsigned long long>(opts.sampling.seed),
                ls.session->pool().size(), active_isa(), m.ttft_ms, tbt_mean, tbt_p50, tbt_p99,
                m.latency_ms, m.prefill_tok_s, m.decode_tok_s, format_bytes(weight_bytes).c_str(),
-               format_bytes(kv_bytes).c_str(), static_cast<long long>(ls.session->n_ctx()),
-               kv_type_name(ls.session->kv_type()), format_bytes(rss).c_str());
+               hp.recurrent()
+                   ? str_cat("recurrent state     ", std::string(std::max<int>(0, 10 - int(format_bytes(state_per_seq).size())), ' '),
+                             format_bytes(state_per_seq), " (per sequence, at any context length)\n").c_str()
+                   : str_cat("KV cache            ", std::string(std::max<int>(0, 10 - int(format_bytes(kv_bytes).size())), ' '),
+                             format_bytes(kv_bytes), " (", ls.session->n_ctx(), " tokens, ", kv_type_name(ls.session->kv_type()),
+                             ", ", format_bytes(kv_per_token), " per token)\n").c_str(),
+               format_bytes(rss).c_str());
   if (opts.spec.source != DraftSource::None)
     std::fprintf(stderr, "%-20s%10.1f %% of %lld drafts accepted, %.2f tokens per target step, drafting %.1f ms\n",
                  str_cat("speculative (", draft_source_name(opts.spec.source), ")").c_str(), 100.0 * m.acceptance_rate,

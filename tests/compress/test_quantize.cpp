@@ -142,6 +142,27 @@ TEST(Quantize, MoeRouterIsKeptAndExpertsQuantized) {
   ASSERT_EQ(run_command(std::string(TERN_BINARY) + " run -m " + out + " -p hello -n 4 --temp 0", &o), 0) << o;
 }
 
+// --type mxfp4 is llama-quantize's MXFP4_MOE: the 3-D expert tensors in mxfp4, every other matrix
+// (the output included) in q8_0, general.file_type 38; --pure puts every matrix in mxfp4. Both run.
+TEST(Quantize, Mxfp4MoeRuleQuantizesTheExperts) {
+  const std::string src = temp_path("mixtral-tiny-f32-mx.gguf"), out = temp_path("mixtral-tiny-mxfp4.gguf"),
+                    pure = temp_path("mixtral-tiny-mxfp4-pure.gguf");
+  std::string o;
+  ASSERT_EQ(run_command(std::string(TERN_BINARY) + " synth --shape mixtral-tiny -o " + src, &o), 0) << o;
+  const auto rep = quantize_json(src + " " + out + " --type mxfp4");
+  EXPECT_EQ(rep["file_type"], 38);
+  for (const char* name : {"blk.0.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight"})
+    EXPECT_EQ(tensor_of(rep, name)["type"], "mxfp4") << name;
+  for (const char* name : {"blk.0.attn_q.weight", "blk.1.attn_output.weight", "output.weight", "token_embd.weight"})
+    EXPECT_EQ(tensor_of(rep, name)["type"], "q8_0") << name;
+  EXPECT_EQ(tensor_of(rep, "blk.0.ffn_gate_inp.weight")["type"], "f32");
+  ASSERT_EQ(run_command(std::string(TERN_BINARY) + " run -m " + out + " -p hello -n 4 --temp 0", &o), 0) << o;
+  const auto rep_pure = quantize_json(src + " " + pure + " --type mxfp4 --pure");
+  for (const char* name : {"blk.0.attn_q.weight", "output.weight", "blk.1.ffn_down_exps.weight"})
+    EXPECT_EQ(tensor_of(rep_pure, name)["type"], "mxfp4") << name;
+  ASSERT_EQ(run_command(std::string(TERN_BINARY) + " run -m " + pure + " -p hello -n 4 --temp 0", &o), 0) << o;
+}
+
 class QuantizeStories : public ::testing::Test {
  protected:
   void SetUp() override {

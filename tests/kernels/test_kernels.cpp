@@ -137,10 +137,12 @@ bool is_arm(Isa isa) { return isa == Isa::Neon || isa == Isa::Dotprod || isa == 
 
 // Runs one case through every variant and both thread counts; y carries a guard band (ldy >
 // n_out, and NaN-filled) to catch writes outside the [n_tokens][n_out] window.
-void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
-  const Weights w = make_weights(c.type, c.n_in, c.n_out, seed);
+// x_scale multiplies the activations (a power of two: exact).
+void check_weights(const Weights& w, const Case& c, ThreadPool& pool, uint32_t seed, float x_scale = 1.0f) {
   const int64_t ldx = c.n_in + 3, ldy = c.n_out + 5;
-  const auto x = make_acts(c.n_in, c.n_tokens, ldx, seed + 1);
+  auto x = make_acts(c.n_in, c.n_tokens, ldx, seed + 1);
+  for (int64_t t = 0; t < c.n_tokens; ++t)
+    for (int64_t i = 0; i < c.n_in; ++i) x[size_t(t * ldx + i)] *= x_scale;
   std::vector<float> y_oracle(size_t(ldy * c.n_tokens), NAN);
   matmul_ref(w.view(), x.data(), ldx, c.n_tokens, y_oracle.data(), ldy, pool);
   const auto ob = oracle_bounds(w, x, ldx, c.n_tokens);
@@ -217,8 +219,12 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
   }
 }
 
+void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
+  check_weights(make_weights(c.type, c.n_in, c.n_out, seed), c, pool, seed);
+}
+
 const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16};
-const DType kQ32Types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1};
+const DType kQ32Types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::MXFP4};
 const DType kKTypes[] = {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 const int64_t kOuts[] = {1, 3, 13, 17, 64};
 // 9 and 28 leave a partial 16-token group big enough for the AVX-512 lanes (padded), 33 and
@@ -273,6 +279,35 @@ TEST_P(KernelsVsReference, KQuants) {
         for (int64_t n_tok : token_counts()) check_case({t, n_in, n_out, n_tok}, pool, seed++);
 }
 
+// MXFP4 blocks of random bytes: every nibble, and exponents from the denormal scales (e = 0, 1:
+// 2^-128, 2^-127) through 2^12, mixed within rows (the biased table and the scales rebuilt from
+// their bits in the SIMD tiles, tiles_int.h); every fifth row all at e = 0..2. The activations are
+// scaled by 2^90 so that those rows' results are normal floats, far above the bounds' 1e-30
+// floor, and a wrong denormal scale shows.
+TEST_P(KernelsVsReference, Mxfp4RawBlocks) {
+  ThreadPool& pool = shared_pool(GetParam());
+  uint32_t seed = 250;
+  for (int64_t n_in : shapes({32, 96, 512, 4096 + 32}, {96, 512}))
+    for (int64_t n_out : out_counts())
+      for (int64_t n_tok : shapes({1, 2, 3, 5, 17}, {1, 5})) {
+        std::mt19937 rng(seed);
+        Weights w{DType::MXFP4, n_in, n_out, {}, {}};
+        w.data.resize(size_t(n_in / 32 * 17 * n_out));
+        for (auto& byte : w.data) byte = uint8_t(rng());
+        const int64_t nb = n_in / 32;
+        for (int64_t o = 0; o < n_out; ++o)
+          for (int64_t b = 0; b < nb; ++b) {
+            const uint32_t r = rng();
+            // a row in 5 all tiny; else 1 block in 8 tiny, the others 2^-20 .. 2^12
+            const bool tiny = o % 5 == 4 || r % 8 == 0;
+            w.data[size_t((o * nb + b) * 17)] = uint8_t(tiny ? r / 8 % 3 : 108 + r / 8 % 33);
+          }
+        w.deq.resize(size_t(n_in * n_out));
+        quant_traits(DType::MXFP4)->to_float(w.data.data(), w.deq.data(), n_in * n_out);
+        check_weights(w, {DType::MXFP4, n_in, n_out, n_tok}, pool, seed++, 0x1p90f);
+      }
+}
+
 // Big enough for several row chunks per thread and full 16-token groups plus remainders.
 TEST_P(KernelsVsReference, LargerShapes) {
   ThreadPool& pool = shared_pool(GetParam());
@@ -280,12 +315,13 @@ TEST_P(KernelsVsReference, LargerShapes) {
   // quick: one type of each kernel family
   const bool quick = quick_shapes();
   auto in_quick = [](DType t) {
-    return t == DType::F16 || t == DType::Q4_0 || t == DType::Q5_1 || t == DType::Q4_K || t == DType::Q6_K;
+    return t == DType::F16 || t == DType::Q4_0 || t == DType::Q5_1 || t == DType::Q4_K || t == DType::Q6_K ||
+           t == DType::MXFP4;
   };
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                 DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+                 DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4})
     if (!quick || in_quick(t)) check_case({t, 1024, 200, 70}, pool, seed++);
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::MXFP4})
     if (!quick || t == DType::F32) check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
   // Float prefill: K blocks of 256 with a ragged last one, more than one 256-token block,
   // interleaved groups followed by tail rows (53 = 3 x 16 + 5).
@@ -301,7 +337,7 @@ INSTANTIATE_TEST_SUITE_P(Threads, KernelsVsReference, ::testing::Values(1, 2),
 TEST(KernelsDispatch, RowRangesMatchWholeMatrixBitForBit) {
   ThreadPool& pool = shared_pool(1);
   uint32_t seed = 500;
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K})
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::MXFP4})
     for (int64_t n_tok : {1, 6, 8, 16, 24, 33}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n_tokens " << n_tok);
       const int64_t n_in = 512, n_out = 29;
@@ -322,13 +358,14 @@ TEST(KernelsDispatch, RowRangesMatchWholeMatrixBitForBit) {
 // other tokens in its row-lane tiles, whose float steps are the same (exact integer sums, then
 // fma(cvt(s), dx * dw, acc) block by block); the other tables run every (row, token) alike. So
 // a sequence decoding in a batch of 5 gets the bits it would get in a batch of 16 or 72. (A
-// single token takes the wide GEMV tiles, whose lanes split each row's sum.)
+// single token takes the wide GEMV tiles, whose lanes split each row's sum.) MXFP4 runs one tile
+// family at every batch size (AVX-512's wide tiles, AVX2's 4-row ones), each token alike.
 TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 900;
   for (Isa isa : kAllIsas) {
     if (!isa_supported(isa)) continue;
-    for (DType t : {DType::Q8_0, DType::Q4_0}) {
+    for (DType t : {DType::Q8_0, DType::Q4_0, DType::MXFP4}) {
       SCOPED_TRACE(::testing::Message() << isa_name(isa) << " " << dtype_name(t));
       // AVX-512 at 72 tokens: 4 token-lane groups + 8 row-lane tokens; smaller batches cross
       // both tables' thresholds (all row-lane below 64 tokens for Q4_0, below 32 for Q8_0).
@@ -357,7 +394,7 @@ TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
 TEST(KernelsDispatch, InterleavingInPiecesOfGroupsEqualsTheWhole) {
   uint32_t seed = 1700;
   for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
+                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4, DType::F16, DType::BF16, DType::F32}) {
     const bool is_float = type == DType::F16 || type == DType::BF16 || type == DType::F32;
     const int64_t n_in = 512, n_out = is_float ? 16 * 7 + 5 : 16 * 7;
     SCOPED_TRACE(dtype_name(type));
@@ -379,7 +416,7 @@ TEST(KernelsDispatch, InterleavingInPiecesOfGroupsEqualsTheWhole) {
 // Float rows interleaved per 16-row group and element (kernels/matmul.h) give the bits of the rows as stored on either
 // ISA (the same FMAs in the same order), for rows ranges that start anywhere as well. Q4_0 /
 // Q8_0 rows interleaved by 16 give the bits of the rows as stored on AVX-512 (the K-quants' and
-// Q4_1 / Q5_0 / Q5_1's interleaved tiles differ from their stored rows' in float order:
+// Q4_1 / Q5_0 / Q5_1 / MXFP4's interleaved tiles differ from their stored rows' in float order:
 // KernelsVsReference checks them against the reference kernels, and here the AVX2 and AVX-512
 // tiles against each other; Q6_K is interleaved for AVX2 only): at two tokens and more those of the row-lane / token-lane tiles, for one token those of
 // the same token in a batch of two. The AVX2 row-lane tiles on the interleaved rows compute the
@@ -394,14 +431,15 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 1300;
   for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32})
+                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4, DType::F16, DType::BF16, DType::F32})
   for (int64_t n_in : {40, 64, 512, 4096 + 32})
     for (int64_t n_out : {16, 48, 208}) {
       const bool k_quant = type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K ||
                            type == DType::Q6_K;
       // interleaved tiles whose float steps differ from the stored rows' (checked against the
       // reference kernels in KernelsVsReference), equal between AVX2 and AVX-512
-      const bool cross_isa = k_quant || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1;
+      const bool cross_isa = k_quant || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 ||
+                             type == DType::MXFP4;
       const bool is_float = type == DType::F16 || type == DType::BF16 || type == DType::F32;
       if (k_quant && n_in % kQK_K != 0) continue;
       if (!is_float && n_in % 32 != 0) continue;
@@ -478,7 +516,7 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
 // f64 dot of the dequantized weight row and the dequantized activation row.
 TEST(KernelsRef, IntegerDotIsDotOfDequantizedValues) {
   for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                 DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+                 DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4}) {
     SCOPED_TRACE(dtype_name(t));
     const int64_t n_in = 1024;
     const Weights w = make_weights(t, n_in, 4, 7);
@@ -699,7 +737,7 @@ TEST(KernelsDispatch, TypesWithoutKernelFallBackToReference) {
 
 TEST(KernelsDispatch, DequantizeRowMatchesTraits) {
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
-                 DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+                 DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4}) {
     const Weights w = make_weights(t, 512, 3, 15);
     std::vector<float> row(512);
     dequantize_row(w.view(), 2, row.data());

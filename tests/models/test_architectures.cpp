@@ -5,7 +5,9 @@
 // (Logits against llama.cpp and a float64 numpy implementation: tests/py/test_arch_*.py.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <unistd.h>
 
@@ -13,12 +15,14 @@
 #include "models/arch.h"
 #include "models/model.h"
 #include "models/synth.h"
+#include "runtime/session.h"
 
 namespace tern {
 namespace {
 
 const char* const kTinyShapes[] = {"llama3-tiny", "mixtral-tiny", "qwen2-tiny", "qwen2moe-tiny", "qwen3-tiny",
-                                   "qwen3moe-tiny", "phi3-tiny", "gemma2-tiny", "gemma3-tiny"};
+                                   "qwen3moe-tiny", "phi3-tiny", "gemma2-tiny", "gemma3-tiny", "gpt-oss-tiny",
+                                   "mamba-tiny"};
 
 std::string synth_file(const std::string& shape) {
   const std::string path = ::testing::TempDir() + "tern_arch_" + shape + "_" + std::to_string(::getpid()) + ".gguf";
@@ -39,7 +43,7 @@ std::vector<float> logits_in_steps(Model& model, const std::vector<int32_t>& ids
   const int64_t V = model.hparams().n_vocab, n = int64_t(ids.size());
   model.reserve(chunk + 1);
   ThreadPool pool(n_threads);
-  KvStore kv = make_kv_store(model.hparams(), 2 * n + 8, KvType::F32);
+  KvStore kv = make_kv_store(model.hparams(), 2 * n + 8, KvType::F32, /*n_state_slots=*/3);
   std::vector<int32_t> slots_a, slots_b, b_ids;
   for (int64_t i = 0; i < n; ++i) {
     slots_a.push_back(int32_t(2 * n + 7 - 2 * i));  // descending, interleaved with B's
@@ -53,6 +57,10 @@ std::vector<float> logits_in_steps(Model& model, const std::vector<int32_t>& ids
     SeqBatch s[2];
     s[0] = {p, std::span<const int32_t>(ids.data() + p, size_t(m)), std::span<const int32_t>(slots_a.data(), size_t(p + m)), true};
     s[1] = {past_b, std::span<const int32_t>(b_ids.data() + past_b, 1), std::span<const int32_t>(slots_b.data(), size_t(past_b + 1)), false};
+    if (model.hparams().recurrent()) {  // (state slot 0 unused: A and B are not in slot order)
+      s[0].state_slot = 2;
+      s[1].state_slot = 1;
+    }
     std::vector<float> logits(size_t((m + 1) * V));
     model.forward(std::span<const SeqBatch>(s, alone ? 1 : 2), kv, logits.data(), pool);
     out.insert(out.end(), logits.begin(), logits.begin() + m * V);
@@ -69,7 +77,10 @@ TEST(Architectures, EveryShapeLoadsAndNamesItsArchitecture) {
     m.model = load_model(m.file);
     const SynthShape& sh = find_synth_shape(shape);
     EXPECT_EQ(m.model->hparams().arch, sh.arch);
-    EXPECT_EQ(m.model->hparams().head_dim, sh.head_dim > 0 ? sh.head_dim : sh.n_embd / sh.n_head);
+    if (sh.n_head > 0) {
+      EXPECT_EQ(m.model->hparams().head_dim, sh.head_dim > 0 ? sh.head_dim : sh.n_embd / sh.n_head);
+    }
+    EXPECT_EQ(m.model->hparams().ssm.d_inner, sh.ssm_d_inner);
     EXPECT_EQ(m.model->hparams().n_expert, sh.n_expert);
     std::remove(path.c_str());
   }
@@ -196,13 +207,118 @@ TEST(Architectures, FusedAndHeadShapesAreChecked) {
   EXPECT_NE(e.find("attention.value_length 16 differs from key_length 32"), std::string::npos) << e;
 }
 
+// gpt-oss's own tensors: sinks, output and expert biases, MXFP4 experts.
+TEST(Architectures, GptOssTensorsAreChecked) {
+  auto without = [](const std::string& name) {
+    return [name](const GgufFile& s, GgufWriter& w) {
+      for (const auto& [k, v] : s.metadata()) w.set(k, v);
+      for (const auto& t : s.tensors())
+        if (t.name != name) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+    };
+  };
+  for (const char* name : {"blk.1.attn_sinks.weight", "blk.2.attn_output.bias", "blk.0.ffn_gate_inp.bias",
+                           "blk.0.ffn_down_exps.bias", "blk.0.post_attention_norm.weight"}) {
+    const std::string e = load_error("gpt-oss-tiny", without(name));
+    EXPECT_NE(e.find(name), std::string::npos) << e;
+  }
+  // Expert biases are one row per expert: [n_ff_exp, n_expert].
+  std::string e = load_error("gpt-oss-tiny", [](const GgufFile& s, GgufWriter& w) {
+    for (const auto& [k, v] : s.metadata()) w.set(k, v);
+    for (const auto& t : s.tensors()) {
+      std::vector<int64_t> ne = t.ne;
+      if (t.name == "blk.1.ffn_up_exps.bias") ne = {ne[0] * ne[1]};
+      w.add_tensor(t.name, t.type, ne, t.data, t.n_bytes);
+    }
+  });
+  EXPECT_NE(e.find("blk.1.ffn_up_exps.bias: expected 64 x 4, file has 256"), std::string::npos) << e;
+  // An MXFP4 block whose exponent (255) times its largest code (12) overflows: a corrupt file.
+  std::vector<uint8_t> corrupt;
+  e = load_error("gpt-oss-tiny", [&corrupt](const GgufFile& s, GgufWriter& w) {
+    for (const auto& [k, v] : s.metadata()) w.set(k, v);
+    for (const auto& t : s.tensors()) {
+      const uint8_t* data = t.data;
+      if (t.name == "blk.1.ffn_up_exps.weight") {
+        corrupt.assign(t.data, t.data + t.n_bytes);
+        corrupt[17 * 5] = 255;      // block 5's exponent
+        corrupt[17 * 5 + 1] = 0x07;  // its element 0: code 7 (6.0, doubled 12)
+        data = corrupt.data();
+      }
+      w.add_tensor(t.name, t.type, t.ne, data, t.n_bytes);
+    }
+  });
+  EXPECT_NE(e.find("blk.1.ffn_up_exps.weight (mxfp4, 64 x 64 x 4) holds a non-finite value (NaN or Inf) in the "
+                   "scale of block 5"),
+            std::string::npos)
+      << e;
+  // An MXFP4 tensor whose rows are not whole 32-element blocks is refused when the file is read
+  // (the writer refuses to write one: the header's dimensions are patched to 16 x 256 x 4).
+  const std::string path = synth_file("gpt-oss-tiny");
+  GgufWriter w(3);
+  auto src = open_file(path);  // (the writer points into its tensors until to_bytes)
+  copy_all(*src, w);
+  auto bytes = std::make_shared<std::vector<uint8_t>>(w.to_bytes());
+  std::remove(path.c_str());
+  const std::string name = "blk.0.ffn_down_exps.weight";
+  auto at = std::search(bytes->begin(), bytes->end(), name.begin(), name.end());
+  ASSERT_NE(at, bytes->end());
+  uint8_t* dims = &*at + name.size() + 4;  // after the name: n_dims (u32), then ne[] (u64)
+  const uint64_t patched[3] = {16, 256, 4};
+  std::memcpy(dims, patched, sizeof patched);
+  try {
+    GgufFile::parse(bytes, bytes->data(), bytes->size(), "edited.gguf");
+    e = "(no error)";
+  } catch (const Error& ex) {
+    e = ex.what();
+  }
+  EXPECT_NE(e.find("blk.0.ffn_down_exps.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("32"), std::string::npos) << e;
+}
+
+// Mamba's state is a fixed size per sequence: the store's bytes do not grow with its slots (a
+// context of 16 or 65536 tokens), only with the sequences it holds; and a session that rolls
+// back (truncate: a chat's shared prefix, speculative decoding) recomputes the state and gives
+// the logits of a session that never went past the kept prefix.
+TEST(Architectures, MambaStateIsFixedSizeAndRollsBackByRecompute) {
+  const std::string path = synth_file("mamba-tiny");
+  auto file = open_file(path);
+  auto model = load_model(file);
+  const HParams& hp = model->hparams();
+  ASSERT_TRUE(hp.recurrent());
+  EXPECT_EQ(kv_bytes_per_token(hp, KvType::F16), 0);
+  const int64_t per_seq = (hp.ssm.d_conv - 1 + hp.ssm.d_state) * hp.ssm.d_inner * int64_t(sizeof(float)) * hp.n_layer;
+  EXPECT_EQ(make_kv_store(hp, 16, KvType::F16, 1).bytes(), per_seq);
+  EXPECT_EQ(make_kv_store(hp, 65536, KvType::F16, 1).bytes(), per_seq);
+  EXPECT_EQ(make_kv_store(hp, 16, KvType::F16, 4).bytes(), 4 * per_seq);
+  EXPECT_EQ(make_kv_store(hp, 16, KvType::F16, 4).state_bytes_per_slot(), per_seq);
+
+  std::vector<int32_t> ids = {1};
+  for (int i = 0; i < 30; ++i) ids.push_back(int32_t(3 + (i * 53) % 500));
+  SessionConfig cfg;
+  cfg.n_ctx = 64;
+  cfg.n_threads = 2;
+  cfg.kv_type = KvType::F32;
+  const int64_t V = hp.n_vocab;
+  // a: the first 20 tokens, then the next 11; b: all 31 and 5 more, back to 20, then the 11.
+  Session a(file, cfg), b(file, cfg);
+  a.eval(std::span<const int32_t>(ids.data(), 20));
+  const float* la = a.eval(std::span<const int32_t>(ids.data() + 20, 11));
+  const std::vector<float> expect(la, la + V);
+  b.eval(ids);
+  b.eval(std::span<const int32_t>(ids.data(), 5));  // further still: 36 tokens of state
+  b.truncate(20);
+  ASSERT_EQ(b.n_past(), 20);
+  const float* lb = b.eval(std::span<const int32_t>(ids.data() + 20, 11));
+  for (int64_t v = 0; v < V; ++v) ASSERT_EQ(lb[v], expect[size_t(v)]) << v;
+  std::remove(path.c_str());
+}
+
 TEST(Architectures, UnsupportedArchitectureListsTheSupportedOnes) {
   const std::string e = load_error("qwen2-tiny", [](const GgufFile& s, GgufWriter& w) {
     copy_all(s, w);
     w.set("general.architecture", GgufValue::string("rwkv6"));
   });
   EXPECT_NE(e.find("unsupported architecture 'rwkv6' (tern runs: " + architecture_list() + ")"), std::string::npos) << e;
-  for (const char* a : {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"})
+  for (const char* a : {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "gpt-oss", "mamba"})
     EXPECT_NE(architecture_list().find(a), std::string::npos) << a;
 }
 

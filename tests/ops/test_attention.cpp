@@ -41,6 +41,7 @@ struct Seq {
   std::vector<int32_t> slots;
   int64_t window = 0;    // sliding window (0: none)
   float softcap = 0.0f;  // attention-logit soft-capping (0: none)
+  std::vector<float> sinks;  // [n_head] sink logits (gpt-oss), empty: none
 
   Seq(const Shape& s, uint32_t seed, int64_t pad = 3, KvType kt = KvType::F32) : sh(s), kv_type(kt) {
     std::mt19937 rng(seed);
@@ -94,7 +95,8 @@ struct Seq {
                          h ? static_cast<const void*>(v16.data()) : quant ? static_cast<const void*>(vq.data()) : v.data(),
                          kv_row, slots.data(),
                          sh.n_past, sh.n_tokens, sh.n_head, sh.n_head_kv, sh.head_dim,
-                         1.0f / std::sqrt(float(sh.head_dim)), kv_type, softcap, window};
+                         1.0f / std::sqrt(float(sh.head_dim)), kv_type, softcap, window,
+                         sinks.empty() ? nullptr : sinks.data()};
   }
   // The same sequence over an f32 arena (the widened values when this one is f16).
   AttentionArgs args_f32() {
@@ -120,7 +122,9 @@ struct Seq {
       if (softcap > 0.0f) sc[size_t(p)] = softcap * std::tanh(sc[size_t(p)] / softcap);
       mx = std::max(mx, sc[size_t(p)]);
     }
+    if (!sinks.empty()) mx = std::max(mx, double(sinks[size_t(h)]));
     for (int64_t p = first; p < n_ctx; ++p) sum += (sc[size_t(p)] = std::exp(sc[size_t(p)] - mx));
+    if (!sinks.empty()) sum += std::exp(double(sinks[size_t(h)]) - mx);  // a score with no value
     for (int64_t p = first; p < n_ctx; ++p) sc[size_t(p)] /= sum;
     return sc;
   }
@@ -238,6 +242,52 @@ TEST(Attention, SlidingWindowAndSoftCapMatchTheOracle) {
                       << isa_name(isa) << " window " << window << " cap " << cap << " past " << sh.n_past
                       << " token " << i << " head " << h;
               }
+            if (isa == selected_isa()) {
+              const AttentionArgs ab = b.args();
+              for (int64_t kvh = 0; kvh < sh.n_head_kv; ++kvh) attention_kv_head(ab, kvh);
+              for (int64_t i = 0; i < sh.n_tokens * a.ldo; ++i)
+                if (!std::isnan(a.out[size_t(i)])) {
+                  ASSERT_EQ(a.out[size_t(i)], b.out[size_t(i)]) << "kv-head path";
+                }
+            }
+          }
+}
+
+// gpt-oss's attention sinks (one logit per head in every row's softmax denominator), alone and
+// with a sliding window, from sinks far below the scores (no effect) to far above (the row's
+// output shrinks toward 0): every variant matches the double oracle, the kv-head entry point
+// gives the same bits, and the key masses (H2O) are the keys' probabilities with the sink in.
+TEST(Attention, SinksMatchTheOracle) {
+  const Shape shapes[] = {{4, 2, 16, 0, 40}, {8, 4, 32, 150, 20}, {2, 1, 64, 63, 70}, {6, 2, 20, 11, 1}};
+  for (KvType kt : kKvTypes)
+    for (Isa isa : variants())
+      for (const Shape& sh : shapes)
+        for (int64_t window : {int64_t(0), int64_t(16)})
+          for (float level : {-30.0f, 0.0f, 3.0f, 30.0f}) {
+            ThreadPool pool(2);
+            Seq a(sh, uint32_t(sh.n_past * 3 + window + 11), 3, kt);
+            a.window = window;
+            for (int64_t h = 0; h < sh.n_head; ++h) a.sinks.push_back(level + 0.5f * float(h % 3));
+            Seq b = a;
+            std::vector<float> mass(size_t(sh.n_head_kv * (sh.n_past + sh.n_tokens)), 0.0f);
+            AttentionArgs args_a = a.args();
+            args_a.key_mass = mass.data();
+            args_a.ld_key_mass = sh.n_past + sh.n_tokens;
+            std::vector<AttentionArgs> args = {args_a};
+            attention_isa(isa, args, pool);
+            std::vector<double> want(mass.size(), 0.0);
+            for (int64_t i = 0; i < sh.n_tokens; ++i)
+              for (int64_t h = 0; h < sh.n_head; ++h) {
+                const auto o = a.oracle(i, h);
+                for (int64_t e = 0; e < sh.head_dim; ++e)
+                  ASSERT_NEAR(a.out[size_t(i * a.ldo + h * sh.head_dim + e)], o[size_t(e)], 2e-5)
+                      << isa_name(isa) << " sink level " << level << " window " << window << " past " << sh.n_past
+                      << " token " << i << " head " << h;
+                const auto pr = a.oracle_probs(i, h);
+                const int64_t kvh = h / (sh.n_head / sh.n_head_kv);
+                for (size_t p = 0; p < pr.size(); ++p) want[size_t(kvh) * pr.size() + p] += pr[p];
+              }
+            for (size_t j = 0; j < mass.size(); ++j) ASSERT_NEAR(mass[j], want[j], 1e-5 * double(sh.n_tokens)) << j;
             if (isa == selected_isa()) {
               const AttentionArgs ab = b.args();
               for (int64_t kvh = 0; kvh < sh.n_head_kv; ++kvh) attention_kv_head(ab, kvh);
@@ -538,6 +588,69 @@ TEST(SwiGlu, MatchesDoubleAndRangesEqualWholeRows) {
       swiglu_cols(g.data(), u.data(), parts.data(), F, T, c0, std::min(F, c0 + step));
     for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(parts[i], whole[i]) << "step " << step << " at " << i;
   }
+}
+
+}  // namespace
+}  // namespace tern
+
+namespace tern {
+namespace {
+
+// Mamba's selective scan: every variant against the scalar reference and a double-precision
+// scan, over state sizes that are and are not multiples of the 16-wide vectors, long runs (the
+// state carried across 300 tokens) and a run split in two calls (the state left by the first is
+// where the second starts: the same result as one call).
+TEST(SsmScan, EveryVariantMatchesTheReferenceAndDouble) {
+  for (int64_t S : {int64_t(16), int64_t(32), int64_t(5), int64_t(21)})
+    for (Isa isa : variants()) {
+      const int64_t DI = 24, n = 300;
+      std::mt19937 rng(uint32_t(S * 7 + 1));
+      std::normal_distribution<float> g(0.0f, 1.0f);
+      std::vector<float> u(size_t(n * DI)), dt(size_t(n * DI)), bc(size_t(n * 2 * S)), z(size_t(n * DI));
+      std::vector<float> a(static_cast<size_t>(DI * S)), d(static_cast<size_t>(DI));
+      for (auto& x : u) x = g(rng);
+      for (auto& x : dt) x = g(rng) - 2.0f;
+      dt[7] = 25.0f;  // above softplus' cut-off
+      for (auto& x : bc) x = g(rng);
+      for (auto& x : z) x = g(rng);
+      for (int64_t c = 0; c < DI; ++c)
+        for (int64_t k = 0; k < S; ++k) a[size_t(c * S + k)] = -float(k + 1) * (1.0f + 0.1f * g(rng));
+      for (auto& x : d) x = 1.0f + 0.1f * g(rng);
+      auto run = [&](Isa which, int64_t split) {
+        std::vector<float> h(size_t(DI * S), 0.0f), y(size_t(n * DI), NAN);
+        for (int64_t t0 = 0; t0 < n; t0 = split) {
+          const int64_t t1 = t0 < split ? split : n;
+          SsmScanArgs args{u.data() + t0 * DI, DI, dt.data() + t0 * DI, DI, bc.data() + t0 * 2 * S,
+                           bc.data() + t0 * 2 * S + S, 2 * S, z.data() + t0 * DI, DI, a.data(), d.data(), h.data(),
+                           y.data() + t0 * DI, DI, t1 - t0, S};
+          ssm_scan_isa(which, args, 0, DI / 2);
+          ssm_scan_isa(which, args, DI / 2, DI);
+          if (t1 == n) break;
+        }
+        return y;
+      };
+      const std::vector<float> got = run(isa, n), halves = run(isa, 137), ref = run(Isa::Ref, n);
+      // double precision
+      std::vector<double> hd(size_t(DI * S), 0.0);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t c = 0; c < DI; ++c) {
+          const double raw = dt[size_t(t * DI + c)];
+          const double step = raw <= 20.0 ? std::log1p(std::exp(raw)) : raw;
+          double y = 0.0;
+          for (int64_t k = 0; k < S; ++k) {
+            double& h = hd[size_t(c * S + k)];
+            h = h * std::exp(step * a[size_t(c * S + k)]) + bc[size_t(t * 2 * S + k)] * u[size_t(t * DI + c)] * step;
+            y += h * bc[size_t(t * 2 * S + S + k)];
+          }
+          y += d[size_t(c)] * u[size_t(t * DI + c)];
+          const double zz = z[size_t(t * DI + c)];
+          y *= zz / (1.0 + std::exp(-zz));
+          const size_t at = size_t(t * DI + c);
+          ASSERT_NEAR(got[at], y, 2e-4 * std::max(1.0, std::fabs(y))) << isa_name(isa) << " S " << S << " t " << t;
+          ASSERT_NEAR(got[at], ref[at], 2e-4 * std::max(1.0, std::fabs(y))) << isa_name(isa);
+          ASSERT_EQ(got[at], halves[at]) << isa_name(isa) << " S " << S << " t " << t << ": split runs differ";
+        }
+    }
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 """arch_np.py — float64 numpy oracle: the logits of a GGUF model for a token sequence, computed
 the way llama.cpp computes them, for the architectures llama (Llama-2/3 incl. rope_freqs, and
-Mixtral MoE), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma2 and gemma3.
+Mixtral MoE), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma2, gemma3, gpt-oss (attention
+sinks, YaRN rope, clamped SwiGLU experts with biases) and mamba (Mamba-1 selective state space).
 
 Written from llama.cpp's graph builders and hparams loading (src/models/*.cpp, llama-model.cpp,
-llama-hparams.cpp) and convert_hf_to_gguf.py, read not copied; it shares no code with tern.
-It reads F32 / F16 tensors (gguf_np.read_gguf).  Validated against llama.cpp itself with
-tests/models/peer/peer_logits.mjs on the tiny models of arch_tiny_models.py.
+llama-hparams.cpp), ggml's ssm_conv / ssm_scan ops and convert_hf_to_gguf.py, read not copied; it shares no code with tern.
+It reads F32 / F16 / MXFP4 tensors (gguf_np.read_gguf decodes MXFP4 exactly).  Validated against
+llama.cpp itself with tests/models/peer/peer_logits.mjs on the tiny models of arch_tiny_models.py
+(test_arch_llamacpp_peer.py --oracle).
 
 Use:
     from arch_np import arch_logits, read_gguf
@@ -26,8 +28,18 @@ from gguf_np import read_gguf  # noqa: E402,F401
 
 CONVENTIONS = """
 rope type     llama: NORM (rotate pairs 2i,2i+1).  qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma2,
-              gemma3: NEOX (rotate pairs i, i+n_rot/2).  theta_i = pos * freq_scale * base^(-2i/n_rot)
-              / freq_factor[i];  n_rot = rope.dimension_count, else head_dim (key_length).
+              gemma3, gpt-oss: NEOX (rotate pairs i, i+n_rot/2).
+              theta_i = pos * freq_scale * base^(-2i/n_rot) / freq_factor[i];
+              n_rot = rope.dimension_count, else head_dim (key_length).
+yarn          rope.scaling.type "yarn" (any arch; gpt-oss always): freq_scale s = 1/rope.scaling.factor,
+              ggml's defaults ext_factor 1, attn_factor 1, beta_fast 32, beta_slow 1, original context
+              n_orig = rope.scaling.original_context_length (else context_length).  Per pair i the
+              unscaled angle a = pos*base^(-2i/n_rot) is blended with the interpolated s*a:
+              angle = s*a*(1-r_i) + a*r_i, r_i = 1 - clip((i - lo)/max(0.001, hi - lo), 0, 1), where
+              dim(beta) = n_rot*ln(n_orig/(2*pi*beta))/(2*ln base), lo = max(0, floor(dim(32))),
+              hi = min(n_rot-1, ceil(dim(1))): pairs below lo keep the raw angle, pairs past hi are
+              fully interpolated.  cos and sin are both scaled by 1 + 0.1*ln(1/s) (so q.k grows by
+              its square).
 rope_freqs    llama only: tensor rope_freqs.weight [n_rot/2] (Llama-3.1 converter) divides theta.
 head_dim      attention.key_length (value_length for V) when present, else n_embd/n_head; q has
               n_head*head_dim rows which need not equal n_embd (qwen3, gemma).
@@ -59,6 +71,31 @@ qwen2moe      shared expert ffn_{gate,up,down}_shexp (n_ff = expert_shared_feed_
               feed_forward_length) times sigmoid(ffn_gate_inp_shexp . x) (a [n_embd] vector), added.
 n_ff_exp      expert_feed_forward_length, else feed_forward_length / expert_used_count (qwen*moe);
               llama/Mixtral experts use feed_forward_length.
+gpt-oss       q/k/v biases and attn_output.bias; NEOX rope with yarn; Q scale 1/sqrt(head_dim)
+              (head_dim = key_length, n_head*head_dim need not be n_embd);  even layers slide (window
+              attention.sliding_window, key j visible from query i iff 0 <= i-j < n_swa), odd layers
+              are global;  attention sinks: attn_sinks.weight holds one logit per head that enters
+              the softmax normaliser but carries no value: p_j = e^(s_j) / (sum_k e^(s_k) + e^(sink_h)),
+              so a head's weights sum to less than 1.  The FFN input norm is post_attention_norm
+              (no ffn_norm; nothing normalises the attention output).  Router: ffn_gate_inp x +
+              ffn_gate_inp.bias, top-k on those raw logits, weights = softmax over the k chosen logits.
+              Expert e: g = gate_e x + b_gate[e], u = up_e x + b_up[e], both clamped: g' = min(g, 7),
+              u' = clip(u, -7, 7); act = g' * sigmoid(1.702 g') * (u' + 1); y = down_e act + b_down[e].
+              Expert biases ffn_{gate,up}_exps.bias ggml ne [n_ff_exp, n_expert], ffn_down_exps.bias
+              [n_embd, n_expert].  Untied output.weight.
+mamba         Mamba-1: no attention, no rope, no FFN (head_count and feed_forward_length are 0).
+              Layer: x += ssm_out(mixer(rms(x, attn_norm))).  Mixer on h [T, n_embd]:
+              ssm_in (ggml ne [n_embd, 2*d_inner]) gives [u | z], u the first d_inner rows;
+              u goes through a causal depthwise conv, per channel c over the last d_conv steps,
+              the oldest first: conv[t,c] = sum_k w[c,k] u[t-(d_conv-1)+k, c] (zero before the
+              first token; ssm_conv1d.weight ne [d_conv, d_inner]), plus ssm_conv1d.bias, then silu.
+              ssm_x (ne [d_inner, dt_rank + 2*d_state]) gives [dt | B | C] in that row order;
+              with ssm.dt_b_c_rms each of the three is RMS-normalised (no weight, eps = rms eps).
+              dt = softplus(ssm_dt dt + ssm_dt.bias) [d_inner] (ggml: log1p(e^x), x itself past 20).
+              Scan from a zero state S [d_inner, d_state]: S = S * exp(dt[c] A[c,s]) + dt[c] u[c] B[s];
+              y[c] = S[c,:] . C + D[c] u[c].  Then y * silu(z) through ssm_out.  The GGUF tensors
+              blk.N.ssm_a (ne [d_state, d_inner], already A = -exp(A_log)) and blk.N.ssm_d carry
+              no ".weight" suffix.  Output tied unless output.weight is present.
 output        output.weight if present, else token_embd.weight (tied).
 """
 
@@ -86,14 +123,32 @@ def _silu(x):
     return x / (1.0 + np.exp(-x))
 
 
-def _rope(x, pos, n_rot, base, freq_scale, neox, freq_factors=None):
-    """x: [T, nh, hd]."""
+def _yarn_corr_dims(n_rot, n_orig, base, beta_fast=32.0, beta_slow=1.0):
+    """The pair-index range [lo, hi] over which yarn ramps from the raw angle to the interpolated
+    one (ggml's floor/ceil of the dimension where a wavelength fits n_orig/beta times)."""
+    def dim(beta):
+        return n_rot * math.log(n_orig / (beta * 2.0 * math.pi)) / (2.0 * math.log(base))
+    return max(0.0, math.floor(dim(beta_fast))), min(n_rot - 1.0, math.ceil(dim(beta_slow)))
+
+
+def _rope(x, pos, n_rot, base, freq_scale, neox, freq_factors=None, yarn=None):
+    """x: [T, nh, hd].  yarn: None, or dict(n_orig=..., ext_factor=..., attn_factor=...)."""
     half = n_rot // 2
     inv = base ** (-np.arange(half) * 2.0 / n_rot)
     if freq_factors is not None:
         inv = inv / freq_factors[:half]
-    ang = (pos[:, None] * freq_scale) * inv[None, :]          # [T, half]
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    raw = pos[:, None] * inv[None, :]                         # [T, half]
+    ang = freq_scale * raw
+    mscale = 1.0
+    if yarn is not None:
+        mscale = yarn.get("attn_factor", 1.0)
+        ext = yarn.get("ext_factor", 1.0)
+        if ext != 0.0:
+            lo, hi = _yarn_corr_dims(n_rot, yarn["n_orig"], base)
+            r = (1.0 - np.clip((np.arange(half) - lo) / max(0.001, hi - lo), 0.0, 1.0)) * ext
+            ang = ang * (1.0 - r) + raw * r
+            mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
+    c, s = (np.cos(ang) * mscale)[:, None, :], (np.sin(ang) * mscale)[:, None, :]
     y = x.copy()
     if neox:
         x0, x1 = x[..., :half], x[..., half:n_rot]
@@ -112,6 +167,17 @@ class Hparams:
         g = lambda k, d=None: meta.get(f"{a}.{k}", d)  # noqa: E731
         self.E = g("embedding_length")
         self.L = g("block_count")
+        self.eps = g("attention.layer_norm_rms_epsilon", 1e-5)
+        self.final_softcap = 0.0
+        self.gpt_oss = False
+        self.mamba = a == "mamba"
+        if self.mamba:  # no attention: the state-space sizes are all it needs
+            self.d_conv = g("ssm.conv_kernel")
+            self.d_inner = g("ssm.inner_size")
+            self.d_state = g("ssm.state_size")
+            self.dt_rank = g("ssm.time_step_rank")
+            self.dt_b_c_rms = bool(g("ssm.dt_b_c_rms", False))
+            return
         self.H = g("attention.head_count")
         self.Hkv = g("attention.head_count_kv", self.H)
         if isinstance(self.H, list) or isinstance(self.Hkv, list):
@@ -122,16 +188,19 @@ class Hparams:
         self.base = g("rope.freq_base", 10000.0)
         sc_type = g("rope.scaling.type", "none")
         factor = g("rope.scaling.factor", 0.0)
-        self.freq_scale = 1.0 / factor if (sc_type == "linear" and factor) else 1.0
-        if sc_type not in ("none", "linear"):
+        self.freq_scale = 1.0 / factor if (sc_type in ("linear", "yarn") and factor) else 1.0
+        if sc_type not in ("none", "linear", "yarn"):
             raise ValueError(f"rope scaling {sc_type} not supported by this oracle")
-        self.eps = g("attention.layer_norm_rms_epsilon", 1e-5)
+        self.yarn = None
+        if sc_type == "yarn":  # llama.cpp's defaults: ext_factor 1, attn_factor 1, beta 32 / 1
+            n_orig = g("rope.scaling.original_context_length", 0) or g("context_length")
+            self.yarn = dict(n_orig=n_orig, ext_factor=1.0, attn_factor=1.0)
         self.n_ff = g("feed_forward_length")
         self.n_expert = g("expert_count", 0)
         self.n_expert_used = g("expert_used_count", 0)
         self.n_ff_exp = g("expert_feed_forward_length", 0)
         self.n_ff_shexp = g("expert_shared_feed_forward_length", 0)
-        self.neox = a in ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3")
+        self.neox = a in ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "gpt-oss")
         self.gemma = a in ("gemma2", "gemma3")
         # sliding window
         self.n_swa = 0
@@ -140,6 +209,9 @@ class Hparams:
         if a == "gemma2":
             self.n_swa = g("attention.sliding_window", 4096)
             self.swa_layers = [il % 2 < 1 for il in range(self.L)]
+        elif a == "gpt-oss":  # even layers slide, odd layers are global
+            self.n_swa = g("attention.sliding_window", 0)
+            self.swa_layers = [il % 2 == 0 for il in range(self.L)]
         elif a == "gemma3":
             self.n_swa = g("attention.sliding_window", 0)
             if self.n_swa > 0:
@@ -161,6 +233,50 @@ class Hparams:
         else:
             self.final_softcap = 0.0
         self.moe_norm_w = a in ("llama", "qwen3moe", "phi3")
+        self.gpt_oss = a == "gpt-oss"
+
+
+def _swiglu_oai(g, u, alpha=1.702, limit=7.0):
+    """gpt-oss's expert activation: the gate clamped from above, the up from both sides."""
+    g = np.minimum(g, limit)
+    u = np.clip(u, -limit, limit)
+    return g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)
+
+
+def q8_0_round(x):
+    """x rounded as an int8 activation row in 32-blocks with an f32 scale, the way a Q8_0 dot
+    product sees it (ggml's quantize_row_q8_0 rule in f32: d = amax/127, q = round-half-even(x/d);
+    tern keeps d in f32, ggml in f16).  For checking an engine that pairs MXFP4 weights with 8-bit
+    activations: the quantized-activation rounding is then the only thing left to emulate."""
+    x32 = np.asarray(x, dtype=np.float32)
+    b = x32.reshape(-1, 32)
+    d = (np.abs(b).max(-1, keepdims=True) / np.float32(127.0)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1.0) / np.where(d != 0, d, np.float32(1.0)), np.float32(0.0))
+    q = np.rint((b * inv.astype(np.float32)).astype(np.float32))   # half to even, as the 1.5*2^23 trick
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(np.shape(x))
+
+
+def _moe_gpt_oss(hp, t, p, h, act_q8=()):
+    """Router with bias, top-k on raw logits, softmax over the chosen k; experts with biases.
+    act_q8: expert weight names whose matmul input is rounded by q8_0_round first."""
+    qg, qu, qd = (q8_0_round if p + f"ffn_{n}_exps.weight" in act_q8 else (lambda v: v)
+                  for n in ("gate", "up", "down"))
+    T = h.shape[0]
+    logits = h @ t[p + "ffn_gate_inp.weight"].T + t[p + "ffn_gate_inp.bias"]    # [T, n_expert]
+    k = hp.n_expert_used
+    sel = np.argsort(-logits, axis=-1, kind="stable")[:, :k]                   # ties: lower index
+    chosen = np.take_along_axis(logits, sel, -1)
+    wts = np.exp(chosen - chosen.max(-1, keepdims=True))
+    wts /= wts.sum(-1, keepdims=True)
+    gw, uw, dw = (t[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))  # [n_expert, out, in]
+    gb, ub, db = (t[p + f"ffn_{n}_exps.bias"] for n in ("gate", "up", "down"))    # [n_expert, out]
+    out = np.zeros_like(h)
+    for ti in range(T):
+        for j in range(k):
+            e = sel[ti, j]
+            act = _swiglu_oai(gw[e] @ qg(h[ti]) + gb[e], uw[e] @ qu(h[ti]) + ub[e])
+            out[ti] += wts[ti, j] * (dw[e] @ qd(act) + db[e])
+    return out
 
 
 def _moe(hp, t, p, h):
@@ -190,9 +306,44 @@ def _moe(hp, t, p, h):
     return out
 
 
-def arch_logits(meta, t, ids, return_hparams=False, ggml_gelu=False):
-    """Logits [len(ids), n_vocab] in float64.  ggml_gelu=True imitates ggml's fp16-table GELU."""
-    x, hp = arch_hidden(meta, t, ids, return_hparams=True, ggml_gelu=ggml_gelu)
+def _softplus(x):
+    """ggml's softplus in the ssm scan: log(1 + e^x), x itself for x > 20."""
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+def _mamba_mixer(hp, t, p, h):
+    """One Mamba-1 mixer on the normalised input h [T, n_embd] -> [T, n_embd] (before the residual
+    add), as llama.cpp's build_mamba_layer with ggml_ssm_conv and ggml_ssm_scan from a zero state."""
+    T = h.shape[0]
+    di, ds, dc, dr = hp.d_inner, hp.d_state, hp.d_conv, hp.dt_rank
+    xz = h @ t[p + "ssm_in.weight"].T                             # [T, 2*d_inner]
+    u, z = xz[:, :di], xz[:, di:2 * di]
+    w = t[p + "ssm_conv1d.weight"].reshape(di, dc)               # tap 0 = the oldest step
+    padded = np.concatenate([np.zeros((dc - 1, di)), u], 0)      # [T + dc - 1, d_inner]
+    conv = np.zeros((T, di))
+    for k in range(dc):
+        conv += padded[k:k + T] * w[:, k]
+    u = _silu(conv + t[p + "ssm_conv1d.bias"])
+    dbc = u @ t[p + "ssm_x.weight"].T                             # [T, dt_rank + 2*d_state]
+    dt, B, C = dbc[:, :dr], dbc[:, dr:dr + ds], dbc[:, dr + ds:dr + 2 * ds]
+    if hp.dt_b_c_rms:
+        dt, B, C = _rms(dt, None, hp.eps), _rms(B, None, hp.eps), _rms(C, None, hp.eps)
+    dt = _softplus(dt @ t[p + "ssm_dt.weight"].T + t[p + "ssm_dt.bias"])   # [T, d_inner]
+    A = t[p + "ssm_a"].reshape(di, ds)
+    D = t[p + "ssm_d"].reshape(di)
+    S = np.zeros((di, ds))
+    y = np.zeros((T, di))
+    for ti in range(T):
+        S = S * np.exp(dt[ti][:, None] * A) + (dt[ti] * u[ti])[:, None] * B[ti][None, :]
+        y[ti] = S @ C[ti] + D * u[ti]
+    return (y * _silu(z)) @ t[p + "ssm_out.weight"].T
+
+
+def arch_logits(meta, t, ids, return_hparams=False, ggml_gelu=False, act_q8=()):
+    """Logits [len(ids), n_vocab] in float64.  ggml_gelu=True imitates ggml's fp16-table GELU.
+    act_q8: names of gpt-oss expert weights (blk.N.ffn_*_exps.weight) whose inputs are rounded to
+    Q8_0 activations (q8_0_round) first, as an engine multiplying MXFP4 experts does."""
+    x, hp = arch_hidden(meta, t, ids, return_hparams=True, ggml_gelu=ggml_gelu, act_q8=act_q8)
     out = t.get("output.weight", t["token_embd.weight"])
     logits = x @ out.T
     if hp.final_softcap:
@@ -200,11 +351,25 @@ def arch_logits(meta, t, ids, return_hparams=False, ggml_gelu=False):
     return (logits, hp) if return_hparams else logits
 
 
-def arch_hidden(meta, t, ids, return_hparams=False, ggml_gelu=False):
+def arch_hidden(meta, t, ids, return_hparams=False, ggml_gelu=False, act_q8=()):
     """Final hidden states [len(ids), n_embd] in float64: the last layer's residual stream after
     the output norm, before the output projection (what llama.cpp's embeddings are for a
     decoder model)."""
     hp = Hparams(meta)
+    if hp.mamba:
+        if act_q8:
+            raise ValueError("act_q8: this oracle rounds activations only for gpt-oss experts")
+        x = t["token_embd.weight"][list(ids)].copy()
+        for il in range(hp.L):
+            p = f"blk.{il}."
+            x = x + _mamba_mixer(hp, t, p, _rms(x, t[p + "attn_norm.weight"], hp.eps))
+        x = _rms(x, t["output_norm.weight"], hp.eps)
+        return (x, hp) if return_hparams else x
+    emulated = {f"blk.{il}.ffn_{n}_exps.weight" for il in range(hp.L) for n in ("gate", "up", "down")} \
+        if hp.gpt_oss else set()
+    if set(act_q8) - emulated:
+        raise ValueError(f"act_q8: this oracle rounds activations only for gpt-oss experts, not "
+                         f"{sorted(set(act_q8) - emulated)[:3]}")
     ids = list(ids)
     T = len(ids)
     pos = np.arange(T, dtype=np.float64)
@@ -250,8 +415,8 @@ def arch_hidden(meta, t, ids, return_hparams=False, ggml_gelu=False):
             base, fscale = hp.base_swa, hp.scale_swa
         else:
             base, fscale = hp.base, hp.freq_scale
-        q = _rope(q, pos, hp.n_rot, base, fscale, hp.neox, freq_factors)
-        k = _rope(k, pos, hp.n_rot, base, fscale, hp.neox, freq_factors)
+        q = _rope(q, pos, hp.n_rot, base, fscale, hp.neox, freq_factors, hp.yarn)
+        k = _rope(k, pos, hp.n_rot, base, fscale, hp.neox, freq_factors, hp.yarn)
         rep = H // Hkv
         k = np.repeat(k, rep, axis=1)
         v = np.repeat(v, rep, axis=1)
@@ -260,17 +425,26 @@ def arch_hidden(meta, t, ids, return_hparams=False, ggml_gelu=False):
             s = hp.attn_softcap * np.tanh(s / hp.attn_softcap)
         allowed = causal & ((qi - kj) < hp.n_swa) if swa else causal
         s = np.where(allowed[None], s, -np.inf)
-        s = np.exp(s - s.max(-1, keepdims=True))
-        s /= s.sum(-1, keepdims=True)
+        if p + "attn_sinks.weight" in t:  # gpt-oss: one value-less logit per head in the normaliser
+            sink = t[p + "attn_sinks.weight"].reshape(H)[:, None, None]            # [H, 1, 1]
+            m = np.maximum(s.max(-1, keepdims=True), sink)
+            s = np.exp(s - m)
+            s /= s.sum(-1, keepdims=True) + np.exp(sink - m)
+        else:
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
         o = np.einsum("hts,shd->thd", s, v).reshape(T, H * hdv)
         o = o @ t[p + "attn_output.weight"].T
         if p + "attn_output.bias" in t:
             o = o + t[p + "attn_output.bias"]
-        if p + "post_attention_norm.weight" in t:
+        if p + "post_attention_norm.weight" in t and not hp.gpt_oss:
             o = _rms(o, t[p + "post_attention_norm.weight"], eps)
         x = x + o
-        h = _rms(x, t[p + "ffn_norm.weight"], eps)
-        if p + "ffn_gate_inp.weight" in t:
+        # gpt-oss names its FFN input norm post_attention_norm (and has no ffn_norm)
+        h = _rms(x, t[p + ("post_attention_norm.weight" if hp.gpt_oss else "ffn_norm.weight")], eps)
+        if hp.gpt_oss:
+            f = _moe_gpt_oss(hp, t, p, h, act_q8)
+        elif p + "ffn_gate_inp.weight" in t:
             f = _moe(hp, t, p, h)
         else:
             up = h @ t[p + "ffn_up.weight"].T

@@ -10,7 +10,7 @@ Run:
     python3 tests/py/arch_tiny_models.py --shape gemma3-tiny -o /tmp/g3.gguf
     python3 tests/py/arch_tiny_models.py --all -o /tmp/tiny      # one NAME.gguf per shape
 
-Shapes (all f32, vocab 320 SPM-style with byte tokens, 2-6 layers, GQA):
+Shapes (all f32, vocab 320 SPM-style with byte tokens, 2-6 layers, GQA unless said):
     qwen2-tiny     q/k/v biases, tied output
     qwen2moe-tiny  4 experts top-2 (no renorm) + shared expert with sigmoid gate, q/k/v biases
     qwen3-tiny     key_length 32 != n_embd/n_head, per-head q_norm/k_norm, tied output
@@ -24,6 +24,13 @@ Shapes (all f32, vocab 320 SPM-style with byte tokens, 2-6 layers, GQA):
     gemma3-tiny    6 layers: 0-4 local (window 8, rope base 10000, no scaling), 5 global
                    (freq_base 1e6, linear rope scaling x8), q/k norms, no softcaps, tied,
                    key_length 16 != n_embd/n_head 32, MQA (1 kv head)
+    gpt-oss-tiny   3 layers: sliding (even, window 16) / global (odd), attention sinks, q/k/v/o
+                   biases, YaRN rope (x4 over an original context of 64, base 150000), key_length
+                   32 (n_head*hd 128 != n_embd 64), 4 experts top-2 with biases (router bias,
+                   softmax over the chosen 2, clamped SwiGLU), post_attention_norm as the ffn
+                   norm, untied; experts as F32 3-D tensors (the released model's are MXFP4)
+    mamba-tiny     Mamba-1, 3 layers, no attention: d_inner 128, d_state 16, d_conv 4, dt_rank 8,
+                   ssm_a / ssm_d without ".weight", dt_b_c_rms false, tied, context 1048576
 Weights are scaled so that logits are decisive (top-1 minus top-2 > 0.01 at ~97-100% of
 positions) and greedy continuations do not just repeat one token.  The phi3 vocabulary holds
 <|endoftext|>: llama.cpp looks it up whenever general.name contains "phi3".
@@ -151,6 +158,14 @@ SHAPES = {
     "gemma3-tiny": dict(arch="gemma3", n_embd=64, n_layer=6, n_head=2, n_head_kv=1, head_dim=16, n_ff=96,
                         rope_base=1e6, eps=1e-6, qk_norm=True, tied=True, ctx=512, sliding_window=8,
                         rope_linear=8.0),
+    # context_length = factor x original, as in the released config (131072 = 32 x 4096)
+    "gpt-oss-tiny": dict(arch="gpt-oss", n_embd=64, n_layer=3, n_head=4, n_head_kv=2, head_dim=32, n_ff=64,
+                         n_expert=4, n_expert_used=2, n_ff_exp=64, rope_base=150000.0, eps=1e-5,
+                         qkv_bias=True, tied=False, ctx=256, sliding_window=16,
+                         rope_yarn=dict(factor=4.0, orig_ctx=64)),
+    # context_length: the Mamba converter writes 2^20 (no positional limit)
+    "mamba-tiny": dict(arch="mamba", n_embd=64, n_layer=3, d_inner=128, d_state=16, d_conv=4, dt_rank=8,
+                       eps=1e-5, tied=True, ctx=1048576),
 }
 N_VOCAB = 320
 
@@ -172,18 +187,90 @@ def llama3_rope_factors(base, dim, factor, low_freq_factor, high_freq_factor, or
     return np.array(out, dtype=np.float32)
 
 
+def _tokenizer_kvs(toks, scores, types, sid):
+    kvs = [("tokenizer.ggml.model", T_STR, "llama"),
+           ("tokenizer.ggml.tokens", T_ARR, (T_STR, toks)),
+           ("tokenizer.ggml.scores", T_ARR, (T_F32, scores)),
+           ("tokenizer.ggml.token_type", T_ARR, (T_I32, types)),
+           ("tokenizer.ggml.bos_token_id", T_U32, sid["bos"]),
+           ("tokenizer.ggml.eos_token_id", T_U32, sid["eos"]),
+           ("tokenizer.ggml.unknown_token_id", T_U32, sid["unk"]),
+           ("tokenizer.ggml.add_bos_token", T_BOOL, True),
+           ("tokenizer.ggml.add_eos_token", T_BOOL, False)]
+    if "pad" in sid:
+        kvs.append(("tokenizer.ggml.padding_token_id", T_U32, sid["pad"]))
+    return kvs
+
+
+def _build_mamba(c, shape, rng, toks, scores, types, sid):
+    """Mamba-1 keys and tensors, as MambaModel in convert_hf_to_gguf.py writes them: A is stored
+    as -exp(A_log) under blk.N.ssm_a, D under blk.N.ssm_d (neither with a ".weight" suffix), the
+    conv1d weight squeezed to ggml ne [d_conv, d_inner]."""
+    a = "mamba"
+    E, L, V = c["n_embd"], c["n_layer"], N_VOCAB
+    di, ds, dc, dr = c["d_inner"], c["d_state"], c["d_conv"], c["dt_rank"]
+
+    def w(n_out, n_in, g=1.0):
+        return (rng.standard_normal((n_out, n_in)) * g / math.sqrt(n_in)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    kvs = [("general.architecture", T_STR, a),
+           ("general.name", T_STR, shape),
+           ("general.file_type", T_U32, 0),
+           (f"{a}.context_length", T_U32, c["ctx"]),
+           (f"{a}.embedding_length", T_U32, E),
+           (f"{a}.feed_forward_length", T_U32, 0),
+           (f"{a}.block_count", T_U32, L),
+           (f"{a}.attention.head_count", T_U32, 0),
+           (f"{a}.ssm.conv_kernel", T_U32, dc),
+           (f"{a}.ssm.inner_size", T_U32, di),
+           (f"{a}.ssm.state_size", T_U32, ds),
+           (f"{a}.ssm.time_step_rank", T_U32, dr),
+           (f"{a}.ssm.dt_b_c_rms", T_BOOL, False),
+           (f"{a}.attention.layer_norm_rms_epsilon", T_F32, c["eps"])]
+    kvs += _tokenizer_kvs(toks, scores, types, sid)
+
+    g_res = c.get("g_res", 2.0)
+    T = [("token_embd.weight", (rng.standard_normal((V, E)) * c.get("emb_std", 0.1)).astype(np.float32))]
+    for il in range(L):
+        p = f"blk.{il}."
+        T.append((p + "attn_norm.weight", norm(E)))
+        T.append((p + "ssm_in.weight", w(2 * di, E)))                         # rows: x (d_inner), then z
+        # numpy [d_inner, d_conv] == ggml ne [d_conv, d_inner]; tap 0 meets the oldest step
+        T.append((p + "ssm_conv1d.weight", (rng.standard_normal((di, dc)) / math.sqrt(dc)).astype(np.float32)))
+        T.append((p + "ssm_conv1d.bias", (0.1 * rng.standard_normal(di)).astype(np.float32)))
+        T.append((p + "ssm_x.weight", w(dr + 2 * ds, di)))                   # rows: dt, B, C
+        T.append((p + "ssm_dt.weight", w(di, dr)))
+        T.append((p + "ssm_dt.bias", (-2.0 + 0.5 * rng.standard_normal(di)).astype(np.float32)))
+        # A = -exp(A_log) with A_log = log(s + 1) (the reference init), jittered by 10%
+        A = -np.arange(1, ds + 1, dtype=np.float64)[None, :] * (1.0 + 0.1 * rng.standard_normal((di, ds)))
+        T.append((p + "ssm_a", A.astype(np.float32)))                          # ggml ne [d_state, d_inner]
+        T.append((p + "ssm_d", (1.0 + 0.1 * rng.standard_normal(di)).astype(np.float32)))
+        T.append((p + "ssm_out.weight", w(E, di, g_res)))
+    T.append(("output_norm.weight", norm(E) * 5.0))                            # tied: as the other tied shapes
+    return kvs, T
+
+
 def build(shape, seed=None):
     """Return (kvs, tensors) for one shape."""
     c = SHAPES[shape]
     arch = c["arch"]
     rng = np.random.default_rng(seed if seed is not None else sum(map(ord, shape)))
+    if arch == "mamba":  # no attention, no FFN: its own table
+        return _build_mamba(c, shape, rng, *spm_vocab(N_VOCAB))
     E, L, H, Hkv, F = c["n_embd"], c["n_layer"], c["n_head"], c["n_head_kv"], c["n_ff"]
     hd = c.get("head_dim", E // H)
     V = N_VOCAB
     gemma = arch.startswith("gemma")
+    oss = arch == "gpt-oss"
     # weights: inputs are RMS-normalised, so std g/sqrt(n_in) gives outputs of std ~g
     def w(n_out, n_in, g=1.0):
         return (rng.standard_normal((n_out, n_in)) * g / math.sqrt(n_in)).astype(np.float32)
+
+    def bias(*shape, sd=0.1):
+        return (sd * rng.standard_normal(shape)).astype(np.float32)
 
     def norm(n):  # GGUF norm weights (for gemma these hold 1 + w, as the converter writes them)
         return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
@@ -223,17 +310,11 @@ def build(shape, seed=None):
                 (f"{a}.final_logit_softcapping", T_F32, c["final_softcap"])]
     if "rope_linear" in c:
         kvs += [(f"{a}.rope.scaling.type", T_STR, "linear"), (f"{a}.rope.scaling.factor", T_F32, c["rope_linear"])]
-    kvs += [("tokenizer.ggml.model", T_STR, "llama"),
-            ("tokenizer.ggml.tokens", T_ARR, (T_STR, toks)),
-            ("tokenizer.ggml.scores", T_ARR, (T_F32, scores)),
-            ("tokenizer.ggml.token_type", T_ARR, (T_I32, types)),
-            ("tokenizer.ggml.bos_token_id", T_U32, sid["bos"]),
-            ("tokenizer.ggml.eos_token_id", T_U32, sid["eos"]),
-            ("tokenizer.ggml.unknown_token_id", T_U32, sid["unk"]),
-            ("tokenizer.ggml.add_bos_token", T_BOOL, True),
-            ("tokenizer.ggml.add_eos_token", T_BOOL, False)]
-    if "pad" in sid:
-        kvs.append(("tokenizer.ggml.padding_token_id", T_U32, sid["pad"]))
+    if "rope_yarn" in c:  # as GptOssModel.set_gguf_parameters writes them
+        kvs += [(f"{a}.rope.scaling.type", T_STR, "yarn"),
+                (f"{a}.rope.scaling.factor", T_F32, c["rope_yarn"]["factor"]),
+                (f"{a}.rope.scaling.original_context_length", T_U32, c["rope_yarn"]["orig_ctx"])]
+    kvs += _tokenizer_kvs(toks, scores, types, sid)
 
     T = []
     g_res = c.get("g_res", 2.0)  # residual-branch gain: layers, not the input embedding, decide the next token
@@ -254,17 +335,36 @@ def build(shape, seed=None):
             T.append((p + "attn_k.weight", w(Hkv * hd, E, gq)))
             T.append((p + "attn_v.weight", w(Hkv * hd, E)))
         if c.get("qkv_bias"):
-            T.append((p + "attn_q.bias", (0.3 * rng.standard_normal(H * hd)).astype(np.float32)))
-            T.append((p + "attn_k.bias", (0.3 * rng.standard_normal(Hkv * hd)).astype(np.float32)))
-            T.append((p + "attn_v.bias", (0.3 * rng.standard_normal(Hkv * hd)).astype(np.float32)))
+            sd = 0.1 if oss else 0.3
+            T.append((p + "attn_q.bias", bias(H * hd, sd=sd)))
+            T.append((p + "attn_k.bias", bias(Hkv * hd, sd=sd)))
+            T.append((p + "attn_v.bias", bias(Hkv * hd, sd=sd)))
         if c.get("qk_norm"):
             T.append((p + "attn_q_norm.weight", norm(hd)))
             T.append((p + "attn_k_norm.weight", norm(hd)))
         T.append((p + "attn_output.weight", w(E, H * hd, g_res)))
-        if gemma:
+        if oss:
+            T.append((p + "attn_output.bias", bias(E)))
+            # one logit per head (the converter appends ".weight" to self_attn.sinks)
+            T.append((p + "attn_sinks.weight", rng.standard_normal(H).astype(np.float32)))
+        if gemma or oss:  # gpt-oss: this is the ffn input norm (post_attention_layernorm)
             T.append((p + "post_attention_norm.weight", norm(E)))
-        T.append((p + "ffn_norm.weight", norm(E)))
-        if "n_expert" in c:
+        if not oss:
+            T.append((p + "ffn_norm.weight", norm(E)))
+        if oss:
+            NE, Fe = c["n_expert"], c["n_ff_exp"]
+            # numpy [n_expert, n_ff_exp, n_embd] == ggml ne [n_embd, n_ff_exp, n_expert]; expert
+            # biases ggml ne [n_ff_exp, n_expert] ([n_embd, n_expert] for down).  The gate / up
+            # gain of 3 puts a few percent of pre-activations past the +-7 clamps.
+            T.append((p + "ffn_gate_inp.weight", w(NE, E, 2.0)))
+            T.append((p + "ffn_gate_inp.bias", bias(NE)))
+            T.append((p + "ffn_gate_exps.weight", np.stack([w(Fe, E, 3.0) for _ in range(NE)])))
+            T.append((p + "ffn_gate_exps.bias", bias(NE, Fe)))
+            T.append((p + "ffn_up_exps.weight", np.stack([w(Fe, E, 3.0) for _ in range(NE)])))
+            T.append((p + "ffn_up_exps.bias", bias(NE, Fe)))
+            T.append((p + "ffn_down_exps.weight", np.stack([w(E, Fe, g_res / 4) for _ in range(NE)])))
+            T.append((p + "ffn_down_exps.bias", bias(NE, E)))
+        elif "n_expert" in c:
             NE = c["n_expert"]
             Fe = c.get("n_ff_exp", F)
             T.append((p + "ffn_gate_inp.weight", w(NE, E, 2.0)))
@@ -305,7 +405,7 @@ def write_shape(shape, path, seed=None):
 
 # tern's tiny synth shapes, one per architecture (the same names as SHAPES above).
 TEST_SHAPES = ["qwen2-tiny", "qwen2moe-tiny", "qwen3-tiny", "qwen3moe-tiny", "llama3-tiny", "mixtral-tiny",
-               "phi3-tiny", "gemma2-tiny", "gemma3-tiny"]
+               "phi3-tiny", "gemma2-tiny", "gemma3-tiny", "gpt-oss-tiny", "mamba-tiny"]
 
 
 def find_tern():

@@ -59,11 +59,27 @@ def read_gguf(path):
             arr = np.frombuffer(buf, dtype="<f4", count=count, offset=data_start + o)
         elif typ == 1:
             arr = np.frombuffer(buf, dtype="<f2", count=count, offset=data_start + o)
+        elif typ == 39:
+            arr = mxfp4_values(np.frombuffer(buf, dtype=np.uint8, count=count // 32 * 17, offset=data_start + o))
         else:
-            raise ValueError(f"oracle reads only F32/F16, tensor {name} has type {typ}")
+            raise ValueError(f"oracle reads only F32/F16/MXFP4, tensor {name} has type {typ}")
         # ggml ne[0] is the fastest dimension: numpy shape is reversed.
         tensors[name] = arr.astype(np.float64).reshape(list(reversed(ne)))
     return meta, tensors
+
+
+# OCP MXFP4: per 32 values an E8M0 exponent byte, then 16 bytes of E2M1 codes (value j < 16 in
+# the low nibble of byte j, value j + 16 in its high nibble). E2M1: sign bit, 2 exponent bits,
+# 1 mantissa bit: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; the block's scale is 2^(e - 127).
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
+
+
+def mxfp4_values(raw):
+    blocks = raw.reshape(-1, 17)
+    scale = np.ldexp(1.0, blocks[:, 0].astype(np.int64) - 127)            # [n_blocks]
+    q = blocks[:, 1:]
+    codes = np.concatenate([q & 0x0F, q >> 4], axis=1)                    # [n_blocks, 32]
+    return (E2M1[codes] * scale[:, None]).reshape(-1)
 
 
 def llama_logits(meta, t, ids, taps=None):
@@ -126,3 +142,43 @@ def llama_logits(meta, t, ids, taps=None):
     x = rms(x, t["output_norm.weight"])
     out = t.get("output.weight", t["token_embd.weight"])
     return x @ out.T
+
+
+def tensor_types(path):
+    """{tensor name: ggml type} from a GGUF header (read_gguf decodes, and so hides, the types)."""
+    import struct
+    with open(path, "rb") as f:
+        buf = f.read(1 << 22)
+    off = 8
+    n_t, n_kv = struct.unpack_from("<QQ", buf, off)
+    off += 16
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    def string(o):
+        n = struct.unpack_from("<Q", buf, o)[0]
+        return o + 8 + n, buf[o + 8:o + 8 + n].decode("utf-8", "replace")
+
+    def skip(o, t):
+        if t == 8:
+            return string(o)[0]
+        if t == 9:
+            et, n = struct.unpack_from("<IQ", buf, o)
+            o += 12
+            if et in sizes:
+                return o + n * sizes[et]
+            for _ in range(n):
+                o = skip(o, et)
+            return o
+        return o + sizes[t]
+
+    for _ in range(n_kv):
+        off = string(off)[0]
+        off = skip(off + 4, struct.unpack_from("<I", buf, off)[0])
+    types = {}
+    for _ in range(n_t):
+        off, name = string(off)
+        nd = struct.unpack_from("<I", buf, off)[0]
+        off += 4 + 8 * nd
+        types[name] = struct.unpack_from("<I", buf, off)[0]
+        off += 12
+    return types

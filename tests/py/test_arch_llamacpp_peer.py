@@ -1,6 +1,6 @@
 """test_arch_llamacpp_peer.py — tern against llama.cpp itself (the node-llama-cpp "peer") on tiny
 random models of every architecture: qwen2, qwen2moe, qwen3, qwen3moe, llama3 (rope_freqs),
-mixtral (llama MoE), phi3, gemma2, gemma3.
+mixtral (llama MoE), phi3, gemma2, gemma3, gpt-oss, mamba.
 
 For each shape NAME:
   * the model is `tern synth --shape NAME` (falls back to the python writer arch_tiny_models.py
@@ -42,6 +42,7 @@ except ImportError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from arch_np import arch_logits, log_softmax, read_gguf  # noqa: E402
+from gguf_np import tensor_types  # noqa: E402
 import arch_tiny_models  # noqa: E402
 from arch_tiny_models import find_tern, make_model  # noqa: E402
 
@@ -162,6 +163,55 @@ def compare_text(eng, path, tol, pj):
     return True, f"greedy text: {len(t_ids)} ids equal"
 
 
+def has_mxfp4(path):
+    return any(t == 39 for t in tensor_types(path).values())
+
+
+def write_f32_twin(src, dst):
+    """src with every tensor as F32 (MXFP4 decoded by gguf_np's E2M1 table), same metadata."""
+    from arch_tiny_models import write_gguf, T_U32, T_I32, T_F32, T_STR, T_ARR
+    meta, t = read_gguf(src)
+    kvs = []
+    for k, v in meta.items():
+        if isinstance(v, str):
+            kvs.append((k, T_STR, v))
+        elif isinstance(v, float):
+            kvs.append((k, T_F32, v))
+        elif isinstance(v, int):
+            kvs.append((k, T_U32, v))
+        elif isinstance(v, list) and v:
+            et = T_STR if isinstance(v[0], str) else T_F32 if isinstance(v[0], float) else T_I32
+            kvs.append((k, T_ARR, (et, v)))
+    write_gguf(dst, kvs, list(t.items()))
+
+
+def compare_quantized(eng, mx_path, exact_path, prompts, V):
+    """Matmuls with MXFP4 weights pair them with 8-bit activations in both engines (ggml: q8_0 with
+    an f16 scale; tern: the same integers with an f32 scale), and a tiny MoE model turns the
+    small differences into different experts now and then: the two cannot agree to 1e-3. What
+    must hold: on llama.cpp's continuations of the MXFP4 file, tern's log-probabilities are as
+    close to the exact model's (the f32 twin through tern, checked against llama.cpp above) as
+    llama.cpp's are: tern's max error <= 1.5 x llama.cpp's + 1e-3."""
+    runs = peer(mx_path, prompts)
+    err_t = err_p = 0.0
+    agree = total = 0
+    for run in runs:
+        P, ids = run["prompt_ids"], run["ids"]
+        seq = P + ids[:-1]
+        lp_peer = np.array([[(-np.inf if v is None else v) for v in row] for row in run["logprobs"]])
+        lp_t = log_softmax(eng.logits(mx_path, seq, V))
+        lp_x = log_softmax(eng.logits(exact_path, seq, V))
+        m = np.isfinite(lp_peer) & (lp_x > LP_FLOOR)
+        err_t = max(err_t, float(np.where(m, np.abs(lp_t - lp_x), 0).max()))
+        err_p = max(err_p, float(np.where(m, np.abs(lp_peer - lp_x), 0).max()))
+        for j, nxt in enumerate(ids):
+            agree += int(lp_t[len(P) - 1 + j].argmax() == nxt)
+            total += 1
+    ok = err_t <= 1.5 * err_p + 1e-3
+    return ok, (f"max |log-prob - exact|: tern {err_t:.3f}, llama.cpp {err_p:.3f} (tern must be <= 1.5x + 1e-3); "
+                f"tern's argmax = llama.cpp's next id at {agree}/{total} steps")
+
+
 def main():
     use_oracle = "--oracle" in sys.argv[1:]
     if not shutil.which("node"):
@@ -195,6 +245,14 @@ def main():
             tol = tol_for(arch)
             prompts = [[bos, 5, 70, 100], [bos, 300 % V, 301 % V, 40, 41, 42, 200],
                        [bos] + [int(x) for x in np.random.default_rng(3).integers(3, V, 12)]]
+            mx_path = None
+            if has_mxfp4(path):
+                # MXFP4 experts (gpt-oss): the strict comparison runs on the same model with the
+                # experts written as their exact f32 values (decoded by gguf_np, not by tern);
+                # the MXFP4 file itself is checked for accuracy below.
+                mx_path, path = path, os.path.join(d, shape + "-f32.gguf")
+                write_f32_twin(mx_path, path)
+                how += ", experts decoded to f32"
             try:
                 runs = peer(path, prompts, TEXT_PROMPT)
                 text_run, runs = runs[-1], runs[:-1]
@@ -211,6 +269,13 @@ def main():
                 ok, msg = False, str(e)
             print(f"{'ok  ' if ok else 'FAIL'} {shape} ({arch}, {how}, {eng.name} vs llama.cpp): {msg}", flush=True)
             failures += not ok
+            if mx_path and isinstance(eng, Tern):
+                try:
+                    ok, msg = compare_quantized(eng, mx_path, path, prompts, V)
+                except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError) as e:
+                    ok, msg = False, str(e)
+                print(f"{'ok  ' if ok else 'FAIL'} {shape} (MXFP4 experts, {eng.name} vs llama.cpp): {msg}", flush=True)
+                failures += not ok
     print(f"{len(shapes) - failures} passed, {failures} failed")
     return 1 if failures else 0
 

@@ -1,6 +1,6 @@
 """test_arch_numpy_oracle.py — tern's logits equal the float64 numpy oracle (arch_np.py) on tiny
 random models of every architecture: qwen2, qwen2moe, qwen3, qwen3moe, llama3 (rope_freqs),
-mixtral (llama MoE), phi3, gemma2, gemma3.
+mixtral (llama MoE), phi3, gemma2, gemma3, gpt-oss, mamba (Mamba-1).
 
 For each shape NAME it checks two files:
   1. `tern synth --shape NAME -o F.gguf` (tern's own writer); if tern cannot write NAME, the
@@ -8,7 +8,15 @@ For each shape NAME it checks two files:
   2. the python writer's file (an independent writer: a second check of tern's loader).
 On each, `tern logits -m F --ids "..." -o out.f32 -t 2` must match the oracle for every position
 and vocabulary entry: max abs error <= 1e-4 * max(1, max |logit|).  The id sequence (48 tokens)
-is longer than the sliding windows of the tiny gemma models, so SWA layers are exercised.
+is longer than the sliding windows of the tiny gemma and gpt-oss models, so SWA layers are
+exercised.
+
+MXFP4 tensors (tern synth writes gpt-oss experts as MXFP4, as released): the oracle decodes them
+exactly (gguf_np), but tern, like ggml, multiplies them with the activations rounded to Q8_0
+(int8 per 32-block, f32 scale), which moves a tiny model's logits by ~0.1-0.4 and can change its
+expert choice.  For those matmuls the oracle rounds its activations the same way
+(arch_np.q8_0_round), and the same tolerance holds; the line says "Q8_0 activations emulated".
+The python writer's file is all F32: the exact check of the same graph.
 
 Run:   python3 tests/py/test_arch_numpy_oracle.py            (TERN_BINARY=path/to/tern to pick one)
        TERN_ARCH_SHAPES="qwen2-tiny gemma3-tiny" python3 ...   (a subset)
@@ -29,6 +37,7 @@ except ImportError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from arch_np import arch_logits, read_gguf  # noqa: E402
+from gguf_np import tensor_types  # noqa: E402
 import arch_tiny_models  # noqa: E402
 from arch_tiny_models import find_tern, make_model  # noqa: E402
 
@@ -46,7 +55,10 @@ def ids_for(meta, n=48):
 def check(tern, path, label):
     meta, tensors = read_gguf(path)
     ids = ids_for(meta)
-    want = arch_logits(meta, tensors, ids)
+    mxfp4 = {n for n, ty in tensor_types(path).items() if ty == 39}
+    want = arch_logits(meta, tensors, ids, act_q8=mxfp4)
+    if mxfp4:
+        label = label[:-1] + f"; {len(mxfp4)} MXFP4 tensors, Q8_0 activations emulated]"
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "logits.f32")
         try:

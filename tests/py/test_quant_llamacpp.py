@@ -2,12 +2,13 @@
 libggml-base.so (installed by ../shared/peer/setup.sh):
 - quantizing the same f32 rows (`tern quantize --pure`) gives llama.cpp's blocks byte for byte
   (quantize_row_<type>_ref: what llama-quantize runs without an importance matrix), for Q4_1, Q5_0,
-  Q5_1, Q2_K, Q3_K and Q5_K (Q8_0 / Q4_0 / Q4_K / Q6_K have llama-quantize's own files in
+  Q5_1, Q2_K, Q3_K, Q5_K and MXFP4 (Q8_0 / Q4_0 / Q4_K / Q6_K have llama-quantize's own files in
   ../shared/quant-interop);
 - dequantizing the same blocks gives llama.cpp's f32 values bit for bit (dequantize_row_<type>),
   on tern's blocks and on random ones (every bit pattern of the quants and packed scales; finite
-  f16 scales), for all ten types.
-The rows are awkward on purpose: outliers, constant and all-zero rows, tiny values, one sign only.
+  f16 scales; every E8M0 exponent), for all eleven types.
+The rows are awkward on purpose: outliers, constant and all-zero rows, tiny values, one sign only;
+for MXFP4 also blocks at every power of two of the f32 range (denormals to the largest f32).
 Exit code 77 = skipped (no peer library, no tern binary)."""
 import ctypes
 import glob
@@ -39,8 +40,9 @@ TYPES = {
     12: ("q4_k", 256, 144, [0, 2], "q4_K"),
     13: ("q5_k", 256, 176, [0, 2], "q5_K"),
     14: ("q6_k", 256, 210, [208], "q6_K"),
+    39: ("mxfp4", 32, 17, [], "mxfp4"),
 }
-QUANTIZED_HERE = [3, 6, 7, 10, 11, 13]  # byte-exact quantization checked here
+QUANTIZED_HERE = [3, 6, 7, 10, 11, 13, 39]  # byte-exact quantization checked here
 
 
 def ggml_quantize(tid, x):
@@ -163,6 +165,50 @@ def source_rows(rng):
     return [("blk.0.normal.weight", normal), ("blk.0.outliers.weight", outliers), ("blk.0.special.weight", special)]
 
 
+def mxfp4_range_rows(rng):
+    """[name, rows x 512 f32] for MXFP4's exponent rule over the whole f32 range: blocks of 32 whose
+    largest magnitude is m 2^k for every k from -149 (the smallest denormal) to 127, m random in [1, 2)
+    and, per block kind, exactly 1 (a power of two), just below 2 (log2f rounding up to the next
+    integer) or the largest f32; blocks of one sign, a lone non-zero element, -0.0, values exactly
+    halfway between two of the grid's values (the first index wins), denormals; then Gaussian blocks
+    spread over 2^-140 .. 2^120."""
+    n = 512
+    blocks = []
+    for k in range(-149, 128):
+        for kind in range(4):
+            b = rng.standard_normal(32)
+            b = b / np.abs(b).max()                         # amax 1
+            if kind == 0:
+                b *= rng.uniform(1, 2)
+            elif kind == 1:
+                b[rng.integers(32)] = 1.0 if rng.integers(2) else -1.0
+            elif kind == 2:
+                b = np.abs(b) * np.nextafter(np.float32(2), np.float32(0))
+            else:
+                b[:] = 0.0
+                b[rng.integers(32)] = -1.5
+            b = (b.astype(np.float64) * 2.0 ** k)
+            blocks.append(np.clip(b, -3.4028234e38, 3.4028234e38).astype(np.float32))
+    blocks.append(np.full(32, np.finfo(np.float32).max, dtype=np.float32))
+    blocks.append(np.full(32, -0.0, dtype=np.float32))
+    tie = np.zeros(32, dtype=np.float32)
+    # amax 1.5: e = 125, d = 2^-3, the grid 0, 0.125, ..., 1.5; the points halfway between neighbours
+    tie[0] = 1.5
+    grid = np.array([0, 1, 2, 3, 4, 6, 8, 12], dtype=np.float32) * 0.125
+    mids = (grid[:-1] + grid[1:]) / 2
+    tie[1:1 + len(mids)] = mids
+    tie[8:8 + len(mids)] = -mids
+    blocks.append(tie)
+    blocks.append(np.array([1e-45 * (i + 1) for i in range(32)], dtype=np.float32))  # denormals
+    while len(blocks) % (n // 32):
+        blocks.append((rng.standard_normal(32) * 2.0 ** rng.integers(-140, 120)).astype(np.float32))
+    for _ in range(64 * n // 32):
+        blocks.append((rng.standard_normal(32) * 2.0 ** rng.integers(-140, 120)).astype(np.float32))
+    a = np.concatenate(blocks).reshape(-1, n)
+    assert np.all(np.isfinite(a))
+    return [("blk.0.range.weight", a)]
+
+
 def main():
     rng = np.random.default_rng(7)
     fails = 0
@@ -170,12 +216,21 @@ def main():
         src = os.path.join(tmp, "src.gguf")
         rows = source_rows(rng)
         write_gguf(src, [(name, [a.shape[1], a.shape[0]], 0, a.tobytes()) for name, a in rows])
+        src_range = os.path.join(tmp, "src-range.gguf")
+        range_rows = mxfp4_range_rows(rng)
+        write_gguf(src_range, [(name, [a.shape[1], a.shape[0]], 0, a.tobytes()) for name, a in range_rows])
         for tid in QUANTIZED_HERE:
             name = TYPES[tid][0]
             q = os.path.join(tmp, f"q-{name}.gguf")
             tern("quantize", src, q, "--type", name, "--pure", "--json")
             got = read_gguf_raw(q)
-            for tname, a in rows:
+            cases = list(rows)
+            if tid == 39:  # MXFP4's exponent over the whole f32 range (ggml's f16-scaled types overflow there)
+                q_range = os.path.join(tmp, f"q-{name}-range.gguf")
+                tern("quantize", src_range, q_range, "--type", name, "--pure", "--json")
+                got.update(read_gguf_raw(q_range))
+                cases += range_rows
+            for tname, a in cases:
                 ne, t, data = got[tname]
                 want = ggml_quantize(tid, a.reshape(-1))
                 if t != tid or data != want:
@@ -190,12 +245,15 @@ def main():
         # Dequantization: random blocks of every type in one file, read back as f32 by tern.
         tensors = []
         for tid, (name, blk, nbytes, f16_offsets, _) in TYPES.items():
-            n_blocks = 4 * 512 // blk
+            n_rows = 32 if tid == 39 else 4
+            n_blocks = n_rows * 512 // blk
             raw = np.frombuffer(rng.bytes(n_blocks * nbytes), dtype=np.uint8).reshape(n_blocks, nbytes).copy()
             for o in f16_offsets:  # finite scales of both signs and many magnitudes
                 scales = (rng.standard_normal(n_blocks) * np.exp2(rng.integers(-14, 4, n_blocks))).astype(np.float16)
                 raw[:, o:o + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
-            tensors.append((f"blk.0.rand_{name}.weight", [512, 4], tid, raw.tobytes()))
+            if tid == 39:  # every E8M0 exponent twice, denormal scales (0, 1) and overflow to inf (255) included
+                raw[:, 0] = np.arange(n_blocks) % 256
+            tensors.append((f"blk.0.rand_{name}.weight", [512, n_rows], tid, raw.tobytes()))
         rnd = os.path.join(tmp, "random.gguf")
         write_gguf(rnd, tensors)
         back = os.path.join(tmp, "random-f32.gguf")
@@ -203,7 +261,7 @@ def main():
         got = read_gguf_raw(back)
         for tname, ne, tid, data in tensors:
             ours = np.frombuffer(got[tname][2], dtype=np.uint32)
-            want = ggml_dequantize(tid, data, 4 * 512).view(np.uint32)
+            want = ggml_dequantize(tid, data, ne[0] * ne[1]).view(np.uint32)
             diff = np.flatnonzero(ours != want)
             if diff.size:
                 i = diff[0]

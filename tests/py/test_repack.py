@@ -5,8 +5,8 @@ stored-row tiles, and a last-bit difference upstream can move one activation acr
 boundary of its int8 grid: measured, one such flip at position 8 moved Q8_0's logits by 1.2% of
 their largest; a wrong layout moves them by their whole size). stories260K requantized to Q8_0
 and Q4_0 by tern (its 64-wide projections and output are interleaved; the 172-wide FFN rows are
-not: 172 rows is not a multiple of 16), and to Q4_1 / Q5_0 / Q5_1, whose interleaved tiles sum
-in another order on either ISA (within that noise too); and in F16 and F32, whose matrices are
+not: 172 rows is not a multiple of 16), and to Q4_1 / Q5_0 / Q5_1 / MXFP4 (--pure), whose
+interleaved tiles sum in another order on either ISA (within that noise too); and in F16 and F32, whose matrices are
 interleaved per group of 16 rows and per element (the 172-row FFN weights too: 10 groups and 12 rows as
 stored), bit for bit with either ISA (and with the reference kernels: one FMA chain per output). TERN_REPACK is read once per process, hence one
 `tern logits` run per setting.
@@ -43,10 +43,11 @@ def logits(path, isa, repack, out):
 failures = 0
 ran = 0
 with tempfile.TemporaryDirectory() as d:
-    for qtype in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "f32"):
+    for qtype in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4", "f16", "f32"):
         q = os.path.join(d, f"stories260K-{qtype}.gguf")
-        subprocess.run([TERN, "quantize", MODEL, q, "--type", qtype], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # mxfp4 --pure: llama-quantize's MXFP4_MOE rule would leave a dense model all q8_0
+        subprocess.run([TERN, "quantize", MODEL, q, "--type", qtype] + (["--pure"] if qtype == "mxfp4" else []),
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for isa in ("avx512", "avx2"):
             stored = logits(q, isa, False, os.path.join(d, "stored.f32"))
             if stored is None:
@@ -58,8 +59,8 @@ with tempfile.TemporaryDirectory() as d:
             err = max(abs(a - b) for a, b in zip(stored, repacked))
             same = stored == repacked
             # float weights: the same FMAs in the same order on either layout, any ISA
-            # (Q4_1 / Q5_0 / Q5_1's interleaved tiles sum in another order than their stored-row
-            # tiles on either ISA: within the noise of activation quantization, as AVX2's)
+            # (Q4_1 / Q5_0 / Q5_1 / MXFP4's interleaved tiles sum in another order than their
+            # stored-row tiles on either ISA: within the noise of activation quantization, as AVX2's)
             exact = qtype.startswith("f") or (isa == "avx512" and qtype in ("q8_0", "q4_0"))
             ok = same if exact else err <= 0.05 * scale
             print(f"{qtype} {isa}: {len(stored)} logits, bit-identical {same}, max |diff| {err:.3g} "

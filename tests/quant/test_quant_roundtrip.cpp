@@ -157,6 +157,95 @@ TEST(QuantRoundTrip, BlocksOf32WithinHalfStep) {
   }
 }
 
+// MXFP4 (quant_traits.h): per block e = floor(log2(amax)) + 125, so that amax lies in [8, 16) times
+// the scale d = 2^(e - 128) (the largest value, 12 d, clips the top of that range), and every
+// element comes back as the value of kMxfp4Values * d nearest it, the first index on a tie.
+// Checked against a restatement of the rule: e from frexp (exact, where log2f's rounding cannot
+// move floor() across an integer), the nearest value by its own search.
+TEST(QuantRoundTrip, Mxfp4NearestValueOfTheBlockScale) {
+  for (uint32_t seed = 1; seed <= 4; ++seed) {
+    auto x = gaussian(kN, seed, std::ldexp(1.0f, int(seed) * 9 - 20));  // 2^-11 .. 2^16
+    x[33] = 0.0f;
+    for (int j = 64; j < 96; ++j) x[size_t(j)] = 0.0f;                    // an all-zero block
+    for (int j = 96; j < 128; ++j) x[size_t(j)] = std::fabs(x[size_t(j)]);  // one sign only
+    for (int j = 128; j < 160; ++j) x[size_t(j)] = 1e-3f * x[size_t(j)];    // a quiet block
+    x[200] = 1000.0f * x[201];                                              // a spike
+    const auto r = round_trip(DType::MXFP4, x);
+    const auto* b = reinterpret_cast<const BlockMXFP4*>(r.blocks.data());
+    double err2 = 0, x2 = 0;
+    for (int64_t ib = 0; ib < kN / 32; ++ib) {
+      const float* xb = &x[size_t(ib * 32)];
+      const float amax = block_amax(xb, 32);
+      if (amax == 0.0f) {
+        ASSERT_EQ(b[ib].e, 0) << "block " << ib;
+      } else {
+        int k;
+        const double m = std::frexp(double(amax), &k);  // amax = m 2^k, m in [0.5, 1)
+        if (m < 1.0 - 1e-6) {
+          ASSERT_EQ(int(b[ib].e), k - 1 + 125) << "block " << ib;
+        }
+      }
+      const float d = float(std::ldexp(1.0, int(b[ib].e) - 128));
+      for (int j = 0; j < 32; ++j) {
+        const size_t i = size_t(ib * 32 + j);
+        // the distances in f32, as the rule computes them (the products are exact)
+        int best = 0;
+        for (int v = 1; v < 16; ++v)
+          if (std::fabs(float(kMxfp4Values[v]) * d - xb[j]) < std::fabs(float(kMxfp4Values[best]) * d - xb[j])) best = v;
+        const int q = j < 16 ? b[ib].qs[j] & 0x0F : b[ib].qs[j - 16] >> 4;
+        ASSERT_EQ(q, best) << "block " << ib << " element " << j << ": " << xb[j] << " at d " << d;
+        ASSERT_EQ(r.back[i], float(kMxfp4Values[q] * d));
+        if (ib == 200 / 32) continue;  // the spike, clipped by up to a quarter, would dominate
+        err2 += double(x[i] - r.back[i]) * (x[i] - r.back[i]);
+        x2 += double(x[i]) * x[i];
+      }
+    }
+    EXPECT_LT(std::sqrt(err2 / x2), 0.13);  // the rule gives 0.115 on Gaussian blocks
+  }
+}
+
+// Blocks on the grid of every exponent that the rule can pick without wrapping (e = 0..252: 12 d
+// below FLT_MAX) come back exactly: values v / 2 * 2^m with v in kMxfp4Values, one of them +-12
+// (so amax = 6 * 2^m and e = m + 127); below 2^-125 a block's values are denormal, which the
+// rule's log2 and the scale 2^(e - 128) handle exactly as well.
+TEST(QuantRoundTrip, Mxfp4GridBlocksAtEveryExponentAreExact) {
+  std::mt19937 rng(5);
+  for (int m = -127; m <= 125; ++m) {
+    std::vector<float> x(64);
+    for (size_t j = 0; j < x.size(); ++j) x[j] = std::ldexp(float(kMxfp4Values[rng() % 16]) / 2.0f, m);
+    x[3] = std::ldexp(6.0f, m);
+    x[40] = std::ldexp(-6.0f, m);
+    const auto r = round_trip(DType::MXFP4, x);
+    const auto* b = reinterpret_cast<const BlockMXFP4*>(r.blocks.data());
+    ASSERT_EQ(int(b[0].e), m + 127) << "m " << m;
+    ASSERT_EQ(int(b[1].e), m + 127) << "m " << m;
+    for (size_t j = 0; j < x.size(); ++j) ASSERT_EQ(r.back[j], x[j]) << "m " << m << " element " << j;
+  }
+}
+
+// Every exponent byte (0..255) and every nibble decodes to kMxfp4Values[q] * 2^(e - 128) exactly:
+// denormal scales for e = 0, 1, infinity where 12 * 2^127 overflows, never NaN.
+TEST(QuantRoundTrip, Mxfp4EveryExponentDecodes) {
+  const QuantTraits& q = *quant_traits(DType::MXFP4);
+  std::vector<uint8_t> blocks(256 * 17);
+  for (int e = 0; e < 256; ++e) {
+    blocks[size_t(e * 17)] = uint8_t(e);
+    for (int j = 0; j < 16; ++j) blocks[size_t(e * 17 + 1 + j)] = uint8_t(j | (15 - j) << 4);
+  }
+  std::vector<float> back(256 * 32);
+  q.to_float(blocks.data(), back.data(), int64_t(back.size()));
+  for (int e = 0; e < 256; ++e) {
+    EXPECT_EQ(e8m0_half(uint8_t(e)), float(std::ldexp(1.0, e - 128))) << "e " << e;
+    for (int j = 0; j < 32; ++j) {
+      const int nib = j < 16 ? j : 15 - (j - 16);
+      const float want = float(std::ldexp(double(kMxfp4Values[nib]), e - 128));
+      const float got = back[size_t(e * 32 + j)];
+      ASSERT_FALSE(std::isnan(got));
+      ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "e " << e << " nibble " << nib << ": " << got << " vs " << want;
+    }
+  }
+}
+
 // K-quants pick scales by least squares, so there is no per-element half-step promise; the
 // bounds are a margin above what llama.cpp's algorithm achieves on Gaussian data (measured:
 // Q4_K ~0.072, Q6_K ~0.018 relative RMSE, worst element ~0.11 and ~0.023 of the sub-block amax;
@@ -231,7 +320,8 @@ TEST(QuantRoundTrip, FloatTypes) {
 
 TEST(QuantTraits, TableMatchesDtypeSizes) {
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
-                  DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_K}) {
+                  DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_K,
+                  DType::MXFP4}) {
     const QuantTraits* q = quant_traits(t);
     ASSERT_NE(q, nullptr) << dtype_name(t);
     EXPECT_EQ(q->block_size, dtype_info(t).block_size) << dtype_name(t);
@@ -243,7 +333,12 @@ TEST(QuantTraits, TableMatchesDtypeSizes) {
   EXPECT_EQ(quant_traits(DType::Q6_K)->vec_dot_type, DType::Q8_K);
   EXPECT_EQ(quant_traits(DType::Q5_K)->vec_dot_type, DType::Q8_K);
   EXPECT_EQ(quant_traits(DType::Q4_0)->vec_dot_type, DType::Q8_0);
-  for (DType t : {DType::Q4_1, DType::Q5_0, DType::Q5_1}) EXPECT_EQ(quant_traits(t)->vec_dot_type, DType::Q8_0);
+  for (DType t : {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::MXFP4}) EXPECT_EQ(quant_traits(t)->vec_dot_type, DType::Q8_0);
+  EXPECT_EQ(llama_file_type(DType::MXFP4), 38u);  // LLAMA_FTYPE_MOSTLY_MXFP4_MOE
+  EXPECT_EQ(static_cast<uint32_t>(DType::MXFP4), 39u);
+  EXPECT_EQ(dtype_from_name("MXFP4"), DType::MXFP4);
+  EXPECT_EQ(fit_row_type(DType::MXFP4, 2880), DType::MXFP4);  // gpt-oss's rows
+  EXPECT_EQ(fit_row_type(DType::MXFP4, 100), DType::F16);
   for (DType t : {DType::Q2_K, DType::Q3_K}) EXPECT_EQ(quant_traits(t)->vec_dot_type, DType::Q8_K);
   EXPECT_EQ(quant_traits(DType::IQ4_NL), nullptr);
   EXPECT_THROW(require_quant_traits(DType::IQ4_NL, "blk.0.ffn_up.weight"), Error);

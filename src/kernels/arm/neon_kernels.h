@@ -120,15 +120,28 @@ inline int32_t bsum_at(const ActRow& x, int64_t j) {
   return v;
 }
 
-// --- blocks of 32: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 ---------------------------------------------
+// --- blocks of 32: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4 ---------------------------------------
 
-// A block's 32 quants as stored (Q4: the nibble, Q5: nibble | fifth bit << 4), elements 0..15
-// in lo and 16..31 in hi.
+// MXFP4's block scale 2^(e - 128) (quant_traits.h's e8m0_half, this translation unit's own copy).
+inline float mxfp4_scale(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// A block's 32 quants as stored (Q4: the nibble, Q5: nibble | fifth bit << 4; MXFP4: the E2M1
+// value doubled that the nibble indexes, looked up with tbl), elements 0..15 in lo and 16..31 in hi.
 template <DType kType>
 inline void q32_quants(const uint8_t* blk, int8x16_t& lo, int8x16_t& hi) {
   if constexpr (kType == DType::Q8_0) {
     lo = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 2));
     hi = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 18));
+  } else if constexpr (kType == DType::MXFP4) {
+    const int8x16_t values = vld1q_s8(kMxfp4Values);
+    const uint8x16_t v = vld1q_u8(blk + 1);
+    lo = vqtbl1q_s8(values, vandq_u8(v, vdupq_n_u8(0x0F)));
+    hi = vqtbl1q_s8(values, vshrq_n_u8(v, 4));
   } else {
     constexpr int64_t qs = kType == DType::Q4_0 ? 2 : kType == DType::Q4_1 ? 4 : kType == DType::Q5_0 ? 6 : 8;
     const uint8x16_t v = vld1q_u8(blk + qs);
@@ -146,15 +159,16 @@ inline void q32_quants(const uint8_t* blk, int8x16_t& lo, int8x16_t& hi) {
 
 template <DType kType>
 constexpr int64_t q32_block_bytes() {
-  return kType == DType::Q8_0   ? 34
-         : kType == DType::Q4_0 ? 18
+  return kType == DType::Q8_0    ? 34
+         : kType == DType::MXFP4 ? 17
+         : kType == DType::Q4_0  ? 18
          : kType == DType::Q4_1 ? 20
          : kType == DType::Q5_0 ? 22
                                 : 24;
 }
 
 // Rows w[0..3] (a tile; rows past the range repeat the last one) times tokens x[0..T-1]:
-// out[t][i] = row i . token t, as dot_q8_0 / dot_q4_0 / dot_q32x of kernels/ref.
+// out[t][i] = row i . token t, as dot_q8_0 / dot_q4_0 / dot_q32x / dot_mxfp4 of kernels/ref.
 template <DType kType, int T>
 void q32_tile(const uint8_t* const w[kRowTile], int64_t nb, const ActRow x[T], float32x4_t out[T]) {
   constexpr bool kMin = kType == DType::Q4_1 || kType == DType::Q5_1;
@@ -168,7 +182,8 @@ void q32_tile(const uint8_t* const w[kRowTile], int64_t nb, const ActRow x[T], f
     for (int i = 0; i < kRowTile; ++i) {
       const uint8_t* blk = w[i] + b * kBytes;
       q32_quants<kType>(blk, lo[i], hi[i]);
-      d[i] = half_to_f32(blk);
+      if constexpr (kType == DType::MXFP4) d[i] = mxfp4_scale(blk[0]);
+      else d[i] = half_to_f32(blk);
       if constexpr (kMin) m[i] = half_to_f32(blk + 2);
     }
     const float32x4_t d4 = vld1q_f32(d);
@@ -629,6 +644,7 @@ void arm_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
     case DType::Q4_1: quant_gemm(a, r0, r1, nb32, q32_tile<DType::Q4_1, 1>, q32_tile<DType::Q4_1, 2>); break;
     case DType::Q5_0: quant_gemm(a, r0, r1, nb32, q32_tile<DType::Q5_0, 1>, q32_tile<DType::Q5_0, 2>); break;
     case DType::Q5_1: quant_gemm(a, r0, r1, nb32, q32_tile<DType::Q5_1, 1>, q32_tile<DType::Q5_1, 2>); break;
+    case DType::MXFP4: quant_gemm(a, r0, r1, nb32, q32_tile<DType::MXFP4, 1>, q32_tile<DType::MXFP4, 2>); break;
     case DType::Q2_K: quant_gemm(a, r0, r1, nbk, q23_k_tile<false, 1>, q23_k_tile<false, 2>); break;
     case DType::Q3_K: quant_gemm(a, r0, r1, nbk, q23_k_tile<true, 1>, q23_k_tile<true, 2>); break;
     case DType::Q4_K: quant_gemm(a, r0, r1, nbk, q4_k_tile<false, 1>, q4_k_tile<false, 2>); break;

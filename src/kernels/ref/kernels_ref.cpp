@@ -97,6 +97,21 @@ float dot_q4_0(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd
   return s;
 }
 
+// MXFP4: the E2M1 values doubled (kMxfp4Values, -12..12) times the int8 activations, exactly in
+// int32 (|sum| <= 32 * 12 * 127), then the block's scale 2^(e - 128) times the activations' d, as
+// ggml's vec_dot_mxfp4_q8_0.
+float dot_mxfp4(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd) {
+  const auto* blk = reinterpret_cast<const BlockMXFP4*>(w);
+  float s = 0.0f;
+  for (int64_t b = 0; b < n_in / 32; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j)
+      isum += kMxfp4Values[blk[b].qs[j] & 0x0F] * xq[32 * b + j] + kMxfp4Values[blk[b].qs[j] >> 4] * xq[32 * b + j + 16];
+    s += float(isum) * (e8m0_half(blk[b].e) * xd[b]);
+  }
+  return s;
+}
+
 // Q4_1 / Q5_0 / Q5_1 (Block): quant j of a block is its nibble (low: j < 16) and, for Q5, bit j of
 // qh as 16. Q5_0: as Q4_0 with the -16 offset folded in through nsum. Q4_1 / Q5_1:
 // sum (d q + m) * dx xq = d dx sum q xq + m dx sum xq, sum xq = -nsum.
@@ -250,7 +265,7 @@ bool ref_has_kernel(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
     case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q2_K: case DType::Q3_K:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::MXFP4:
       return true;
     default:
       return false;
@@ -292,6 +307,7 @@ ActLayout act_rows_layout(DType weight_type, int64_t n_in, int64_t n_tokens) {
     case DType::Q4_1:
     case DType::Q5_0:
     case DType::Q5_1:
+    case DType::MXFP4:
       l.kind = ActKind::Q8_0Rows;
       l.off_d = n_in;
       l.off_sum = n_in + 4 * (n_in / 32);
@@ -358,6 +374,7 @@ float dot_ref(DType t, const uint8_t* w, int64_t n_in, const uint8_t* row, const
     case DType::Q4_1: return dot_q32x<BlockQ4_1>(w, n_in, xq, xd, nsum);
     case DType::Q5_0: return dot_q32x<BlockQ5_0>(w, n_in, xq, xd, nsum);
     case DType::Q5_1: return dot_q32x<BlockQ5_1>(w, n_in, xq, xd, nsum);
+    case DType::MXFP4: return dot_mxfp4(w, n_in, xq, xd);
     case DType::Q2_K: return dot_q23_k<BlockQ2_K>(w, n_in, xq, xd, bsums);
     case DType::Q3_K: return dot_q23_k<BlockQ3_K>(w, n_in, xq, xd, bsums);
     case DType::Q4_K: return dot_q4_k<BlockQ4_K>(w, n_in, xq, xd, bsums);

@@ -5,7 +5,7 @@
 //   lanes_avx512.cpp     token-lane GEMM with prep: Q3_K / Q4_K / Q6_K batches and prefill; also
 //                        the quantizer of both token-lane layouts
 //   fused_avx512.cpp     token-lane tiles without prep: Q4_0 / Q8_0 / Q5_0 batches and prefill
-//   wide_avx512.cpp      wide classic tiles: Q4_0 / Q8_0 decode
+//   wide_avx512.cpp      wide classic tiles: Q4_0 / Q8_0 decode, MXFP4 at any batch
 //   rowlanes_avx512.cpp  row-lane tiles (Q4_0 / Q8_0 small batches, a batch's last tokens) and
 //                        the tiles of weights interleaved by 16 rows
 // The classic tiles (tiles_int.h) and the float ones (tiles_float.h) are compiled in the table's
@@ -98,13 +98,13 @@ void gemm_lanes(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch);
 // avx512_scratch_bytes (matmul_avx512.cpp) gives it.
 void gemm_fused(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch);
 
-// wide_avx512.cpp. Q4_0 / Q8_0 x the tokens of the Rows view v.
+// wide_avx512.cpp. Q4_0 / Q8_0 / MXFP4 x the tokens of the Rows view v.
 void gemm_wide(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 
 // rowlanes_avx512.cpp. Q4_0 / Q8_0 rows as stored x the tokens of v, in the row-lane tiles.
 void gemm_rowlanes(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 // Weights interleaved by 16 rows (kernels/matmul.h: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
-// Q4_K, Q5_K) x the tokens of v.
+// Q4_K, Q5_K, MXFP4) x the tokens of v.
 void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 
 }  // namespace tern::kern::avx512

@@ -1,6 +1,6 @@
 // AVX2 + FMA + F16C kernel table: the register tiles of tiles_int.h with pmaddubsw / pmaddwd
-// integer dot products (4 rows x 2 tokens, 16 registers); for Q4_0 / Q8_0 the 4-row tiles
-// below, which fold the rows' integer sums together before the float work. Float weights:
+// integer dot products (4 rows x 2 tokens, 16 registers); for Q4_0 / Q8_0 / MXFP4 the 4-row
+// tiles below, which fold the rows' integer sums together before the float work. Float weights:
 // tiles_float.h.
 #include "kernels/x86/act_quant.h"
 #include "kernels/x86/tiles_float.h"
@@ -20,42 +20,58 @@ struct OpsAvx2 {
   }
 };
 
-// --- Q4_0 decode tile: two rows per register -------------------------------------------------
+// --- Q4_0 / MXFP4 decode tile: two rows per register ---------------------------------------
 //
 // tile_q32 (Q4_0) spends a 256-bit register on one row's 32 nibbles, and its float tail (convert,
 // scalar scale multiply and broadcast, FMA) on 8 lanes per row and block. Here a register
 // holds one block of two rows (16 nibble bytes each, one per 128-bit lane) against the block's
 // activations in both lanes, which halves the unpacking; phaddw then folds the two registers
-// of a 4-row tile into one, so that the float tail runs once for four rows, and their four f16
+// of a 4-row tile into one, so that the float tail runs once for four rows, and their four
 // scales are converted together. No int16 step can saturate: pmaddubsw's pair sums are
-// <= 2 * 15 * 128, a lane's low- plus high-nibble sums <= 7680, phaddw's sums <= 15360.
+// <= 2 * 15 * 128 (MXFP4's biased values, tiles_int.h: 2 * 28 * 127), a lane's low- plus
+// high-nibble sums <= 7680 (14224), phaddw's sums <= 15360 (28448).
+// kMx: MXFP4 (17-byte blocks, the E8M0 byte first), each nibble looked up in the biased table.
 
 // 4 rows x T tokens.
-template <int T>
-void pair_q4_0(const Tile& c) {
+template <bool kMx, int T>
+void pair_q4(const Tile& c) {
+  constexpr int64_t kBlk = kMx ? int64_t(sizeof(BlockMXFP4)) : int64_t(sizeof(BlockQ4_0));
+  constexpr int64_t kQs = kMx ? 1 : 2;  // offset of qs in the block
+  // Q4_0: -8 * sum(x) = 8 * nsum, MXFP4: 16 * nsum, over a row's 2 lanes
+  constexpr int32_t kNsum = kMx ? kMxfp4Bias / 2 : 4;
   __m256 acc[T];
   for (auto& v : acc) v = _mm256_setzero_ps();
   const ActPtrs<T> x(c);
   const int64_t rb = c.row_bytes;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i lut = _mm256_broadcastsi128_si256(mxfp4_lut128());
   const __m256i ones = _mm256_set1_epi16(1);
   // After the fold below, lanes hold rows 0 0 2 2 | 1 1 3 3.
   const __m256i expand = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
   const uint8_t* pf = c.w + kPrefetchTiles * 4 * rb;
   for (int64_t b = 0; b < c.nb; ++b) {
-    const uint8_t* blk = c.w + b * int64_t(sizeof(BlockQ4_0));
-    prefetch_step<4 * int(sizeof(BlockQ4_0))>(pf + b * 4 * int64_t(sizeof(BlockQ4_0)));
+    const uint8_t* blk = c.w + b * kBlk;
+    prefetch_step<4 * int(kBlk)>(pf + b * 4 * kBlk);
     __m256i lo[2], hi[2];
     for (int g = 0; g < 2; ++g) {  // rows 2g (low 128 bits), 2g + 1 (high)
-      const uint8_t* q = blk + 2 * g * rb + 2;
+      const uint8_t* q = blk + 2 * g * rb + kQs;
       const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
                                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + rb)), 1);
       lo[g] = _mm256_and_si256(v, m4);
       hi[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      if constexpr (kMx) {
+        lo[g] = _mm256_shuffle_epi8(lut, lo[g]);
+        hi[g] = _mm256_shuffle_epi8(lut, hi[g]);
+      }
     }
-    // The four f16 scales packed in a general-purpose register, then converted at once.
-    const auto d = [&](int r) { return uint64_t(*reinterpret_cast<const uint16_t*>(blk + r * rb)); };
-    const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(d(0) | d(1) << 16 | d(2) << 32 | d(3) << 48)));
+    // The four scales packed in a general-purpose register, then converted at once.
+    __m128 dw;
+    if constexpr (kMx) {
+      dw = mxfp4_scales(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(int(mxfp4_exponents<4>(blk, rb)))));
+    } else {
+      const auto d = [&](int r) { return uint64_t(*reinterpret_cast<const uint16_t*>(blk + r * rb)); };
+      dw = _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(d(0) | d(1) << 16 | d(2) << 32 | d(3) << 48)));
+    }
     for (int t = 0; t < T; ++t) {
       const int8_t* xq = x.q[t] + 32 * b;
       const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
@@ -63,10 +79,9 @@ void pair_q4_0(const Tile& c) {
       __m256i p[2];
       for (int g = 0; g < 2; ++g)
         p[g] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], xlo), _mm256_maddubs_epi16(hi[g], xhi));
-      // int16 sums of 4 products (<= 15360) fold both pairs into one register, then widen
+      // int16 sums of 4 products fold both pairs into one register, then widen
       const __m256i s = _mm256_madd_epi16(_mm256_hadd_epi16(p[0], p[1]), ones);
-      // -8 * sum(x) over a row's 2 lanes
-      const __m256i ns = _mm256_set1_epi32(4 * reinterpret_cast<const int32_t*>(x.sum[t])[b]);
+      const __m256i ns = _mm256_set1_epi32(kNsum * x.nsum(t)[b]);
       const __m256 sc = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(x.d[t][b])));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s, ns)), _mm256_permutevar8x32_ps(sc, expand), acc[t]);
     }
@@ -122,8 +137,8 @@ void quad_q8_0(const Tile& c) {
   }
 }
 
-// gemm_int_classic for Q4_0 / Q8_0: the 4-row tiles above, then single rows with the tiles of
-// tiles_int.h.
+// gemm_int_classic for Q4_0 / Q8_0 / MXFP4: the 4-row tiles above, then single rows with the
+// tiles of tiles_int.h.
 void gemm_q32(const GemmArgs& a, int64_t r0, int64_t r1) {
   constexpr int TM = OpsAvx2::kMaxTokens;
   const RowsView v = rows_view(a);
@@ -139,7 +154,8 @@ void gemm_q32(const GemmArgs& a, int64_t r0, int64_t r1) {
         c.act = v.act + t * v.stride;
         c.y = a.y + t * a.ldy + r;
         const bool two = t1 - t >= 2;
-        if (a.type == DType::Q4_0) two ? pair_q4_0<2>(c) : pair_q4_0<1>(c);
+        if (a.type == DType::Q4_0) two ? pair_q4<false, 2>(c) : pair_q4<false, 1>(c);
+        else if (a.type == DType::MXFP4) two ? pair_q4<true, 2>(c) : pair_q4<true, 1>(c);
         else two ? quad_q8_0<2>(c) : quad_q8_0<1>(c);
       }
     }
@@ -363,6 +379,70 @@ struct RowLanesQ32x {
   }
 };
 
+// --- MXFP4 interleaved by 16 rows: row-lane tiles --------------------------------------------
+//
+// The group block of a block of 32 (kernels/matmul.h): the 16 rows' E8M0 bytes, then Q4_0's 4
+// nibble pieces at 16 + 64k, a row per 32-bit lane. rowlane8_tile's Q4_0 path with each nibble
+// looked up in the biased table (tiles_int.h): its values reach 28, so a step's pmaddubsw pairs
+// (low + high nibbles <= 2 * 2 * 28 * 127 = 14224) sum in int16 for two steps, not four, before
+// pmaddwd takes them to int32. The bias comes back as 16 * nsum; the float steps per block are
+// those of AVX-512's interleaved tiles (rowlanes_avx512.cpp: fma(cvt(s), dw * dx, acc)), so both
+// give the same bits.
+
+constexpr int64_t kGroupBlkMxfp4 = 16 * int64_t(sizeof(BlockMXFP4));
+
+template <int H, int T>
+__attribute__((noinline)) void rowlane8_mxfp4_tile(const uint8_t* group, int64_t nb, const RowsView& v, int64_t t,
+                                                   int h0, const uint8_t* pf, float* y, int64_t ldy, uint32_t keep) {
+  const ActPtrs<T> x(v, t);
+  __m256 acc[H][T];
+  for (auto& a : acc)
+    for (auto& e : a) e = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
+  const __m256i lut = _mm256_broadcastsi128_si256(mxfp4_lut128());
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kGroupBlkMxfp4;
+    if (pf) prefetch_step<int(kGroupBlkMxfp4)>(pf + b * kGroupBlkMxfp4);
+    for (int h = 0; h < H; ++h) {
+      const int half = h0 + h;
+      __m256i s[T];
+      for (auto& e : s) e = _mm256_setzero_si256();
+#pragma GCC unroll 1
+      for (int k0 = 0; k0 < 4; k0 += 2) {
+        __m256i s16[T];  // two steps' sums: <= 2 * 14224, still int16
+        for (auto& e : s16) e = _mm256_setzero_si256();
+        for (int k = k0; k < k0 + 2; ++k) {
+          const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 64 * k + 32 * half));
+          const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(d, m4));
+          const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(d, 4), m4));
+          for (int i = 0; i < T; ++i) {
+            const int8_t* xp = x.q[i] + 32 * b + 4 * k;
+            s16[i] = _mm256_add_epi16(s16[i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(xp)),
+                                                               _mm256_maddubs_epi16(hi, broadcast4(xp + 16))));
+          }
+        }
+        for (int i = 0; i < T; ++i) s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(s16[i], ones));
+      }
+      const __m256 dw = mxfp4_scales(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 8 * half))));
+      for (int i = 0; i < T; ++i) {
+        const __m256i si = _mm256_add_epi32(s[i], _mm256_slli_epi32(_mm256_set1_epi32(x.nsum(i)[b]), 4));
+        acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[i][b])), acc[h][i]);
+      }
+    }
+  }
+  store_halves<H, T>(acc, h0, y, ldy, keep);
+}
+
+struct RowLanesMxfp4 {
+  static constexpr int kTokens = 2, kBothHalvesTokens = 2;
+  static constexpr int64_t kBlock = 32, kGroupBlock = kGroupBlkMxfp4;
+  template <int H, int T>
+  static void tile(const uint8_t* group, int64_t nb, const RowsView& v, int64_t t, int h0, const uint8_t* pf, float* y,
+                   int64_t ldy, uint32_t keep) {
+    rowlane8_mxfp4_tile<H, T>(group, nb, v, t, h0, pf, y, ldy, keep);
+  }
+};
+
 // --- Q4_K interleaved by 16 rows: row-lane tiles ---------------------------------------------
 //
 // The group block of a super-block (kernels/matmul.h): d[16] and dmin[16] (f16) at 0 and 32;
@@ -583,12 +663,14 @@ void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
       case DType::Q5_1: return gemm_interleaved<RowLanesQ32x<DType::Q5_1>>(a, r0, r1);
       case DType::Q4_K: return gemm_interleaved<RowLanesQ4K<false>>(a, r0, r1);
       case DType::Q5_K: return gemm_interleaved<RowLanesQ4K<true>>(a, r0, r1);
+      case DType::MXFP4: return gemm_interleaved<RowLanesMxfp4>(a, r0, r1);
       default: return gemm_interleaved<RowLanesQ6K>(a, r0, r1);  // Q6_K (dispatch checks the type)
     }
   }
   switch (a.type) {
     case DType::Q4_0:
-    case DType::Q8_0: gemm_q32(a, r0, r1); break;
+    case DType::Q8_0:
+    case DType::MXFP4: gemm_q32(a, r0, r1); break;
     default: gemm_int_classic<OpsAvx2>(a, rows_view(a), r0, r1); break;
   }
 }

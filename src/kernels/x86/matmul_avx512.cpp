@@ -1,7 +1,7 @@
 // AVX-512 (F/BW/VL/DQ/VNNI) kernel table, and its choice of tile family (the families:
 // avx512_tiles.h):
 //  - quantized weights, decode: Q4_0 / Q8_0 in the wide tiles (wide_avx512.cpp: several rows per
-//    zmm, 8 rows); the K-quants in the classic tiles of tiles_int.h with VNNI (vpdpbusd / vpdpwssd
+//    zmm, 8 rows), MXFP4 there at every batch size; the K-quants in the classic tiles of tiles_int.h with VNNI (vpdpbusd / vpdpwssd
 //    on 256-bit vectors, 32 registers: 4 rows x 4 tokens);
 //  - Q4_0 / Q8_0, 2 to 15 tokens (small decode batches, and the tokens after a batch's last
 //    full 16-token group): the row-lane tiles (rowlanes_avx512.cpp), 16 weight rows per zmm;
@@ -142,6 +142,9 @@ void avx512_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
     case DType::Q8_0:
       gemm_q32_rows(a, rows_view(a), r0, r1);
       break;
+    // MXFP4 (gpt-oss's experts, whose tokens come a few at a time per expert) runs the wide tiles
+    // at any batch size: it has no row-lane or token-lane tiles of its own.
+    case DType::MXFP4: avx512::gemm_wide(a, rows_view(a), r0, r1); break;
     default: gemm_int_classic<OpsAvx512>(a, rows_view(a), r0, r1); break;
   }
 }

@@ -217,6 +217,75 @@ void tile_q32(const Tile& c) {
     for (int t = 0; t < T; ++t) c.y[t * c.ldy + r] = hsum256(acc[r][t]) + off[r][t];
 }
 
+// --- MXFP4 ---------------------------------------------------------------------------------
+//
+// A nibble indexes the E2M1 values doubled (kMxfp4Values, -12..12); one pshufb looks 16 of them
+// up at once. The table here holds them plus kMxfp4Bias (4..28): unsigned, as pmaddubsw and
+// vpdpbusd want their first operand, with pair sums <= 2 * 28 * 127. The bias comes back through
+// the activations' block sums: sum (v + 16) x = sum v x - 16 nsum (nsum = -sum(x)), so
+// 16 nsum is preloaded into the integer accumulator (16 divides evenly over the 2, 4 or 8 lanes a
+// row's sum spreads over). The integer sums are exact, so they equal the reference's (dot_mxfp4
+// in kernels/ref).
+constexpr int32_t kMxfp4Bias = 16;
+inline __m128i mxfp4_lut128() { return _mm_setr_epi8(16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4); }
+
+// 2^(e - 128) for an E8M0 byte e (quant_traits.h's e8m0_half, of which this translation unit
+// keeps its own copy): exponent field e - 1, or for e < 2 the denormals 2^-128 and 2^-127.
+inline float mxfp4_scale(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+// The same for 4 or 8 exponents in int32 lanes.
+inline __m128 mxfp4_scales(__m128i e) {
+  const __m128i normal = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+  const __m128i denormal = _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e);
+  return _mm_castsi128_ps(_mm_blendv_epi8(normal, denormal, _mm_cmplt_epi32(e, _mm_set1_epi32(2))));
+}
+inline __m256 mxfp4_scales(__m256i e) {
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+  const __m256i denormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, denormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+// The exponent bytes of R rows' blocks (R <= 8; bytes at blk0 + r * rb) packed in a 64-bit
+// register, byte r = row r's: general-purpose loads and shifts, as wide_scales does for f16.
+template <int R>
+inline uint64_t mxfp4_exponents(const uint8_t* blk0, int64_t rb) {
+  uint64_t e = 0;
+  for (int r = 0; r < R; ++r) e |= uint64_t(blk0[r * rb]) << (8 * r);
+  return e;
+}
+
+// MXFP4 x Q8_0, tile_q32's shape: a row's 32 values per register, looked up in both 128-bit lanes.
+template <class Ops, int R, int T>
+void tile_mxfp4(const Tile& c) {
+  __m256 acc[R][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  const ActPtrs<T> x(c);
+  const __m128i m4 = _mm_set1_epi8(0x0F), lut = mxfp4_lut128();
+  const uint8_t* pf = c.w + kPrefetchTiles * R * c.row_bytes;
+  for (int64_t b = 0; b < c.nb; ++b) {
+    prefetch_step<R * int(sizeof(BlockMXFP4))>(pf + b * R * int64_t(sizeof(BlockMXFP4)));
+    __m256i xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[t] + 32 * b));
+    for (int r = 0; r < R; ++r) {
+      const BlockMXFP4* blk = reinterpret_cast<const BlockMXFP4*>(c.w + r * c.row_bytes) + b;
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs));
+      const __m256i wq = _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m4)),
+                                          _mm_shuffle_epi8(lut, _mm_and_si128(v, m4)));
+      const float dw = mxfp4_scale(blk->e);
+      for (int t = 0; t < T; ++t) {
+        const int32_t nsum = x.nsum(t)[b];
+        const __m256i s = Ops::dot_u8s8(_mm256_set1_epi32(kMxfp4Bias / 8 * nsum), wq, xv[t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * x.d[t][b]), acc[r][t]);
+      }
+    }
+  }
+  store_tile<R, T>(c, acc);
+}
+
 // Q4_1 / Q5_0 / Q5_1 interleaved by 16 rows (kernels/matmul.h): offsets in a group's block.
 template <DType kType>
 struct Q32xLayout {
@@ -466,6 +535,7 @@ void int_tile(DType type, const Tile& c) {
     case DType::Q4_K: tile_q4_k<Ops, BlockQ4_K, R, T>(c); break;
     case DType::Q5_K: tile_q4_k<Ops, BlockQ5_K, R, T>(c); break;
     case DType::Q6_K: tile_q6_k<Ops, R, T>(c); break;
+    case DType::MXFP4: tile_mxfp4<Ops, R, T>(c); break;
     default: break;
   }
 }
@@ -522,7 +592,7 @@ inline bool x86_has_kernel(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
     case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q2_K: case DType::Q3_K:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::MXFP4:
       return true;
     default:
       return false;

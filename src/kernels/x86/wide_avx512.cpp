@@ -1,4 +1,4 @@
-// AVX-512 wide classic tiles for Q4_0 / Q8_0 (decode; avx512_tiles.h): several weight rows per
+// AVX-512 wide classic tiles for Q4_0 / Q8_0 / MXFP4 (decode; avx512_tiles.h): several weight rows per
 // zmm against one block of Rows activations broadcast to every lane.
 //
 // The 256-bit tiles spend ~12 instructions per (row, 32-weight block) and, with 4-row tiles
@@ -76,6 +76,61 @@ void wide_q4_0(const Tile& c) {
     }
 }
 
+// R rows (4 or 8) x T tokens of MXFP4: wide_q4_0 with each nibble looked up in the biased E2M1
+// table (tiles_int.h; one vpshufb per 64 nibbles, the table in every 128-bit lane) and the rows'
+// E8M0 scales rebuilt from their bytes, 8 at once. The bias, 16 * nsum a row, starts each of its
+// 4 lanes at 4 * nsum.
+template <int R, int T>
+void wide_mxfp4(const Tile& c) {
+  constexpr int G = R / 4;  // zmm per token
+  constexpr int64_t kBlk = int64_t(sizeof(BlockMXFP4));
+  __m512 acc[G][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  const ActPtrs<T> x(c);
+  const int64_t rb = c.row_bytes;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), lut = _mm512_broadcast_i32x4(mxfp4_lut128());
+  __m512i expand[G];  // 128-bit lane j of vector g <- scale of row 4g + j
+  for (int g = 0; g < G; ++g)
+    expand[g] = _mm512_setr_epi32(4 * g, 4 * g, 4 * g, 4 * g, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
+                                  4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3);
+  const uint8_t* pf = c.w + kPrefetchTiles * R * rb;
+  for (int64_t b = 0; b < c.nb; ++b) {
+    const uint8_t* blk = c.w + b * kBlk;
+    prefetch_step<R * int(kBlk)>(pf + b * R * kBlk);
+    __m512i lo[G], hi[G];
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* q = blk + 4 * g * rb + 1;
+      const __m256i v01 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
+                                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + rb)), 1);
+      const __m256i v23 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 2 * rb))),
+                                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 3 * rb)), 1);
+      const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v01), v23, 1);
+      lo[g] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
+      hi[g] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+    }
+    const __m256 dw = mxfp4_scales(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mxfp4_exponents<R>(blk, rb)))));
+    for (int t = 0; t < T; ++t) {
+      const int8_t* xq = x.q[t] + 32 * b;
+      const __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
+      const __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
+      const __m512i ns = _mm512_set1_epi32(kMxfp4Bias / 4 * x.nsum(t)[b]);
+      const __m512 sc = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_set1_ps(x.d[t][b])));
+      for (int g = 0; g < G; ++g) {
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ns, lo[g], xlo), hi[g], xhi);
+        acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(expand[g], sc), acc[g][t]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < T; ++t) {
+      alignas(64) float tmp[16];
+      _mm512_store_ps(tmp, acc[g][t]);
+      for (int j = 0; j < 4; ++j)
+        c.y[t * c.ldy + 4 * g + j] = (tmp[4 * j] + tmp[4 * j + 1]) + (tmp[4 * j + 2] + tmp[4 * j + 3]);
+    }
+}
+
 // R rows (4 or 8) x T tokens of Q8_0.
 template <int R, int T>
 void wide_q8_0(const Tile& c) {
@@ -126,6 +181,7 @@ void wide_q8_0(const Tile& c) {
 template <int R, int T>
 void wide_tile(DType type, const Tile& c) {
   if (type == DType::Q4_0) wide_q4_0<R, T>(c);
+  else if (type == DType::MXFP4) wide_mxfp4<R, T>(c);
   else wide_q8_0<R, T>(c);
 }
 
@@ -149,7 +205,7 @@ void wide_rows(const GemmArgs& a, const RowsView& v, int64_t r, int64_t t0, int6
 
 }  // namespace
 
-// gemm_int_classic for Q4_0 / Q8_0: 8-row tiles, then one of 4, then single rows.
+// gemm_int_classic for Q4_0 / Q8_0 / MXFP4: 8-row tiles, then one of 4, then single rows.
 void gemm_wide(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
   int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
   tb = tb < OpsAvx512::kMaxTokens ? OpsAvx512::kMaxTokens : tb / OpsAvx512::kMaxTokens * OpsAvx512::kMaxTokens;
