@@ -1,7 +1,8 @@
 #pragma once
 // The compression methods `tern quantize --method` and `tern compare` apply, one name each:
 //
-//   f32, f16, bf16, q8_0, q4_0, q4_k, q6_k   llama.cpp's types and rules (quantize.h)
+//   f32, f16, bf16, q8_0, q6_k, q5_k, q5_0,  llama.cpp's types and rules (quantize.h)
+//   q4_k, q4_0, q3_k, q2_k, tq2_0, tq1_0
 //   rtn-int4 / -int3 / -int8                  round-to-nearest into TQ (the baseline of GPTQ/AWQ)
 //   gptq-int4 / -int3 / -int8                 GPTQ into TQ (gptq.h)
 //   awq-int4 / -int3                          AWQ into TQ (awq.h)

@@ -17,6 +17,7 @@ namespace {
 constexpr DType kQuantizeTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                                     DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4,
+                                    DType::TQ1_0, DType::TQ2_0,
                                     // 2:4 magnitude pruning of a dense model (quant/quant_sparse.h)
                                     DType::TS24_Q8, DType::TS24_F16};
 
@@ -68,30 +69,37 @@ DType parse_quantize_type(const std::string& name) {
 
 std::pair<DType, std::string> default_tensor_type(const GgufFile& src, const GgufTensorInfo& t,
                                                   const QuantizeOptions& opts) {
-  const std::string& name = t.name;
+  const int n_layer = int(src.get_uint(src.get_string("general.architecture", "llama") + ".block_count", 0));
+  return default_tensor_type(t.name, t.ne, src.find_tensor("output.weight") != nullptr, n_layer, opts);
+}
+
+std::pair<DType, std::string> default_tensor_type(const std::string& name, const std::vector<int64_t>& ne,
+                                                  bool has_output, int n_layer, const QuantizeOptions& opts) {
   if (opts.pure || dtype_is_float(opts.type)) return {opts.type, "default"};
-  const bool has_output = src.find_tensor("output.weight") != nullptr;
   if (name == "output.weight" || (!has_output && name == "token_embd.weight")) {
     if (opts.output_type) return {*opts.output_type, "--output-type"};
     if (opts.type == DType::Q8_0) return {DType::Q8_0, "output rule (q8_0 target: q8_0)"};
     if (opts.type == DType::MXFP4) return {DType::Q8_0, "output rule (mxfp4 target: q8_0)"};
     if (!available(DType::Q6_K)) return {DType::Q8_0, "output rule (q8_0: no q6_k codec)"};
-    if (t.ne[0] % kQK_K != 0)
-      return {DType::Q8_0, str_cat("output rule (q8_0: rows of ", t.ne[0], " do not fit q6_k's 256-blocks)")};
+    if (ne[0] % kQK_K != 0)
+      return {DType::Q8_0, str_cat("output rule (q8_0: rows of ", ne[0], " do not fit q6_k's 256-blocks)")};
     return {DType::Q6_K, "output rule (q6_k)"};
   }
   if (name == "token_embd.weight" && opts.embd_type) return {*opts.embd_type, "--embedding-type"};
+  // llama-quantize's TQ1_0 / TQ2_0: an untied token embedding in q4_k (a lookup table, not a
+  // ternary-trained matrix); the output took the rule above (q6_k).
+  if (name == "token_embd.weight" && (opts.type == DType::TQ1_0 || opts.type == DType::TQ2_0))
+    return {DType::Q4_K, opts.type == DType::TQ1_0 ? "tq1_0 rule (token embedding: q4_k)" : "tq2_0 rule (token embedding: q4_k)"};
   // llama-quantize's MXFP4_MOE: the experts' 3-D tensors in mxfp4 (the format gpt-oss ships them
   // in), every other matrix in q8_0.
   if (opts.type == DType::MXFP4) {
-    if (t.ne.size() >= 3 && t.ne[2] > 1) return {DType::MXFP4, "mxfp4_moe rule (expert tensor)"};
+    if (ne.size() >= 3 && ne[2] > 1) return {DType::MXFP4, "mxfp4_moe rule (expert tensor)"};
     return {DType::Q8_0, "mxfp4_moe rule (not an expert tensor: q8_0)"};
   }
   // The _M mixes (llama-quantize's Q4_K_M / Q5_K_M): attn_v and ffn_down of the "more bits"
   // layers in q6_k.
   if ((opts.type == DType::Q4_K || opts.type == DType::Q5_K) && available(DType::Q6_K) &&
       (ends_with(name, ".attn_v.weight") || ends_with(name, ".ffn_down.weight"))) {
-    const int n_layer = int(src.get_uint(src.get_string("general.architecture", "llama") + ".block_count", 0));
     const int il = layer_of(name);
     if (n_layer > 0 && il >= 0 && use_more_bits(il, n_layer))
       return {DType::Q6_K, opts.type == DType::Q4_K ? "q4_k_m mix (q6_k layer)" : "q5_k_m mix (q6_k layer)"};

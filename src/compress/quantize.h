@@ -9,9 +9,12 @@
 //     q6_k when its rows fit 256-element super-blocks, else q8_0 (a q8_0 target keeps q8_0);
 //   - mxfp4 means llama.cpp's MXFP4_MOE: the 3-D expert tensors get mxfp4, every other matrix
 //     (the output included) q8_0;
+//   - tq1_0 / tq2_0 (llama.cpp's MOSTLY_TQ1_0 / _TQ2_0): the output as above (q6_k), an untied
+//     token_embd.weight q4_k, every other matrix the ternary type;
 //   - q4_k means llama.cpp's Q4_K_M mix: attn_v and ffn_down of the "more bits" layers get q6_k;
 //   - a tensor whose rows do not fit the chosen type's block size falls back to the nearest type
-//     that fits and is at least as precise (k-quant -> q8_0 -> f16), reported per tensor;
+//     that fits and is at least as precise (k-quant -> q8_0 -> f16; tq1_0 / tq2_0 -> q4_0, as
+//     llama.cpp), reported per tensor;
 //   - --pure: every 2-D tensor gets the requested type (llama-quantize --pure), still with the
 //     per-tensor fallback (llama.cpp refuses such tensors instead).
 #include <cstdint>
@@ -75,6 +78,10 @@ DType parse_quantize_type(const std::string& name);
 // (before the row-size fallback), and why.
 std::pair<DType, std::string> default_tensor_type(const GgufFile& src, const GgufTensorInfo& t,
                                                   const QuantizeOptions& opts);
+// The same for a tensor of a model that is not a file yet (quantization-aware training plans its
+// types before there is one): has_output = the model has output.weight, n_layer its block count.
+std::pair<DType, std::string> default_tensor_type(const std::string& name, const std::vector<int64_t>& ne,
+                                                  bool has_output, int n_layer, const QuantizeOptions& opts);
 
 // Whether `name` matches one of the glob patterns.
 bool matches_any(const std::string& name, const std::vector<std::string>& globs);

@@ -4,7 +4,7 @@
 //
 // How a matmul runs (dispatch.cpp):
 //   1. quantize the f32 activations once into the caller's scratch, in the format the weight
-//      type pairs with (Q8_0 for the blocks of 32, MXFP4 included; Q8_K for the K-quants; float
+//      type pairs with (Q8_0 for the blocks of 32, MXFP4 included; Q8_K for the K-quants and TQ1_0 / TQ2_0; float
 //      weights read x as is);
 //   2. split the output rows into chunks claimed by the pool's threads; each chunk computes
 //      y[t][r] for its rows and every token with the table's gemm.

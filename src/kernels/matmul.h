@@ -11,7 +11,7 @@
 // is tested against kernels/ref.
 // Must be called from the thread that owns `pool`; work is split across the pool.
 //
-// Quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4) multiply activations quantized on the fly to
+// Quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, MXFP4, TQ1_0, TQ2_0) multiply activations quantized on the fly to
 // 8 bits per block (Q8_0 / Q8_K, as llama.cpp does), so results differ from the f32 oracle
 // matmul_ref by that rounding (~0.5% of the magnitude of the result). Float weights (F32,
 // F16, BF16) use f32 arithmetic throughout, one FMA per element in k order into one sum per

@@ -1,6 +1,7 @@
 #include "models/weight_check.h"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "quant/quant_codecs.h"
 #include "quant/quant_tern.h"
 #include "quant/quant_traits.h"
 
@@ -56,6 +58,8 @@ std::vector<size_t> f16_scale_offsets(DType t) {
     case DType::Q4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
     case DType::Q5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
     case DType::Q6_K: return {offsetof(BlockQ6_K, d)};
+    case DType::TQ1_0: return {offsetof(BlockTQ1_0, d)};
+    case DType::TQ2_0: return {offsetof(BlockTQ2_0, d)};
     default: return {};
   }
 }
@@ -63,6 +67,51 @@ std::vector<size_t> f16_scale_offsets(DType t) {
 [[noreturn]] void report(const std::string& file_path, const GgufTensorInfo& t, const std::string& where) {
   fail(file_path, ": tensor ", t.name, " (", dtype_name(t.type), ", ", t.shape_string(), ") holds a non-finite value ",
        "(NaN or Inf) ", where, ": the file is corrupt (re-download or re-convert it)");
+}
+
+[[noreturn]] void report_code(const std::string& file_path, const GgufTensorInfo& t, const std::string& what,
+                              int64_t block, int64_t blocks_per_row) {
+  fail(file_path, ": tensor ", t.name, " (", dtype_name(t.type), ", ", t.shape_string(), ") holds ", what,
+       " in block ", block, " (row ", block / std::max<int64_t>(1, blocks_per_row),
+       "): the file is corrupt or was not written by a ggml-compatible quantizer (re-download or re-convert it)");
+}
+
+// The first TQ2_0 block (of n) holding the 2-bit code 3, which is no trit (ggml would read it as
+// +2 d), or -1: 8 bytes at a time, a code 3 is a pair of set bits at an even position.
+int64_t first_tq2_0_code3(const uint8_t* p, int64_t n) {
+  constexpr uint64_t kEven = 0x5555555555555555ull;
+  for (int64_t b = 0; b < n; ++b) {
+    const uint8_t* qs = p + b * int64_t(sizeof(BlockTQ2_0));
+    uint64_t bad = 0;
+    for (size_t i = 0; i < sizeof(BlockTQ2_0::qs); i += 8) {
+      uint64_t w;
+      std::memcpy(&w, qs + i, 8);
+      bad |= w & (w >> 1) & kEven;
+    }
+    if (bad) return b;
+  }
+  return -1;
+}
+
+// The first TQ1_0 block (of n) holding a byte its packing never writes (quant_traits.h: 13 of the
+// 256 values in qs, 175 in qh), or -1. Such a byte still decodes to trits (those of a canonical
+// neighbour), so ggml would compute with it; but no writer of the format produces one, so it
+// marks a damaged or foreign file.
+int64_t first_tq1_0_non_canonical(const uint8_t* p, int64_t n) {
+  static const auto kBad = [] {  // [0][byte]: in qs, [1][byte]: in qh
+    std::array<std::array<uint8_t, 256>, 2> t{};
+    for (int b = 0; b < 256; ++b)
+      for (int qh = 0; qh < 2; ++qh) t[size_t(qh)][size_t(b)] = !codec::tq1_0_byte_is_canonical(uint8_t(b), qh == 1);
+    return t;
+  }();
+  for (int64_t b = 0; b < n; ++b) {
+    const auto* blk = reinterpret_cast<const BlockTQ1_0*>(p + b * int64_t(sizeof(BlockTQ1_0)));
+    unsigned bad = 0;
+    for (uint8_t v : blk->qs) bad |= kBad[0][v];
+    for (uint8_t v : blk->qh) bad |= kBad[1][v];
+    if (bad) return b;
+  }
+  return -1;
 }
 
 }  // namespace
@@ -90,7 +139,15 @@ void check_weights_finite(const std::string& file_path, const GgufTensorInfo& t)
     const int64_t bad = first_non_finite<uint16_t>(t.data + off, n_blocks, kF16Exp, size_t(info.block_bytes));
     if (bad >= 0) report(file_path, t, in_block(bad));
   }
-  if (t.type == DType::MXFP4) {
+  if (t.type == DType::TQ2_0) {
+    const int64_t bad = first_tq2_0_code3(t.data, n_blocks);
+    if (bad >= 0) report_code(file_path, t, "the 2-bit code 3, which is no trit (-1, 0, 1 are 0, 1, 2)", bad, blocks_per_row);
+  } else if (t.type == DType::TQ1_0) {
+    const int64_t bad = first_tq1_0_non_canonical(t.data, n_blocks);
+    if (bad >= 0)
+      report_code(file_path, t, "a byte that is no base-3 packing of trits (not one of the 243 values TQ1_0 packs to)", bad,
+                  blocks_per_row);
+  } else if (t.type == DType::MXFP4) {
     // An E8M0 exponent of 253 or more times a large code overflows f32 (what ggml decodes is
     // inf there): codes of doubled magnitude m (up to 12) in a block of exponent e decode to
     // m 2^(e - 128), infinite once m >= 2^(256 - e). tern's quantizer never writes such a block.

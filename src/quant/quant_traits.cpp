@@ -49,6 +49,9 @@ const QuantTraits kTraits[] = {
     {DType::Q4_K, "q4_k", kQK_K, sizeof(BlockQ4_K), q4_k_to_float, q4_k_from_float, DType::Q8_K},
     {DType::Q5_K, "q5_k", kQK_K, sizeof(BlockQ5_K), q5_k_to_float, q5_k_from_float, DType::Q8_K},
     {DType::Q6_K, "q6_k", kQK_K, sizeof(BlockQ6_K), q6_k_to_float, q6_k_from_float, DType::Q8_K},
+    // The ternary types pair with Q8_K activations, as in ggml (vec_dot_tq1_0_q8_K / _tq2_0_).
+    {DType::TQ1_0, "tq1_0", kQK_K, sizeof(BlockTQ1_0), tq1_0_to_float, tq1_0_from_float, DType::Q8_K},
+    {DType::TQ2_0, "tq2_0", kQK_K, sizeof(BlockTQ2_0), tq2_0_to_float, tq2_0_from_float, DType::Q8_K},
     // Q8_K exists to carry activations; as a weight it has no fast kernel (matmul falls back
     // to the reference), so it pairs with nothing.
     {DType::Q8_K, "q8_k", kQK_K, sizeof(BlockQ8_K), q8_k_to_float, q8_k_from_float, DType::F32},
@@ -90,6 +93,8 @@ uint32_t llama_file_type(DType type) {
     case DType::Q5_K: return 17; // MOSTLY_Q5_K_M (llama-quantize's "Q5_K")
     case DType::Q6_K: return 18; // MOSTLY_Q6_K
     case DType::BF16: return 32; // MOSTLY_BF16
+    case DType::TQ1_0: return 36; // MOSTLY_TQ1_0
+    case DType::TQ2_0: return 37; // MOSTLY_TQ2_0
     case DType::MXFP4: return 38; // MOSTLY_MXFP4_MOE
     default: return static_cast<uint32_t>(type);  // tern's own types: the type id itself
   }
@@ -103,6 +108,8 @@ DType fit_row_type(DType want, int64_t n_in) {
   DType alt = DType::F16;
   // (for q2_k / q3_k llama.cpp picks iq4_nl, which tern does not have: q4_0, the same 4.5 bpw)
   if (want == DType::Q2_K || want == DType::Q3_K) alt = DType::Q4_0;
+  // (llama.cpp's own choice for the ternary types, "until a symmetric type" exists)
+  else if (want == DType::TQ1_0 || want == DType::TQ2_0) alt = DType::Q4_0;
   else if (want == DType::Q4_K) alt = DType::Q5_0;
   else if (want == DType::Q5_K) alt = DType::Q5_1;
   else if (want == DType::Q6_K) alt = DType::Q8_0;

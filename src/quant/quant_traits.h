@@ -34,7 +34,8 @@ const QuantTraits& require_quant_traits(DType t, const char* tensor_name);
 uint32_t llama_file_type(DType type);
 
 // The type for rows of n_in elements: `want` when it fits, else llama-quantize's substitute
-// (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0; q2_k / q3_k -> q4_0) when that fits, else f16. Always fits.
+// (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0; q2_k / q3_k / tq1_0 / tq2_0 -> q4_0) when that fits,
+// else f16. Always fits.
 DType fit_row_type(DType want, int64_t n_in);
 
 // Elements per K-quant super-block.
@@ -156,6 +157,33 @@ inline float e8m0_half(uint8_t e) {
   return f;
 }
 
+// TQ1_0 and TQ2_0 (llama.cpp's ternary types for BitNet b1.58 / TriLM weights): 256 trits
+// t in {-1, 0, 1} and one f16 scale, x = d * t; each trit is stored as t + 1 in {0, 1, 2}.
+// The scale comes last in both blocks (unlike the K-quants').
+//
+// TQ1_0 (1.6875 bits per weight): five trits per byte as a base-3 number, most significant trit
+// first, v = sum_n (t_n + 1) 3^(4 - n) in 0..242, stored as the byte ceil(v * 256 / 243), so
+// that trit n is the top "digit" of the byte times 3^n: ((uint8_t(byte * 3^n) * 3) >> 8. Elements:
+//   qs[m],      m < 32: trit n (0..4) is element 32n + m            (elements 0..159)
+//   qs[32 + m], m < 16: trit n is element 160 + 16n + m             (elements 160..239)
+//   qh[j],      j < 4 : trit n (0..3) is element 240 + 4n + j, the fifth trit 0 (elements 240..255)
+// Of the 256 byte values only 243 are what the packing writes (81 in qh, whose fifth trit is 0);
+// the others still decode to trits (every byte does), which weight_check refuses.
+struct BlockTQ1_0 {
+  uint8_t qs[48];
+  uint8_t qh[4];
+  uint16_t d;  // fp16 scale
+};
+// TQ2_0 (2.0625 bits per weight): Q2_K's 2-bit layout without sub-block scales: element
+// 128n + 32l + m (n = 0, 1; l = 0..3; m = 0..31) is (qs[32n + m] >> 2l) & 3, minus 1. The code 3
+// is no trit (weight_check refuses it; ggml would read it as 2).
+struct BlockTQ2_0 {
+  uint8_t qs[kQK_K / 4];
+  uint16_t d;  // fp16 scale
+};
+// 3^n: the multiplier that brings trit n of a TQ1_0 byte to the top.
+inline constexpr uint8_t kTq1Pow3[5] = {1, 3, 9, 27, 81};
+
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockQ4_0) == 18);
@@ -168,6 +196,8 @@ static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockTQ1_0) == 54);
+static_assert(sizeof(BlockTQ2_0) == 66);
 
 // Round to nearest, ties to even, for |x| < 2^22: the rounding every K-quant rule uses
 // (adding 1.5 * 2^23 puts the integer in the low mantissa bits). Exposed so that kernels

@@ -30,6 +30,7 @@
 #include "tools/model_args.h"
 #include "tools/progress.h"
 #include "tools/prune_recover.h"
+#include "tools/qat_export.h"
 
 namespace tern {
 namespace {
@@ -67,6 +68,23 @@ std::string main_format(const MethodReport& rep) {
   return best;
 }
 
+// What a method wrote, read back from its file (a child process made it: tern distill --qat).
+MethodReport report_of_file(const std::string& path) {
+  const GgufFile f = GgufFile::open(path);
+  MethodReport rep;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    TensorReport r;
+    r.name = t.name;
+    r.ne = t.ne;
+    r.src_type = r.requested = r.type = t.type;
+    r.bytes = int64_t(t.n_bytes);
+    r.reason = "written";
+    rep.quant.bytes += r.bytes;
+    rep.quant.tensors.push_back(std::move(r));
+  }
+  return rep;
+}
+
 }  // namespace
 
 int cmd_compare(int argc, char** argv) {
@@ -85,7 +103,9 @@ int cmd_compare(int argc, char** argv) {
   app.add_option("--methods", methods_arg,
                  "comma-separated methods (default: the source type, q8_0, q4_0, q4_k, gptq-int4, awq-int4, "
                  "llm.int8, smoothquant-w8a8); known: " + known +
-                     ", and pruning: magnitude|wanda|sparsegpt[-owl]-<sparsity> (wanda-50, sparsegpt-2:4)");
+                     ", pruning: magnitude|wanda|sparsegpt[-owl]-<sparsity> (wanda-50, sparsegpt-2:4), and "
+                     "quantization-aware training: qat-<type> and, with learned scales, qat-lsq-<type> (qat-q4_0, "
+                     "qat-q2_k, qat-ternary, qat-lsq-q4_0; on --recover-data)");
   std::string kv_arg;
   int64_t kv_long = 0;
   app.add_option("--kv", kv_arg,
@@ -118,8 +138,9 @@ int cmd_compare(int argc, char** argv) {
   app.add_option("--group", mopts.group, "GPTQ/AWQ/RTN group size")->capture_default_str();
   RecoverOptions recover;
   app.add_option("--recover-data", recover.data,
-                 "training text of the pruning methods' +recover variants (not the perplexity text)");
-  app.add_option("--recover-tokens", recover.tokens, "tokens of each +recover fine-tune")->capture_default_str();
+                 "training text of the pruning methods' +recover variants and the qat- methods (not the perplexity text)");
+  app.add_option("--recover-tokens", recover.tokens, "tokens of each +recover fine-tune and qat- run")->capture_default_str();
+  app.add_option("--recover-lr", recover.lr, "peak learning rate of those runs")->capture_default_str();
   app.add_option("-t,--threads", threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--out-dir", out_dir, "keep the quantized models here (default: a temporary folder, removed)");
   app.add_flag("--json", json, "print the table as a JSON array (one object per method or --kv entry)");
@@ -200,7 +221,20 @@ int cmd_compare(int argc, char** argv) {
     const bool r = m.size() > suffix.size() && m.compare(m.size() - suffix.size(), suffix.size(), suffix) == 0;
     return std::make_pair(r ? m.substr(0, m.size() - suffix.size()) : m, r);
   };
+  // "qat-TYPE": quantization-aware training of the source into TYPE (prune_recover.h), on
+  // --recover-data.
+  // "qat-lsq-TYPE": the same with learned scales (--qat-lsq).
+  auto qat_type_of = [](const std::string& m) {
+    if (m.rfind("qat-lsq-", 0) == 0) return m.substr(8);
+    return m.rfind("qat-", 0) == 0 ? m.substr(4) : std::string();
+  };
+  bool need_training_text = false;
   for (const auto& full : methods) {
+    if (const std::string qt = qat_type_of(full); !qt.empty()) {
+      (void)parse_qat_type(qt);  // throws for an unknown type
+      need_training_text = true;
+      continue;
+    }
     const auto [m, rec] = base_of(full);
     if (rec && !is_pruning_method(m)) fail("method '", full, "': +recover follows a pruning method (wanda-50+recover)");
     need_recover |= rec;
@@ -214,7 +248,7 @@ int cmd_compare(int argc, char** argv) {
   const std::string text = ppl_file.empty() ? std::string() : read_file_text(ppl_file, "perplexity text");
   if (calib_file.empty()) calib_file = ppl_file;
   if (need_calib && calib_file.empty()) fail("the methods need a calibration text: --calib FILE");
-  if (need_recover) {
+  if (need_recover || need_training_text) {
     recover.threads = threads;
     recover.quiet = true;
     check_recover_options(recover);
@@ -222,7 +256,7 @@ int cmd_compare(int argc, char** argv) {
     if (!ppl_file.empty() && fs::equivalent(recover.data, ppl_file, ec))
       fail("--recover-data is the perplexity text ", ppl_file, ": fine-tuning on it would flatter the +recover rows");
   } else if (!recover.data.empty()) {
-    fail("--recover-data is for +recover methods (e.g. wanda-50+recover)");
+    fail("--recover-data is for +recover and qat- methods (e.g. wanda-50+recover, qat-q4_0)");
   }
   if (copts.n_tokens < 0) copts.n_tokens = speed_only ? 256 : 4096;
   mopts.search = !speed_only;
@@ -282,14 +316,23 @@ int cmd_compare(int argc, char** argv) {
   const std::string stem = fs::path(model).stem().string();
   for (size_t mi = 0; mi < methods.size(); ++mi) {
     const auto [m, rec] = base_of(methods[mi]);
-    const MethodInfo& info = find_method(m);
+    const std::string qat_type = qat_type_of(m);
+    const MethodInfo* info = qat_type.empty() ? &find_method(m) : nullptr;
     CompareRow row;
     row.method = methods[mi];
     try {
     const std::string out = (dir / (stem + "-" + methods[mi] + ".gguf")).string();
-    mopts.progress = draw(str_cat(info.name, " (", mi + 1, "/", methods.size(), ")"));
+    mopts.progress = draw(str_cat(info ? info->name : methods[mi].c_str(), " (", mi + 1, "/", methods.size(), ")"));
     MethodReport rep;
-    if (!rec) {
+    if (!qat_type.empty()) {
+      if (!json) std::fprintf(stderr, "%s: training (%lld tokens)\n", methods[mi].c_str(), static_cast<long long>(recover.tokens));
+      const int64_t t_qat = now_ns();
+      qat_from_source(model, qat_type, m.rfind("qat-lsq-", 0) == 0, out, recover);
+      rep = report_of_file(out);
+      rep.notes.push_back(str_cat("quantization-aware training: ", recover.tokens, " tokens of ", recover.data,
+                                  ", distilled from the source"));
+      rep.seconds = double(now_ns() - t_qat) / 1e9;
+    } else if (!rec) {
       rep = apply_method(m, model, out, need_calib ? &calib : nullptr, mopts);
     } else {
       // Prune in the source's types, recover in f32, then store as the method asked ("@type").
@@ -333,7 +376,7 @@ int cmd_compare(int argc, char** argv) {
     // Speed and memory: greedy generation from the fixed prompt, median of reps runs.
     std::vector<double> pp, tg, ttft, tbt;
     for (int r = 0; r < reps; ++r) {
-      if (!json) std::fprintf(stderr, "%s: generating %lld tokens (run %d/%d)\n", info.name,
+      if (!json) std::fprintf(stderr, "%s: generating %lld tokens (run %d/%d)\n", methods[mi].c_str(),
                               static_cast<long long>(gen_tokens), r + 1, reps);
       const nlohmann::json j = run_child(self, "run -m " + shell_quote(out) + " -f " + shell_quote(prompt_file) +
                                                    " -n " + std::to_string(gen_tokens) +
@@ -350,7 +393,7 @@ int cmd_compare(int argc, char** argv) {
     row.ttft_ms = percentile(ttft, 50);
     row.tbt_ms = percentile(tbt, 50);
     if (!speed_only) {
-      if (!json) std::fprintf(stderr, "%s: perplexity\n", info.name);
+      if (!json) std::fprintf(stderr, "%s: perplexity\n", methods[mi].c_str());
       const nlohmann::json j = run_child(self, "ppl -m " + shell_quote(out) + " -f " + shell_quote(ppl_file) +
                                                    " --ctx " + std::to_string(ctx) + " --chunks " +
                                                    std::to_string(ppl_chunks) + targs);

@@ -2,7 +2,9 @@
 // would train (a new shape or -m). Token-level (the teacher's logits at every position, computed
 // on the fly: forward KL, reverse KL or their mix, plus the hard-label loss) and sequence-level
 // (--teacher-samples N: the student also trains on N texts the teacher writes, which works
-// across tokenizers). docs/training.md has the options and the figures.
+// across tokenizers). Feature- and relation-based terms (--loss feature=..,relation=..) add
+// losses on the student's hidden states against the teacher's (train/distill_hidden.h).
+// docs/training.md has the options and the figures.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,13 +12,14 @@
 
 #include "core/error.h"
 #include "core/output_file.h"
-#include "runtime/generate.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
-#include "tools/progress.h"
+#include "tools/self_samples.h"
 #include "tools/train_args.h"
 #include "train/distill.h"
+#include "train/distill_hidden.h"
+#include "train/model.h"
 
 namespace tern {
 namespace {
@@ -45,27 +48,6 @@ int64_t first_vocab_difference(const GgufFile& a, const GgufFile& b, std::string
   return -1;
 }
 
-// One sample per document: blank lines inside a sample would split it.
-std::string as_one_document(const std::string& text) {
-  std::string out;
-  bool pending_newline = false;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    const std::string line = text.substr(pos, end - pos);
-    if (line.find_first_not_of(" \t\r\f\v") != std::string::npos) {
-      if (pending_newline) out += '\n';
-      // A SentencePiece text starts with the space the tokenizer's dummy prefix decodes to;
-      // tokenizing it again would add a second one.
-      out += pending_newline ? line : line.substr(line.find_first_not_of(' '));
-      pending_newline = true;
-    }
-    pos = end + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 int cmd_distill(int argc, char** argv) {
@@ -83,12 +65,33 @@ int cmd_distill(int argc, char** argv) {
   app.add_option("--kd-mix", kd.mix, "with --kd mix: the forward KL's weight")->capture_default_str();
   app.add_option("--hard-weight", kd.hard_weight, "weight of the hard-label cross-entropy (the soft loss gets 1 - it)")
       ->capture_default_str();
+  std::string loss_spec, feature_layers, relation_layers = "-1:-1", attention_layers = "-1:-1";
+  app.add_option("--loss", loss_spec,
+                 "loss terms and their weights, e.g. response=1,feature=0.5,relation=0.5 (response: the logits' loss "
+                 "set by --kd/--temperature/--hard-weight; feature: hidden-state MSE; relation: token-to-token "
+                 "cosine-similarity MSE; attention: KL of the attention probabilities); default response=1");
+  app.add_option("--feature-layers", feature_layers,
+                 "feature term: STUDENT:TEACHER layer pairs, 0-based (-1: the last), e.g. 1:2,3:5 (default: "
+                 "min(layers) pairs evenly spaced, the last pairing the last layers)");
+  app.add_option("--relation-layers", relation_layers, "relation term: STUDENT:TEACHER layer pairs")
+      ->capture_default_str();
+  app.add_option("--attention-layers", attention_layers, "attention term: STUDENT:TEACHER layer pairs")
+      ->capture_default_str();
   app.add_option("--teacher-samples", n_samples, "sequence-level KD: also train on this many texts the teacher writes");
   app.add_option("--sample-len", sample_len, "tokens per teacher sample (default: --ctx)");
   app.add_option("--sample-temp", sample_temp, "sampling temperature of the teacher samples")->capture_default_str();
   app.add_option("--save-samples", save_samples, "write the teacher samples to this text file");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   kd.divergence = train::parse_kd_divergence(kd_name);
+  const train::DistillLossWeights weights =
+      loss_spec.empty() ? train::DistillLossWeights{} : train::parse_distill_loss(loss_spec);
+  const bool hidden = weights.hidden();
+  if (!feature_layers.empty() && !(weights.feature > 0.0))
+    fail("--feature-layers needs the feature term in --loss (e.g. --loss response=1,feature=0.5)");
+  if (app.count("--relation-layers") > 0 && !(weights.relation > 0.0))
+    fail("--relation-layers needs the relation term in --loss (e.g. --loss response=1,relation=0.5)");
+  if (app.count("--attention-layers") > 0 && !(weights.attention > 0.0))
+    fail("--attention-layers needs the attention term in --loss (e.g. --loss response=1,attention=0.5)");
   if (!(kd.temperature > 0.0)) fail("--temperature must be positive");
   if (kd.hard_weight < 0.0 || kd.hard_weight > 1.0) fail("--hard-weight must be in [0, 1]");
   if (kd.mix < 0.0 || kd.mix > 1.0) fail("--kd-mix must be in [0, 1]");
@@ -104,13 +107,15 @@ int cmd_distill(int argc, char** argv) {
   // any slow work.
   const auto teacher_file = open_model_file(teacher_path);
   const bool token_level = kd.divergence != train::KdDivergence::None;
-  if (token_level) {
+  // The hidden-state terms feed the same token ids to both models: the same vocabulary too.
+  if (token_level || hidden) {
     const std::string student_vocab = a.resume ? a.out : !a.model.empty() ? a.model : a.vocab_from;
     if (!student_vocab.empty()) {
       const GgufFile sv = GgufFile::open(student_vocab);
       std::string diff;
       if (first_vocab_difference(*teacher_file, sv, &diff) >= 0)
-        fail("token-level distillation needs the same vocabulary in teacher and student: ", teacher_path, " and ", student_vocab,
+        fail(hidden ? "feature/relation/attention" : "token-level",
+             " distillation needs the same vocabulary in teacher and student: ", teacher_path, " and ", student_vocab,
              " differ (", diff, "); use sequence-level distillation instead: --kd none --teacher-samples N");
     }
   }
@@ -120,40 +125,77 @@ int cmd_distill(int argc, char** argv) {
   targs.threads = a.threads;
   std::string samples_text;
   if (n_samples > 0) {
-    const int64_t len = sample_len > 0 ? sample_len : (a.n_ctx > 0 ? a.n_ctx : 256);
-    targs.ctx = len + 1;
-    targs.batch = len + 1;
-    LoadedSession ts = open_session(targs, teacher_file);
-    GenerateOptions g;
-    g.n_predict = len;
-    g.sampling.temperature = sample_temp;
-    g.sampling.top_k = 0;
-    g.sampling.top_p = 1.0f;
-    g.sampling.min_p = 0.0f;
-    Progress progress("teacher samples", n_samples, !a.quiet && !a.json);
+    SampleOptions so;
+    so.n_samples = n_samples;
+    so.sample_len = sample_len > 0 ? sample_len : (a.n_ctx > 0 ? a.n_ctx : 256);
+    so.temperature = sample_temp;
+    so.seed = a.cfg.seed;
+    so.threads = a.threads;
+    so.progress = !a.quiet && !a.json;
     int64_t n_tokens = 0;
-    for (int64_t i = 0; i < n_samples; ++i) {
-      g.sampling.seed = a.cfg.seed * 1000003ull + uint64_t(i);
-      ts.session->reset();
-      const std::vector<int32_t> prompt = {ts.tokenizer->bos_id()};
-      const GenerateResult r = generate(*ts.session, *ts.tokenizer, prompt, g);
-      n_tokens += int64_t(r.ids.size());
-      const std::string doc = as_one_document(r.text);
-      if (!doc.empty()) samples_text += doc + "\n\n";
-      progress.update(i + 1);
-    }
-    progress.finish();
+    samples_text = sample_documents(teacher_path, teacher_file, so, "teacher samples", &n_tokens);
     std::fprintf(stderr, "tern distill: %lld teacher samples, %lld tokens\n", static_cast<long long>(n_samples),
                  static_cast<long long>(n_tokens));
     if (!save_samples.empty()) write_output_file(save_samples, samples_text);
   }
 
+  // The hidden-state terms run the teacher as a training model (train/distill_hidden.h says why):
+  // load it before the data is tokenized, so that a teacher tern cannot train is refused early.
+  train::TrainModel teacher_model;
+  if (hidden) {
+    try {
+      teacher_model = train::load_model(*teacher_file);
+    } catch (const Error& e) {
+      fail("feature/relation/attention distillation runs the teacher as a training model (a Llama-family GGUF): ",
+           e.what());
+    }
+  }
+
   TrainSetup s = setup_training(app, a, "tern distill", false, n_samples > 0 ? &samples_text : nullptr);
-  if (token_level && a.vocab_from.empty() && a.model.empty() && !a.resume) fail("tern distill: no student");
+  if ((token_level || hidden) && a.vocab_from.empty() && a.model.empty() && !a.resume) fail("tern distill: no student");
 
   std::unique_ptr<LoadedSession> teacher;
   std::vector<float> teacher_logits;
-  if (token_level) {
+  std::unique_ptr<train::HiddenDistill> hd;
+  const double w_response = weights.response;
+  std::string terms;
+  if (hidden) {
+    const int64_t n_s = s.model.shape.n_layer, n_t = teacher_model.shape.n_layer;
+    train::HiddenDistillConfig hc;
+    hc.feature_weight = weights.feature;
+    hc.relation_weight = weights.relation;
+    if (weights.feature > 0.0)
+      hc.feature_pairs = feature_layers.empty() ? train::default_feature_pairs(n_s, n_t)
+                                                : train::parse_layer_pairs(feature_layers, n_s, n_t, "--feature-layers");
+    if (weights.relation > 0.0)
+      hc.relation_pairs = train::parse_layer_pairs(relation_layers, n_s, n_t, "--relation-layers");
+    hc.attention_weight = weights.attention;
+    if (weights.attention > 0.0)
+      hc.attention_pairs = train::parse_layer_pairs(attention_layers, n_s, n_t, "--attention-layers");
+    terms = str_cat("--loss response=", w_response);
+    if (weights.feature > 0.0)
+      terms += str_cat(", feature=", weights.feature, " (layers ", train::describe_pairs(hc.feature_pairs),
+                       s.model.shape.n_embd == teacher_model.shape.n_embd
+                           ? std::string(", no projection")
+                           : str_cat(", projection ", s.model.shape.n_embd, " -> ", teacher_model.shape.n_embd),
+                       ")");
+    if (weights.relation > 0.0)
+      terms += str_cat(", relation=", weights.relation, " (layers ", train::describe_pairs(hc.relation_pairs), ")");
+    if (weights.attention > 0.0)
+      terms += str_cat(", attention=", weights.attention, " (layers ", train::describe_pairs(hc.attention_pairs), ")");
+    hc.opt = a.cfg.opt;
+    hc.opt.total_steps = a.cfg.steps;
+    hc.grad_accum = a.cfg.grad_accum;
+    hc.first_step = s.trainer->step();
+    hc.seed = a.cfg.seed;
+    hd = std::make_unique<train::HiddenDistill>(std::move(hc), std::move(teacher_model), s.model.shape, a.cfg.n_seq,
+                                                a.cfg.n_ctx, s.pool.get());
+    hd->attach(s.trainer->forward_backward());
+    // One teacher forward per micro-batch gives the hidden states and the response term's logits.
+    s.trainer->set_before_batch([&](const int32_t* windows, int64_t, int64_t) { hd->teacher_forward(windows); });
+    if (a.resume && !hd->projection_params().empty())
+      std::fprintf(stderr, "tern distill: note: the feature projections are not checkpointed; they start anew\n");
+  } else if (token_level) {
     targs.ctx = a.cfg.n_ctx;
     targs.batch = a.cfg.n_ctx;
     teacher = std::make_unique<LoadedSession>(open_session(targs, teacher_file));
@@ -169,9 +211,14 @@ int cmd_distill(int argc, char** argv) {
         std::copy(l, l + n_ctx * V, teacher_logits.begin() + b * n_ctx * V);
       }
     });
+  }
+  if (token_level || hidden) {
+    // The response term (soft KD + hard labels, or hard labels alone with --kd none), weighted.
     ThreadPool* pool = s.pool.get();
     s.trainer->set_loss([&, pool](float* logits, const int32_t* targets, int64_t n, int64_t n_vocab, float scale) {
-      return train::kd_loss_fused<float>(pool, kd, n, n_vocab, logits, teacher_logits.data(), targets, scale);
+      const float* zt = hd != nullptr ? hd->teacher_logits() : teacher_logits.data();
+      return w_response * train::kd_loss_fused<float>(pool, kd, n, n_vocab, logits, zt, targets,
+                                                      float(w_response) * scale);
     });
   }
   std::fprintf(stderr, "tern distill: teacher %s, %s%s\n", teacher_path.c_str(),
@@ -179,6 +226,7 @@ int cmd_distill(int argc, char** argv) {
                                      ", hard weight ", kd.hard_weight).c_str()
                            : "hard labels only",
                n_samples > 0 ? str_cat(", ", n_samples, " teacher samples in the data").c_str() : "");
+  if (!terms.empty()) std::fprintf(stderr, "tern distill: %s\n", terms.c_str());
   return run_training(s, a, "tern distill");
 }
 

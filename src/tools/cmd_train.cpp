@@ -31,12 +31,29 @@ int cmd_train(int argc, char** argv) {
     std::vector<float> g(size_t(s.model.n_params()), 0.0f);
     std::vector<int32_t> batch(size_t(a.cfg.n_seq * (a.cfg.n_ctx + 1)));
     s.data_sampler->batch(0, a.cfg.n_seq, batch.data());
-    fb.prepare(s.model);
-    const float loss = float(fb.forward_backward(s.model, batch.data(), g.data(), 1.0f));
+    // --qat: the gradients reaching the latent weights (through the clipped straight-through
+    // estimator), and each quantized tensor's forward weights as NAME.qat_weight.
+    const train::TrainModel& fm = s.qat ? s.qat->quantized() : s.model;
+    fb.prepare(fm);
+    const float loss = float(fb.forward_backward(fm, batch.data(), g.data(), 1.0f));
+    if (s.qat) s.qat->straight_through(g.data());
     GgufWriter w(3);
     w.set("general.architecture", GgufValue::string("tern-gradients"));
     for (const auto& p : s.model.params)
       w.add_tensor(p.name, DType::F32, p.ne, g.data() + p.offset, uint64_t(p.size) * 4);
+    if (s.qat)
+      for (size_t i = 0; i < s.model.params.size(); ++i)
+        if (s.qat->types()[i] != DType::F32) {
+          const auto& p = s.model.params[i];
+          w.add_tensor(p.name + ".qat_weight", DType::F32, p.ne, fm.data.data() + p.offset, uint64_t(p.size) * 4);
+          // LSQ: the block scales (f32, before their f16 rounding) and their gradient.
+          if (const int64_t so = s.qat->scale_offset(i); so >= 0) {
+            const int64_t n_blocks = p.size / (train::qat_is_ternary(s.qat->types()[i]) ? 256 : 32);
+            w.add_tensor(p.name + ".qat_scale", DType::F32, {n_blocks}, s.qat->scales().data() + so, uint64_t(n_blocks) * 4);
+            w.add_tensor(p.name + ".qat_scale_grad", DType::F32, {n_blocks}, s.qat->scale_grads().data() + so,
+                         uint64_t(n_blocks) * 4);
+          }
+        }
     w.add_tensor("train.loss", DType::F32, {1}, &loss, 4);
     w.write(dump_grads);
     std::fprintf(stderr, "tern train: loss %.6f; gradients of %lld parameters written to %s\n", double(loss),

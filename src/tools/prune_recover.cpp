@@ -39,4 +39,24 @@ void recover_pruned(const std::string& dense, const std::string& pruned, const s
     fail("recovery (tern distill of ", pruned, " toward ", dense, ") failed; its message is above");
 }
 
+void qat_from_source(const std::string& src, const std::string& qat_type, bool lsq, const std::string& out,
+                     const RecoverOptions& opts) {
+  check_recover_options(opts);
+  namespace fs = std::filesystem;
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const std::string latent = out + ".latent.gguf";
+  const auto q = compare_shell_quote;
+  const std::string cmd = q(self) + " distill --teacher " + q(src) + " -m " + q(src) + " --qat " + q(qat_type) +
+                          (lsq ? " --qat-lsq" : "") + " --qat-out " + q(out) + " --qat-fallback --data " + q(opts.data) + " --tokens " +
+                          std::to_string(opts.tokens) + " --lr " + str_cat(opts.lr) + " --weight-decay 0 -t " +
+                          std::to_string(opts.threads) + " -o " + q(latent) + (opts.quiet ? " -q >/dev/null" : " >&2");
+  std::fflush(stdout);
+  const int status = std::system(cmd.c_str());
+  std::error_code ec;
+  fs::remove(latent, ec);
+  fs::remove(latent + ".optim", ec);
+  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fail("quantization-aware training (tern distill --qat ", qat_type, " of ", src, ") failed; its message is above");
+}
+
 }  // namespace tern

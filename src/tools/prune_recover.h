@@ -23,6 +23,13 @@ struct RecoverOptions {
 void recover_pruned(const std::string& dense, const std::string& pruned, const std::string& out,
                     const RecoverOptions& opts);
 
+// Quantization-aware training of `src` into the quantized model `out` (`tern compare`'s qat-TYPE
+// rows): LLM-QAT's recipe of distillation from the full-precision model itself,
+// `tern distill --teacher SRC -m SRC --qat TYPE [--qat-lsq] --qat-out OUT` on opts.data, in a child process;
+// the latent f32 checkpoint and its optimizer state are removed. Throws tern::Error when it fails.
+void qat_from_source(const std::string& src, const std::string& qat_type, bool lsq, const std::string& out,
+                     const RecoverOptions& opts);
+
 // Throws unless opts can run (data readable, tokens > 0, lr > 0).
 void check_recover_options(const RecoverOptions& opts);
 

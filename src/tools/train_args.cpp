@@ -12,6 +12,8 @@
 #include "core/output_file.h"
 #include "core/stats.h"
 #include "tools/progress.h"
+#include "tools/qat_export.h"
+#include "tools/self_samples.h"
 
 namespace tern {
 namespace {
@@ -70,7 +72,12 @@ void add_train_args(CLI::App& app, TrainArgs& a, bool distill) {
   app.add_option("--rope-base", a.shape.rope_freq_base, "new model: RoPE frequency base")->capture_default_str();
   app.add_flag("--tied", a.tied, "new model: the output projection shares token_embd");
   app.add_option("--ctx", a.n_ctx, "tokens per training sequence (new model: also its context length; default 256)");
-  app.add_option("--data", a.data, "training text (documents separated by blank lines)")->required();
+  app.add_option("--data", a.data,
+                 "training text (documents separated by blank lines); 'self' with -m: texts the model writes "
+                 "itself (LLM-QAT's data-free training; --self-samples, --self-sample-len)")
+      ->required();
+  app.add_option("--self-samples", a.self_samples, "with --data self: texts the model writes")->capture_default_str();
+  app.add_option("--self-sample-len", a.self_sample_len, "with --data self: tokens per text (default: --ctx)");
   app.add_option("--val", a.val, "held-out validation text");
   app.add_option("--steps", a.cfg.steps, "optimizer steps");
   app.add_option("--tokens", a.tokens, "train on this many tokens (sets --steps)");
@@ -79,6 +86,16 @@ void add_train_args(CLI::App& app, TrainArgs& a, bool distill) {
                                          "end every document with EOS (so the model learns to stop)"});
   app.add_flag("--keep-zeros", a.cfg.keep_zeros,
                "with -m: the model's matrix entries that are exactly 0 stay 0 (sparse fine-tuning after tern prune)");
+  app.add_option("--qat", a.qat,
+                 "quantization-aware training: the forward uses each matrix as `tern quantize --type TYPE` would "
+                 "store it (straight-through gradients), and the end writes that quantized file; TYPE: a quantize "
+                 "type or 'ternary' (BitNet absmean, stored as tq2_0)");
+  app.add_option("--qat-out", a.qat_out, "with --qat: the quantized model's path (default: OUT-TYPE.gguf)");
+  app.add_flag("--qat-lsq", a.qat_lsq,
+               "with --qat: learn each block's scale (LSQ) for the q4_0, q8_0 and ternary tensors of the plan");
+  app.add_flag("--qat-fallback", a.qat_fallback,
+               "with --qat: tensors whose rows do not fit TYPE's blocks train (and are stored) in the substitute "
+               "`tern quantize` would use, instead of an error");
   app.add_option("-o,--output", a.out, "checkpoint GGUF (the optimizer state goes to OUT.optim)")->required();
 }
 
@@ -116,8 +133,21 @@ TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& 
     fail(cmd, ": give --steps N or --tokens N (how long to train)");
   if (a.cfg.steps < 0 || a.tokens < 0) fail("--steps / --tokens must not be negative");
 
+  if ((!a.qat_out.empty() || a.qat_lsq || a.qat_fallback) && a.qat.empty())
+    fail(cmd, ": --qat-out, --qat-lsq and --qat-fallback go with --qat TYPE");
+  if (!a.qat.empty()) {
+    a.qat_type = parse_qat_type(a.qat);
+    if (a.qat_out.empty()) a.qat_out = default_qat_export_path(a.out, a.qat_type);
+  }
+
   // Outputs before any slow work, and never over an input.
   check_output_path(a.out);
+  if (!a.qat.empty()) {
+    check_output_path(a.qat_out);
+    if (a.qat_out == a.out || a.qat_out == train::optimizer_state_path(a.out))
+      fail("--qat-out ", a.qat_out, " is the checkpoint's own path: give another");
+    check_output_not_input(a.qat_out, {a.model, a.vocab_from, a.data, a.val});
+  }
   check_output_path(train::optimizer_state_path(a.out));
   if (!a.resume) check_output_not_input(a.out, {a.model, a.vocab_from, a.data, a.val});
 
@@ -160,8 +190,27 @@ TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& 
   if (a.n_ctx == 0) a.n_ctx = std::min<int64_t>(256, s.model.shape.n_ctx_train > 0 ? s.model.shape.n_ctx_train : 256);
   a.cfg.n_ctx = a.n_ctx;
 
-  // The data.
-  s.data = train::tokenize_file(a.data, *s.tokenizer, a.add_eos, "--data");
+  // The data: a file, or (--data self) texts the starting model writes by pure sampling from BOS,
+  // a function of --seed, so a resumed run regenerates the same ones.
+  if (a.data == "self") {
+    if (a.model.empty())
+      fail(cmd, ": --data self samples the model given with -m (with --resume too: the original model)");
+    if (a.self_samples < 1) fail("--self-samples must be at least 1 (got ", a.self_samples, ")");
+    if (a.self_sample_len < 0) fail("--self-sample-len must not be negative");
+    SampleOptions so;
+    so.n_samples = a.self_samples;
+    so.sample_len = a.self_sample_len > 0 ? a.self_sample_len : a.n_ctx;
+    so.seed = a.cfg.seed;
+    so.threads = a.threads;
+    so.progress = !a.quiet && !a.json;
+    int64_t n_tokens = 0;
+    const std::string text = sample_documents(a.model, nullptr, so, "self samples", &n_tokens);
+    std::fprintf(stderr, "%s: --data self: %lld texts of %s, %lld tokens\n", cmd.c_str(),
+                 static_cast<long long>(so.n_samples), a.model.c_str(), static_cast<long long>(n_tokens));
+    s.data = train::tokenize_text(text, *s.tokenizer, a.add_eos);
+  } else {
+    s.data = train::tokenize_file(a.data, *s.tokenizer, a.add_eos, "--data");
+  }
   if (extra_text != nullptr) {
     const train::TokenStream extra = train::tokenize_text(*extra_text, *s.tokenizer, a.add_eos);
     s.data.tokens.insert(s.data.tokens.end(), extra.tokens.begin(), extra.tokens.end());
@@ -185,6 +234,20 @@ TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& 
 
   s.pool = std::make_unique<ThreadPool>(a.threads > 0 ? a.threads : default_thread_count());
   s.trainer = std::make_unique<train::Trainer>(s.model, *s.vocab_file, a.cfg, s.pool.get());
+  if (!a.qat.empty()) {
+    std::vector<std::string> notes;
+    std::vector<DType> types = plan_qat_types(s.model, a.qat_type, &notes);
+    if (!notes.empty() && !a.qat_fallback) {
+      std::string list;
+      for (size_t i = 0; i < notes.size() && i < 6; ++i) list += "\n  " + notes[i];
+      if (notes.size() > 6) list += str_cat("\n  ... and ", notes.size() - 6, " more");
+      fail("--qat ", a.qat, ": ", notes.size(), " tensor", notes.size() == 1 ? "" : "s",
+           " cannot take it:", list, "\n(pass --qat-fallback to train those in the substitute type instead)");
+    }
+    for (const std::string& n : notes) std::fprintf(stderr, "%s: --qat %s: %s\n", cmd.c_str(), a.qat.c_str(), n.c_str());
+    s.qat = std::make_unique<train::QatModel>(s.model, std::move(types), s.pool.get(), a.qat_lsq);
+    s.trainer->set_qat(s.qat.get());
+  }
   if (a.resume) {
     const GgufFile st = GgufFile::open(train::optimizer_state_path(a.out));
     s.trainer->resume(st, int64_t(s.vocab_file->get_uint("tern.train.step", 0)));
@@ -210,6 +273,10 @@ int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
     std::fprintf(stderr, "%s: --keep-zeros: %lld matrix entries (%.1f%% of the parameters) stay 0\n", cmd.c_str(),
                  static_cast<long long>(s.trainer->n_frozen()),
                  100.0 * double(s.trainer->n_frozen()) / double(std::max<int64_t>(1, s.model.n_params())));
+  if (s.qat)
+    std::fprintf(stderr, "%s: --qat %s: %s; %lld weights quantized, %.2f%% of them clipped at the start\n",
+                 cmd.c_str(), a.qat.c_str(), s.qat->describe().c_str(), static_cast<long long>(s.qat->n_quantized()),
+                 100.0 * double(s.qat->n_clipped()) / double(std::max<int64_t>(1, s.qat->n_quantized())));
   if (a.resume)
     std::fprintf(stderr, "%s: resuming %s at step %lld\n", cmd.c_str(), a.out.c_str(),
                  static_cast<long long>(s.trainer->step()));
@@ -247,6 +314,10 @@ int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
   std::signal(SIGINT, old_handler);
 
   const double tok_s = r.train_seconds > 0 ? r.tokens / r.train_seconds : 0.0;
+  // --qat: the quantized model, once the run is complete (an interrupted run resumes from the
+  // latent checkpoint and exports at its end).
+  std::optional<QuantizeReport> exported;
+  if (s.qat && !r.interrupted) exported = export_qat_model(s.model, *s.qat, a.out, a.qat_out, a.qat_type, *s.pool);
   if (a.json) {
     nlohmann::json j{{"final", true}, {"steps", r.last_step}, {"steps_this_run", r.last_step - r.first_step},
                      {"tokens", r.tokens}, {"seconds", r.seconds}, {"tok_s", tok_s}, {"output", a.out},
@@ -255,6 +326,12 @@ int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
     if (r.final_val_loss) {
       j["val_loss"] = *r.final_val_loss;
       j["val_ppl"] = std::exp(*r.final_val_loss);
+    }
+    if (exported) {
+      j["qat_output"] = a.qat_out;
+      j["qat_type"] = a.qat;
+      j["qat_bytes"] = exported->bytes;
+      j["qat_clipped"] = s.qat->n_clipped();
     }
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -266,6 +343,10 @@ int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
     std::printf("peak RSS    %.1f MiB\n", double(peak_rss_bytes()) / 1048576.0);
     std::printf("%s  %s (+ %s)\n", s.trainer->lora() ? "adapter   " : "checkpoint", a.out.c_str(),
                 train::optimizer_state_path(a.out).c_str());
+    if (exported)
+      std::printf("quantized   %s (%s, %.2f MB of tensors; %.2f%% of the quantized weights clipped at the end)\n",
+                  a.qat_out.c_str(), s.qat->describe().c_str(), double(exported->bytes) / 1e6,
+                  100.0 * double(s.qat->n_clipped()) / double(std::max<int64_t>(1, s.qat->n_quantized())));
   }
   if (r.interrupted) {
     std::fprintf(stderr, "%s: interrupted after step %lld; checkpoint written to %s (continue with --resume)\n",

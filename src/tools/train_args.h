@@ -9,6 +9,7 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "train/qat.h"
 #include "train/trainer.h"
 
 namespace tern {
@@ -23,6 +24,13 @@ struct TrainArgs {
   train::TrainConfig cfg;
   float min_lr = -1.0f;           // < 0: lr / 10
   int64_t warmup = -1;            // < 0: steps / 20, at most 1000
+  std::string qat;                // --qat TYPE ("" : off)
+  std::string qat_out;            // --qat-out (default: default_qat_export_path)
+  bool qat_fallback = false;
+  bool qat_lsq = false;           // --qat-lsq: learned per-block scales
+  int64_t self_samples = 1000;    // --data self: samples the model writes (--self-samples)
+  int64_t self_sample_len = 0;    // their tokens (0: --ctx)      // --qat-fallback: rows that do not fit TYPE train in tern quantize's substitute
+  DType qat_type = DType::F32;    // parsed --qat
 };
 
 void add_train_args(CLI::App& app, TrainArgs& a, bool distill);
@@ -47,6 +55,7 @@ struct TrainSetup {
   std::unique_ptr<train::WindowSampler> data_sampler, val_sampler;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<train::Trainer> trainer;
+  std::unique_ptr<train::QatModel> qat;  // --qat: the forward's fake-quantized twin of `model`
 };
 
 // Validates the options (clear errors before any slow work), loads or initialises the model,

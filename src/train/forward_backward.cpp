@@ -403,6 +403,58 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool 
   lora_forward(-1, int(LoraKind::Output), h_final_.data(), logits_.data(), train);
 }
 
+void ForwardBackward::set_hidden_loss(std::vector<int64_t> layers, HiddenLossFn fn) {
+  hidden_layers_.clear();
+  hidden_grads_.clear();
+  hidden_fn_ = nullptr;
+  if (layers.empty() || !fn) return;
+  for (int64_t il : layers)
+    if (il < 0 || il >= shape_.n_layer)
+      fail("hidden-state loss: layer ", il, " is out of range (the model has ", shape_.n_layer, " layers: 0..",
+           shape_.n_layer - 1, ")");
+  hidden_layers_ = std::move(layers);
+  hidden_fn_ = std::move(fn);
+  hidden_grads_.resize(hidden_layers_.size());
+  for (auto& g : hidden_grads_) resize(g, n_tok_ * shape_.n_embd);
+}
+
+const float* ForwardBackward::layer_output(int64_t il) const {
+  if (il < 0 || il >= shape_.n_layer)
+    fail("layer output: layer ", il, " is out of range (the model has ", shape_.n_layer, " layers: 0..", shape_.n_layer - 1,
+         ")");
+  return il + 1 < shape_.n_layer ? acts_[size_t(il + 1)].x.data() : x_final_.data();
+}
+
+void ForwardBackward::set_attention_loss(std::vector<int64_t> layers, AttentionLossFn fn) {
+  attn_layers_.clear();
+  attn_dq_.clear();
+  attn_dk_.clear();
+  attn_fn_ = nullptr;
+  if (layers.empty() || !fn) return;
+  for (int64_t il : layers)
+    if (il < 0 || il >= shape_.n_layer)
+      fail("attention loss: layer ", il, " is out of range (the model has ", shape_.n_layer, " layers: 0..",
+           shape_.n_layer - 1, ")");
+  attn_layers_ = std::move(layers);
+  attn_fn_ = std::move(fn);
+  attn_dq_.resize(attn_layers_.size());
+  attn_dk_.resize(attn_layers_.size());
+  for (size_t i = 0; i < attn_layers_.size(); ++i) {
+    resize(attn_dq_[i], n_tok_ * shape_.q_width(attn_layers_[i]));
+    resize(attn_dk_[i], n_tok_ * shape_.kv_width(attn_layers_[i]));
+  }
+}
+
+const float* ForwardBackward::layer_q(int64_t il) const {
+  if (il < 0 || il >= shape_.n_layer) fail("layer queries: layer ", il, " is out of range");
+  return acts_[size_t(il)].q.data();
+}
+
+const float* ForwardBackward::layer_k(int64_t il) const {
+  if (il < 0 || il >= shape_.n_layer) fail("layer keys: layer ", il, " is out of range");
+  return acts_[size_t(il)].k.data();
+}
+
 double ForwardBackward::forward_loss(const TrainModel& m, const int32_t* windows) {
   forward(m, windows, false);
   if (n_scored_ == 0) return 0.0;
@@ -415,9 +467,50 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
   const int64_t N = n_tok_, E = shape_.n_embd, hd = shape_.head_dim(), V = shape_.n_vocab;
   const int64_t n_mean = n_scored_ > 0 ? n_scored_ : 1;
   const float scale = grad_scale / float(n_mean);
-  const double loss_sum =
-      loss_fn != nullptr ? (*loss_fn)(logits_.data(), targets_.data(), N, V, scale)
-                         : cross_entropy_fused<float>(pool_, N, V, logits_.data(), targets_.data(), scale);
+  double loss_sum = loss_fn != nullptr ? (*loss_fn)(logits_.data(), targets_.data(), N, V, scale)
+                                       : cross_entropy_fused<float>(pool_, N, V, logits_.data(), targets_.data(), scale);
+  if (hidden_fn_) {
+    // Before the backward, which reads the states (acts_[il].x, x_final_) but never writes them:
+    // every injected gradient must exist when the backward reaches its layer.
+    std::vector<const float*> states;
+    std::vector<float*> grads;
+    for (size_t i = 0; i < hidden_layers_.size(); ++i) {
+      states.push_back(layer_output(hidden_layers_[i]));
+      std::fill(hidden_grads_[i].begin(), hidden_grads_[i].end(), 0.0f);
+      grads.push_back(hidden_grads_[i].data());
+    }
+    loss_sum += hidden_fn_(states, grads, N, E, scale);
+  }
+  if (attn_fn_) {
+    std::vector<const float*> q, k;
+    std::vector<float*> dq, dk;
+    for (size_t i = 0; i < attn_layers_.size(); ++i) {
+      q.push_back(layer_q(attn_layers_[i]));
+      k.push_back(layer_k(attn_layers_[i]));
+      std::fill(attn_dq_[i].begin(), attn_dq_[i].end(), 0.0f);
+      std::fill(attn_dk_[i].begin(), attn_dk_[i].end(), 0.0f);
+      dq.push_back(attn_dq_[i].data());
+      dk.push_back(attn_dk_[i].data());
+    }
+    loss_sum += attn_fn_(q, k, dq, dk, scale);
+  }
+  // dq, dk (after RoPE) of layer il get the attention loss's gradient.
+  auto add_attention_grad = [&](int64_t il) {
+    for (size_t i = 0; i < attn_layers_.size(); ++i) {
+      if (attn_layers_[i] != il) continue;
+      for (size_t j = 0; j < attn_dq_[i].size(); ++j) dq_[j] += attn_dq_[i][j];
+      for (size_t j = 0; j < attn_dk_[i].size(); ++j) dk_[j] += attn_dk_[i][j];
+    }
+  };
+  // d(layer il's output) gets the hidden loss's gradient on top of what flows back from above.
+  auto add_hidden_grad = [&](int64_t il) {
+    for (size_t i = 0; i < hidden_layers_.size(); ++i) {
+      if (hidden_layers_[i] != il) continue;
+      const float* gh = hidden_grads_[i].data();
+      float* d = dx_.data();
+      for (int64_t j = 0; j < N * E; ++j) d[j] += gh[j];
+    }
+  };
   const float* P = m.data.data();
   // The base's gradients: into g (its layout), or nowhere when a LoRA adapter is trained (the
   // dW products skipped; the norms' small gradients go to scratch, as their input gradient is
@@ -445,6 +538,7 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
     const int64_t nh = shape_.head_count(il), nkv = shape_.head_count_kv(il);
     const int64_t qw = nh * hd, kvw = nkv * hd, F = shape_.ff_length(il);
     const AttentionShape as{n_seq_, n_ctx_, nh, nkv, hd, float(1.0 / std::sqrt(double(hd)))};
+    if (hidden_fn_) add_hidden_grad(il);
     // x_out = x_mid + act W_down^T (+ b_down) (dx_ holds d x_out)
     if (!frozen && l.b_down != LayerOffsets::kAbsent) bias_backward(N, E, dx_.data(), g + l.b_down);
     linear_backward(F, E, a.act.data(), lin(l.w_down), dx_.data(), dact_.data(), false, gw(l.w_down));
@@ -463,6 +557,7 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
     lora_backward(il, int(LoraKind::O), a.o.data(), dx_.data(), do_.data(), gl);
     attention_backward(pool_, as, a.q.data(), a.k.data(), a.v.data(), a.o.data(), a.lse.data(), do_.data(), dq_.data(),
                        dk_.data(), dv_.data());
+    if (attn_fn_) add_attention_grad(il);
     rope_rotate<float>(pool_, N, n_ctx_, nh, hd, shape_.rope_freq_base, dq_.data(), true);
     rope_rotate<float>(pool_, N, n_ctx_, nkv, hd, shape_.rope_freq_base, dk_.data(), true);
     linear_backward(E, qw, a.h1.data(), lin(l.wq), dq_.data(), dh_.data(), false, gw(l.wq));

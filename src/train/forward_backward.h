@@ -6,6 +6,9 @@
 //
 // The loss on the logits is pluggable (LossFn): cross-entropy for training, the distillation
 // losses of train/distill.h, each turning the logits into their gradient in place.
+// Distillation on hidden states adds losses inside the model (set_hidden_loss on layers'
+// residual-stream outputs, set_attention_loss on their queries and keys): each sees the forward's
+// values and writes its gradient, which the backward adds where those values enter it.
 //
 // LoRA (train/lora.h): with set_lora(), the adapted linears add s * drop(x) A^T B^T and the
 // backward writes the gradient of the adapter's A and B only: the base is frozen, so its weight
@@ -41,11 +44,28 @@ namespace tern::train {
 using LossFn = std::function<double(float* logits, const int32_t* targets, int64_t n, int64_t n_vocab,
                                     float grad_scale)>;
 
+// A loss on hidden states (feature / relation distillation: train/distill_hidden.h). states[i] is
+// the residual-stream output of the i-th requested layer (after its FFN; the last layer's is the
+// input of the output norm), [n_tok][n_embd], read-only; grads[i] (zeroed, same shape) receives
+// grad_scale * d(loss)/d(states[i]). Returns the loss summed as LossFn's is (the caller's mean
+// divides it by the scored targets).
+using HiddenLossFn = std::function<double(const std::vector<const float*>& states, const std::vector<float*>& grads,
+                                          int64_t n_tok, int64_t n_embd, float grad_scale)>;
+
 // A window entry for token `id` that is read as an input but is not a target (no loss on
 // predicting it: the prompt of a prompt/completion example, padding). Entries >= 0 are tokens
 // that are both.
 constexpr int32_t unscored_token(int32_t id) { return -2 - id; }
 constexpr int32_t token_of_entry(int32_t e) { return e >= 0 ? e : -2 - e; }
+
+// A loss on the attention of some layers (attention-map distillation: train/distill_hidden.h):
+// q[i] [n_tok][q_width(il)] and k[i] [n_tok][kv_width(il)] are the i-th requested layer's queries
+// and keys after RoPE, which with the layer's scale 1 / sqrt(head_dim) give its attention
+// probabilities; dq[i], dk[i] (zeroed, same shapes) receive grad_scale * the loss's gradient.
+// Returns the loss summed as LossFn's is.
+using AttentionLossFn =
+    std::function<double(const std::vector<const float*>& q, const std::vector<const float*>& k,
+                         const std::vector<float*>& dq, const std::vector<float*>& dk, float grad_scale)>;
 
 struct LoraWeights;
 
@@ -80,6 +100,22 @@ class ForwardBackward {
   // over the scored targets (0 when there is none). loss = nullptr: cross-entropy.
   double forward_backward(const TrainModel& model, const int32_t* windows, float* grads, float grad_scale,
                           const LossFn* loss = nullptr);
+
+  // Adds a loss on the outputs of `layers` (0-based, any order, repeats allowed: states[i] is
+  // layers[i]'s) to every later forward_backward: after the logits' loss, `fn` writes its
+  // gradient, which the backward adds to the residual stream's gradient where each layer's output
+  // enters it. forward_backward's loss is then the mean of both. Empty layers or fn: off (the
+  // default; costs nothing). Throws tern::Error naming a layer out of range.
+  void set_hidden_loss(std::vector<int64_t> layers, HiddenLossFn fn);
+  // The residual-stream output of layer il of the last forward [n_tok][n_embd] (the teacher side of
+  // feature distillation, which runs forward_loss only).
+  const float* layer_output(int64_t il) const;
+  // The same for a loss on the attention's queries and keys (AttentionLossFn): its gradient joins
+  // the attention backward's dq, dk of each layer before RoPE is undone. Off by default.
+  void set_attention_loss(std::vector<int64_t> layers, AttentionLossFn fn);
+  // Layer il's queries [n_tok][q_width(il)] and keys [n_tok][kv_width(il)] after RoPE, last forward.
+  const float* layer_q(int64_t il) const;
+  const float* layer_k(int64_t il) const;
 
   // Forward only: the mean cross-entropy over the windows' scored targets (validation; no dropout).
   double forward_loss(const TrainModel& model, const int32_t* windows);
@@ -143,6 +179,14 @@ class ForwardBackward {
   // backward scratch
   std::vector<float> dx_, dh_, dq_, dk_, dv_, do_, dact_, dgate_, dup_, tmp_;
   int64_t n_scored_ = 0;
+  // Hidden-state loss (set_hidden_loss): the requested layers and a gradient [n_tok][n_embd] per request.
+  std::vector<int64_t> hidden_layers_;
+  HiddenLossFn hidden_fn_;
+  std::vector<std::vector<float>> hidden_grads_;
+  // Attention loss (set_attention_loss): the requested layers, a dq and a dk per request.
+  std::vector<int64_t> attn_layers_;
+  AttentionLossFn attn_fn_;
+  std::vector<std::vector<float>> attn_dq_, attn_dk_;
   // LoRA
   const LoraWeights* lora_ = nullptr;
   std::vector<float> lora_t_;            // A^T [n_in][rank] and B^T [rank][n_out] at A's and B's offsets

@@ -54,9 +54,20 @@ Trainer::Trainer(TrainModel& model, LoraWeights* lora, const GgufFile& vocab, Tr
   }
 }
 
+void Trainer::set_qat(QatModel* qat) {
+  if (qat != nullptr && lora_ != nullptr) fail("QAT trains the model's own weights, not an adapter");
+  qat_ = qat;
+}
+
 void Trainer::prepare() {
-  if (lora_ != nullptr) fb_.prepare_lora();
-  else fb_.prepare(model_);
+  if (lora_ != nullptr) {
+    fb_.prepare_lora();
+  } else if (qat_ != nullptr) {
+    qat_->update(model_);  // W_q from the latent weights the optimizer just changed
+    fb_.prepare(qat_->quantized());
+  } else {
+    fb_.prepare(model_);
+  }
 }
 
 void Trainer::resume(const GgufFile& st, int64_t model_step) {
@@ -79,6 +90,12 @@ void Trainer::resume(const GgufFile& st, int64_t model_step) {
   }
   if ((st.get_uint("train.shuffle") != 0) != cfg_.shuffle)
     fail("--resume: the run was started ", cfg_.shuffle ? "with --no-shuffle" : "with shuffling", "; give the same");
+  // A QAT run's latent weights only make sense under the same quantizers (older files: no QAT).
+  const std::string qat_was = st.get_string("train.qat", "none");
+  const std::string qat_now = qat_ ? qat_->describe() : "none";
+  if (qat_was != qat_now)
+    fail("--resume: the run was started with QAT ", qat_was == "none" ? "off" : qat_was, ", not ",
+         qat_now == "none" ? "off" : qat_now, " (give the same --qat and --qat-lsq)");
   for (const ParamInfo& p : trainable_params()) {
     for (int which = 0; which < 2; ++which) {
       const std::string name = p.name + (which == 0 ? ".adam_m" : ".adam_v");
@@ -88,6 +105,22 @@ void Trainer::resume(const GgufFile& st, int64_t model_step) {
         fail(st.path(), ": optimizer tensor ", name, " has shape ", t->shape_string(), ", expected ", p.size, " f32");
       std::memcpy((which == 0 ? opt_.m() : opt_.v()).data() + p.offset, t->data, size_t(p.size) * sizeof(float));
     }
+  }
+  if (qat_ != nullptr && qat_->lsq()) {
+    const int64_t n = int64_t(qat_->scales().size());
+    std::vector<float> log_scales(static_cast<size_t>(n));
+    const std::pair<const char*, std::vector<float>*> lsq_state[] = {
+        {"qat.log_scales", &log_scales},
+        {"qat.scales.adam_m", &qat_->scale_optimizer().m()},
+        {"qat.scales.adam_v", &qat_->scale_optimizer().v()}};
+    for (const auto& [name, dst] : lsq_state) {
+      const GgufTensorInfo* t = st.find_tensor(name);
+      if (t == nullptr || t->type != DType::F32 || t->n_elements() != n)
+        fail(st.path(), ": LSQ state ", name, " is missing or not ", n, " f32 values");
+      std::memcpy(dst->data(), t->data, size_t(n) * sizeof(float));
+    }
+    qat_->set_log_scales(log_scales);
+    qat_->update(model_);
   }
   step_ = step;
   last_checkpoint_step_ = step;
@@ -112,9 +145,17 @@ void Trainer::save_checkpoint() {
   w.set("train.beta2", GgufValue::f32(cfg_.opt.beta2));
   w.set("train.eps", GgufValue::f32(cfg_.opt.eps));
   w.set("train.clip", GgufValue::f32(cfg_.opt.clip));
+  w.set("train.qat", GgufValue::string(qat_ ? qat_->describe() : "none"));
   for (const ParamInfo& p : trainable_params()) {
     w.add_tensor(p.name + ".adam_m", DType::F32, {p.size}, opt_.m().data() + p.offset, uint64_t(p.size) * 4);
     w.add_tensor(p.name + ".adam_v", DType::F32, {p.size}, opt_.v().data() + p.offset, uint64_t(p.size) * 4);
+  }
+  if (qat_ != nullptr && qat_->lsq()) {
+    // LSQ's scales and their moments: state of the run, as the latent weights are.
+    const int64_t n = int64_t(qat_->scales().size());
+    w.add_tensor("qat.log_scales", DType::F32, {n}, qat_->log_scales().data(), uint64_t(n) * 4);
+    w.add_tensor("qat.scales.adam_m", DType::F32, {n}, qat_->scale_optimizer().m().data(), uint64_t(n) * 4);
+    w.add_tensor("qat.scales.adam_v", DType::F32, {n}, qat_->scale_optimizer().v().data(), uint64_t(n) * 4);
   }
   w.write(optimizer_state_path(cfg_.out_path));
   if (lora_ != nullptr) {
@@ -139,7 +180,7 @@ double Trainer::validate(WindowSampler& val) {
       const int64_t w = (b * cfg_.n_seq + s) % want;
       std::memcpy(batch_.data() + s * (cfg_.n_ctx + 1), val.window(w), size_t(cfg_.n_ctx + 1) * sizeof(int32_t));
     }
-    sum += fb_.forward_loss(model_, batch_.data());
+    sum += fb_.forward_loss(forward_model(), batch_.data());
   }
   return sum / double(n_batches);
 }
@@ -167,8 +208,9 @@ TrainResult Trainer::run(WindowSampler& data, WindowSampler* val, const std::fun
       data.batch(m, cfg_.n_seq, batch_.data());
       fb_.set_dropout_seed(mix_seed(cfg_.seed, 7, uint64_t(m)));  // LoRA dropout: a function of (seed, micro-batch)
       if (before_batch_) before_batch_(batch_.data(), cfg_.n_seq, cfg_.n_ctx);
-      loss += fb_.forward_backward(model_, batch_.data(), grads_.data(), micro_scale, loss_ ? &loss_ : nullptr);
+      loss += fb_.forward_backward(forward_model(), batch_.data(), grads_.data(), micro_scale, loss_ ? &loss_ : nullptr);
     }
+    if (qat_ != nullptr) qat_->straight_through(grads_.data());
     loss /= double(cfg_.grad_accum);
     const double norm = global_norm(grads_.data(), int64_t(grads_.size()));
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
@@ -183,6 +225,7 @@ TrainResult Trainer::run(WindowSampler& data, WindowSampler* val, const std::fun
     StepLog log;
     log.lr = learning_rate(opt_.config(), step_);
     log.grad_norm = opt_.step(trainable_params(), trainable_data(), grads_.data(), step_, pool_);
+    if (qat_ != nullptr && qat_->lsq()) qat_->step_scales(opt_.config(), step_);  // LSQ: the scales too
     ++step_;
     ++run_steps;
     log.step = step_;

@@ -23,6 +23,7 @@
 #include "train/lora.h"
 #include "train/model.h"
 #include "train/optimizer.h"
+#include "train/qat.h"
 
 namespace tern {
 class ThreadPool;
@@ -82,6 +83,13 @@ class Trainer {
   int64_t step() const { return step_; }
   int64_t n_frozen() const { return n_frozen_; }  // keep_zeros: matrix entries held at 0
 
+  // Quantization-aware training from now on (nullptr: off): every forward and validation runs on
+  // qat->quantized(), the gradients pass back to the model's latent weights through the clipped
+  // straight-through estimator, and the checkpoints keep the latent weights (so --resume continues
+  // the run). Not with an adapter. `qat` must outlive the trainer's runs.
+  void set_qat(QatModel* qat);
+  QatModel* qat() const { return qat_; }
+
   // Custom loss on the logits (distillation); called for each micro-batch after before_batch.
   void set_loss(LossFn loss) { loss_ = std::move(loss); }
   void set_before_batch(std::function<void(const int32_t* windows, int64_t n_seq, int64_t n_ctx)> f) {
@@ -111,6 +119,8 @@ class Trainer {
   Trainer(TrainModel& model, LoraWeights* lora, const GgufFile& vocab, TrainConfig cfg, ThreadPool* pool,
           std::vector<std::pair<std::string, GgufValue>> adapter_keys);
   void prepare();  // the forward's copies of what changed (every weight, or the adapter's)
+  // The model the forward runs: the fake-quantized twin under QAT, else the model.
+  const TrainModel& forward_model() const { return qat_ ? qat_->quantized() : model_; }
 
   TrainModel& model_;
   LoraWeights* lora_;
@@ -125,6 +135,7 @@ class Trainer {
   int64_t last_checkpoint_step_ = -1;
   int64_t n_frozen_ = 0;  // keep_zeros: matrix entries held at 0
   LossFn loss_;
+  QatModel* qat_ = nullptr;
   std::function<void(const int32_t*, int64_t, int64_t)> before_batch_;
   std::vector<std::pair<std::string, GgufValue>> adapter_keys_;
 };

@@ -512,8 +512,11 @@ TEST(PruneStories, BadInputIsAClearError) {
            {"--methods q8_0+recover", "+recover follows a pruning method"},
            {"--methods wanda-50+recover", "--recover-data"},
            {"--methods wanda-50+recover --recover-data " + testing::tinystories_val(), "perplexity text"},
-           {"--methods wanda-50 --recover-data " + testing::tinystories_val(), "for +recover methods"},
-           {"--methods wanda-2:5", "groups of 5"}}) {
+           {"--methods wanda-50 --recover-data " + testing::tinystories_val(), "for +recover and qat- methods"},
+           {"--methods wanda-2:5", "groups of 5"},
+           // qat-TYPE: a type tern quantizes to, and a training text.
+           {"--methods qat-q9_9", "--qat: unknown type 'q9_9'"},
+           {"--methods qat-q4_0", "--recover-data"}}) {
     std::string o, e;
     const int rc = run_command(kTern + " compare -m " + model + " --ppl-file " + testing::tinystories_val() + " " + args,
                                &o, &e);

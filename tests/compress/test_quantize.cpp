@@ -105,6 +105,34 @@ TEST(Quantize, DefaultRulesFollowLlamaQuantize) {
   EXPECT_EQ(f16["n_fallbacks"], 0);
 }
 
+// --type tq1_0 / tq2_0 are llama-quantize's MOSTLY_TQ1_0 / _TQ2_0 (general.file_type 36 / 37):
+// the output in q6_k (the output rule), an untied token embedding in q4_k, every other matrix
+// ternary; 1-D tensors kept. The files run. Rows that do not fit 256-blocks take q4_0, as in
+// llama.cpp (stories260K's 64-wide rows: every matrix; its untied embedding q4_k -> q5_0).
+TEST(Quantize, TernaryRulesFollowLlamaQuantize) {
+  TERN_REQUIRE_SHARED("quant-interop/small-f16src.gguf");
+  const std::string src = shared_path("quant-interop/small-f16src.gguf");
+  for (const char* type : {"tq1_0", "tq2_0"}) {
+    SCOPED_TRACE(type);
+    const std::string out = temp_path(std::string("small-def-") + type + ".gguf");
+    const auto rep = quantize_json(src + " " + out + " --type " + type);
+    EXPECT_EQ(rep["file_type"], std::string(type) == "tq1_0" ? 36 : 37);
+    EXPECT_EQ(tensor_of(rep, "output.weight")["type"], "q6_k");
+    EXPECT_EQ(tensor_of(rep, "token_embd.weight")["type"], "q4_k");
+    for (const char* name : {"blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight", "blk.0.ffn_gate.weight"})
+      EXPECT_EQ(tensor_of(rep, name)["type"], type) << name;
+    EXPECT_EQ(tensor_of(rep, "blk.0.attn_norm.weight")["type"], "f32");
+    std::string o;
+    ASSERT_EQ(run_command(std::string(TERN_BINARY) + " run -m " + out + " -p hello -n 4 --temp 0", &o), 0) << o;
+    const auto pure = quantize_json(src + " " + temp_path(std::string("small-pure-") + type + ".gguf") + " --type " + type +
+                                    " --pure");
+    for (const char* name : {"output.weight", "token_embd.weight", "blk.0.attn_q.weight"})
+      EXPECT_EQ(tensor_of(pure, name)["type"], type) << name;
+  }
+  EXPECT_EQ(fit_row_type(DType::TQ1_0, 64), DType::Q4_0);
+  EXPECT_EQ(fit_row_type(DType::TQ2_0, 172), DType::F16);
+}
+
 // Rows that do not fit a k-quant's 256-blocks get llama-quantize's substitutes (q4_k -> q5_0,
 // q5_k -> q5_1, q6_k -> q8_0), and f16 where those do not fit either.
 TEST(Quantize, KQuantSubstitutesFollowLlamaQuantize) {
@@ -240,11 +268,13 @@ TEST_F(QuantizeStories, LlamaCppLoadsTheResult) {
 // The k-quant files (Q2_K, Q3_K; Q4_K_M, Q5_K_M mixes: q6_k in the "more bits" layer) and Q5_0 / Q5_1 of the
 // quant-interop model, whose 256- and 512-wide rows fit the k-quants: llama.cpp loads them and
 // its greedy run starts as tern's (measured: 12 of 12 tokens equal for q2_k, q3_k, q4_k, q5_k and q5_0).
+// Likewise the ternary types TQ1_0 / TQ2_0 (every matrix but the output and the embedding
+// ternary; measured: 12 of 12 tokens equal for both).
 TEST(Quantize, LlamaCppLoadsKQuantFiles) {
   TERN_REQUIRE_SHARED("quant-interop/small-f16src.gguf");
   const std::string script = peer_script();
   if (script.empty()) GTEST_SKIP() << "llama.cpp peer not installed (../shared/peer/setup.sh)";
-  for (const char* type : {"q2_k", "q3_k", "q4_k", "q5_k", "q5_0", "q5_1"}) {
+  for (const char* type : {"q2_k", "q3_k", "q4_k", "q5_k", "q5_0", "q5_1", "tq1_0", "tq2_0"}) {
     const std::string out = temp_path(std::string("small-peer-") + type + ".gguf");
     quantize_json(shared_path("quant-interop/small-f16src.gguf") + " " + out + " --type " + type);
     std::string peer_out, err;

@@ -225,7 +225,8 @@ void check_case(const Case& c, ThreadPool& pool, uint32_t seed) {
 
 const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16};
 const DType kQ32Types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::MXFP4};
-const DType kKTypes[] = {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+// (and llama.cpp's ternary types: super-blocks of 256 against Q8_K activations, as the K-quants)
+const DType kKTypes[] = {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::TQ1_0, DType::TQ2_0};
 const int64_t kOuts[] = {1, 3, 13, 17, 64};
 // 9 and 28 leave a partial 16-token group big enough for the AVX-512 lanes (padded), 33 and
 // 70 one that goes to the classic tiles. 6, 7, 8, 22 and 24 end in a group of at most 8 (Q8_0
@@ -308,6 +309,35 @@ TEST_P(KernelsVsReference, Mxfp4RawBlocks) {
       }
 }
 
+// TQ1_0 / TQ2_0 blocks of random bytes: every byte value in every position, so TQ1_0's bytes
+// that its packing never writes (they decode to trits all the same: quant_traits.h) and TQ2_0's
+// code 3 (read as 2, ggml's way) included; the SIMD tiles' byte arithmetic (x86's byte multiply
+// in 16-bit lanes, NEON's byte multiply and compares) must decode each as the reference does.
+// Scales: random f16 of either sign between 2^-14 and 2^2, one block in 8 zero.
+TEST_P(KernelsVsReference, TernaryRawBlocks) {
+  ThreadPool& pool = shared_pool(GetParam());
+  uint32_t seed = 270;
+  for (DType t : {DType::TQ1_0, DType::TQ2_0})
+    for (int64_t n_in : shapes({256, 768, 4096 + 256}, {256, 768}))
+      for (int64_t n_out : out_counts())
+        for (int64_t n_tok : shapes({1, 2, 3, 5, 17}, {1, 5})) {
+          std::mt19937 rng(seed);
+          const int64_t bb = t == DType::TQ1_0 ? 54 : 66, nb = n_in / kQK_K;
+          Weights w{t, n_in, n_out, {}, {}};
+          w.data.resize(size_t(nb * bb * n_out));
+          for (auto& byte : w.data) byte = uint8_t(rng());
+          for (int64_t b = 0; b < nb * n_out; ++b) {
+            const uint32_t r = rng();
+            const float d = r % 8 == 0 ? 0.0f : std::ldexp(r & 8 ? -1.0f : 1.0f, int(r / 16 % 17) - 14) * (1 + float(r >> 24) / 256);
+            const uint16_t h = f32_to_fp16(d);
+            std::memcpy(w.data.data() + (b + 1) * bb - 2, &h, 2);
+          }
+          w.deq.resize(size_t(n_in * n_out));
+          quant_traits(t)->to_float(w.data.data(), w.deq.data(), n_in * n_out);
+          check_weights(w, {t, n_in, n_out, n_tok}, pool, seed++);
+        }
+}
+
 // Big enough for several row chunks per thread and full 16-token groups plus remainders.
 TEST_P(KernelsVsReference, LargerShapes) {
   ThreadPool& pool = shared_pool(GetParam());
@@ -316,10 +346,11 @@ TEST_P(KernelsVsReference, LargerShapes) {
   const bool quick = quick_shapes();
   auto in_quick = [](DType t) {
     return t == DType::F16 || t == DType::Q4_0 || t == DType::Q5_1 || t == DType::Q4_K || t == DType::Q6_K ||
-           t == DType::MXFP4;
+           t == DType::MXFP4 || t == DType::TQ1_0;
   };
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                 DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4})
+                 DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4, DType::TQ1_0,
+                 DType::TQ2_0})
     if (!quick || in_quick(t)) check_case({t, 1024, 200, 70}, pool, seed++);
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::MXFP4})
     if (!quick || t == DType::F32) check_case({t, 1024, 208, 70}, pool, seed++);  // interleaved too
@@ -337,7 +368,8 @@ INSTANTIATE_TEST_SUITE_P(Threads, KernelsVsReference, ::testing::Values(1, 2),
 TEST(KernelsDispatch, RowRangesMatchWholeMatrixBitForBit) {
   ThreadPool& pool = shared_pool(1);
   uint32_t seed = 500;
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::MXFP4})
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::MXFP4,
+                 DType::TQ1_0, DType::TQ2_0})
     for (int64_t n_tok : {1, 6, 8, 16, 24, 33}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n_tokens " << n_tok);
       const int64_t n_in = 512, n_out = 29;
@@ -516,7 +548,7 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
 // f64 dot of the dequantized weight row and the dequantized activation row.
 TEST(KernelsRef, IntegerDotIsDotOfDequantizedValues) {
   for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                 DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4}) {
+                 DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4, DType::TQ1_0, DType::TQ2_0}) {
     SCOPED_TRACE(dtype_name(t));
     const int64_t n_in = 1024;
     const Weights w = make_weights(t, n_in, 4, 7);
@@ -737,7 +769,8 @@ TEST(KernelsDispatch, TypesWithoutKernelFallBackToReference) {
 
 TEST(KernelsDispatch, DequantizeRowMatchesTraits) {
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
-                 DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4}) {
+                 DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4,
+                 DType::TQ1_0, DType::TQ2_0}) {
     const Weights w = make_weights(t, 512, 3, 15);
     std::vector<float> row(512);
     dequantize_row(w.view(), 2, row.data());

@@ -9,12 +9,15 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <unistd.h>
 
 #include "core/error.h"
 #include "models/arch.h"
 #include "models/model.h"
 #include "models/synth.h"
+#include "models/weight_check.h"
+#include "quant/quant_codecs.h"
 #include "runtime/session.h"
 
 namespace tern {
@@ -272,6 +275,69 @@ TEST(Architectures, GptOssTensorsAreChecked) {
   }
   EXPECT_NE(e.find("blk.0.ffn_down_exps.weight"), std::string::npos) << e;
   EXPECT_NE(e.find("32"), std::string::npos) << e;
+}
+
+// llama.cpp's ternary types (models/weight_check.cpp): a TQ2_0 tensor whose 2-bit codes include
+// 3 (no trit) and a TQ1_0 one holding a byte that no packing of trits gives (1, the alias of 0;
+// in qh, 2: a fifth base-3 digit where the packing writes 0) are refused, naming the file, the
+// tensor and the block; a non-finite f16 scale (the block's last field) as for the other types.
+TEST(Architectures, TernaryWeightCodesAreChecked) {
+  std::mt19937 rng(3);
+  const auto check = [](DType type, const std::vector<uint8_t>& data) {
+    GgufTensorInfo t;
+    t.name = "blk.2.ffn_up.weight";
+    t.type = type;
+    t.ne = {512, 3};
+    t.n_bytes = data.size();
+    t.data = data.data();
+    try {
+      check_weights_finite("model-tq.gguf", t);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  for (DType type : {DType::TQ1_0, DType::TQ2_0}) {
+    const bool tq1 = type == DType::TQ1_0;
+    const size_t bb = tq1 ? 54 : 66;
+    std::vector<uint8_t> data(6 * bb);
+    for (size_t b = 0; b < 6; ++b) {  // valid blocks of random trits, d = 0.5
+      int8_t trits[256];
+      for (auto& v : trits) v = int8_t(int(rng() % 3) - 1);
+      if (tq1) codec::tq1_0_pack_block(trits, 0.5f, data.data() + b * bb);
+      else codec::tq2_0_pack_block(trits, 0.5f, data.data() + b * bb);
+    }
+    EXPECT_EQ(check(type, data), "(no error)") << dtype_name(type);
+    const std::string name = std::string("model-tq.gguf: tensor blk.2.ffn_up.weight (") + dtype_name(type) + ", 512 x 3) holds ";
+    auto bad = data;
+    if (tq1) {
+      bad[4 * bb + 7] = 1;
+    } else {
+      bad[4 * bb + 7] = uint8_t((bad[4 * bb + 7] & ~0x30) | 0x30);  // element 128 + 64 + 7's code: 3
+    }
+    std::string e = check(type, bad);
+    EXPECT_NE(e.find(name), std::string::npos) << e;
+    EXPECT_NE(e.find(tq1 ? "no base-3 packing of trits" : "the 2-bit code 3, which is no trit"), std::string::npos) << e;
+    EXPECT_NE(e.find("in block 4 (row 2)"), std::string::npos) << e;
+    if (tq1) {  // qh: byte 2 packs the trits of byte 0 with a fifth digit 1
+      bad = data;
+      bad[1 * bb + 49] = 2;
+      e = check(type, bad);
+      EXPECT_NE(e.find("in block 1 (row 0)"), std::string::npos) << e;
+      // and every canonical byte passes, in qs and qh
+      for (int v = 0; v < 243; ++v) {
+        bad = data;
+        bad[3 * bb + 5] = uint8_t((v * 256 + 242) / 243);
+        bad[3 * bb + 50] = uint8_t((v / 3 * 3 * 256 + 242) / 243);
+        ASSERT_EQ(check(type, bad), "(no error)") << v;
+      }
+    }
+    bad = data;
+    bad[5 * bb + bb - 1] = 0x7C;  // d = inf
+    bad[5 * bb + bb - 2] = 0x00;
+    e = check(type, bad);
+    EXPECT_NE(e.find("holds a non-finite value (NaN or Inf) in the scale of block 5 (row 2)"), std::string::npos) << e;
+  }
 }
 
 // Mamba's state is a fixed size per sequence: the store's bytes do not grow with its slots (a

@@ -7,7 +7,8 @@ import numpy as np
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 
-def read_gguf(path):
+def read_gguf(path, skip_unknown=False):
+    """(metadata, tensors as float64 arrays); skip_unknown: leave out tensors of types it cannot decode."""
     buf = open(path, "rb").read()
     off = 0
 
@@ -59,10 +60,29 @@ def read_gguf(path):
             arr = np.frombuffer(buf, dtype="<f4", count=count, offset=data_start + o)
         elif typ == 1:
             arr = np.frombuffer(buf, dtype="<f2", count=count, offset=data_start + o)
+        elif typ == 8:   # Q8_0: per 32 values an f16 scale d, then 32 int8 q; x = q * d
+            blocks = np.frombuffer(buf, dtype=np.uint8, count=count // 32 * 34, offset=data_start + o).reshape(-1, 34)
+            d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+            arr = (blocks[:, 2:].view(np.int8).astype(np.float32) * d).reshape(-1)
+        elif typ == 2:   # Q4_0: per 32 an f16 d, 16 bytes: value j < 16 low nibble of byte j, j + 16 high
+            blocks = np.frombuffer(buf, dtype=np.uint8, count=count // 32 * 18, offset=data_start + o).reshape(-1, 18)
+            d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+            q = blocks[:, 2:]
+            codes = np.concatenate([q & 0x0F, q >> 4], axis=1).astype(np.int8) - 8
+            arr = (codes.astype(np.float32) * d).reshape(-1)
+        elif typ == 35:  # TQ2_0: per 256 values 64 bytes of 2-bit codes, then an f16 d; x = (code - 1) d
+            # element 128 h + 32 l + m is bits 2l..2l+1 of byte 32 h + m
+            blocks = np.frombuffer(buf, dtype=np.uint8, count=count // 256 * 66, offset=data_start + o).reshape(-1, 66)
+            d = blocks[:, 64:66].copy().view("<f2").astype(np.float32)
+            qs = blocks[:, :64].reshape(-1, 2, 1, 32)
+            codes = (qs >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3   # [b, h, l, m]
+            arr = ((codes.reshape(-1, 256).astype(np.float32) - 1) * d).reshape(-1)
         elif typ == 39:
             arr = mxfp4_values(np.frombuffer(buf, dtype=np.uint8, count=count // 32 * 17, offset=data_start + o))
+        elif skip_unknown:
+            continue
         else:
-            raise ValueError(f"oracle reads only F32/F16/MXFP4, tensor {name} has type {typ}")
+            raise ValueError(f"oracle reads only F32/F16/Q8_0/Q4_0/TQ2_0/MXFP4, tensor {name} has type {typ}")
         # ggml ne[0] is the fastest dimension: numpy shape is reversed.
         tensors[name] = arr.astype(np.float64).reshape(list(reversed(ne)))
     return meta, tensors

@@ -2,13 +2,15 @@
 libggml-base.so (installed by ../shared/peer/setup.sh):
 - quantizing the same f32 rows (`tern quantize --pure`) gives llama.cpp's blocks byte for byte
   (quantize_row_<type>_ref: what llama-quantize runs without an importance matrix), for Q4_1, Q5_0,
-  Q5_1, Q2_K, Q3_K, Q5_K and MXFP4 (Q8_0 / Q4_0 / Q4_K / Q6_K have llama-quantize's own files in
-  ../shared/quant-interop);
+  Q5_1, Q2_K, Q3_K, Q5_K, TQ1_0, TQ2_0 and MXFP4 (Q8_0 / Q4_0 / Q4_K / Q6_K have llama-quantize's own
+  files in ../shared/quant-interop);
 - dequantizing the same blocks gives llama.cpp's f32 values bit for bit (dequantize_row_<type>),
   on tern's blocks and on random ones (every bit pattern of the quants and packed scales; finite
-  f16 scales; every E8M0 exponent), for all eleven types.
+  f16 scales; every E8M0 exponent; TQ1_0's bytes that its packing never writes and TQ2_0's code 3,
+  which no trit is), for all thirteen types.
 The rows are awkward on purpose: outliers, constant and all-zero rows, tiny values, one sign only;
-for MXFP4 also blocks at every power of two of the f32 range (denormals to the largest f32).
+for MXFP4 also blocks at every power of two of the f32 range (denormals to the largest f32); for
+TQ1_0 / TQ2_0 also rows whose elements sit exactly on and around the rounding boundary +-amax / 2.
 Exit code 77 = skipped (no peer library, no tern binary)."""
 import ctypes
 import glob
@@ -40,9 +42,11 @@ TYPES = {
     12: ("q4_k", 256, 144, [0, 2], "q4_K"),
     13: ("q5_k", 256, 176, [0, 2], "q5_K"),
     14: ("q6_k", 256, 210, [208], "q6_K"),
+    34: ("tq1_0", 256, 54, [52], "tq1_0"),
+    35: ("tq2_0", 256, 66, [64], "tq2_0"),
     39: ("mxfp4", 32, 17, [], "mxfp4"),
 }
-QUANTIZED_HERE = [3, 6, 7, 10, 11, 13, 39]  # byte-exact quantization checked here
+QUANTIZED_HERE = [3, 6, 7, 10, 11, 13, 34, 35, 39]  # byte-exact quantization checked here
 
 
 def ggml_quantize(tid, x):
@@ -209,6 +213,24 @@ def mxfp4_range_rows(rng):
     return [("blk.0.range.weight", a)]
 
 
+def ternary_rows(rng):
+    """[name, rows x 512 f32] for the ternary types' rule lroundf(x / amax): elements at exactly
+    +-amax / 2 (ties away from zero), one ulp either side of it, +-amax, -0.0, and amax that are
+    powers of two and not (so that 1 / amax and x * (1 / amax) round)."""
+    n = 512
+    rows = []
+    for amax in (1.0, 0.75, 3.0e-5, 1234.5678, 2.0 ** -20):
+        a = np.float32(amax)
+        half = np.float32(a / np.float32(2))
+        vals = [a, -a, half, -half, np.nextafter(half, np.float32(0)), np.nextafter(half, a),
+                -np.nextafter(half, np.float32(0)), -np.nextafter(half, a), np.float32(-0.0), np.float32(0)]
+        r = rng.choice(np.array(vals, dtype=np.float32), n)
+        r[::256] = a  # amax in every block
+        rows.append(r)
+    rows.append((rng.standard_normal(n) * 0.02).astype(np.float32))
+    return [("blk.0.ternary.weight", np.stack(rows).astype(np.float32))]
+
+
 def main():
     rng = np.random.default_rng(7)
     fails = 0
@@ -218,6 +240,9 @@ def main():
         write_gguf(src, [(name, [a.shape[1], a.shape[0]], 0, a.tobytes()) for name, a in rows])
         src_range = os.path.join(tmp, "src-range.gguf")
         range_rows = mxfp4_range_rows(rng)
+        tern_rows = ternary_rows(rng)
+        src_tern = os.path.join(tmp, "src-ternary.gguf")
+        write_gguf(src_tern, [(name, [a.shape[1], a.shape[0]], 0, a.tobytes()) for name, a in tern_rows])
         write_gguf(src_range, [(name, [a.shape[1], a.shape[0]], 0, a.tobytes()) for name, a in range_rows])
         for tid in QUANTIZED_HERE:
             name = TYPES[tid][0]
@@ -230,6 +255,11 @@ def main():
                 tern("quantize", src_range, q_range, "--type", name, "--pure", "--json")
                 got.update(read_gguf_raw(q_range))
                 cases += range_rows
+            if tid in (34, 35):  # the ternary rule's rounding boundary
+                q_tern = os.path.join(tmp, f"q-{name}-ternary.gguf")
+                tern("quantize", src_tern, q_tern, "--type", name, "--pure", "--json")
+                got.update(read_gguf_raw(q_tern))
+                cases += tern_rows
             for tname, a in cases:
                 ne, t, data = got[tname]
                 want = ggml_quantize(tid, a.reshape(-1))
@@ -245,7 +275,7 @@ def main():
         # Dequantization: random blocks of every type in one file, read back as f32 by tern.
         tensors = []
         for tid, (name, blk, nbytes, f16_offsets, _) in TYPES.items():
-            n_rows = 32 if tid == 39 else 4
+            n_rows = 32 if tid in (34, 35, 39) else 4  # (the ternary types: every byte value in many places)
             n_blocks = n_rows * 512 // blk
             raw = np.frombuffer(rng.bytes(n_blocks * nbytes), dtype=np.uint8).reshape(n_blocks, nbytes).copy()
             for o in f16_offsets:  # finite scales of both signs and many magnitudes

@@ -11,6 +11,7 @@
 
 #include "core/fp16.h"
 #include "core/error.h"
+#include "quant/quant_codecs.h"
 #include "quant/quant_traits.h"
 
 namespace tern {
@@ -246,6 +247,136 @@ TEST(QuantRoundTrip, Mxfp4EveryExponentDecodes) {
   }
 }
 
+// TQ1_0 / TQ2_0 (quant_traits.h): per super-block d = amax (stored as f16), each element the
+// trit nearest x / amax with ties away from zero, so it comes back as t * f16(amax): exactly, the
+// trit restated here by comparing |x| with amax / 2 in the rule's own float arithmetic (x * (1 /
+// amax) rounded to f32, then against 0.5).
+TEST(QuantRoundTrip, TernaryNearestTritOfTheBlockAmax) {
+  for (DType t : {DType::TQ1_0, DType::TQ2_0}) {
+    SCOPED_TRACE(dtype_name(t));
+    for (uint32_t seed = 1; seed <= 3; ++seed) {
+      auto x = gaussian(kN, seed, std::ldexp(1.0f, int(seed) * 4 - 10));
+      for (int j = 256; j < 512; ++j) x[size_t(j)] = 0.0f;                      // an all-zero block
+      for (int j = 512; j < 768; ++j) x[size_t(j)] = std::fabs(x[size_t(j)]);  // one sign only
+      for (int j = 768; j < 1024; j += 2) x[size_t(j)] = x[768] * 0.5f;         // exact halves of one element
+      x[800] = std::fabs(x[800]) * 100.0f;                                      // a spike: amax
+      const auto r = round_trip(t, x);
+      for (int64_t ib = 0; ib < kN / kQK_K; ++ib) {
+        const float* xb = &x[size_t(ib * kQK_K)];
+        const float amax = block_amax(xb, kQK_K);
+        const float d = fp16_to_f32(f32_to_fp16(amax));
+        const float id = amax != 0.0f ? 1.0f / amax : 0.0f;
+        for (int j = 0; j < kQK_K; ++j) {
+          const float v = std::fabs(xb[j] * id);
+          const int trit = v >= 0.5f ? (xb[j] < 0 ? -1 : 1) : 0;
+          ASSERT_EQ(r.back[size_t(ib * kQK_K + j)], float(trit) * d) << "block " << ib << " element " << j;
+        }
+      }
+    }
+  }
+}
+
+// The packers (quant_codecs.h) for quantization-aware training: random trits and a scale give
+// blocks whose unpacking is those trits and f16(d), whose dequantization is trit * f16(d), and
+// which are byte for byte what the quantizer writes for the values trit * D (amax D, so each
+// x / amax is the trit, up to a rounding that lroundf absorbs). Out-of-range trits are refused.
+TEST(QuantRoundTrip, TernaryPackBlocksAreTheQuantizersBlocks) {
+  std::mt19937 rng(11);
+  for (DType t : {DType::TQ1_0, DType::TQ2_0}) {
+    SCOPED_TRACE(dtype_name(t));
+    const bool tq1 = t == DType::TQ1_0;
+    const QuantTraits& q = *quant_traits(t);
+    for (int it = 0; it < 200; ++it) {
+      int8_t trits[kQK_K];
+      const int zero_share = it % 4;  // 0, 1/3, 2/3, all zero but one
+      for (auto& v : trits) v = int8_t(int(rng() % 3) - 1);
+      for (int e = 0; e < kQK_K; ++e)
+        if (zero_share == 3 || int(rng() % 3) < zero_share) trits[e] = 0;
+      trits[rng() % kQK_K] = rng() % 2 ? 1 : -1;  // amax is D
+      const float D = std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, int(rng() % 30) - 20);
+      std::vector<uint8_t> packed(size_t(q.block_bytes)), quantized(size_t(q.block_bytes));
+      if (tq1) codec::tq1_0_pack_block(trits, D, packed.data());
+      else codec::tq2_0_pack_block(trits, D, packed.data());
+      std::vector<float> x(kQK_K), back(kQK_K);
+      for (int e = 0; e < kQK_K; ++e) x[size_t(e)] = float(trits[e]) * D;
+      q.from_float(x.data(), quantized.data(), kQK_K);
+      ASSERT_EQ(packed, quantized) << "iteration " << it;
+      int8_t got[kQK_K];
+      const float d = tq1 ? codec::tq1_0_unpack_block(packed.data(), got) : codec::tq2_0_unpack_block(packed.data(), got);
+      ASSERT_EQ(d, fp16_to_f32(f32_to_fp16(D)));
+      ASSERT_EQ(std::memcmp(got, trits, kQK_K), 0) << "iteration " << it;
+      q.to_float(packed.data(), back.data(), kQK_K);
+      for (int e = 0; e < kQK_K; ++e) ASSERT_EQ(back[size_t(e)], float(trits[e]) * d);
+    }
+    int8_t bad[kQK_K] = {};
+    bad[17] = 2;
+    std::vector<uint8_t> out(size_t(q.block_bytes));
+    EXPECT_THROW(tq1 ? codec::tq1_0_pack_block(bad, 1.0f, out.data()) : codec::tq2_0_pack_block(bad, 1.0f, out.data()),
+                 Error);
+  }
+}
+
+// TQ1_0's bytes: the 243 five-trit numbers pack to 243 distinct bytes that unpack to them; the 13
+// other byte values of qs (and the 175 of qh that are not four trits and a zero) are not canonical
+// yet decode, like every byte, to trits: those of the canonical byte one below. TQ2_0's code 3 (no
+// trit) decodes as 2, ggml's way.
+TEST(QuantRoundTrip, TernaryEveryByteDecodes) {
+  int canonical = 0, canonical_qh = 0;
+  for (int b = 0; b < 256; ++b) {
+    canonical += codec::tq1_0_byte_is_canonical(uint8_t(b), false);
+    canonical_qh += codec::tq1_0_byte_is_canonical(uint8_t(b), true);
+    // the byte in every qs and qh position of a block, unpacked and dequantized
+    BlockTQ1_0 blk;
+    std::memset(blk.qs, b, sizeof blk.qs);
+    std::memset(blk.qh, b, sizeof blk.qh);
+    blk.d = f32_to_fp16(1.0f);
+    int8_t trits[kQK_K];
+    codec::tq1_0_unpack_block(&blk, trits);
+    for (int n = 0; n < 5; ++n) {
+      // the n-th base-3 digit of the byte read as a fraction of 256 / 243, by integer arithmetic
+      const int want = int(((b * int(kTq1Pow3[n])) % 256) * 3 / 256) - 1;
+      ASSERT_EQ(trits[32 * n], want) << "byte " << b << " trit " << n;
+      ASSERT_EQ(trits[160 + 16 * n + 15], want) << "byte " << b << " trit " << n;
+      if (n < 4) {
+        ASSERT_EQ(trits[240 + 4 * n + 3], want) << "byte " << b << " trit " << n;
+      }
+    }
+    if (!codec::tq1_0_byte_is_canonical(uint8_t(b), false)) {
+      ASSERT_GT(b, 0);
+      ASSERT_TRUE(codec::tq1_0_byte_is_canonical(uint8_t(b - 1), false)) << b;
+      int8_t below[kQK_K];
+      std::memset(blk.qs, b - 1, sizeof blk.qs);
+      codec::tq1_0_unpack_block(&blk, below);
+      ASSERT_EQ(std::memcmp(below, trits, 240), 0) << "byte " << b;
+    }
+  }
+  EXPECT_EQ(canonical, 243);
+  EXPECT_EQ(canonical_qh, 81);
+  // every 5-trit combination packs and unpacks (through whole blocks of it)
+  for (int v = 0; v < 243; ++v) {
+    int8_t trits[kQK_K];
+    for (int e = 0; e < kQK_K; ++e) {
+      const int n = e < 160 ? e / 32 : e < 240 ? (e - 160) / 16 : (e - 240) / 4;
+      int digit = v;
+      for (int k = n; k < 4; ++k) digit /= 3;
+      trits[e] = int8_t(e >= 240 && v % 3 != 0 ? 0 : digit % 3 - 1);  // qh: four trits and a zero
+    }
+    uint8_t blk[54];
+    codec::tq1_0_pack_block(trits, 0.5f, blk);
+    int8_t back[kQK_K];
+    ASSERT_EQ(codec::tq1_0_unpack_block(blk, back), 0.5f);
+    ASSERT_EQ(std::memcmp(back, trits, kQK_K), 0) << "value " << v;
+    ASSERT_TRUE(codec::tq1_0_byte_is_canonical(blk[0], false));
+    ASSERT_TRUE(codec::tq1_0_byte_is_canonical(blk[48], true));
+  }
+  BlockTQ2_0 b2;
+  std::memset(b2.qs, 0xFF, sizeof b2.qs);  // code 3 everywhere
+  b2.d = f32_to_fp16(0.25f);
+  std::vector<float> back(kQK_K);
+  quant_traits(DType::TQ2_0)->to_float(&b2, back.data(), kQK_K);
+  for (float v : back) ASSERT_EQ(v, 0.5f);
+}
+
 // K-quants pick scales by least squares, so there is no per-element half-step promise; the
 // bounds are a margin above what llama.cpp's algorithm achieves on Gaussian data (measured:
 // Q4_K ~0.072, Q6_K ~0.018 relative RMSE, worst element ~0.11 and ~0.023 of the sub-block amax;
@@ -279,8 +410,10 @@ TEST(QuantRoundTrip, KQuantErrorBounds) {
 // Zeros, constants, a single spike and mixed magnitudes: no NaN, zeros stay zero, and a block
 // whose values are all equal comes back close.
 TEST(QuantRoundTrip, DegenerateBlocks) {
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_K}) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_K,
+                 DType::TQ1_0, DType::TQ2_0}) {
     SCOPED_TRACE(dtype_name(t));
+    const bool ternary = t == DType::TQ1_0 || t == DType::TQ2_0;
     std::vector<float> zeros(512, 0.0f);
     for (float v : round_trip(t, zeros).back) ASSERT_EQ(v, 0.0f);
 
@@ -295,7 +428,11 @@ TEST(QuantRoundTrip, DegenerateBlocks) {
     spike[300] = -3.0f;
     const auto back = round_trip(t, spike).back;
     ASSERT_NEAR(back[7], 5.0f, 5.0f * 0.02f);
+    // (the ternary types: -3 is the second super-block's amax, so exact up to f16)
     ASSERT_NEAR(back[300], -3.0f, 3.0f * 0.02f);
+    if (ternary) {
+      ASSERT_EQ(back[7], 5.0f);
+    }
     // Q5_K's grid search for the sub-block holding -3 lands zero 0.04% of the spike off a grid
     // point (llama.cpp's values: the quantizer is byte-exact with its); the others hit zero.
     const float zero_tol = t == DType::Q5_K ? 3.0f * 1e-3f : 1e-6f;
@@ -321,7 +458,7 @@ TEST(QuantRoundTrip, FloatTypes) {
 TEST(QuantTraits, TableMatchesDtypeSizes) {
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
                   DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_K,
-                  DType::MXFP4}) {
+                  DType::MXFP4, DType::TQ1_0, DType::TQ2_0}) {
     const QuantTraits* q = quant_traits(t);
     ASSERT_NE(q, nullptr) << dtype_name(t);
     EXPECT_EQ(q->block_size, dtype_info(t).block_size) << dtype_name(t);
@@ -339,7 +476,14 @@ TEST(QuantTraits, TableMatchesDtypeSizes) {
   EXPECT_EQ(dtype_from_name("MXFP4"), DType::MXFP4);
   EXPECT_EQ(fit_row_type(DType::MXFP4, 2880), DType::MXFP4);  // gpt-oss's rows
   EXPECT_EQ(fit_row_type(DType::MXFP4, 100), DType::F16);
-  for (DType t : {DType::Q2_K, DType::Q3_K}) EXPECT_EQ(quant_traits(t)->vec_dot_type, DType::Q8_K);
+  for (DType t : {DType::Q2_K, DType::Q3_K, DType::TQ1_0, DType::TQ2_0}) EXPECT_EQ(quant_traits(t)->vec_dot_type, DType::Q8_K);
+  EXPECT_EQ(llama_file_type(DType::TQ1_0), 36u);  // LLAMA_FTYPE_MOSTLY_TQ1_0
+  EXPECT_EQ(llama_file_type(DType::TQ2_0), 37u);
+  EXPECT_EQ(static_cast<uint32_t>(DType::TQ1_0), 34u);
+  EXPECT_EQ(static_cast<uint32_t>(DType::TQ2_0), 35u);
+  EXPECT_EQ(fit_row_type(DType::TQ1_0, 2048), DType::TQ1_0);
+  EXPECT_EQ(fit_row_type(DType::TQ2_0, 64), DType::Q4_0);  // llama.cpp's substitute
+  EXPECT_EQ(fit_row_type(DType::TQ1_0, 100), DType::F16);
   EXPECT_EQ(quant_traits(DType::IQ4_NL), nullptr);
   EXPECT_THROW(require_quant_traits(DType::IQ4_NL, "blk.0.ffn_up.weight"), Error);
 }

@@ -1,10 +1,17 @@
 #pragma once
 // What the training tests share: a tiny model shape, random token windows, and a model whose
 // weights are large enough that every gradient is far from zero.
+#include <unistd.h>
+
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "gguf/gguf.h"
+#include "models/synth.h"
 #include "train/model.h"
 
 namespace tern::testing {
@@ -37,6 +44,39 @@ inline train::TrainModel test_model(const train::ModelShape& s, uint64_t seed) {
     for (int64_t i = 0; i < p.size; ++i)
       m.data[size_t(p.offset + i)] = p.ne.size() == 1 ? 1.0f + 0.3f * d(rng) : 0.4f * d(rng);
   return m;
+}
+
+// A directory removed with the object.
+struct TrainTempDir {
+  std::filesystem::path path;
+  TrainTempDir() {
+    path = std::filesystem::temp_directory_path() /
+           ("tern_train_test_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
+    std::filesystem::create_directories(path);
+  }
+  ~TrainTempDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+// A vocabulary-only GGUF (tern synth's generated SentencePiece vocabulary of 300 tokens).
+inline std::string write_train_vocab(const TrainTempDir& dir) {
+  GgufWriter w(3);
+  add_generated_vocab(w, 300);
+  const std::string p = dir.file("vocab.gguf");
+  w.write(p);
+  return p;
+}
+
+// n_docs documents of 30 words from a 12-word list, separated by blank lines.
+inline std::string write_train_text(const TrainTempDir& dir, const std::string& name, int n_docs, uint32_t seed) {
+  std::ofstream out(dir.file(name));
+  std::mt19937 rng(seed);
+  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "home", "big", "red"};
+  for (int d = 0; d < n_docs; ++d) {
+    for (int i = 0; i < 30; ++i) out << words[rng() % 12] << (i % 10 == 9 ? ".\n" : " ");
+    out << "\n\n";
+  }
+  return dir.file(name);
 }
 
 }  // namespace tern::testing

@@ -503,6 +503,77 @@ void q23_k_tile(const uint8_t* const w[kRowTile], int64_t nb, const ActRow x[T],
   for (int t = 0; t < T; ++t) out[t] = s[t];
 }
 
+// --- TQ1_0 / TQ2_0: ternary super-blocks of 256 -----------------------------------------------
+
+// A TQ1_0 byte's code n (quant_traits.h): q = byte 3^n mod 256 (a byte multiply), then
+// (3q) >> 8, which is [q >= 86] + [q >= 171]; the compares give -1 each.
+inline int8x16_t tq1_codes(uint8x16_t v, uint8x16_t pow3) {
+  const uint8x16_t q = vmulq_u8(v, pow3);
+  return s8(vsubq_u8(vsubq_u8(vdupq_n_u8(0), vcgeq_u8(q, vdupq_n_u8(86))), vcgeq_u8(q, vdupq_n_u8(171))));
+}
+
+// The codes (trit + 1) of a super-block in 16 vectors, vector k for elements 16k..16k+15.
+// TQ1_0: qs[0..31]'s codes n (elements 32n + m), qs[32..47]'s (160 + 16n + m), then qh[0..3]
+// four times over, repeat n at code n (240 + 4n + j). TQ2_0: Q2_K's 2-bit layout.
+constexpr uint8_t kTq1QhPow3[16] = {1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27};
+template <bool kTq1>
+inline void tq_codes(const uint8_t* blk, int8x16_t c[16]) {
+  if constexpr (kTq1) {
+    const uint8x16_t a0 = vld1q_u8(blk), a1 = vld1q_u8(blk + 16), a2 = vld1q_u8(blk + 32);
+    for (int n = 0; n < 5; ++n) {
+      const uint8x16_t p = vdupq_n_u8(kTq1Pow3[n]);
+      c[2 * n] = tq1_codes(a0, p);
+      c[2 * n + 1] = tq1_codes(a1, p);
+      c[10 + n] = tq1_codes(a2, p);
+    }
+    uint32_t qh;
+    std::memcpy(&qh, blk + offsetof(BlockTQ1_0, qh), 4);
+    c[15] = tq1_codes(vreinterpretq_u8_u32(vdupq_n_u32(qh)), vld1q_u8(kTq1QhPow3));
+  } else {
+    for (int h = 0; h < 2; ++h) {
+      const uint8x16_t a0 = vld1q_u8(blk + 32 * h), a1 = vld1q_u8(blk + 32 * h + 16);
+      for (int l = 0; l < 4; ++l) {
+        const int8x16_t shift = vdupq_n_s8(int8_t(-2 * l));
+        c[8 * h + 2 * l] = s8(vandq_u8(vshlq_u8(a0, shift), vdupq_n_u8(3)));
+        c[8 * h + 2 * l + 1] = s8(vandq_u8(vshlq_u8(a1, shift), vdupq_n_u8(3)));
+      }
+    }
+  }
+}
+
+// As dot_tq1_0 / dot_tq2_0 of kernels/ref: sum code x - sum x (the block's bsums), exact, then
+// s += float(isum) * (d * dx).
+template <bool kTq1, int T>
+void tq_tile(const uint8_t* const w[kRowTile], int64_t nb, const ActRow x[T], float32x4_t out[T]) {
+  constexpr int64_t kBytes = kTq1 ? int64_t(sizeof(BlockTQ1_0)) : int64_t(sizeof(BlockTQ2_0));
+  constexpr int64_t kD = kTq1 ? int64_t(offsetof(BlockTQ1_0, d)) : int64_t(offsetof(BlockTQ2_0, d));
+  float32x4_t s[T];
+  for (int t = 0; t < T; ++t) s[t] = vdupq_n_f32(0.0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    int32x4_t acc[T][kRowTile];
+    float d[kRowTile];
+    for (int i = 0; i < kRowTile; ++i) {
+      const uint8_t* blk = w[i] + b * kBytes;
+      d[i] = half_to_f32(blk + kD);
+      int8x16_t c[16];
+      tq_codes<kTq1>(blk, c);
+      for (int t = 0; t < T; ++t) {
+        acc[t][i] = vdupq_n_s32(0);
+        for (int k = 0; k < 16; ++k) acc[t][i] = dot16(acc[t][i], c[k], vld1q_s8(x[t].qs + 256 * b + 16 * k));
+      }
+    }
+    const float32x4_t d4 = vld1q_f32(d);
+    for (int t = 0; t < T; ++t) {
+      int32_t sum_x = 0;
+      for (int j = 0; j < 16; ++j) sum_x += bsum_at(x[t], 16 * b + j);
+      const int32x4_t isum = vsubq_s32(sum_each(acc[t][0], acc[t][1], acc[t][2], acc[t][3]), vdupq_n_s32(sum_x));
+      // s += (d * dx) * float(isum)
+      s[t] = vaddq_f32(s[t], vmulq_f32(vmulq_n_f32(d4, x[t].d[b]), vcvtq_f32_s32(isum)));
+    }
+  }
+  for (int t = 0; t < T; ++t) out[t] = s[t];
+}
+
 // --- the quantized driver: rows in tiles of 4, tokens in pairs ---------------------------------
 
 // A tile function for T tokens (T = 1, 2: the arrays decay to the same pointer type).
@@ -650,6 +721,8 @@ void arm_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t*) {
     case DType::Q4_K: quant_gemm(a, r0, r1, nbk, q4_k_tile<false, 1>, q4_k_tile<false, 2>); break;
     case DType::Q5_K: quant_gemm(a, r0, r1, nbk, q4_k_tile<true, 1>, q4_k_tile<true, 2>); break;
     case DType::Q6_K: quant_gemm(a, r0, r1, nbk, q6_k_tile<1>, q6_k_tile<2>); break;
+    case DType::TQ1_0: quant_gemm(a, r0, r1, nbk, tq_tile<true, 1>, tq_tile<true, 2>); break;
+    case DType::TQ2_0: quant_gemm(a, r0, r1, nbk, tq_tile<false, 1>, tq_tile<false, 2>); break;
     default: break;
   }
 }

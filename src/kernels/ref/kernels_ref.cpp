@@ -234,6 +234,48 @@ float dot_q6_k(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd
   return s;
 }
 
+// TQ1_0 / TQ2_0 (quant_traits.h): trits t = code - 1, d * dx * sum_e t_e x_e with the integer sum
+// exact, as ggml's vec_dot_tq1_0_q8_K / _tq2_0_q8_K. Written as sum code * x - sum x (sum x: the
+// block's 16 bsums), the form the SIMD kernels use with their unsigned codes; the value is the same.
+// TQ1_0's code n of a byte: (byte * 3^n mod 256) * 3 >> 8 (every byte gives 0..2).
+float dot_tq1_0(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int16_t* bsums) {
+  const auto* blk = reinterpret_cast<const BlockTQ1_0*>(w);
+  const auto code = [](uint8_t byte, int n) { return int((unsigned(uint8_t(byte * kTq1Pow3[n])) * 3) >> 8); };
+  float s = 0.0f;
+  for (int64_t b = 0; b < n_in / kQK_K; ++b) {
+    const BlockTQ1_0& B = blk[b];
+    const int8_t* x = xq + kQK_K * b;
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) isum -= bsums[16 * b + j];
+    for (int n = 0; n < 5; ++n) {
+      for (int m = 0; m < 32; ++m) isum += code(B.qs[m], n) * x[32 * n + m];
+      for (int m = 0; m < 16; ++m) isum += code(B.qs[32 + m], n) * x[160 + 16 * n + m];
+    }
+    for (int n = 0; n < 4; ++n)
+      for (int j = 0; j < 4; ++j) isum += code(B.qh[j], n) * x[240 + 4 * n + j];
+    s += float(isum) * (fp16_to_f32(B.d) * xd[b]);
+  }
+  return s;
+}
+
+// TQ2_0's element 128h + 32l + m: (qs[32h + m] >> 2l) & 3, minus 1 (code 3 counts as 3 - 1 = 2,
+// as in ggml's vec_dot; weight_check refuses files that hold it).
+float dot_tq2_0(const uint8_t* w, int64_t n_in, const int8_t* xq, const float* xd, const int16_t* bsums) {
+  const auto* blk = reinterpret_cast<const BlockTQ2_0*>(w);
+  float s = 0.0f;
+  for (int64_t b = 0; b < n_in / kQK_K; ++b) {
+    const BlockTQ2_0& B = blk[b];
+    const int8_t* x = xq + kQK_K * b;
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) isum -= bsums[16 * b + j];
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 4; ++l)
+        for (int m = 0; m < 32; ++m) isum += ((B.qs[32 * h + m] >> (2 * l)) & 3) * x[128 * h + 32 * l + m];
+    s += float(isum) * (fp16_to_f32(B.d) * xd[b]);
+  }
+  return s;
+}
+
 // One FMA per element, in order (the float arithmetic of every variant: x86/tiles_float.h).
 float dot_float(DType t, const uint8_t* w, int64_t n_in, const float* x) {
   float s = 0.0f;
@@ -265,7 +307,8 @@ bool ref_has_kernel(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
     case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q2_K: case DType::Q3_K:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::MXFP4:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::MXFP4: case DType::TQ1_0:
+    case DType::TQ2_0:
       return true;
     default:
       return false;
@@ -318,6 +361,8 @@ ActLayout act_rows_layout(DType weight_type, int64_t n_in, int64_t n_tokens) {
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:
+    case DType::TQ1_0:
+    case DType::TQ2_0:
       l.kind = ActKind::Q8_KRows;
       l.off_d = n_in;
       l.off_sum = n_in + 4 * (n_in / kQK_K);
@@ -380,6 +425,8 @@ float dot_ref(DType t, const uint8_t* w, int64_t n_in, const uint8_t* row, const
     case DType::Q4_K: return dot_q4_k<BlockQ4_K>(w, n_in, xq, xd, bsums);
     case DType::Q5_K: return dot_q4_k<BlockQ5_K>(w, n_in, xq, xd, bsums);
     case DType::Q6_K: return dot_q6_k(w, n_in, xq, xd, bsums);
+    case DType::TQ1_0: return dot_tq1_0(w, n_in, xq, xd, bsums);
+    case DType::TQ2_0: return dot_tq2_0(w, n_in, xq, xd, bsums);
     default:
       return 0.0f;
   }

@@ -520,6 +520,98 @@ void tile_q23_k(const Tile& c) {
   store_tile<R, T>(c, acc);
 }
 
+// --- TQ1_0 / TQ2_0: ternary super-blocks of 256 -------------------------------------------
+//
+// The weights as their unsigned codes c = t + 1 (0..2; TQ2_0's 3, no trit, as ggml reads it:
+// 3 - 1), pmaddubsw pairs <= 2 * 3 * 127; a super-block's sum is then sum c x - sum x. The sum x
+// is formed per token by the same dot products with ones in place of c, so that its 8 lanes hold
+// the very elements the weights' lanes do: each lane is sum (c - 1) x over its own elements,
+// bounded by sum |t x|. (Q8_K's bsums give sum x in other lanes: lanes of size sum |x|, which far
+// exceeds sum |t x| when most trits are 0, so their fma rounding grew past the reorder noise
+// tests/kernels allows.) Integer sums exact, so equal to dot_tq1_0 / dot_tq2_0 of kernels/ref;
+// then one fma per super-block into 8 float lanes, as the K-quant tiles.
+//
+// TQ1_0's code n of a byte b (quant_traits.h) is floor(3 q / 256), q = b 3^n mod 256. x86 has no
+// byte multiply, so 16-bit lanes do it for their two bytes apart: the low byte from the low byte of
+// the product (masked), the high one from the product of the lane with its low byte cleared (whose
+// low byte is then 0 and no carry reaches the high one); pmulhuw by 768 (low: (q 768) >> 16 =
+// 3q >> 8) and by 3 (high, q in bits 8..15: (q 256 3) >> 16), shifted back up a byte, give the
+// codes. k16: the multiplier of each 16-bit lane (both its bytes get it). (Tried: q + q + q in
+// wrapping byte adds and signed compares of the top-bit-flipped bytes, no multiplies: 6.8 against
+// 6.0 ns per super-block on Zen 4, the triplings being a serial chain.)
+inline __m256i tq1_codes(__m256i v, __m256i k16) {
+  const __m256i lo_mask = _mm256_set1_epi16(0x00FF);
+  const __m256i lo = _mm256_and_si256(_mm256_mullo_epi16(v, k16), lo_mask);
+  const __m256i hi = _mm256_mullo_epi16(_mm256_andnot_si256(lo_mask, v), k16);
+  return _mm256_or_si256(_mm256_mulhi_epu16(lo, _mm256_set1_epi16(768)),
+                         _mm256_slli_epi16(_mm256_mulhi_epu16(hi, _mm256_set1_epi16(3)), 8));
+}
+
+// The 8 code vectors of a TQ1_0 super-block, code vector i against activations 32i..32i+31:
+// qs[0..31]'s codes 0..4 (elements 32n + m); qs[32..47] in both 128-bit lanes with codes n and n + 1
+// (elements 160 + 16n + m: two runs of 16 that join); then qs[32..47]'s code 4 (elements 224..239)
+// beside qh[0..3] repeated four times, the repeat k at code k (elements 240 + 4k + j).
+inline void tq1_0_unpack(const BlockTQ1_0* blk, __m256i (&c)[8]) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
+  for (int n = 0; n < 5; ++n) c[n] = tq1_codes(v, _mm256_set1_epi16(short(kTq1Pow3[n])));
+  const __m128i v16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs + 32));
+  const __m256i w = _mm256_set_m128i(v16, v16);
+  c[5] = tq1_codes(w, _mm256_set_m128i(_mm_set1_epi16(3), _mm_set1_epi16(1)));
+  c[6] = tq1_codes(w, _mm256_set_m128i(_mm_set1_epi16(27), _mm_set1_epi16(9)));
+  uint32_t qh;
+  std::memcpy(&qh, blk->qh, 4);
+  const __m256i last = _mm256_set_m128i(_mm_set1_epi32(int(qh)), v16);
+  c[7] = tq1_codes(last, _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27));
+}
+
+// TQ2_0's codes as Q2_K's quants: element 128h + 32l + m in bits 2l of qs[32h + m].
+inline void tq2_0_unpack(const BlockTQ2_0* blk, __m256i (&c)[8]) {
+  const __m256i m3 = _mm256_set1_epi8(0x03);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs + 32 * h));
+    // 16-bit shifts: every bit kept is masked to its own byte afterwards
+    for (int l = 0; l < 4; ++l) c[4 * h + l] = _mm256_and_si256(l == 0 ? v : _mm256_srli_epi16(v, 2 * l), m3);
+  }
+}
+
+template <class Ops, class Block, int R, int T>
+void tile_tq(const Tile& c) {
+  __m256 acc[R][T];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  const ActPtrs<T> x(c);
+  const __m256i ones = _mm256_set1_epi8(1);
+  const uint8_t* pf = c.w + kPrefetchTiles * R * c.row_bytes;
+  for (int64_t sb = 0; sb < c.nb; ++sb) {
+    prefetch_step<R * int(sizeof(Block))>(pf + sb * R * int64_t(sizeof(Block)));
+    __m256i neg_sum[T];  // -sum x, in the weights' lanes
+    for (int t = 0; t < T; ++t) {
+      __m256i s = _mm256_setzero_si256();
+      for (int i = 0; i < 8; ++i)
+        s = Ops::dot_u8s8(s, ones, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[t] + kQK_K * sb + 32 * i)));
+      neg_sum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), s);
+    }
+    for (int r = 0; r < R; ++r) {
+      const Block* blk = reinterpret_cast<const Block*>(c.w + r * c.row_bytes) + sb;
+      __m256i q[8];
+      if constexpr (std::is_same_v<Block, BlockTQ1_0>) tq1_0_unpack(blk, q);
+      else tq2_0_unpack(blk, q);
+      const float d = f16_to_f32(blk->d);
+      for (int t = 0; t < T; ++t) {
+        // two chains: the dot products' latency would otherwise serialise them
+        __m256i S = neg_sum[t], S2 = _mm256_setzero_si256();
+        const int8_t* xq = x.q[t] + kQK_K * sb;
+        for (int i = 0; i < 8; i += 2) {
+          S = Ops::dot_u8s8(S, q[i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * i)));
+          S2 = Ops::dot_u8s8(S2, q[i + 1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * i + 32)));
+        }
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(S, S2)), _mm256_set1_ps(d * x.d[t][sb]), acc[r][t]);
+      }
+    }
+  }
+  store_tile<R, T>(c, acc);
+}
+
 // --- classic driver ------------------------------------------------------------------------
 
 template <class Ops, int R, int T>
@@ -536,6 +628,8 @@ void int_tile(DType type, const Tile& c) {
     case DType::Q5_K: tile_q4_k<Ops, BlockQ5_K, R, T>(c); break;
     case DType::Q6_K: tile_q6_k<Ops, R, T>(c); break;
     case DType::MXFP4: tile_mxfp4<Ops, R, T>(c); break;
+    case DType::TQ1_0: tile_tq<Ops, BlockTQ1_0, R, T>(c); break;
+    case DType::TQ2_0: tile_tq<Ops, BlockTQ2_0, R, T>(c); break;
     default: break;
   }
 }
@@ -592,7 +686,8 @@ inline bool x86_has_kernel(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
     case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q2_K: case DType::Q3_K:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::MXFP4:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::MXFP4: case DType::TQ1_0:
+    case DType::TQ2_0:
       return true;
     default:
       return false;
