@@ -182,15 +182,8 @@ void expect_model_gradient(TrainModel& m, ForwardBackward& fb, const std::vector
   std::mt19937 rng(11);
   std::normal_distribution<double> nd(0.0, 1.0);
   for (const auto& p : m.params) {
-    std::vector<double> dir(size_t(p.size));
-    double norm = 0.0;
-    for (auto& v : dir) {
-      v = nd(rng);
-      norm += v * v;
-    }
-    norm = std::sqrt(norm);
-    double gd = 0.0;
-    for (int64_t i = 0; i < p.size; ++i) gd += (dir[size_t(i)] /= norm) * double(g[size_t(p.offset + i)]);
+    const std::vector<double> dir = testing::unit_direction(rng, nd, p.size);
+    const double gd = testing::along(dir, g.data() + p.offset);
     const std::vector<float> keep(m.data.begin() + p.offset, m.data.begin() + p.offset + p.size);
     auto loss_at = [&](double h) {
       for (int64_t i = 0; i < p.size; ++i) m.data[size_t(p.offset + i)] = float(keep[size_t(i)] + h * dir[size_t(i)]);
@@ -338,18 +331,8 @@ TEST(HiddenDistillInput, BadLossTermsAndLayersAreRefusedClearly) {
             std::string::npos);
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("tern_distill_hidden_test_" + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
 TEST(DistillHiddenCli, TrainsWithEveryTermAndRefusesBadInput) {
-  TempDir dir;
+  testing::TrainTempDir dir;
   {
     std::ofstream f(dir.file("d.txt"));
     for (int i = 0; i < 20; ++i) f << "the cat sat on the mat and the dog ran home to the big red house.\n\n";

@@ -49,15 +49,8 @@ TEST(TrainModel, EveryTensorsGradientMatchesADirectionalFiniteDifference) {
     std::mt19937 rng(11);
     std::normal_distribution<double> nd(0.0, 1.0);
     for (const auto& p : m.params) {
-      std::vector<double> dir(size_t(p.size));
-      double norm = 0.0;
-      for (auto& v : dir) {
-        v = nd(rng);
-        norm += v * v;
-      }
-      norm = std::sqrt(norm);
-      double gd = 0.0;
-      for (int64_t i = 0; i < p.size; ++i) gd += (dir[size_t(i)] /= norm) * double(g[size_t(p.offset + i)]);
+      const std::vector<double> dir = testing::unit_direction(rng, nd, p.size);
+      const double gd = testing::along(dir, g.data() + p.offset);
       const std::vector<float> keep(m.data.begin() + p.offset, m.data.begin() + p.offset + p.size);
       auto loss_at = [&](double h) {
         for (int64_t i = 0; i < p.size; ++i) m.data[size_t(p.offset + i)] = float(keep[size_t(i)] + h * dir[size_t(i)]);

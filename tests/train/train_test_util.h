@@ -3,6 +3,7 @@
 // weights are large enough that every gradient is far from zero.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -44,6 +45,27 @@ inline train::TrainModel test_model(const train::ModelShape& s, uint64_t seed) {
     for (int64_t i = 0; i < p.size; ++i)
       m.data[size_t(p.offset + i)] = p.ne.size() == 1 ? 1.0f + 0.3f * d(rng) : 0.4f * d(rng);
   return m;
+}
+
+// A random direction of unit length in n dimensions (normal entries, normalised): the
+// directional finite-difference tests check g . dir against (L(w + h dir) - L(w - h dir)) / 2h.
+inline std::vector<double> unit_direction(std::mt19937& rng, std::normal_distribution<double>& nd, int64_t n) {
+  std::vector<double> dir(static_cast<size_t>(n));
+  double norm = 0.0;
+  for (auto& v : dir) {
+    v = nd(rng);
+    norm += v * v;
+  }
+  norm = std::sqrt(norm);
+  for (auto& v : dir) v /= norm;
+  return dir;
+}
+
+// g . dir, in order.
+inline double along(const std::vector<double>& dir, const float* g) {
+  double gd = 0.0;
+  for (size_t i = 0; i < dir.size(); ++i) gd += dir[i] * double(g[i]);
+  return gd;
 }
 
 // A directory removed with the object.
