@@ -48,7 +48,7 @@ int cmd_train(int argc, char** argv) {
           w.add_tensor(p.name + ".qat_weight", DType::F32, p.ne, fm.data.data() + p.offset, uint64_t(p.size) * 4);
           // LSQ: the block scales (f32, before their f16 rounding) and their gradient.
           if (const int64_t so = s.qat->scale_offset(i); so >= 0) {
-            const int64_t n_blocks = p.size / (train::qat_is_ternary(s.qat->types()[i]) ? 256 : 32);
+            const int64_t n_blocks = s.qat->scale_count(i);
             w.add_tensor(p.name + ".qat_scale", DType::F32, {n_blocks}, s.qat->scales().data() + so, uint64_t(n_blocks) * 4);
             w.add_tensor(p.name + ".qat_scale_grad", DType::F32, {n_blocks}, s.qat->scale_grads().data() + so,
                          uint64_t(n_blocks) * 4);

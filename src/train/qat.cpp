@@ -231,6 +231,11 @@ void QatModel::set_log_scales(const std::vector<float>& u) {
   for (size_t i = 0; i < u.size(); ++i) scales_[i] = std::exp(u[i]);
 }
 
+int64_t QatModel::scale_count(size_t param) const {
+  const QatLsqTraits* c = lsq_traits(types_[param]);
+  return scale_offset(param) < 0 || c == nullptr ? 0 : q_.params[param].size / c->group;
+}
+
 void QatModel::encode_lsq_row(size_t param, int64_t r, uint8_t* dst) const {
   const QatLsqTraits* c = lsq_traits(types_[param]);
   if (c == nullptr || scale_offset_.empty() || scale_offset_[param] < 0)

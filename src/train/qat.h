@@ -90,6 +90,7 @@ class QatModel {
   void set_log_scales(const std::vector<float>& u);
   const std::vector<float>& scale_grads() const { return scale_grads_; }
   int64_t scale_offset(size_t param) const { return scale_offset_.empty() ? -1 : scale_offset_[param]; }
+  int64_t scale_count(size_t param) const;  // tensor i's scales (0: not learned)
   AdamW& scale_optimizer() { return *scale_opt_; }
   const std::vector<ParamInfo>& scale_params() const { return scale_params_; }
   // One AdamW step of the scales (the weights' schedule and settings, no weight decay); returns

@@ -164,23 +164,18 @@ def llama_logits(meta, t, ids, taps=None):
     return x @ out.T
 
 
-def tensor_types(path):
-    """{tensor name: ggml type} from a GGUF header (read_gguf decodes, and so hides, the types)."""
+def _metadata_raw(buf):
+    """The metadata of a GGUF image as [(key, raw bytes of type + value)] in file order, the
+    tensor count and the offset where the tensor infos start."""
     import struct
-    with open(path, "rb") as f:
-        buf = f.read(1 << 22)
     off = 8
     n_t, n_kv = struct.unpack_from("<QQ", buf, off)
     off += 16
     sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
-    def string(o):
-        n = struct.unpack_from("<Q", buf, o)[0]
-        return o + 8 + n, buf[o + 8:o + 8 + n].decode("utf-8", "replace")
-
     def skip(o, t):
         if t == 8:
-            return string(o)[0]
+            return o + 8 + struct.unpack_from("<Q", buf, o)[0]
         if t == 9:
             et, n = struct.unpack_from("<IQ", buf, o)
             o += 12
@@ -191,12 +186,34 @@ def tensor_types(path):
             return o
         return o + sizes[t]
 
+    kvs = []
     for _ in range(n_kv):
-        off = string(off)[0]
+        n = struct.unpack_from("<Q", buf, off)[0]
+        key = buf[off + 8:off + 8 + n].decode("utf-8", "replace")
+        off += 8 + n
+        start = off
         off = skip(off + 4, struct.unpack_from("<I", buf, off)[0])
+        kvs.append((key, buf[start:off]))
+    return kvs, n_t, off
+
+
+def raw_kvs(path):
+    """The metadata of a GGUF file as (key, raw bytes of type + value), in file order: lets a test
+    copy the tokenizer into a file it writes without re-encoding each key's type."""
+    return _metadata_raw(open(path, "rb").read())[0]
+
+
+def tensor_types(path):
+    """{tensor name: ggml type} from a GGUF header (read_gguf decodes, and so hides, the types)."""
+    import struct
+    with open(path, "rb") as f:
+        buf = f.read(1 << 22)
+    _, n_t, off = _metadata_raw(buf)
     types = {}
     for _ in range(n_t):
-        off, name = string(off)
+        n = struct.unpack_from("<Q", buf, off)[0]
+        name = buf[off + 8:off + 8 + n].decode("utf-8", "replace")
+        off += 8 + n
         nd = struct.unpack_from("<I", buf, off)[0]
         off += 4 + 8 * nd
         types[name] = struct.unpack_from("<I", buf, off)[0]

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gguf_np import read_gguf  # noqa: E402
+from gguf_np import raw_kvs, read_gguf  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,41 +131,6 @@ def random_params(hp, dtype=torch.float32, seed=0, std=0.02):
     return params
 
 
-def _raw_kvs(path):
-    """The metadata of a GGUF file as (key, raw bytes of type + value), in file order: lets a test
-    copy the tokenizer into a file it writes without re-encoding each key's type."""
-    import struct
-    buf = open(path, "rb").read()
-    off = 4 + 4
-    n_tensors, n_kv = struct.unpack_from("<QQ", buf, off)
-    off += 16
-    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-    def skip(t, o):
-        if t == 8:
-            (n,) = struct.unpack_from("<Q", buf, o)
-            return o + 8 + n
-        if t == 9:
-            et, n = struct.unpack_from("<IQ", buf, o)
-            o += 12
-            if et in sizes:
-                return o + n * sizes[et]
-            for _ in range(n):
-                o = skip(et, o)
-            return o
-        return o + sizes[t]
-    out = []
-    for _ in range(n_kv):
-        (n,) = struct.unpack_from("<Q", buf, off)
-        key = buf[off + 8: off + 8 + n].decode()
-        off += 8 + n
-        start = off
-        (t,) = struct.unpack_from("<I", buf, off)
-        off = skip(t, off + 4)
-        out.append((key, buf[start:off]))
-    return out
-
-
 def write_llama_gguf(path, vocab_path, meta, P):
     """An F32 llama GGUF: `meta` (key -> int (u32), float (f32), or list of ints (i32 array)), the
     tokenizer.* keys of vocab_path copied as they are, and the tensors of P (name -> [n_out, n_in]
@@ -183,7 +148,7 @@ def write_llama_gguf(path, vocab_path, meta, P):
             kvs.append((k, struct.pack("<If", 6, v)))
         else:
             kvs.append((k, struct.pack("<II", 4, int(v))))
-    kvs += [(k, raw) for k, raw in _raw_kvs(vocab_path) if k.startswith("tokenizer.")]
+    kvs += [(k, raw) for k, raw in raw_kvs(vocab_path) if k.startswith("tokenizer.")]
     out = bytearray(b"GGUF") + struct.pack("<IQQ", 3, len(P), len(kvs))
     for k, raw in kvs:
         out += s(k) + raw

@@ -340,6 +340,15 @@ TEST_F(TrainCli, BadInputGetsAClearErrorAndWritesNothing) {
       {"--vocab-from " + vocab + " --n-embd 15 --n-layer 1 --n-head 2 --n-ff 8 --data " + data + " --steps 2" + o, "multiple of n_head"},
       {"--data " + data + " --steps 2" + o, "--vocab-from"},
       {new_model() + " --data " + data + " --steps 2 --resume" + o, "does not exist"},
+      // Quantization-aware training.
+      {new_model() + " --data " + data + " --steps 2 --qat q9_9" + o, "--qat: unknown type 'q9_9'"},
+      {new_model() + " --data " + data + " --steps 2 --qat-out " + dir.file("q.gguf") + o, "go with --qat TYPE"},
+      {new_model() + " --data " + data + " --steps 2 --qat q4_0" + o, "token_embd.weight: rows of 16 do not fit q4_0"},
+      {new_model() + " --data " + data + " --steps 2 --qat f16 --qat-lsq" + o, "this plan has none"},
+      {new_model() + " --data " + data + " --steps 2 --qat q8_0 --qat-out " + dir.file("m.gguf") + o, "checkpoint's own path"},
+      {new_model() + " --data " + data + " --steps 2 --qat q8_0 --qat-out " + dir.path.string() + o, dir.path.string()},
+      {new_model() + " --data " + data + " --steps 2 --qat q8_0 --qat-out " + data + o, "input"},
+      {new_model() + " --data self --steps 2" + o, "--data self samples the model given with -m"},
   };
   for (const auto& c : cases) {
     EXPECT_EQ(train(c.args, &out, &err), 1) << c.args << "\n" << err;
