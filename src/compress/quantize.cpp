@@ -147,6 +147,33 @@ void write_model(const GgufFile& src, const std::vector<OutTensor>& tensors,
 
 namespace {
 
+// Matrices that keep their own type whatever the target, as llama-quantize keeps them (and the
+// loaders read them so): a name containing `part` keeps it, for `reason`.
+struct KeptMatrix {
+  const char* part;
+  const char* reason;
+};
+constexpr KeptMatrix kKeptMatrices[] = {
+    {"_norm.weight", "norm: kept"},                // 2-D norms (Mamba-2's grouped ssm_norm)
+    {"ssm_conv1d", "ssm_conv1d: kept"},            // the state-space conv taps (rows of d_conv)
+    {".time_mix_lerp_fused.", "rwkv lerp: kept"},  // RWKV-7's token-shift mixes
+    {".time_mix_w1.", "rwkv lora: kept"},          // RWKV-7's low-rank decay, a, v and gate
+    {".time_mix_w2.", "rwkv lora: kept"},
+    {".time_mix_a1.", "rwkv lora: kept"},
+    {".time_mix_a2.", "rwkv lora: kept"},
+    {".time_mix_v1.", "rwkv lora: kept"},
+    {".time_mix_v2.", "rwkv lora: kept"},
+    {".time_mix_g1.", "rwkv lora: kept"},
+    {".time_mix_g2.", "rwkv lora: kept"},
+    {".ffn_gate_inp.weight", "router: kept"},      // MoE routers: small, and they pick the experts
+};
+
+const char* kept_matrix_reason(const std::string& name) {
+  for (const KeptMatrix& k : kKeptMatrices)
+    if (name.find(k.part) != std::string::npos) return k.reason;
+  return nullptr;
+}
+
 // The tensors of `src` requantized by the rules above (borrowing the unchanged ones), with the
 // report and the metadata keys the result sets.
 QuantizeReport quantize_tensors(const GgufFile& src, const QuantizeOptions& opts, std::vector<OutTensor>& out,
@@ -175,9 +202,8 @@ QuantizeReport quantize_tensors(const GgufFile& src, const QuantizeOptions& opts
       r.reason = "kept (--keep)";
     } else if (t.ne.size() < 2 || !ends_with(t.name, "weight")) {
       r.reason = "1-D: kept";
-    } else if (ends_with(t.name, ".ffn_gate_inp.weight")) {
-      // The MoE router: small, and its logits pick the experts (llama-quantize keeps it too).
-      r.reason = "router: kept";
+    } else if (const char* kept = kept_matrix_reason(t.name)) {
+      r.reason = kept;
     } else {
       auto [type, why] = default_tensor_type(src, t, opts);
       want = type;

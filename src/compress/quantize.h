@@ -4,7 +4,9 @@
 // storage type, and writing the result as a GGUF file that tern and llama.cpp load.
 //
 // Type rules (llama-quantize's defaults, see docs/quantize.md):
-//   - 1-D tensors (norms) are copied as they are (f32);
+//   - 1-D tensors (norms) and the matrices of quantize.cpp's kKeptMatrices table (2-D norms such
+//     as Mamba-2's ssm_norm, ssm_conv1d taps, RWKV-7's LoRAs and token-shift mixes, MoE routers)
+//     are copied as they are;
 //   - for a quantized target, output.weight (or token_embd.weight when the output is tied) gets
 //     q6_k when its rows fit 256-element super-blocks, else q8_0 (a q8_0 target keeps q8_0);
 //   - mxfp4 means llama.cpp's MXFP4_MOE: the 3-D expert tensors get mxfp4, every other matrix

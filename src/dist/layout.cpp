@@ -16,6 +16,8 @@ void check_layout(const ParallelLayout& layout, const HParams& hp, const std::st
   if (layout.micro_batches < 0) fail("--micro-batches ", layout.micro_batches, ": must be 0 (= --pp) or more");
   if (layout.pp > hp.n_layer)
     fail(path, ": --pp ", layout.pp, " asks for more pipeline stages than the model's ", hp.n_layer, " layers");
+  if (hp.is_mla() && layout.ranks() > 1)
+    fail(path, ": ", hp.arch, " (multi-head latent attention) models do not run split over processes (--tp / --pp) yet");
   for (int64_t il = 0; il < hp.n_layer; ++il)
     if (hp.head_count(il) % layout.tp != 0 || hp.head_count_kv(il) % layout.tp != 0)
       fail(path, ": --tp ", layout.tp, " does not divide layer ", il, "'s head counts (", hp.head_count(il),

@@ -144,6 +144,7 @@ struct Engine::Impl {
   ThreadPool pool;
   std::unique_ptr<KvStore> kv_store;
   std::unique_ptr<KvCacheManager> kv;
+  std::unique_ptr<StateSlots> states;  // recurrent models: sequence and snapshot state slots
   std::unique_ptr<Scheduler> sched;
   StepCostModel cost_model;           // learnt from every step (and the start-up calibration)
   double tbt_target = 0;              // in force (resolved from cfg.tbt_target_ms), 0: none
@@ -224,6 +225,7 @@ struct Engine::Impl {
   void retire_if_done(Request& r);
   void update_snapshot();
   void calibrate();
+  void apply_state_copies();
   void plan_headroom();
   void record_step(const StepPlan& plan, double ms);
   double estimate_prefill_ms_per_token() const;
@@ -250,23 +252,42 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
   n_ctx = cfg.n_ctx > 0 ? cfg.n_ctx : hp.n_ctx_train;
   if (n_ctx < 2 || n_ctx > (int64_t(1) << 24)) fail("context size ", n_ctx, " is out of range");
 
-  // State-space models keep a fixed-size state per sequence, which the paged cache and its
-  // scheduler do not hold yet (issue #29): refused here, before any arena is sized.
-  if (hp.recurrent())
-    fail(file->path(), ": ", hp.arch, " is a state-space model; the serving engine (serve, bench-serve, batch) "
-         "does not hold recurrent states yet: run it with tern run, logits, ppl or bench");
-  // The arena: --kv-memory bytes, or room for n_parallel full contexts.
   const int64_t bs = cfg.kv_block_size;
   check_kv_type(cfg.kv_type, kv_rows(hp), hp.head_dim, file->path());
   const int64_t per_token = kv_bytes_per_token(hp, cfg.kv_type);
+  // Recurrent (state-space) models keep one fixed-size state per running sequence
+  // (kv/state_slots.h): --parallel of them, or with --kv-memory and no K/V at all, as many as it
+  // buys; with prefix caching as many snapshot slots again. Their blocks are bookkeeping (zero
+  // bytes without attention layers): positions, forks and the prefix cache's keys.
+  int64_t n_seq_states = 0, n_snapshot_states = 0;
+  if (hp.recurrent()) {
+    if (cfg.spec.source != DraftSource::None)
+      fail(file->path(), ": speculative decoding rolls back rejected drafts, and ", hp.arch,
+           " keeps a recurrent state per sequence that cannot be rolled back: serve it without --draft / --lookup");
+    const int64_t state_bytes = make_kv_store(hp, 0, cfg.kv_type, 1).state_bytes_per_slot();
+    const int64_t copies = cfg.prefix_caching ? 2 : 1;
+    n_seq_states = cfg.n_parallel;
+    if (cfg.kv_memory_bytes > 0 && per_token == 0) {
+      n_seq_states = cfg.kv_memory_bytes / (state_bytes * copies);
+      if (n_seq_states < 1)
+        fail("--kv-memory ", cfg.kv_memory_bytes, " bytes holds no recurrent state of ", hp.arch, " (", state_bytes,
+             " bytes per sequence", cfg.prefix_caching ? ", twice with prefix caching's snapshot" : "", ")");
+    }
+    n_snapshot_states = cfg.prefix_caching ? n_seq_states : 0;
+    cfg.max_running = std::min(cfg.max_running, n_seq_states);
+    // Without K/V the context does not cost memory, but every position still has a slot in the
+    // block bookkeeping: a model trained for millions of positions gets 2^18 unless --ctx asks.
+    if (per_token == 0 && cfg.n_ctx == 0) n_ctx = std::min<int64_t>(n_ctx, int64_t(1) << 18);
+  }
+  // The arena: --kv-memory bytes, or room for n_parallel full contexts (one per state slot).
   int64_t n_blocks;
-  if (cfg.kv_memory_bytes > 0) {
+  if (cfg.kv_memory_bytes > 0 && per_token > 0) {
     n_blocks = cfg.kv_memory_bytes / (per_token * bs);
     if (n_blocks < 1)
       fail("--kv-memory ", cfg.kv_memory_bytes, " bytes holds less than one KV block (", per_token * bs,
            " bytes for ", bs, " tokens)");
   } else {
-    n_blocks = (n_ctx * cfg.n_parallel + bs - 1) / bs;
+    n_blocks = (n_ctx * (hp.recurrent() ? n_seq_states : cfg.n_parallel) + bs - 1) / bs;
   }
   if (n_blocks * bs >= (int64_t(1) << 31)) fail("the KV arena is too large: ", n_blocks * bs, " tokens");
   // One request alone must always fit, so nothing ever fails for lack of KV memory: a context
@@ -281,14 +302,15 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
     cfg.kv_policy.check_fits(n_ctx);
   }
 
-  kv_store = std::make_unique<KvStore>(make_kv_store(hp, n_blocks * bs, cfg.kv_type));
+  if (hp.recurrent()) states = std::make_unique<StateSlots>(n_seq_states, n_snapshot_states);
+  kv_store = std::make_unique<KvStore>(make_kv_store(hp, n_blocks * bs, cfg.kv_type, states ? states->n_slots() : 1));
   kv = std::make_unique<KvCacheManager>(n_blocks, bs, cfg.prefix_caching);
   SchedulerConfig sc;
   sc.max_batch_tokens = cfg.max_batch_tokens;
   sc.max_running = cfg.max_running;
   // 1% of the pool kept for growth when admitting (vLLM's default watermark).
   sc.watermark_blocks = n_blocks / 100;
-  sched = std::make_unique<Scheduler>(sc, *kv);
+  sched = std::make_unique<Scheduler>(sc, *kv, states.get());
   model->reserve(cfg.max_batch_tokens);
 
   cfg.spec.validate();
@@ -305,6 +327,7 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
   logits.assign(std::min(max_seqs, size_t(cfg.max_batch_tokens)) * size_t(n_vocab), 0.0f);
   snapshot.kv_blocks_total = snapshot.kv_blocks_free = n_blocks;
   snapshot.kv_bytes = kv_store->bytes();
+  if (states) snapshot.state_slots_total = states->n_seq_slots();
 
   // Latency objectives.
   const auto bad_target = [](double v) { return !std::isfinite(v) || (v < 0 && v != EngineConfig::kTbtAuto); };
@@ -348,6 +371,13 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
 // arena (each probe sequence starts at position 0 in slots of its own, which no request has
 // yet: a request's step writes its slots before reading them). Shapes: decodes of 1, 4 and 16
 // sequences, prompts of 16 and 128 tokens, bounded by the step budget and the arena.
+// A recurrent model's state copies (forks, snapshot resumes and saves) in the order the
+// scheduler listed them.
+void Engine::Impl::apply_state_copies() {
+  for (const StateCopy& c : sched->pending_state_copies()) kv_store->copy_state(c.src, c.dst);
+  sched->clear_state_copies();
+}
+
 void Engine::Impl::calibrate() {
   const int64_t n_slots = kv_store->n_slots();
   std::vector<int32_t> toks, slots;
@@ -368,6 +398,7 @@ void Engine::Impl::calibrate() {
       sb.n_past = 0;
       sb.tokens = std::span<const int32_t>(toks.data() + q * n_tok, size_t(n_tok));
       sb.slots = std::span<const int32_t>(slots.data() + q * n_tok, size_t(n_tok));
+      if (states) sb.state_slot = int32_t(q);  // (n_seqs <= max_running <= the sequence slots)
       batch.push_back(sb);
       shape.add(0, n_tok, true);
     }
@@ -468,13 +499,13 @@ void Engine::Impl::validate(const RequestParams& p) const {
   if (p.kv_policy && p.kv_policy->evicts() && p.embedding.enabled)
     fail("an embedding request attends to its whole input: it takes no KV eviction policy");
   const KvPolicy& policy = policy_of(p);
-  if (policy.evicts() && !model->can_evict_kv())
-    fail("kv policy ", policy.describe(), " is not available with --tp / --pp");
   if (policy.evicts()) {
+    // What the model cannot evict (a recurrent state, a latent cache) is named first.
+    check_policy_for_model(policy, *model, file->path());
+    if (!model->can_evict_kv()) fail("kv policy ", policy.describe(), " is not available with --tp / --pp");
     if (p.n != 1)
       fail("kv policy ", policy.describe(), ": n = ", p.n, " completions share their prompt's blocks, and an ",
            "evicting sequence's blocks are its own (use n = 1)");
-    check_policy_for_model(policy, *model, file->path());
     policy.check_fits(n_ctx);
   }
   for (const LoraUse& u : p.lora) {
@@ -691,6 +722,7 @@ bool Engine::Impl::run_step() {
   // Copy-on-write of shared partial blocks (forked completions), before anything is written.
   for (const BlockCopy& cp : kv->pending_copies())
     model->copy_kv_slots(*kv_store, int64_t(cp.src) * bs, int64_t(cp.dst) * bs, cp.n_tokens);
+  apply_state_copies();
   // The plan -> SeqBatch entries (token spans point into the scheduler's token lists, which
   // do not change until commit()).
   batch.clear();
@@ -728,6 +760,7 @@ bool Engine::Impl::run_step() {
     if (hidden_off[i] >= 0) sb.hidden = hidden.data() + hidden_off[i] * n_embd;
     sb.slots = std::span<const int32_t>(slot_buf.data() + slot_off[i], slot_off[i + 1] - slot_off[i]);
     sb.all_logits = e.n_draft > 0;  // a drafted decode: one row per token (the last, then each draft)
+    sb.state_slot = e.state_slot;
     Completion& c = *by_seq.at(e.id);
     if (c.evicting) c.evicting->begin_step(sb, e.n_past, sb.tokens, *model, *kv_store);
     const LoraSet& lora = c.req->params.lora;
@@ -790,6 +823,7 @@ bool Engine::Impl::run_step() {
     ++totals.spec_steps;
   }
   sched->commit();
+  apply_state_copies();  // snapshots of the states that just ended a published block
   ++totals.steps;
   // Sampling: one logits row per scheduled sequence (a drafted decode: its verified tokens),
   // used by those that reached their end. (Requests may finish while we walk the plan; the
@@ -1112,6 +1146,11 @@ void Engine::Impl::update_snapshot() {
   m.kv_blocks_used = kv->n_used_blocks();
   m.kv_blocks_free = kv->n_free_blocks();
   m.kv_bytes = kv_store->bytes();
+  if (states) {
+    m.state_slots_total = states->n_seq_slots();
+    m.state_slots_used = states->n_seq_slots() - states->n_free();
+    m.state_snapshots = states->n_snapshots();
+  }
   m.kv_waste_pct = kv->waste_pct();
   m.prompt_tokens_total = prompt_tokens_seen;
   m.prefix_hit_rate = prompt_tokens_seen > 0 ? double(cached_tokens_seen) / double(prompt_tokens_seen) : 0.0;

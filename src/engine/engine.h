@@ -195,7 +195,9 @@ using OutputCallback = std::function<void(const RequestOutput&)>;
 struct EngineMetrics {
   int64_t n_running = 0, n_waiting = 0, n_preempted_total = 0;
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_free = 0;
-  int64_t kv_bytes = 0;
+  int64_t kv_bytes = 0;                // the K/V arena, and the recurrent states' slots
+  // Recurrent models (kv/state_slots.h): sequence state slots, those held, and snapshots kept.
+  int64_t state_slots_total = 0, state_slots_used = 0, state_snapshots = 0;
   double kv_waste_pct = 0;             // allocated-but-unfilled slots / allocated slots, now
   double prefix_hit_rate = 0;          // cached prompt tokens / prompt tokens, since start
   int64_t prompt_tokens_total = 0, generated_tokens_total = 0;

@@ -63,6 +63,7 @@ void BlockPool::unpublish(BlockId b) {
   TERN_ASSERT(it != index_.end() && it->second == b);
   index_.erase(it);
   k.published = false;
+  k.publication = 0;
 }
 
 BlockId BlockPool::allocate() {
@@ -132,6 +133,7 @@ bool BlockPool::publish(BlockId b, uint64_t key, uint64_t parent_key, std::span<
   if (index_.count(key)) return false;
   index_.emplace(key, b);
   k.published = true;
+  k.publication = ++n_publications_;
   k.key = key;
   k.parent_key = parent_key;
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + ptrdiff_t(size_t(b) * size_t(block_size_)));

@@ -61,6 +61,11 @@ class BlockPool {
   // published by another block (two sequences computed the same block): b stays private.
   bool publish(BlockId b, uint64_t key, uint64_t parent_key, std::span<const int32_t> tokens);
   bool is_published(BlockId b) const { return blocks_[size_t(b)].published; }
+  // A serial number of b's current publication, unique over the pool's life (0: not
+  // published): what a snapshot keyed by the block (kv/state_slots.h) compares to tell the
+  // content it was taken for from whatever the block holds later.
+  uint64_t publication(BlockId b) const { return blocks_[size_t(b)].publication; }
+  uint64_t key(BlockId b) const { return blocks_[size_t(b)].key; }  // valid while published
 
   // Aborts (TERN_ASSERT) when the free list, counts or index disagree. O(n_blocks); for tests.
   void check_invariants() const;
@@ -70,6 +75,7 @@ class BlockPool {
     int32_t ref = 0;
     int32_t filled = 0;       // slots holding K/V (0..block_size)
     bool published = false;
+    uint64_t publication = 0;  // publication(): 0 while unpublished
     uint64_t key = 0, parent_key = 0;
     BlockId prev = kNoBlock, next = kNoBlock;  // free-list links (valid while ref == 0)
   };
@@ -88,6 +94,7 @@ class BlockPool {
   int64_t n_free_ = 0;
   int64_t n_filled_used_ = 0;        // sum of `filled` over blocks with ref > 0
   uint64_t n_evictions_ = 0;
+  uint64_t n_publications_ = 0;
   std::unordered_map<uint64_t, BlockId> index_;  // key -> published block
 };
 

@@ -43,6 +43,31 @@ int64_t KvCacheManager::match_prefix(BlockTable& t, std::span<const int32_t> tok
   return n * bs;
 }
 
+void KvCacheManager::truncate_match(BlockTable& t, int64_t n_blocks) {
+  const int64_t bs = block_size();
+  TERN_ASSERT(t.n_reserved == t.n_computed && t.n_computed == int64_t(t.blocks.size()) * bs);
+  TERN_ASSERT(n_blocks >= 0 && n_blocks <= int64_t(t.blocks.size()) && t.n_hashed == int64_t(t.blocks.size()));
+  const int64_t dropped = int64_t(t.blocks.size()) - n_blocks;
+  for (int64_t i = int64_t(t.blocks.size()) - 1; i >= n_blocks; --i) pool_.release(t.blocks[size_t(i)]);
+  t.blocks.resize(size_t(n_blocks));
+  t.n_computed = t.n_reserved = n_blocks * bs;
+  t.n_hashed = n_blocks;
+  t.last_key = n_blocks > 0 ? pool_.key(t.blocks.back()) : t.root_key;
+  n_hit_tokens_ -= dropped * bs;
+}
+
+BlockId KvCacheManager::published_block(const BlockTable& t, int64_t i, std::span<const int32_t> tokens) const {
+  if (!prefix_caching_ || t.cap_blocks > 0 || t.n_evicted_blocks > 0 || i < 0 || i >= t.n_hashed) return kNoBlock;
+  const BlockId own = t.blocks[size_t(i)];
+  if (own != kNoBlock && pool_.is_published(own)) return own;  // matched or published by t: its chain
+  const int64_t bs = block_size();
+  TERN_ASSERT(int64_t(tokens.size()) >= (i + 1) * bs);
+  uint64_t parent = t.root_key;
+  for (int64_t k = 0; k < i; ++k) parent = block_key(parent, tokens.subspan(size_t(k * bs), size_t(bs)));
+  const auto toks = tokens.subspan(size_t(i * bs), size_t(bs));
+  return pool_.lookup(block_key(parent, toks), parent, toks);
+}
+
 int64_t KvCacheManager::blocks_needed(const BlockTable& t, int64_t n) const {
   if (n <= 0) return 0;
   const int64_t bs = block_size();

@@ -79,6 +79,15 @@ class KvCacheManager {
   // how many tokens they cover (a multiple of block_size). At least one token is always left
   // to compute (its logits are what the sequence samples from). 0 without prefix caching.
   int64_t match_prefix(BlockTable& t, std::span<const int32_t> tokens);
+  // Keeps only the first n_blocks of the blocks match_prefix() just found (a recurrent model
+  // resumes at the deepest one with a state snapshot, kv/state_slots.h): the rest are released,
+  // deepest first, and no longer count as prefix-cache hits.
+  void truncate_match(BlockTable& t, int64_t n_blocks);
+  // The block the prefix cache publishes with the content of t's full, hashed block i (its own,
+  // or the one another sequence published first: t's copy then stays private), or kNoBlock.
+  // tokens: the sequence's tokens. A state snapshot for position (i + 1) * block_size is keyed
+  // by it (kv/state_slots.h).
+  BlockId published_block(const BlockTable& t, int64_t i, std::span<const int32_t> tokens) const;
 
   // Blocks a table holds for its first n positions: ceil(n / block_size), at most cap_blocks.
   int64_t blocks_for(const BlockTable& t, int64_t n) const;

@@ -55,13 +55,13 @@ void check_kv_type(KvType type, std::span<const int64_t> rows, int64_t head_dim,
            "'s row (n_head_kv * head_dim) is ", rows[il], " elements (use f16 or f32)");
 }
 
-KvStore::KvStore(std::vector<int64_t> rows, int64_t n_slots, KvType type)
-    : type_(type), n_slots_(n_slots), rows_(std::move(rows)) {
+KvStore::KvStore(std::vector<int64_t> rows, int64_t n_slots, KvType type, bool k_only)
+    : type_(type), k_only_(k_only), n_slots_(n_slots), rows_(std::move(rows)) {
   int64_t offset = 0;
   for (size_t il = 0; il < rows_.size(); ++il) {
     row_bytes_.push_back(kv_row_bytes(type_, rows_[il]));
     layer_offset_.push_back(offset);
-    offset += 2 * layer_bytes(int64_t(il));
+    offset += (k_only_ ? 1 : 2) * layer_bytes(int64_t(il));
   }
   data_.assign(size_t(offset), 0);
 }
@@ -73,11 +73,11 @@ void KvStore::store(int64_t il, int64_t slot, int64_t c0, const float* k, const 
   switch (type_) {
     case KvType::F32:
       std::memcpy(kd, k, size_t(n) * sizeof(float));
-      std::memcpy(vd, v, size_t(n) * sizeof(float));
+      if (!k_only_) std::memcpy(vd, v, size_t(n) * sizeof(float));
       break;
     case KvType::F16:
       convert_f32_to_f16(k, reinterpret_cast<uint16_t*>(kd), n);
-      convert_f32_to_f16(v, reinterpret_cast<uint16_t*>(vd), n);
+      if (!k_only_) convert_f32_to_f16(v, reinterpret_cast<uint16_t*>(vd), n);
       break;
     default: {
       // llama.cpp's reference quantizer (quant traits' from_float): the same blocks as its
@@ -85,7 +85,7 @@ void KvStore::store(int64_t il, int64_t slot, int64_t c0, const float* k, const 
       const QuantTraits& q = require_quant_traits(kv_type_traits(type_).dtype, "KV cache");
       TERN_ASSERT(c0 % q.block_size == 0 && n % q.block_size == 0);
       q.from_float(k, kd, n);
-      q.from_float(v, vd, n);
+      if (!k_only_) q.from_float(v, vd, n);
     }
   }
 }
@@ -113,7 +113,7 @@ void KvStore::store_k(int64_t il, int64_t slot, const float* k) {
 void KvStore::copy_slots(int64_t src, int64_t dst, int64_t n) {
   for (size_t il = 0; il < rows_.size(); ++il) {
     const int64_t rb = row_bytes_[il];
-    for (int kv = 0; kv < 2; ++kv) {
+    for (int kv = 0; kv < (k_only_ ? 1 : 2); ++kv) {
       uint8_t* base = data_.data() + layer_offset_[il] + kv * layer_bytes(int64_t(il));
       std::memmove(base + dst * rb, base + src * rb, size_t(n * rb));
     }
@@ -150,9 +150,9 @@ int64_t KvStore::state_bytes_per_slot() const {
   return n * int64_t(sizeof(float));
 }
 
-int64_t KvStore::bytes_per_token(std::span<const int64_t> rows, KvType type) {
+int64_t KvStore::bytes_per_token(std::span<const int64_t> rows, KvType type, bool k_only) {
   int64_t bytes = 0;
-  for (int64_t r : rows) bytes += 2 * kv_row_bytes(type, r);
+  for (int64_t r : rows) bytes += (k_only ? 1 : 2) * kv_row_bytes(type, r);
   return bytes;
 }
 

@@ -43,11 +43,16 @@ void check_kv_type(KvType type, std::span<const int64_t> rows, int64_t head_dim,
 class KvStore {
  public:
   // rows: [n_layer] elements per slot and layer (n_head_kv(il) * head_dim). check_kv_type first.
-  KvStore(std::vector<int64_t> rows, int64_t n_slots, KvType type = KvType::F32);
+  // k_only (multi-head latent attention, models/deepseek2.cpp): one row per slot that serves as
+  // both K and V (the latent is the values); v(il) is k(il), and store() ignores v.
+  KvStore(std::vector<int64_t> rows, int64_t n_slots, KvType type = KvType::F32, bool k_only = false);
+  bool k_only() const { return k_only_; }
   KvType type() const { return type_; }
   // Layer il's arenas: n_slots rows of row(il) elements of type().
   const void* k(int64_t il) const { return data_.data() + layer_offset_[size_t(il)]; }
-  const void* v(int64_t il) const { return data_.data() + layer_offset_[size_t(il)] + layer_bytes(il); }
+  const void* v(int64_t il) const {
+    return data_.data() + layer_offset_[size_t(il)] + (k_only_ ? 0 : layer_bytes(il));
+  }
   // K and V of one slot, columns [c0, c0 + n) of its row, in layer il, from f32. Quantized
   // types: c0 and n whole blocks.
   void store(int64_t il, int64_t slot, int64_t c0, const float* k, const float* v, int64_t n);
@@ -72,12 +77,13 @@ class KvStore {
   void copy_state(int64_t src, int64_t dst);  // every layer's state of src into dst
   int64_t n_state_slots() const { return n_state_slots_; }
   int64_t state_bytes_per_slot() const;
-  // Bytes one token takes: K and V, every layer.
-  static int64_t bytes_per_token(std::span<const int64_t> rows, KvType type);
+  // Bytes one token takes: K and V (k_only: the one row), every layer.
+  static int64_t bytes_per_token(std::span<const int64_t> rows, KvType type, bool k_only = false);
 
  private:
   int64_t layer_bytes(int64_t il) const { return n_slots_ * row_bytes_[size_t(il)]; }
   KvType type_;
+  bool k_only_ = false;
   int64_t n_slots_;
   std::vector<int64_t> rows_;          // [n_layer] elements per slot and layer
   std::vector<int64_t> row_bytes_;     // [n_layer] bytes per slot and layer

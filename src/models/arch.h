@@ -22,9 +22,11 @@ enum class SwaPattern {
   FiveToOne,  // layers il % 6 < 5; every sixth is global (Gemma 3)
 };
 
-// Which layer stack runs the architecture: the transformer decoder (models/decoder.cpp) or the
-// state-space stack (models/mamba.cpp).
-enum class LayerStack { Decoder, Mamba };
+// Which layer stack runs the architecture: the transformer decoder (models/decoder.cpp) or a
+// state-space stack (models/mamba.cpp, models/mamba2.cpp).
+// DeepSeek-V2/V3's multi-head latent attention has its own stack (models/deepseek2.cpp).
+// RWKV-7 ("rwkv7") has its own recurrent stack (models/rwkv7.cpp).
+enum class LayerStack { Decoder, Mamba, Mamba2, Mla, Rwkv7 };
 
 struct ArchSpec {
   const char* name;                        // general.architecture
@@ -55,6 +57,13 @@ struct ArchSpec {
   bool expert_biases = false;   // ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias required (gpt-oss)
   Tensor ffn_norm = Tensor::FfnNorm;  // the FFN's input norm (gpt-oss: post_attention_norm)
   DType expert_type = DType::F32;     // F32: experts in `tern synth --type`; else always this (gpt-oss: MXFP4)
+  bool shared_expert_gate = true;     // the shared expert scaled by sigmoid(xn . ffn_gate_inp_shexp) (not Granite's)
+  // Granite's multipliers: <arch>.embedding_scale, residual_scale (each block's output before its
+  // residual add) and logit_scale (logits divided by it) when the file has them.
+  bool granite_scales = false;
+  // A hybrid stack (Granite 4.0-H): layers whose attention.head_count_kv is 0 run a Mamba-2 mixer
+  // (models/ssm2_block.h) in place of attention, with the same FFN after it; the others attend.
+  bool hybrid_ssm2 = false;
 };
 
 // The architectures tern runs, in the order `tern` lists them.
@@ -64,6 +73,7 @@ const ArchSpec& find_architecture(const std::string& name, const std::string& pa
 std::string architecture_list();  // "llama, qwen2, ..."
 
 extern const ArchSpec kArchLlama, kArchDeci, kArchQwen2, kArchQwen2Moe, kArchQwen3, kArchQwen3Moe, kArchPhi3,
-    kArchGemma2, kArchGemma3, kArchGptOss, kArchMamba;
+    kArchGemma2, kArchGemma3, kArchGptOss, kArchMamba, kArchMamba2, kArchDeepseek2,
+    kArchGraniteHybrid, kArchRwkv7;
 
 }  // namespace tern

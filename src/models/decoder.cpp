@@ -9,6 +9,11 @@
 //                    -> (+ post-norm) -> residual
 // then the output norm, the output projection (tied or not) and final soft-capping. A sequence
 // may also ask for its tokens' hidden states after the output norm (SeqBatch::hidden).
+// Granite's multipliers (ArchSpec::granite_scales) scale the embeddings, each block's output
+// before its residual add, and the logits (divided). A hybrid stack (ArchSpec::hybrid_ssm2,
+// Granite 4.0-H) runs the Mamba-2 mixer of models/ssm2_block.h in place of the attention block
+// on its recurrent layers (RMSNorm -> mixer -> residual), each sequence's state in its KvStore
+// state slot (zeroed when it starts); the K/V store holds only the attention layers' rows.
 //
 // Execution paths: the pooled path (one pool region per operation, work-claiming chunks) runs
 // every architecture; on a single-thread pool it is the serial path. Small dense models without
@@ -30,6 +35,7 @@
 #include "models/model.h"
 #include "models/partition.h"
 #include "models/registry.h"
+#include "models/ssm2_block.h"
 #include "models/tensor_names.h"
 #include "models/weight_loader.h"
 #include "ops/ops.h"
@@ -40,8 +46,9 @@ namespace {
 struct Experts {
   Linear router;                          // ffn_gate_inp [n_embd -> n_expert] (+ bias, gpt-oss)
   std::vector<Linear> gate, up, down;     // [n_expert] views of the 3-D ffn_*_exps (+ biases, gpt-oss)
-  Linear sh_gate, sh_up, sh_down;         // shared expert (Qwen2-MoE)
-  const float* sh_gate_inp = nullptr;     // [n_embd] its sigmoid gate
+  Linear sh_gate, sh_up, sh_down;         // shared expert (Qwen2-MoE, Granite)
+  const float* sh_gate_inp = nullptr;     // [n_embd] its sigmoid gate (Qwen2-MoE; Granite has none)
+  bool shared = false;                    // the shared expert is present
 };
 
 struct LayerWeights {
@@ -56,6 +63,7 @@ struct LayerWeights {
   const float* ffn_post_norm = nullptr;   // [n_embd]
   Linear gate, up, down;                  // dense FFN [n_embd -> n_ff], [n_ff -> n_embd]
   std::unique_ptr<Experts> moe;           // routed FFN instead of the dense one
+  std::unique_ptr<Ssm2Weights> ssm;       // a hybrid's Mamba-2 layer: this mixer instead of attention
 };
 
 // TERN_SMALL_MODEL_PATH=phased|serial forces the small-model path (tests, benchmarks); unset
@@ -105,6 +113,9 @@ class DecoderModel final : public Model {
   DecoderModel(const ArchSpec& spec, std::shared_ptr<const GgufFile> file, ModelPartition part)
       : spec_(spec), file_(std::move(file)), part_(std::move(part)) {
     full_hp_ = read_hparams(*file_);
+    if (full_hp_.hybrid() && !part_.whole())
+      fail(file_->path(), ": ", full_hp_.arch, " (hybrid Mamba-2 / attention) models do not run split over processes "
+           "(--tp / --pp) yet");
     hp_ = partition_hparams(full_hp_, part_, file_->path());
     layer_begin_ = part_.layer_begin;
     layer_end_ = part_.layer_end < 0 ? hp_.n_layer : part_.layer_end;
@@ -126,6 +137,8 @@ class DecoderModel final : public Model {
     };
     for (const LayerWeights& L : layers_) {
       for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) stream(*l);
+      if (L.ssm)
+        for (const Linear* l : {&L.ssm->in, &L.ssm->out}) stream(*l);
       if (L.moe) {
         stream(L.moe->router);
         for (size_t e = 0; e < L.moe->gate.size(); ++e)
@@ -151,11 +164,15 @@ class DecoderModel final : public Model {
            "token-embedding matrices; not to the 3-D expert tensors or a tied output)");
   }
 
+  // A hybrid's Mamba-2 layers hold a recurrent state: no key can be evicted from under it.
+  bool can_evict_kv() const override { return !hp_.recurrent(); }
+
   void reserve(int64_t n_tokens) override {
     if (n_tokens <= max_tokens_) return;
     max_tokens_ = n_tokens;
     const auto T = size_t(n_tokens);
     const size_t E = size_t(hp_.n_embd);
+    if (hp_.hybrid()) ssm_mixer_.reserve(hp_, n_tokens);
     int64_t q_max = 0, kv_max = 0, ff_max = std::max(hp_.n_ff, hp_.n_ff_shexp);
     for (int64_t il = 0; il < hp_.n_layer; ++il) {
       q_max = std::max(q_max, hp_.n_embd_q(il));
@@ -247,6 +264,13 @@ class DecoderModel final : public Model {
   void forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool);
   void forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
   void attention_block(int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
+  // A hybrid's Mamba-2 layer in place of attention_block: x += mixer(rms_norm(x)) (residual-scaled).
+  void ssm_block(int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
+  // x_ += y [T * n_embd] (y times Granite's residual_scale first, when the file has one).
+  void add_residual(float* y, int64_t n);
+  // A hybrid's layer il against the file: a Mamba-2 layer has no attention tensors, an
+  // attention layer no ssm_* ones; throws naming the layer otherwise.
+  void check_hybrid_layer(const WeightLoader& ld, int64_t il) const;
   void ffn_block(int64_t il, int64_t T, ThreadPool& pool);
   void moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool);
   void moe_decode_token(const Experts& X, ThreadPool& pool);
@@ -312,6 +336,7 @@ class DecoderModel final : public Model {
   LoraStep lora_;                      // this step's adapters, per linear
   int32_t embd_lora_id_ = -1;          // token_embd's LoraTarget id
   LinearHooks hooks_;                  // observer_ and (when a token runs an adapter) &lora_
+  Ssm2Block ssm_mixer_;                // a hybrid's Mamba-2 scratch (reserve)
 };
 
 void DecoderModel::number_lora_targets() {
@@ -396,7 +421,11 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
     // The whole layer's widths; a tensor-parallel rank holds heads [tpr * n_head, ...) of them.
     const int64_t Eq_all = Eq * tp, Ekv_all = Ekv * tp;
     L.attn_norm = ld.vector(tensor_name(Tensor::AttnNorm, il), E, "norm weights");
-    if (spec_.fused_qkv && ld.has(tensor_name(Tensor::AttnQkv, il))) {
+    const bool ssm_layer = hp_.hybrid() && hp_.is_ssm_layer(il);
+    if (hp_.hybrid()) check_hybrid_layer(ld, il);
+    if (ssm_layer) {
+      L.ssm = std::make_unique<Ssm2Weights>(bind_ssm2(ld, hp_, il, file_->path()));
+    } else if (spec_.fused_qkv && ld.has(tensor_name(Tensor::AttnQkv, il))) {
       // Row ranges of one matrix: q rows, then k, then v (each its own view of the file's rows).
       const std::string n = tensor_name(Tensor::AttnQkv, il);
       const int64_t rows = Eq_all + 2 * Ekv_all;
@@ -414,7 +443,8 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
       L.k = linear(ld, Tensor::AttnK, il, E, Ekv, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
       L.v = linear(ld, Tensor::AttnV, il, E, Ekv, spec_.qkv_bias, any_bias_optional || spec_.fused_qkv);
     }
-    if (split)
+    if (ssm_layer) {
+    } else if (split)
       L.o = linear(ld, Tensor::AttnOutput, il, Eq, E, spec_.out_bias, any_bias_optional,
                    Share{0, -1, tpr * Eq, Eq_all, tpr == 0});
     else
@@ -476,12 +506,14 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
         X->up.push_back(Linear{u, ld.matmul(u, E, F, 0, F, e, NE), up_b ? up_b + e * F : nullptr, false});
         X->down.push_back(Linear{d, ld.matmul(d, F, E, 0, E, e, NE), down_b ? down_b + e * E : nullptr, false});
       }
-      if (spec_.shared_expert) {
+      if (spec_.shared_expert && hp_.n_ff_shexp > 0) {
         const int64_t S = hp_.n_ff_shexp;
         X->sh_gate = linear(ld, Tensor::FfnGateShexp, il, E, S, false, false);
         X->sh_up = linear(ld, Tensor::FfnUpShexp, il, E, S, false, false);
         X->sh_down = linear(ld, Tensor::FfnDownShexp, il, S, E, false, false);
-        X->sh_gate_inp = ld.vector(tensor_name(Tensor::FfnGateInpShexp, il), E, "shared expert gates");
+        if (spec_.shared_expert_gate)
+          X->sh_gate_inp = ld.vector(tensor_name(Tensor::FfnGateInpShexp, il), E, "shared expert gates");
+        X->shared = true;
       }
       L.moe = std::move(X);
     } else if (spec_.fused_gate_up && !ld.has(tensor_name(Tensor::FfnGate, il))) {
@@ -513,7 +545,9 @@ bool DecoderModel::is_phased_capable() const {
   // architectures take the pooled path in its place.
   // Its row units read one matrix per linear: low-rank factored linears take the pooled path.
   // A part of a model (dist/) sums partial results between the phases: the pooled path.
-  return !spec_.post_norms && hp_.n_expert == 0 && hp_.uniform_layers() && !has_factored_ && part_.whole();
+  // Granite's multipliers and a hybrid's Mamba-2 layers: the pooled path too.
+  return !spec_.post_norms && hp_.n_expert == 0 && hp_.uniform_layers() && !has_factored_ && part_.whole() &&
+         !spec_.granite_scales && !hp_.hybrid();
 }
 
 bool DecoderModel::rotate_keys(int64_t il, float* k, int64_t n_rows, int64_t delta) const {
@@ -575,10 +609,17 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
     // position only when nothing was evicted (the cache policies refuse such models first).
     TERN_ASSERT_MSG(s.pos < 0 || s.pos == s.n_past || hp_.n_swa == 0, "evicted keys with sliding-window layers");
     TERN_ASSERT(s.pos < 0 || s.pos >= s.n_past);
+    if (hp_.hybrid()) {
+      TERN_ASSERT_MSG(s.state_slot >= 0 && s.state_slot < kv.n_state_slots(), "a recurrent model needs a state slot");
+      TERN_ASSERT_MSG(s.pos < 0 || s.pos == s.n_past, "a recurrent state cannot skip positions");
+    }
     T += int64_t(s.tokens.size());
   }
   if (T == 0) return;
   TERN_ASSERT_MSG(T <= max_tokens_, "step larger than reserve()");
+  if (hp_.hybrid())
+    for (const auto& s : seqs)
+      if (s.n_past == 0 && !s.tokens.empty()) kv.clear_state(s.state_slot);  // a sequence starts from zero
 
   prepare_step(seqs, T, /*embed=*/true);
 
@@ -697,6 +738,10 @@ void DecoderModel::forward_output(std::span<const SeqBatch> seqs, float* logits,
     apply_linear(output_, out_rows_.data(), E, rows, logits, V, pool, hooks_);
   }
   if (hp_.final_softcap > 0.0f) softcap_inplace(logits, rows * V, hp_.final_softcap);
+  if (hp_.logit_scale != 0.0f) {  // (times the reciprocal, as llama.cpp scales them)
+    const float inv = 1.0f / hp_.logit_scale;
+    for (int64_t i = 0; i < rows * V; ++i) logits[i] *= inv;
+  }
 }
 
 void DecoderModel::qkv_rows_done(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1) {
@@ -737,8 +782,36 @@ int64_t DecoderModel::gather_output_rows(std::span<const SeqBatch> seqs, float* 
 
 void DecoderModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool) {
   for (int64_t il = layer_begin_; il < layer_end_; ++il) {
-    attention_block(il, seqs, kv, T, pool);
+    if (layers_[size_t(il)].ssm) ssm_block(il, seqs, kv, T, pool);
+    else attention_block(il, seqs, kv, T, pool);
     ffn_block(il, T, pool);
+  }
+}
+
+void DecoderModel::ssm_block(int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool) {
+  const LayerWeights& L = layers_[size_t(il)];
+  const int64_t E = hp_.n_embd;
+  rms_norm(x_.data(), L.attn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+  ssm_mixer_.run(*L.ssm, hp_, il, seqs, kv, xn_.data(), xn_.data(), T, pool, hooks_);
+  add_residual(xn_.data(), T * E);
+}
+
+void DecoderModel::add_residual(float* y, int64_t n) {
+  if (hp_.residual_scale != 0.0f)
+    for (int64_t i = 0; i < n; ++i) y[i] *= hp_.residual_scale;
+  add_inplace(x_.data(), y, n);
+}
+
+void DecoderModel::check_hybrid_layer(const WeightLoader& ld, int64_t il) const {
+  const bool ssm = hp_.is_ssm_layer(il);
+  const Tensor attn[] = {Tensor::AttnQ, Tensor::AttnK, Tensor::AttnV, Tensor::AttnQkv, Tensor::AttnOutput};
+  const Tensor mamba[] = {Tensor::SsmIn, Tensor::SsmOut};
+  for (Tensor t : ssm ? std::span<const Tensor>(attn) : std::span<const Tensor>(mamba)) {
+    const std::string n = tensor_name(t, il);
+    if (ld.has(n))
+      fail(file_->path(), ": layer ", il, " is ", ssm ? "a Mamba-2 layer" : "an attention layer", " (", hp_.arch,
+           ".attention.head_count_kv[", il, "] = ", hp_.head_count_kv(il), ") but the file has ", n,
+           ssm ? ", an attention tensor" : ", a Mamba-2 tensor", ": the layer pattern disagrees with the tensors");
   }
 }
 
@@ -814,7 +887,7 @@ void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, K
   apply_linear(L.o, attn_.data(), Eq, T, xn_.data(), E, pool, hooks_);
   if (part_.tp_size > 1) part_.all_reduce(xn_.data(), T * E);  // the heads' partial sums
   if (L.attn_post_norm) rms_norm(xn_.data(), L.attn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
-  add_inplace(x_.data(), xn_.data(), T * E);
+  add_residual(xn_.data(), T * E);
 }
 
 void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
@@ -823,7 +896,7 @@ void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
   if (L.moe) {
     rms_norm(x_.data(), L.ffn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
     moe_block(L, T, pool);
-    add_inplace(x_.data(), moe_out_.data(), T * E);
+    add_residual(moe_out_.data(), T * E);
     return;
   }
   // gate and up of xn = rms_norm(x) (normalised as it is quantized, as above), chunk by
@@ -838,7 +911,7 @@ void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
   apply_linear(L.down, gate_.data(), F, T, xn_.data(), E, pool, hooks_);
   if (part_.tp_size > 1) part_.all_reduce(xn_.data(), T * E);  // the channels' partial sums
   if (L.ffn_post_norm) rms_norm(xn_.data(), L.ffn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
-  add_inplace(x_.data(), xn_.data(), T * E);
+  add_residual(xn_.data(), T * E);
 }
 
 // Routed experts over xn_ (normalised): the router's probabilities (softmax or sigmoid), each
@@ -884,7 +957,7 @@ void DecoderModel::moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool)
   } else {
     experts_over_tokens(X, T, pool);
   }
-  if (X.sh_gate_inp) shared_expert(X, T, pool);
+  if (X.shared) shared_expert(X, T, pool);
 }
 
 // A step's tokens grouped by expert: each routed expert runs once over its tokens.
@@ -932,12 +1005,16 @@ void DecoderModel::shared_expert(const Experts& X, int64_t T, ThreadPool& pool) 
                          hooks_);
     apply_linear(X.sh_down, gate_.data(), S, T, moe_y_.data(), E, pool, hooks_);
     for (int64_t t = 0; t < T; ++t) {
+      float* out = moe_out_.data() + t * E;
+      const float* y = moe_y_.data() + t * E;
+      if (!X.sh_gate_inp) {  // Granite: the shared expert's output added as is
+        for (int64_t c = 0; c < E; ++c) out[c] += y[c];
+        continue;
+      }
       const float* xt = xn_.data() + t * E;
       float dot = 0.0f;
       for (int64_t c = 0; c < E; ++c) dot += xt[c] * X.sh_gate_inp[c];
       const float g = 1.0f / (1.0f + std::exp(-dot));
-      float* out = moe_out_.data() + t * E;
-      const float* y = moe_y_.data() + t * E;
       for (int64_t c = 0; c < E; ++c) out[c] += g * y[c];
     }
   }

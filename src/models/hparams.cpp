@@ -45,14 +45,12 @@ void read_vocab_size(const GgufFile& f, HParams& hp) {
   hp.n_vocab = emb->ne[1];
 }
 
-// A state-space model (Mamba): no attention, no FFN; `<arch>.ssm.*` as llama.cpp's converter
+// A state-space model (Mamba, Mamba-2): no attention, no FFN; `<arch>.ssm.*` as llama.cpp's converter
 // writes them (the head counts and feed_forward_length it writes are 0).
-HParams read_ssm_hparams(const GgufFile& f, HParams hp) {
+// The `<arch>.ssm.*` keys (Mamba, Mamba-2, and a hybrid's Mamba-2 layers).
+void read_ssm_keys(const GgufFile& f, HParams& hp, bool mamba2) {
   const std::string& p = f.path();
   const std::string a = hp.arch + ".";
-  hp.n_ctx_train = int64_t(f.get_uint(a + "context_length", 1 << 20));
-  hp.rms_eps = float(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
-  if (!(hp.rms_eps > 0.0f)) fail(p, ": bad ", a, "attention.layer_norm_rms_epsilon");
   HParams::Ssm& s = hp.ssm;
   s.d_conv = int64_t(f.get_uint(a + "ssm.conv_kernel"));
   s.d_inner = int64_t(f.get_uint(a + "ssm.inner_size"));
@@ -63,12 +61,117 @@ HParams read_ssm_hparams(const GgufFile& f, HParams hp) {
   if (s.d_inner < 1 || s.d_inner > (1 << 20)) fail(p, ": bad ", a, "ssm.inner_size ", s.d_inner);
   if (s.d_state < 1 || s.d_state > 1024) fail(p, ": bad ", a, "ssm.state_size ", s.d_state);
   if (s.dt_rank < 1 || s.dt_rank > s.d_inner) fail(p, ": bad ", a, "ssm.time_step_rank ", s.dt_rank);
+  if (mamba2) {  // time_step_rank: the SSM's heads; group_count: B/C groups, each a run of heads
+    s.n_group = int64_t(f.get_uint(a + "ssm.group_count"));
+    if (s.d_inner % s.dt_rank != 0)
+      fail(p, ": ", a, "ssm.inner_size ", s.d_inner, " is not a whole number of heads (ssm.time_step_rank ", s.dt_rank,
+           ")");
+    if (s.n_group < 1 || s.d_inner % s.n_group != 0)
+      fail(p, ": ", a, "ssm.group_count ", s.n_group, " does not divide ssm.inner_size ", s.d_inner);
+    if (s.dt_rank % s.n_group != 0)
+      fail(p, ": ", a, "ssm.group_count ", s.n_group, " does not divide the ", s.dt_rank,
+           " heads (ssm.time_step_rank)");
+  }
+}
+
+HParams read_ssm_hparams(const GgufFile& f, HParams hp, bool mamba2) {
+  const std::string& p = f.path();
+  const std::string a = hp.arch + ".";
+  hp.n_ctx_train = int64_t(f.get_uint(a + "context_length", 1 << 20));
+  hp.rms_eps = float(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  if (!(hp.rms_eps > 0.0f)) fail(p, ": bad ", a, "attention.layer_norm_rms_epsilon");
+  read_ssm_keys(f, hp, mamba2);
   hp.n_head_per_layer.assign(size_t(hp.n_layer), 0);
   hp.n_head_kv_per_layer.assign(size_t(hp.n_layer), 0);
   hp.n_ff_per_layer.assign(size_t(hp.n_layer), 0);
   hp.swa_layers.assign(size_t(hp.n_layer), 0);
   read_vocab_size(f, hp);
   return hp;
+}
+
+// RWKV-7 as llama.cpp's converter (Rwkv7Model) writes it: wkv.head_size, the four LoRA ranks,
+// attention.layer_norm_epsilon, feed_forward_length; head_count is written as 0 (unused).
+HParams read_rwkv7_hparams(const GgufFile& f, HParams hp) {
+  const std::string& p = f.path();
+  const std::string a = hp.arch + ".";
+  HParams::Rwkv& r = hp.rwkv;
+  hp.n_ctx_train = int64_t(f.get_uint(a + "context_length", 1 << 20));
+  r.head_size = int64_t(f.get_uint(a + "wkv.head_size"));
+  r.lora_decay = int64_t(f.get_uint(a + "attention.decay_lora_rank"));
+  r.lora_iclr = int64_t(f.get_uint(a + "attention.iclr_lora_rank"));
+  r.lora_value_res = int64_t(f.get_uint(a + "attention.value_residual_mix_lora_rank"));
+  r.lora_gate = int64_t(f.get_uint(a + "attention.gate_lora_rank"));
+  r.norm_eps = float(f.get_float(a + "attention.layer_norm_epsilon", 1e-5));
+  hp.n_ff = int64_t(f.get_uint(a + "feed_forward_length"));
+  if (r.head_size < 1 || r.head_size > 1024) fail(p, ": bad ", a, "wkv.head_size ", r.head_size);
+  if (hp.n_embd % r.head_size != 0)
+    fail(p, ": ", a, "wkv.head_size ", r.head_size, " does not divide embedding_length ", hp.n_embd);
+  for (auto [key, v] : {std::pair{"decay", r.lora_decay}, std::pair{"iclr", r.lora_iclr},
+                        std::pair{"value_residual_mix", r.lora_value_res}, std::pair{"gate", r.lora_gate}})
+    if (v < 1 || v > hp.n_embd) fail(p, ": bad ", a, "attention.", key, "_lora_rank ", v);
+  if (hp.n_ff < 1 || hp.n_ff > (1 << 22)) fail(p, ": bad ", a, "feed_forward_length ", hp.n_ff);
+  if (f.has(a + "token_shift_count") && f.get_uint(a + "token_shift_count") != 2)
+    fail(p, ": ", a, "token_shift_count ", f.get_uint(a + "token_shift_count"), " is not 2 (RWKV-7 shifts two inputs)");
+  if (!(r.norm_eps > 0.0f && r.norm_eps < 1.0f)) fail(p, ": bad ", a, "attention.layer_norm_epsilon ", r.norm_eps);
+  hp.n_head_per_layer.assign(size_t(hp.n_layer), 0);
+  hp.n_head_kv_per_layer.assign(size_t(hp.n_layer), 0);
+  hp.n_ff_per_layer.assign(size_t(hp.n_layer), hp.n_ff);
+  hp.swa_layers.assign(size_t(hp.n_layer), 0);
+  read_vocab_size(f, hp);
+  return hp;
+}
+
+// Multi-head latent attention (DeepSeek-V2/V3) as llama.cpp's converter writes it: the cache's
+// MQA view (head_count_kv 1, key_length = kv_lora_rank + rope, value_length = kv_lora_rank) and
+// the per-head sizes (key_length_mla, value_length_mla). Files of older converters (attn_kv_b,
+// no *_mla keys) are refused by name.
+void read_mla_hparams(const GgufFile& f, HParams& hp) {
+  const std::string& p = f.path();
+  const std::string a = hp.arch + ".";
+  HParams::Mla& m = hp.mla;
+  m.kv_lora_rank = int64_t(f.get_uint(a + "attention.kv_lora_rank"));
+  m.q_lora_rank = int64_t(f.get_uint(a + "attention.q_lora_rank", 0));
+  if (!f.has(a + "attention.key_length_mla") || !f.has(a + "attention.value_length_mla"))
+    fail(p, ": ", a, "attention.key_length_mla / value_length_mla missing: this file comes from an older converter "
+         "(one attn_kv_b per layer); tern runs the absorbed layout (attn_k_b / attn_v_b), which current llama.cpp "
+         "converters write (convert_hf_to_gguf.py)");
+  m.head_dim_k = int64_t(f.get_uint(a + "attention.key_length_mla"));
+  m.head_dim_v = int64_t(f.get_uint(a + "attention.value_length_mla"));
+  m.n_dense_lead = int64_t(f.get_uint(a + "leading_dense_block_count", 0));
+  m.n_expert_shared = int64_t(f.get_uint(a + "expert_shared_count", 0));
+  m.expert_weights_scale = float(f.get_float(a + "expert_weights_scale", 0.0));
+  // [llama.cpp: TAG_DEEPSEEK2_YARN_LOG_MUL_FIX] the converter stores 0.1 * mscale_all_dim.
+  m.yarn_log_mul = float(f.get_float(a + "rope.scaling.yarn_log_multiplier", 0.0)) / 0.1f;
+  m.n_expert_groups = int64_t(f.get_uint(a + "expert_group_count", 0));
+  m.n_group_used = int64_t(f.get_uint(a + "expert_group_used_count", 0));
+  const int64_t C = m.kv_lora_rank;
+  if (C < 1 || C > 8192) fail(p, ": bad ", a, "attention.kv_lora_rank ", C);
+  if (m.q_lora_rank < 0 || m.q_lora_rank > 65536) fail(p, ": bad ", a, "attention.q_lora_rank ", m.q_lora_rank);
+  for (int64_t il = 0; il < hp.n_layer; ++il)
+    if (hp.head_count_kv(il) != 1)
+      fail(p, ": ", a, "attention.head_count_kv is ", hp.head_count_kv(il), " at layer ", il,
+           "; a latent-attention file has 1 (the latent is shared by every head)");
+  if (hp.head_dim != C + hp.n_rot)
+    fail(p, ": ", a, "attention.key_length ", hp.head_dim, " is not kv_lora_rank ", C, " + rope.dimension_count ",
+         hp.n_rot, " (the cached latent and roped key)");
+  if (int64_t(f.get_uint(a + "attention.value_length", uint64_t(C))) != C)
+    fail(p, ": ", a, "attention.value_length ", f.get_uint(a + "attention.value_length"), " is not kv_lora_rank ", C);
+  if (m.head_dim_k <= hp.n_rot || m.head_dim_k > 1024)
+    fail(p, ": ", a, "attention.key_length_mla ", m.head_dim_k, " must exceed rope.dimension_count ", hp.n_rot,
+         " (nope + rope per head)");
+  if (m.head_dim_v < 1 || m.head_dim_v > 1024) fail(p, ": bad ", a, "attention.value_length_mla ", m.head_dim_v);
+  if (m.n_dense_lead < 0 || m.n_dense_lead > hp.n_layer)
+    fail(p, ": ", a, "leading_dense_block_count ", m.n_dense_lead, " exceeds block_count ", hp.n_layer);
+  for (int64_t il = 0; il < m.n_dense_lead; ++il)
+    if (hp.ff_length(il) <= 0) fail(p, ": ", a, "feed_forward_length missing for the dense layer ", il);
+  if (m.n_expert_shared < 0 || m.n_expert_shared > 64) fail(p, ": bad ", a, "expert_shared_count ", m.n_expert_shared);
+  hp.n_ff_shexp = m.n_expert_shared * hp.n_ff_exp;
+  if (m.n_expert_groups > 1) {
+    if (hp.n_expert % m.n_expert_groups != 0 || m.n_group_used < 1 || m.n_group_used > m.n_expert_groups ||
+        hp.n_expert / m.n_expert_groups < 2)
+      fail(p, ": ", a, "expert_group_count ", m.n_expert_groups, " / expert_group_used_count ", m.n_group_used,
+           " do not fit ", hp.n_expert, " experts");
+  }
 }
 
 }  // namespace
@@ -90,7 +193,9 @@ HParams read_hparams(const GgufFile& f) {
   hp.n_layer = int64_t(f.get_uint(a + "block_count"));
   if (hp.n_embd <= 0 || hp.n_embd > (1 << 20)) fail(p, ": bad ", a, "embedding_length ", hp.n_embd);
   if (hp.n_layer <= 0 || hp.n_layer > 4096) fail(p, ": bad ", a, "block_count ", hp.n_layer);
-  if (spec.stack == LayerStack::Mamba) return read_ssm_hparams(f, std::move(hp));
+  if (spec.stack == LayerStack::Mamba || spec.stack == LayerStack::Mamba2)
+    return read_ssm_hparams(f, std::move(hp), spec.stack == LayerStack::Mamba2);
+  if (spec.stack == LayerStack::Rwkv7) return read_rwkv7_hparams(f, std::move(hp));
   hp.n_head_per_layer = per_layer(f, a + "attention.head_count", hp.n_layer, nullptr);
   hp.n_head_kv_per_layer = per_layer(f, a + "attention.head_count_kv", hp.n_layer, &hp.n_head_per_layer);
   const std::vector<int64_t> no_dense_ffn(size_t(hp.n_layer), 0);  // MoE-only files may omit the key
@@ -108,6 +213,7 @@ HParams read_hparams(const GgufFile& f) {
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const int64_t nh = hp.head_count(il), nkv = hp.head_count_kv(il), nff = hp.ff_length(il);
     if (nh <= 0 || nh > 4096) fail(p, ": bad ", a, "attention.head_count ", nh, " of layer ", il);
+    if (spec.hybrid_ssm2 && nkv == 0) continue;  // a Mamba-2 layer of a hybrid (its FFN checked below)
     if (nkv <= 0 || nh % nkv != 0)
       fail(p, ": ", a, "attention.head_count_kv ", nkv, " does not divide head_count ", nh, " (layer ", il, ")");
     if (nff < 0 || nff > (1 << 22) || (nff == 0 && spec.moe != ArchSpec::Moe::Required))
@@ -121,7 +227,7 @@ HParams read_hparams(const GgufFile& f) {
   if (f.has(a + "attention.key_length")) {
     hp.head_dim = int64_t(f.get_uint(a + "attention.key_length"));
     const int64_t hv = int64_t(f.get_uint(a + "attention.value_length", uint64_t(hp.head_dim)));
-    if (hv != hp.head_dim)
+    if (hv != hp.head_dim && spec.stack != LayerStack::Mla)  // (MLA: the latent, read below)
       fail(p, ": ", a, "attention.value_length ", hv, " differs from key_length ", hp.head_dim,
            " (tern needs equal K and V head sizes)");
   } else {
@@ -199,6 +305,26 @@ HParams read_hparams(const GgufFile& f) {
   }
   if (f.has(a + "attention.scale")) hp.attn_scale = float(f.get_float(a + "attention.scale", 0.0));
   if (spec.embd_scale) hp.embd_scale = std::sqrt(float(hp.n_embd));
+  if (spec.granite_scales) {  // (absent keys: no scaling, as llama.cpp reads them)
+    hp.embd_scale = float(f.get_float(a + "embedding_scale", 0.0));
+    hp.residual_scale = float(f.get_float(a + "residual_scale", 0.0));
+    hp.logit_scale = float(f.get_float(a + "logit_scale", 0.0));
+    if (!std::isfinite(hp.embd_scale) || !std::isfinite(hp.residual_scale) || !std::isfinite(hp.logit_scale))
+      fail(p, ": bad ", a, "embedding_scale / residual_scale / logit_scale");
+  }
+  if (spec.hybrid_ssm2) {
+    // The layer kinds from attention.head_count_kv (0: Mamba-2, as llama.cpp decides); the
+    // Mamba-2 keys; RoPE only where rope.scaling.finetuned says so (llama.cpp's default true;
+    // Granite 4.0-H's converter writes false: no positional encoding).
+    hp.ssm_layers.assign(size_t(hp.n_layer), 0);
+    int64_t n_ssm = 0;
+    for (int64_t il = 0; il < hp.n_layer; ++il) n_ssm += (hp.ssm_layers[size_t(il)] = hp.head_count_kv(il) == 0);
+    if (n_ssm == 0) fail(p, ": ", a, "attention.head_count_kv is not 0 at any layer: no Mamba-2 layers (a ", hp.arch,
+                         " file marks them with 0)");
+    read_ssm_keys(f, hp, /*mamba2=*/true);
+    const std::string key = a + "rope.scaling.finetuned";
+    if (const GgufValue* v = f.find(key); v && !v->as_bool(key)) hp.n_rot = 0;
+  }
 
   // Experts.
   hp.n_expert = int64_t(f.get_uint(a + "expert_count", 0));
@@ -214,9 +340,9 @@ HParams read_hparams(const GgufFile& f) {
     const int64_t ff_default = spec.moe == ArchSpec::Moe::Required ? hp.ff_length(0) / hp.n_expert_used : hp.ff_length(0);
     hp.n_ff_exp = int64_t(f.get_uint(a + "expert_feed_forward_length", uint64_t(ff_default)));
     if (hp.n_ff_exp <= 0 || hp.n_ff_exp > (1 << 22)) fail(p, ": bad ", a, "expert_feed_forward_length ", hp.n_ff_exp);
-    if (spec.shared_expert) {
+    if (spec.shared_expert && spec.stack != LayerStack::Mla) {
       hp.n_ff_shexp = int64_t(f.get_uint(a + "expert_shared_feed_forward_length", 0));
-      if (hp.n_ff_shexp <= 0 || hp.n_ff_shexp > (1 << 22))
+      if (hp.n_ff_shexp < 0 || hp.n_ff_shexp > (1 << 22) || (hp.n_ff_shexp == 0 && spec.shared_expert_gate))
         fail(p, ": bad or missing ", a, "expert_shared_feed_forward_length ", hp.n_ff_shexp);
     }
     hp.expert_norm_topk = spec.expert_norm_topk;
@@ -230,6 +356,7 @@ HParams read_hparams(const GgufFile& f) {
     hp.expert_gating = gating == 2 ? ExpertGating::Sigmoid : gating == 3 ? ExpertGating::SoftmaxWeight : ExpertGating::Softmax;
   }
 
+  if (spec.stack == LayerStack::Mla) read_mla_hparams(f, hp);
   read_vocab_size(f, hp);
   return hp;
 }

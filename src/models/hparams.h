@@ -55,6 +55,8 @@ struct HParams {
   float final_softcap = 0.0f;       // final_logit_softcapping (0: none)
   float attn_scale = 0.0f;          // query scale; 0: 1 / sqrt(head_dim)
   float embd_scale = 0.0f;          // token embeddings multiplied by this (Gemma: sqrt(n_embd)); 0: none
+  float residual_scale = 0.0f;      // Granite: each block's output times this before its residual add; 0: none
+  float logit_scale = 0.0f;         // Granite: logits divided by this; 0: none
   // `<arch>.pooling_type` as the file gives it (llama.cpp's numbering: 0 none, 1 mean, 2 cls,
   // 3 last, 4 rank), -1 when absent: how an embedding model pools its hidden states
   // (engine/engine.h, EmbeddingParams).
@@ -70,14 +72,70 @@ struct HParams {
   // State-space layers (Mamba, `<arch>.ssm.*`): the causal conv1d's width, the inner width, the
   // SSM state per channel, the rank of the time step's projection; FalconMamba RMS-normalises
   // dt, B and C (ssm.dt_b_c_rms). A model with them keeps a fixed-size state per sequence.
+  // Mamba-2 (n_group > 0, ssm.group_count): dt_rank is the number of SSM heads (llama.cpp's
+  // time_step_rank; head_dim = d_inner / dt_rank), and B and C, n_group of each, pass through
+  // the conv beside x.
   struct Ssm {
     int64_t d_conv = 0, d_inner = 0, d_state = 0, dt_rank = 0;
+    int64_t n_group = 0;  // Mamba-2's B/C groups; 0: Mamba-1
     bool dt_b_c_rms = false;
+    // Channels through the causal conv: x, then (Mamba-2) B and C of every group.
+    int64_t conv_channels() const { return d_inner + 2 * n_group * d_state; }
   } ssm;
-  bool recurrent() const { return ssm.d_inner > 0; }
+  // RWKV-7 (`<arch>.wkv.head_size`, `<arch>.attention.{decay,iclr,value_residual_mix,gate}_lora_rank`,
+  // `<arch>.attention.layer_norm_epsilon`, as llama.cpp's converter writes them): n_embd / head_size
+  // WKV heads, each with a [head_size][head_size] state, and the LoRA ranks of the w, a, v and g
+  // projections. The model's norms are LayerNorms with biases (eps norm_eps).
+  struct Rwkv {
+    int64_t head_size = 0;  // > 0: an RWKV-7 model
+    int64_t lora_decay = 0, lora_iclr = 0, lora_value_res = 0, lora_gate = 0;
+    float norm_eps = 1e-5f;
+  } rwkv;
+  bool is_rwkv() const { return rwkv.head_size > 0; }
+  bool recurrent() const { return ssm.d_inner > 0 || is_rwkv(); }
+  // A hybrid stack (Granite 4.0-H): Mamba-2 layers where attention.head_count_kv is 0, attention
+  // on the others; ssm_layers[il] = 1 on the Mamba-2 ones. Empty: every layer is of one kind.
+  std::vector<uint8_t> ssm_layers;
+  bool hybrid() const { return !ssm_layers.empty(); }
+  bool is_ssm_layer(int64_t il) const { return hybrid() ? ssm_layers[size_t(il)] != 0 : recurrent(); }
+
+  // Multi-head latent attention (DeepSeek-V2/V3, `<arch>.attention.kv_lora_rank` etc. as
+  // llama.cpp's converter writes them). The cache row of a token is the latent (kv_lora_rank,
+  // after attn_kv_a_norm) then the roped key shared by every head (n_rot): head_dim is their sum
+  // (attention.key_length) and n_head_kv 1, one K row and no V row per token and layer.
+  struct Mla {
+    int64_t q_lora_rank = 0;       // 0: q from attn_q directly (V2-Lite)
+    int64_t kv_lora_rank = 0;      // > 0: the model uses MLA
+    int64_t head_dim_k = 0;        // attention.key_length_mla: nope + rope of each query/key head
+    int64_t head_dim_v = 0;        // attention.value_length_mla
+    int64_t n_dense_lead = 0;      // leading_dense_block_count: layers with a dense FFN
+    int64_t n_expert_shared = 0;   // expert_shared_count (shared experts of n_ff_exp each)
+    float expert_weights_scale = 0.0f;  // 0: none
+    float yarn_log_mul = 0.0f;     // rope.scaling.yarn_log_multiplier / 0.1 (mscale_all_dim)
+    int64_t n_expert_groups = 0, n_group_used = 0;  // group-limited routing (0: none)
+    // The non-absorbed reference (TERN_MLA=full, tests and benchmarks): K and V decompressed per
+    // head and cached as such, head_dim = head_dim_k (V padded to it), n_head_kv = n_head.
+    bool full_kv = false;
+  } mla;
+  bool is_mla() const { return mla.kv_lora_rank > 0; }
+  // One row per token and layer serves as K and V (the latent cache; KvStore k_only).
+  bool kv_k_only() const { return is_mla() && !mla.full_kv; }
   // f32 of one sequence's recurrent state in a layer: the conv window's last d_conv - 1 inputs
-  // and the SSM state, [d_conv - 1][d_inner] then [d_inner][d_state].
-  int64_t state_floats() const { return recurrent() ? (ssm.d_conv - 1 + ssm.d_state) * ssm.d_inner : 0; }
+  // and the SSM state, [d_conv - 1][conv_channels] then [d_inner][d_state] (Mamba-2: the heads'
+  // [head_dim][d_state] states one after another, the same layout).
+  // RWKV-7: the time mix's and the channel mix's shifted token (n_embd each), then the heads'
+  // WKV states, [n_embd / head_size][head_size][head_size].
+  int64_t state_floats() const {
+    if (is_rwkv()) return 2 * n_embd + n_embd * rwkv.head_size;
+    return recurrent() ? (ssm.d_conv - 1) * ssm.conv_channels() + ssm.d_state * ssm.d_inner : 0;
+  }
+  // The state of layer il: state_floats() on a state-space layer, 0 on a hybrid's attention layers.
+  int64_t state_floats(int64_t il) const { return is_ssm_layer(il) ? state_floats() : 0; }
+  int64_t state_floats_per_sequence() const {  // summed over the layers
+    int64_t n = 0;
+    for (int64_t il = 0; il < n_layer; ++il) n += state_floats(il);
+    return n;
+  }
 
   // Per layer; an HParams built by hand without the per-layer arrays has n_head etc. everywhere.
   int64_t head_count(int64_t il) const { return n_head_per_layer.empty() ? n_head : n_head_per_layer[size_t(il)]; }

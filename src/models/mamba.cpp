@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "models/linear.h"
+#include "models/recurrent_step.h"
 #include "models/registry.h"
 #include "models/tensor_names.h"
 #include "models/weight_loader.h"
@@ -153,36 +154,16 @@ void MambaModel::bind(WeightLoader& ld) {
 
 void MambaModel::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
   const int64_t E = hp_.n_embd, V = hp_.n_vocab;
-  int64_t T = 0;
-  for (const auto& s : seqs) {
-    TERN_ASSERT_MSG(s.state_slot >= 0 && s.state_slot < kv.n_state_slots(), "a recurrent model needs a state slot");
-    TERN_ASSERT_MSG(s.pos < 0 || s.pos == s.n_past, "a recurrent state cannot skip positions");
-    T += int64_t(s.tokens.size());
-  }
+  const int64_t T = begin_recurrent_step(seqs, kv, tok_embd_, V, E, max_tokens_, x_.data());
   if (T == 0) return;
-  TERN_ASSERT_MSG(T <= max_tokens_, "step larger than reserve()");
-  int64_t t = 0;
-  for (const auto& s : seqs) {
-    if (s.n_past == 0 && !s.tokens.empty()) kv.clear_state(s.state_slot);  // a sequence starts from zero
-    for (int32_t id : s.tokens) {
-      TERN_ASSERT_MSG(id >= 0 && id < V, "token id out of range");
-      dequantize_row(tok_embd_, id, x_.data() + t * E);
-      ++t;
-    }
-  }
   hooks_ = LinearHooks{observer_, nullptr};
   for (int64_t il = 0; il < hp_.n_layer; ++il) ssm_layer(layers_[size_t(il)], il, seqs, kv, T, pool);
 
   // The rows that need logits (every token's, or each sequence's last), through the output norm.
-  int64_t rows = 0;
-  t = 0;
-  for (const auto& s : seqs) {
-    const int64_t n = int64_t(s.tokens.size());
-    if (s.hidden && n > 0) rms_norm(x_.data() + t * E, output_norm_, s.hidden, n, E, hp_.rms_eps, pool);
-    const int64_t first = s.all_logits ? t : t + n - 1;
-    for (int64_t r = first; r < t + n; ++r) std::copy_n(x_.data() + r * E, E, out_rows_.data() + (rows++) * E);
-    t += n;
-  }
+  const int64_t rows = gather_logit_rows(seqs, x_.data(), E, out_rows_.data(), [&](const float* in, float* out,
+                                                                                    int64_t n) {
+    rms_norm(in, output_norm_, out, n, E, hp_.rms_eps, pool);
+  });
   rms_norm(out_rows_.data(), output_norm_, out_rows_.data(), rows, E, hp_.rms_eps, pool);
   apply_linear(output_, out_rows_.data(), E, rows, logits, V, pool, hooks_);
 }

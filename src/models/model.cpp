@@ -17,12 +17,18 @@ KvStore make_kv_store(const HParams& hp, int64_t n_slots, KvType type, int64_t n
   std::vector<int64_t> rows = kv_rows(hp);
   check_kv_type(type, rows, hp.head_dim, "model '" + hp.arch + "' (" + std::to_string(hp.n_head_kv) + " KV heads of " +
                                              std::to_string(hp.head_dim) + ")");
-  KvStore kv(std::move(rows), n_slots, type);
-  if (hp.recurrent()) kv.set_state_rows(std::vector<int64_t>(size_t(hp.n_layer), hp.state_floats()), n_state_slots);
+  KvStore kv(std::move(rows), n_slots, type, hp.kv_k_only());
+  if (hp.recurrent()) {
+    std::vector<int64_t> state_rows;  // [n_layer] (a hybrid's attention layers keep none)
+    for (int64_t il = 0; il < hp.n_layer; ++il) state_rows.push_back(hp.state_floats(il));
+    kv.set_state_rows(std::move(state_rows), n_state_slots);
+  }
   return kv;
 }
 
-int64_t kv_bytes_per_token(const HParams& hp, KvType type) { return KvStore::bytes_per_token(kv_rows(hp), type); }
+int64_t kv_bytes_per_token(const HParams& hp, KvType type) {
+  return KvStore::bytes_per_token(kv_rows(hp), type, hp.kv_k_only());
+}
 
 int64_t n_logit_rows(std::span<const SeqBatch> seqs) {
   int64_t n = 0;

@@ -19,6 +19,8 @@ SplitRange stage_layers(int64_t n_layer, int stage, int n_stages) { return split
 HParams partition_hparams(const HParams& hp, const ModelPartition& part, const std::string& path) {
   HParams out = hp;
   if (part.whole()) return out;
+  if (hp.is_mla())  // (before the head counts: its one KV head is the shared latent)
+    fail(path, ": ", hp.arch, " (multi-head latent attention) models do not run split over processes (--tp / --pp) yet");
   const int64_t l0 = part.layer_begin, l1 = part.layer_end < 0 ? hp.n_layer : part.layer_end;
   if (l0 < 0 || l1 > hp.n_layer || l0 >= l1)
     fail(path, ": pipeline stage of layers [", l0, ", ", l1, ") is empty or outside the model's ", hp.n_layer, " layers");

@@ -9,7 +9,8 @@ namespace tern {
 const std::vector<const ArchSpec*>& architectures() {
   static const std::vector<const ArchSpec*> kAll = {&kArchLlama,  &kArchDeci, &kArchQwen2,  &kArchQwen2Moe, &kArchQwen3,
                                                     &kArchQwen3Moe, &kArchPhi3, &kArchGemma2,   &kArchGemma3,
-                                                    &kArchGptOss, &kArchMamba};
+                                                    &kArchGptOss, &kArchMamba, &kArchMamba2, &kArchDeepseek2,
+                                                    &kArchGraniteHybrid, &kArchRwkv7};
   return kAll;
 }
 
@@ -29,8 +30,11 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file) { return
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, const ModelPartition& part) {
   const ArchSpec& spec = find_architecture(file->get_string("general.architecture"), file->path());
-  if (spec.stack == LayerStack::Mamba) {
+  if (spec.stack != LayerStack::Decoder) {
     if (!part.whole()) fail(file->path(), ": ", spec.name, " models do not run split over processes (--tp / --pp) yet");
+    if (spec.stack == LayerStack::Mamba2) return make_mamba2(spec, std::move(file));
+    if (spec.stack == LayerStack::Mla) return make_deepseek2(spec, std::move(file));
+    if (spec.stack == LayerStack::Rwkv7) return make_rwkv7(spec, std::move(file));
     return make_mamba(spec, std::move(file));
   }
   return make_decoder(spec, std::move(file), part);

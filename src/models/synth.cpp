@@ -63,6 +63,51 @@ const std::vector<SynthShape>& synth_shapes() {
        .tied_output = true, .ssm_d_inner = 1536, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 48},
       {.name = "mamba-1.4b", .arch = "mamba", .n_embd = 2048, .n_layer = 48, .n_vocab = 50280, .n_ctx = 1 << 20,
        .tied_output = true, .ssm_d_inner = 4096, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 128},
+      // Mamba-2 (state-spaces/mamba2-130m): 2x inner width in 24 heads of 64, 128 states, one
+      // B/C group, 4 conv taps, tied embeddings, the vocabulary padded to a multiple of 16.
+      {.name = "mamba2-130m", .arch = "mamba2", .n_embd = 768, .n_layer = 24, .n_vocab = 50288, .n_ctx = 1 << 20,
+       .tied_output = true, .ssm_d_inner = 1536, .ssm_d_state = 128, .ssm_d_conv = 4, .ssm_dt_rank = 24,
+       .ssm_n_group = 1},
+      // RWKV7-Goose-World 0.1B (fla-hub/rwkv7-0.1B-world): 768 wide, 12 layers, heads of 64, FFN
+      // 4x, the world vocabulary's 65536 tokens (a generated one here); LoRA ranks as the
+      // converter derives them for 768 (decay 64, iclr 64, value residual 32, gate 128).
+      {.name = "rwkv7-0.1b", .arch = "rwkv7", .n_embd = 768, .n_ff = 3072, .n_layer = 12, .n_vocab = 65536,
+       .n_ctx = 1 << 20, .rwkv_head_size = 64, .rwkv_lora_decay = 64, .rwkv_lora_iclr = 64, .rwkv_lora_value = 32,
+       .rwkv_lora_gate = 128},
+      // DeepSeek-V2-Lite (config.json of deepseek-ai/DeepSeek-V2-Lite): 2048 wide, 27 layers, 16
+      // heads of 128 + 64 (nope + rope) with values of 128, no query compression, a latent of
+      // 512; the first layer dense (10944), then 64 experts of 1408 (6 per token, softmax, not
+      // renormalised) and 2 shared; YaRN x40 over 4096 with mscale_all_dim 0.707.
+      {.name = "deepseek-v2-lite", .arch = "deepseek2", .n_embd = 2048, .n_ff = 10944, .n_layer = 27, .n_head = 16,
+       .n_head_kv = 1, .n_vocab = 102400, .n_ctx = 163840, .n_expert = 64, .n_expert_used = 6, .n_ff_exp = 1408,
+       .yarn_factor = 40.0f, .yarn_ctx_orig = 4096, .mla_kv_lora = 512, .mla_nope = 128, .mla_rope = 64, .mla_v = 128,
+       .n_dense_lead = 1, .n_expert_shared = 2, .expert_weights_scale = 1.0f, .yarn_mscale_all_dim = 0.707f},
+      // IBM Granite 4.0-H (config.json of ibm-granite/granite-4.0-h-micro and -h-tiny, as
+      // convert_hf_to_gguf.py's GraniteHybridModel writes them): 40 layers, 4 of them attention
+      // (GQA, no positional encoding), the others Mamba-2 (2x inner width in heads of 64, 128
+      // states, one B/C group, 4 conv taps); tied embeddings; embedding x12, residual x0.22,
+      // attention scale 1/128, logits / (h-micro 8, h-tiny 6) [the attention layers' positions
+      // and the logit scales as recalled from the released configs, not read from them here].
+      // h-micro: dense SwiGLU of 8192; h-tiny: 64 experts of 512 (6 per token) + a shared one of 1024.
+      {.name = "granite-4.0-h-micro", .arch = "granitehybrid", .n_embd = 2048, .n_ff = 8192, .n_layer = 40,
+       .n_head = 32, .n_head_kv = 8, .n_vocab = 100352, .n_ctx = 1 << 20, .tied_output = true, .ssm_d_inner = 4096,
+       .ssm_d_state = 128, .ssm_d_conv = 4, .ssm_dt_rank = 64, .ssm_n_group = 1,
+       .layer_kinds = "MMMMMAMMMMMMMMMAMMMMMMMMMAMMMMMMMMMAMMMM", .embd_scale = 12.0f, .residual_scale = 0.22f,
+       .attn_scale = 0.0078125f, .logit_scale = 8.0f},
+      {.name = "granite-4.0-h-tiny", .arch = "granitehybrid", .n_embd = 1536, .n_ff = 512, .n_layer = 40,
+       .n_head = 12, .n_head_kv = 4, .n_vocab = 100352, .n_ctx = 1 << 20, .tied_output = true, .n_expert = 64,
+       .n_expert_used = 6, .n_ff_exp = 512, .n_ff_shexp = 1024, .ssm_d_inner = 3072, .ssm_d_state = 128,
+       .ssm_d_conv = 4, .ssm_dt_rank = 48, .ssm_n_group = 1,
+       .layer_kinds = "MMMMMAMMMMMMMMMAMMMMMMMMMAMMMMMMMMMAMMMM", .embd_scale = 12.0f, .residual_scale = 0.22f,
+       .attn_scale = 0.0078125f, .logit_scale = 6.0f},
+      // DeepSeek-V2's layer at a size two cores run (an invented shape, for timings against
+      // llama.cpp): query compression (512), V2's latent (512 + 64) and heads (128 + 64, values
+      // 128), the first layer dense, then 32 experts of 512 (4 per token) and 2 shared.
+      {.name = "deepseek2-mini", .arch = "deepseek2", .n_embd = 1024, .n_ff = 2816, .n_layer = 8, .n_head = 16,
+       .n_head_kv = 1, .n_vocab = 32000, .n_ctx = 163840, .n_expert = 32, .n_expert_used = 4, .n_ff_exp = 512,
+       .yarn_factor = 40.0f, .yarn_ctx_orig = 4096, .mla_q_lora = 512, .mla_kv_lora = 512, .mla_nope = 128,
+       .mla_rope = 64, .mla_v = 128, .n_dense_lead = 1, .n_expert_shared = 2, .expert_weights_scale = 1.0f,
+       .yarn_mscale_all_dim = 0.707f},
       // Tests.
       {.name = "llama3-tiny", .n_embd = 64, .n_ff = 128, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_vocab = 512,
        .n_ctx = 512, .rope_freq_base = 500000.0f, .tied_output = true, .llama3_rope_ctx = 32, .init_gain = 1.0f},
@@ -93,6 +138,57 @@ const std::vector<SynthShape>& synth_shapes() {
        .n_ff_exp = 64, .n_swa = 16, .yarn_factor = 4.0f, .yarn_ctx_orig = 64, .init_gain = 1.0f},
       {.name = "mamba-tiny", .arch = "mamba", .n_embd = 64, .n_layer = 3, .n_vocab = 512, .n_ctx = 1 << 20,
        .tied_output = true, .ssm_d_inner = 128, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 8, .init_gain = 1.0f},
+      // Mamba-2: 8 heads of 16 in 2 groups (heads 0-3 read group 0's B and C, 4-7 group 1's).
+      {.name = "mamba2-tiny", .arch = "mamba2", .n_embd = 64, .n_layer = 3, .n_vocab = 512, .n_ctx = 1 << 20,
+       .tied_output = true, .ssm_d_inner = 128, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 8,
+       .ssm_n_group = 2, .init_gain = 1.0f},
+      // RWKV-7 at test size: 2 heads of 64, 3 layers (value residual mixes in two), LoRA ranks
+      // all different (so a swapped rank is a shape error). Heads of 64, not smaller: ggml's CPU
+      // WKV-7 walks a head in steps of GGML_F32_STEP floats (64 with AVX-512), so llama.cpp
+      // computes smaller heads wrongly (it reads and writes past them).
+      {.name = "rwkv7-tiny", .arch = "rwkv7", .n_embd = 128, .n_ff = 224, .n_layer = 3, .n_vocab = 512,
+       .n_ctx = 1 << 20, .rwkv_head_size = 64, .rwkv_lora_decay = 32, .rwkv_lora_iclr = 24, .rwkv_lora_value = 16,
+       .rwkv_lora_gate = 40, .init_gain = 1.0f},
+      // DeepSeek-V2 at test size: query compression (q_lora_rank 32), a latent of 32 and keys of
+      // 16 + 16 (nope + rope), values of 24; layer 0 dense, then 4 experts (2 per token, softmax)
+      // and one shared; YaRN x4 beyond 64 positions with mscale_all_dim 0.707 (the 64-token
+      // tests cross it).
+      {.name = "deepseek2-tiny", .arch = "deepseek2", .n_embd = 64, .n_ff = 96, .n_layer = 3, .n_head = 4,
+       .n_head_kv = 1, .n_vocab = 512, .n_ctx = 512, .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 32,
+       .yarn_factor = 4.0f, .yarn_ctx_orig = 64, .mla_q_lora = 32, .mla_kv_lora = 32, .mla_nope = 16, .mla_rope = 16,
+       .mla_v = 24, .n_dense_lead = 1, .n_expert_shared = 1, .expert_weights_scale = 1.0f,
+       .yarn_mscale_all_dim = 0.707f, .init_gain = 1.0f},
+      // DeepSeek-V2-Lite's attention at test size: no query compression (attn_q), 2 layers.
+      // (llama.cpp takes a file without q_lora_rank for V2-Lite only when it has 27 layers, so
+      // this one is checked against the numpy oracle and the non-absorbed path, not the peer.)
+      {.name = "deepseek2-lite-tiny", .arch = "deepseek2", .n_embd = 64, .n_ff = 96, .n_layer = 2, .n_head = 4,
+       .n_head_kv = 1, .n_vocab = 512, .n_ctx = 512, .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 32,
+       .yarn_factor = 4.0f, .yarn_ctx_orig = 64, .mla_kv_lora = 32, .mla_nope = 16, .mla_rope = 16, .mla_v = 16,
+       .n_dense_lead = 1, .n_expert_shared = 2, .expert_weights_scale = 1.0f, .yarn_mscale_all_dim = 0.707f,
+       .init_gain = 1.0f},
+      // DeepSeek-V3's routing at test size: sigmoid gates with the selection bias exp_probs_b, 8
+      // experts in 4 groups (the best 2 groups kept), 2 per token renormalised and scaled by 2.5.
+      {.name = "deepseek3-tiny", .arch = "deepseek2", .n_embd = 64, .n_ff = 96, .n_layer = 3, .n_head = 4,
+       .n_head_kv = 1, .n_vocab = 512, .n_ctx = 512, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 32,
+       .mla_q_lora = 32, .mla_kv_lora = 32, .mla_nope = 16, .mla_rope = 16, .mla_v = 16, .n_dense_lead = 1,
+       .n_expert_shared = 1, .expert_gating = 2, .n_expert_groups = 4, .n_group_used = 2,
+       .expert_weights_scale = 2.5f, .expert_weights_norm = true, .init_gain = 1.0f},
+      // Granite 4.0-H at test size: Mamba-2, attention, Mamba-2, attention; 8 SSM heads of 16 in
+      // one group; 4 query heads of 16 over 2 KV heads; 4 experts of 32 (2 per token) and a
+      // shared expert of 48; every multiplier away from 1 (the attention scale from 1/sqrt(16); the
+      // embedding scale 0.25, not Granite's 12: with test-size embeddings, 12 would leave the
+      // layers too little of the residual stream to change the argmax anywhere); a
+      // context of 4096, not the converter's 2^20 (a session's default context sizes its K/V).
+      {.name = "granitehybrid-tiny", .arch = "granitehybrid", .n_embd = 64, .n_ff = 32, .n_layer = 4, .n_head = 4,
+       .n_head_kv = 2, .n_vocab = 512, .n_ctx = 4096, .tied_output = true, .n_expert = 4, .n_expert_used = 2,
+       .n_ff_exp = 32, .n_ff_shexp = 48, .ssm_d_inner = 128, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 8,
+       .ssm_n_group = 1, .layer_kinds = "MAMA", .embd_scale = 0.25f, .residual_scale = 0.22f, .attn_scale = 0.125f,
+       .logit_scale = 6.0f, .init_gain = 1.0f},
+      // The dense variant (granite-4.0-h-micro's FFN): attention, Mamba-2, Mamba-2, attention.
+      {.name = "granitehybrid-dense-tiny", .arch = "granitehybrid", .n_embd = 64, .n_ff = 96, .n_layer = 4,
+       .n_head = 4, .n_head_kv = 2, .n_vocab = 512, .n_ctx = 4096, .tied_output = true, .ssm_d_inner = 128,
+       .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 8, .ssm_n_group = 1, .layer_kinds = "AMMA",
+       .embd_scale = 0.25f, .residual_scale = 0.22f, .attn_scale = 0.125f, .logit_scale = 6.0f, .init_gain = 1.0f},
   };
   return kShapes;
 }
@@ -199,7 +295,14 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   const std::string a = std::string(sh.arch) + ".";
   const bool moe = sh.n_expert > 0;
   const int64_t hd = sh.head_dim > 0 ? sh.head_dim : sh.n_head > 0 ? sh.n_embd / sh.n_head : 0;
-  const bool mamba = spec.stack == LayerStack::Mamba;
+  const bool mamba2 = spec.stack == LayerStack::Mamba2;
+  const bool mamba = spec.stack == LayerStack::Mamba || mamba2;
+  const bool hybrid = spec.hybrid_ssm2;
+  if (hybrid && (!sh.layer_kinds || int64_t(std::strlen(sh.layer_kinds)) < sh.n_layer))
+    fail("synth shape ", sh.name, ": layer_kinds must name the kind of each of its ", sh.n_layer, " layers");
+  const auto ssm_layer = [&](int64_t il) { return hybrid && sh.layer_kinds[il] == 'M'; };
+  const bool mla = spec.stack == LayerStack::Mla;
+  const bool rwkv7 = spec.stack == LayerStack::Rwkv7;
   GgufWriter w(3);
   w.set("general.architecture", GgufValue::string(sh.arch));
   w.set("general.name", GgufValue::string(std::string("tern-synth-") + sh.name));
@@ -209,13 +312,79 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   w.set(a + "feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff)));
   w.set(a + "block_count", GgufValue::u32(uint32_t(sh.n_layer)));
   w.set(a + "attention.head_count", GgufValue::u32(uint32_t(sh.n_head)));
-  if (mamba) {  // (the converter writes head_count and feed_forward_length 0)
+  if (hybrid) {
+    // GraniteHybridModel: Granite's keys, the Mamba-2 ones, head_count_kv per layer (0 on the
+    // Mamba-2 layers), no RoPE (rope.scaling.finetuned false) and the 2^20 context with it.
+    std::vector<GgufValue> kv_heads;
+    for (int64_t il = 0; il < sh.n_layer; ++il) kv_heads.push_back(GgufValue::u32(ssm_layer(il) ? 0 : uint32_t(sh.n_head_kv)));
+    w.set(a + "attention.head_count_kv", GgufValue::array(GgufType::U32, std::move(kv_heads)));
+    w.set(a + "rope.freq_base", GgufValue::f32(sh.rope_freq_base));
+    w.set(a + "rope.dimension_count", GgufValue::u32(uint32_t(hd)));
+    w.set(a + "rope.scaling.finetuned", GgufValue::boolean(false));
+    w.set(a + "attention.layer_norm_rms_epsilon", GgufValue::f32(1e-5f));
+    if (sh.attn_scale != 0) w.set(a + "attention.scale", GgufValue::f32(sh.attn_scale));
+    if (sh.embd_scale != 0) w.set(a + "embedding_scale", GgufValue::f32(sh.embd_scale));
+    if (sh.residual_scale != 0) w.set(a + "residual_scale", GgufValue::f32(sh.residual_scale));
+    if (sh.logit_scale != 0) w.set(a + "logit_scale", GgufValue::f32(sh.logit_scale));
+    if (moe) {
+      w.set(a + "expert_count", GgufValue::u32(uint32_t(sh.n_expert)));
+      w.set(a + "expert_used_count", GgufValue::u32(uint32_t(sh.n_expert_used)));
+    }
+    if (sh.n_ff_shexp > 0) w.set(a + "expert_shared_feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff_shexp)));
+    w.set(a + "ssm.conv_kernel", GgufValue::u32(uint32_t(sh.ssm_d_conv)));
+    w.set(a + "ssm.state_size", GgufValue::u32(uint32_t(sh.ssm_d_state)));
+    w.set(a + "ssm.group_count", GgufValue::u32(uint32_t(sh.ssm_n_group)));
+    w.set(a + "ssm.inner_size", GgufValue::u32(uint32_t(sh.ssm_d_inner)));
+    w.set(a + "ssm.time_step_rank", GgufValue::u32(uint32_t(sh.ssm_dt_rank)));
+  } else if (mamba) {  // (the converter writes head_count and feed_forward_length 0)
     w.set(a + "ssm.conv_kernel", GgufValue::u32(uint32_t(sh.ssm_d_conv)));
     w.set(a + "ssm.inner_size", GgufValue::u32(uint32_t(sh.ssm_d_inner)));
     w.set(a + "ssm.state_size", GgufValue::u32(uint32_t(sh.ssm_d_state)));
     w.set(a + "ssm.time_step_rank", GgufValue::u32(uint32_t(sh.ssm_dt_rank)));
-    w.set(a + "ssm.dt_b_c_rms", GgufValue::boolean(false));
+    if (mamba2) w.set(a + "ssm.group_count", GgufValue::u32(uint32_t(sh.ssm_n_group)));
+    else w.set(a + "ssm.dt_b_c_rms", GgufValue::boolean(false));
     w.set(a + "attention.layer_norm_rms_epsilon", GgufValue::f32(1e-5f));
+  } else if (rwkv7) {
+    // As convert_hf_to_gguf.py's Rwkv7Model writes them (head_count 0, no token_shift_count).
+    w.set(a + "attention.layer_norm_epsilon", GgufValue::f32(1e-5f));
+    w.set(a + "wkv.head_size", GgufValue::u32(uint32_t(sh.rwkv_head_size)));
+    w.set(a + "attention.decay_lora_rank", GgufValue::u32(uint32_t(sh.rwkv_lora_decay)));
+    w.set(a + "attention.iclr_lora_rank", GgufValue::u32(uint32_t(sh.rwkv_lora_iclr)));
+    w.set(a + "attention.value_residual_mix_lora_rank", GgufValue::u32(uint32_t(sh.rwkv_lora_value)));
+    w.set(a + "attention.gate_lora_rank", GgufValue::u32(uint32_t(sh.rwkv_lora_gate)));
+  } else if (mla) {
+    // As convert_hf_to_gguf.py's DeepseekV2Model writes them: the cache as MQA (one KV head of
+    // latent + rope, values the latent), the per-head sizes in *_mla.
+    w.set(a + "attention.head_count_kv", GgufValue::u32(1));
+    w.set(a + "rope.freq_base", GgufValue::f32(sh.rope_freq_base));
+    w.set(a + "attention.layer_norm_rms_epsilon", GgufValue::f32(1e-6f));
+    w.set(a + "expert_count", GgufValue::u32(uint32_t(sh.n_expert)));
+    w.set(a + "expert_used_count", GgufValue::u32(uint32_t(sh.n_expert_used)));
+    if (sh.expert_gating > 0) w.set(a + "expert_gating_func", GgufValue::u32(uint32_t(sh.expert_gating)));
+    if (sh.yarn_factor > 0) {
+      w.set(a + "rope.scaling.type", GgufValue::string("yarn"));
+      w.set(a + "rope.scaling.factor", GgufValue::f32(sh.yarn_factor));
+      w.set(a + "rope.scaling.original_context_length", GgufValue::u32(uint32_t(sh.yarn_ctx_orig)));
+    }
+    w.set(a + "leading_dense_block_count", GgufValue::u32(uint32_t(sh.n_dense_lead)));
+    w.set(a + "vocab_size", GgufValue::u32(uint32_t(sh.n_vocab)));
+    if (sh.mla_q_lora > 0) w.set(a + "attention.q_lora_rank", GgufValue::u32(uint32_t(sh.mla_q_lora)));
+    w.set(a + "attention.kv_lora_rank", GgufValue::u32(uint32_t(sh.mla_kv_lora)));
+    w.set(a + "attention.key_length", GgufValue::u32(uint32_t(sh.mla_kv_lora + sh.mla_rope)));
+    w.set(a + "attention.value_length", GgufValue::u32(uint32_t(sh.mla_kv_lora)));
+    w.set(a + "attention.key_length_mla", GgufValue::u32(uint32_t(sh.mla_nope + sh.mla_rope)));
+    w.set(a + "attention.value_length_mla", GgufValue::u32(uint32_t(sh.mla_v)));
+    w.set(a + "expert_feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff_exp)));
+    w.set(a + "expert_shared_count", GgufValue::u32(uint32_t(sh.n_expert_shared)));
+    if (sh.expert_weights_scale != 0) w.set(a + "expert_weights_scale", GgufValue::f32(sh.expert_weights_scale));
+    if (sh.expert_weights_norm) w.set(a + "expert_weights_norm", GgufValue::boolean(true));
+    if (sh.n_expert_groups > 0) {
+      w.set(a + "expert_group_count", GgufValue::u32(uint32_t(sh.n_expert_groups)));
+      w.set(a + "expert_group_used_count", GgufValue::u32(uint32_t(sh.n_group_used)));
+    }
+    w.set(a + "rope.dimension_count", GgufValue::u32(uint32_t(sh.mla_rope)));
+    if (sh.yarn_mscale_all_dim != 0)
+      w.set(a + "rope.scaling.yarn_log_multiplier", GgufValue::f32(0.1f * sh.yarn_mscale_all_dim));
   } else {
     w.set(a + "attention.head_count_kv", GgufValue::u32(uint32_t(sh.n_head_kv)));
     if (spec.rope_layout == RopeLayout::Norm || spec.fused_qkv)  // llama's and phi3's converters
@@ -352,6 +521,119 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
     rep.weight_bytes += n * 4;
     return f;
   };
+  // Mamba-2's initialisation where it shapes the dynamics: A = -(1 ... 16) over the heads, time
+  // steps softplus(dt_bias) around 0.1, D = 1, conv taps ~ 1/sqrt(taps); every SSM parameter
+  // f32 (ssm_a and ssm_d [1, H], ssm_norm [d_inner / G, G]), as the converter writes them.
+  const auto add_ssm2_mixer = [&](int64_t il) {
+    const int64_t DI = sh.ssm_d_inner, DS = sh.ssm_d_state, K = sh.ssm_d_conv, H = sh.ssm_dt_rank;
+    const int64_t G = sh.ssm_n_group, CC = DI + 2 * G * DS;
+    const float jitter = gain > 0 ? 0.1f : 0.0f;
+    {
+      add_matrix(tensor_name(Tensor::SsmIn, il), E, DI + CC + H);
+      add_f32(tensor_name(Tensor::SsmConv1d, il), {K, CC}, 0.0f, 1.0f / std::sqrt(float(K)));
+      add_f32(tensor_name(Tensor::SsmConv1d, il, "bias"), {CC}, 0.0f, 0.1f);
+      add_f32(tensor_name(Tensor::SsmDt, il, "bias"), {H}, -2.0f, 0.5f);
+      float* a_log = add_f32(tensor_name(Tensor::SsmA, il, ""), {1, H}, 0.0f, jitter);
+      for (int64_t h = 0; h < H; ++h)
+        a_log[h] = -(1.0f + 15.0f * float(h) / float(std::max<int64_t>(1, H - 1))) * (1.0f + a_log[h]);
+      add_f32(tensor_name(Tensor::SsmD, il, ""), {1, H}, 1.0f, jitter);
+      add_f32(tensor_name(Tensor::SsmNorm, il), {DI / G, G}, 1.0f, jitter);
+      add_matrix(tensor_name(Tensor::SsmOut, il), DI, E);
+    }
+  };
+  if (mamba2) {
+    for (int64_t il = 0; il < sh.n_layer; ++il) {
+      add_norm(tensor_name(Tensor::AttnNorm, il), E);
+      add_ssm2_mixer(il);
+    }
+    w.write(out_path);
+    return rep;
+  }
+  if (rwkv7) {
+    // The tensors llama.cpp's rwkv7 loads, typed as its converter writes them: every vector f32,
+    // time_mix_w1 / w2 and time_mix_lerp_fused f32, the other matrices in --type. Layer 0's
+    // v0 / v1 / v2 are unused (the converter writes copies of a0 / a1 / a2, with their shapes).
+    // Initialisation where it shapes the dynamics: token-shift mixes around 0.5, decays
+    // exp(-0.6 sigmoid(w0 + ...)) with w0 ~ N(0, 1), k_k and k_a around 1.
+    const int64_t RD = sh.rwkv_lora_decay, RA = sh.rwkv_lora_iclr, RV = sh.rwkv_lora_value, RG = sh.rwkv_lora_gate;
+    auto add_ln = [&](Tensor t, int64_t il) {
+      add_norm(tensor_name(t, il), E);
+      add_vector(tensor_name(t, il, "bias"), E, 0.0f, 0.1f);
+    };
+    add_vector(tensor_name(Tensor::OutputNorm, -1, "bias"), E, 0.0f, 0.1f);
+    add_norm(tensor_name(Tensor::TokenEmbdNorm), E);
+    add_vector(tensor_name(Tensor::TokenEmbdNorm, -1, "bias"), E, 0.0f, 0.1f);
+    for (int64_t il = 0; il < sh.n_layer; ++il) {
+      add_ln(Tensor::AttnNorm, il);
+      add_ln(Tensor::AttnNorm2, il);
+      add_f32(tensor_name(Tensor::TimeMixLerpFused, il), {E, 1, 1, 6}, 0.5f, 0.2f);
+      add_f32(tensor_name(Tensor::TimeMixW0, il), {E}, 0.0f, 1.0f);
+      add_matrix(tensor_name(Tensor::TimeMixW1, il), E, RD, 1.0f, 0, /*keep_f32=*/true);
+      add_matrix(tensor_name(Tensor::TimeMixW2, il), RD, E, 1.0f, 0, /*keep_f32=*/true);
+      add_f32(tensor_name(Tensor::TimeMixA0, il), {E}, 0.0f, 0.5f);
+      add_matrix(tensor_name(Tensor::TimeMixA1, il), E, RA);
+      add_matrix(tensor_name(Tensor::TimeMixA2, il), RA, E);
+      const int64_t rv = il == 0 ? RA : RV;
+      add_f32(tensor_name(Tensor::TimeMixV0, il), {E}, 0.0f, 0.5f);
+      add_matrix(tensor_name(Tensor::TimeMixV1, il), E, rv);
+      add_matrix(tensor_name(Tensor::TimeMixV2, il), rv, E);
+      add_matrix(tensor_name(Tensor::TimeMixG1, il), E, RG);
+      add_matrix(tensor_name(Tensor::TimeMixG2, il), RG, E);
+      add_f32(tensor_name(Tensor::TimeMixKK, il), {E}, 1.0f, 0.1f);
+      add_f32(tensor_name(Tensor::TimeMixKA, il), {E}, 1.0f, 0.1f);
+      add_f32(tensor_name(Tensor::TimeMixRK, il), {E}, 0.0f, 0.1f);
+      add_matrix(tensor_name(Tensor::TimeMixKey, il), E, E);
+      add_matrix(tensor_name(Tensor::TimeMixValue, il), E, E);
+      add_matrix(tensor_name(Tensor::TimeMixReceptance, il), E, E);
+      add_ln(Tensor::TimeMixLn, il);
+      add_matrix(tensor_name(Tensor::TimeMixOutput, il), E, E);
+      add_f32(tensor_name(Tensor::ChannelMixLerpK, il), {E}, 0.5f, 0.2f);
+      add_matrix(tensor_name(Tensor::ChannelMixKey, il), E, sh.n_ff);
+      add_matrix(tensor_name(Tensor::ChannelMixValue, il), sh.n_ff, E);
+    }
+    w.write(out_path);
+    return rep;
+  }
+  if (mla) {
+    // The tensors llama.cpp's deepseek2 loads (attn_k_b [nope, C, H] and attn_v_b [C, dv, H] as
+    // the converter splits kv_b_proj), in its converter's order per layer.
+    const int64_t H = sh.n_head, C = sh.mla_kv_lora, RD = sh.mla_rope, DK = sh.mla_nope + sh.mla_rope;
+    const int64_t QR = sh.mla_q_lora, NE = sh.n_expert, FX = sh.n_ff_exp;
+    for (int64_t il = 0; il < sh.n_layer; ++il) {
+      add_norm(tensor_name(Tensor::AttnNorm, il), E);
+      if (QR > 0) {
+        add_matrix(tensor_name(Tensor::AttnQA, il), E, QR);
+        add_norm(tensor_name(Tensor::AttnQANorm, il), QR);
+        add_matrix(tensor_name(Tensor::AttnQB, il), QR, H * DK);
+      } else {
+        add_matrix(tensor_name(Tensor::AttnQ, il), E, H * DK);
+      }
+      add_matrix(tensor_name(Tensor::AttnKvAMqa, il), E, C + RD);
+      add_norm(tensor_name(Tensor::AttnKvANorm, il), C);
+      add_matrix(tensor_name(Tensor::AttnKB, il), sh.mla_nope, C, 1.0f, H);
+      add_matrix(tensor_name(Tensor::AttnVB, il), C, sh.mla_v, 1.0f, H);
+      add_matrix(tensor_name(Tensor::AttnOutput, il), H * sh.mla_v, E);
+      add_norm(tensor_name(Tensor::FfnNorm, il), E);
+      if (il < sh.n_dense_lead) {
+        add_matrix(tensor_name(Tensor::FfnGate, il), E, sh.n_ff);
+        add_matrix(tensor_name(Tensor::FfnDown, il), sh.n_ff, E);
+        add_matrix(tensor_name(Tensor::FfnUp, il), E, sh.n_ff);
+        continue;
+      }
+      add_matrix(tensor_name(Tensor::FfnGateInp, il), E, NE, 1.0f, 0, /*keep_f32=*/true);
+      if (sh.expert_gating == 2) add_vector(tensor_name(Tensor::FfnExpProbsB, il, "bias"), NE, 0.0f, 0.1f);
+      add_matrix(tensor_name(Tensor::FfnGateExps, il), E, FX, 1.0f, NE);
+      add_matrix(tensor_name(Tensor::FfnUpExps, il), E, FX, 1.0f, NE);
+      add_matrix(tensor_name(Tensor::FfnDownExps, il), FX, E, 1.0f, NE);
+      if (sh.n_expert_shared > 0) {
+        add_matrix(tensor_name(Tensor::FfnGateShexp, il), E, FX * sh.n_expert_shared);
+        add_matrix(tensor_name(Tensor::FfnUpShexp, il), E, FX * sh.n_expert_shared);
+        add_matrix(tensor_name(Tensor::FfnDownShexp, il), FX * sh.n_expert_shared, E);
+      }
+    }
+    w.write(out_path);
+    return rep;
+  }
   if (mamba) {
     // Mamba's initialisation where it shapes the dynamics: A = -(s + 1) for state s (S4D-real),
     // time steps softplus(dt_bias) around 0.1, D = 1, conv taps ~ 1/sqrt(taps).
@@ -376,7 +658,9 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   }
   for (int64_t il = 0; il < sh.n_layer; ++il) {
     add_norm(tensor_name(Tensor::AttnNorm, il), E);
-    if (spec.fused_qkv) {
+    if (ssm_layer(il)) {
+      add_ssm2_mixer(il);
+    } else if (spec.fused_qkv) {
       add_matrix(tensor_name(Tensor::AttnQkv, il), E, Eq + 2 * Ekv);
     } else {
       add_matrix(tensor_name(Tensor::AttnQ, il), E, Eq);
@@ -392,7 +676,7 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
       add_norm(tensor_name(Tensor::AttnQNorm, il), hd);
       add_norm(tensor_name(Tensor::AttnKNorm, il), hd);
     }
-    add_matrix(tensor_name(Tensor::AttnOutput, il), Eq, E);
+    if (!ssm_layer(il)) add_matrix(tensor_name(Tensor::AttnOutput, il), Eq, E);
     if (spec.out_bias) add_vector(tensor_name(Tensor::AttnOutput, il, "bias"), E, 0.0f, 0.1f);
     // Sinks about the scores' own size, so that they take a visible share of each softmax.
     if (spec.attn_sinks) add_vector(tensor_name(Tensor::AttnSinks, il), sh.n_head, 0.0f, 1.0f);
@@ -411,7 +695,7 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
         add_vectors(tensor_name(Tensor::FfnDownExps, il, "bias"), E, NE, 0.1f);
       }
       if (sh.n_ff_shexp > 0) {
-        add_vector(tensor_name(Tensor::FfnGateInpShexp, il), E, 0.0f, 1.0f / std::sqrt(float(E)));
+        if (spec.shared_expert_gate) add_vector(tensor_name(Tensor::FfnGateInpShexp, il), E, 0.0f, 1.0f / std::sqrt(float(E)));
         add_matrix(tensor_name(Tensor::FfnGateShexp, il), E, sh.n_ff_shexp);
         add_matrix(tensor_name(Tensor::FfnUpShexp, il), E, sh.n_ff_shexp);
         add_matrix(tensor_name(Tensor::FfnDownShexp, il), sh.n_ff_shexp, E);

@@ -26,8 +26,24 @@ struct SynthShape {
   // YaRN RoPE scaling (rope.scaling.type yarn) by this factor beyond this original context; 0: none.
   float yarn_factor = 0.0f;
   int64_t yarn_ctx_orig = 0;
-  // State-space layers (arch "mamba"): inner width, state per channel, conv taps, dt rank.
-  int64_t ssm_d_inner = 0, ssm_d_state = 0, ssm_d_conv = 0, ssm_dt_rank = 0;
+  // State-space layers (arch "mamba"): inner width, state per channel, conv taps, dt rank;
+  // "mamba2": ssm_dt_rank is the number of heads and ssm_n_group the B/C groups.
+  int64_t ssm_d_inner = 0, ssm_d_state = 0, ssm_d_conv = 0, ssm_dt_rank = 0, ssm_n_group = 0;
+  // A hybrid (arch "granitehybrid"): the kind of each layer, 'M' Mamba-2 or 'A' attention (at
+  // least n_layer characters; `--layers N` takes the first N). Granite's multipliers (0: not written).
+  const char* layer_kinds = nullptr;
+  float embd_scale = 0.0f, residual_scale = 0.0f, attn_scale = 0.0f, logit_scale = 0.0f;
+  // Multi-head latent attention (arch "deepseek2"): kv_lora_rank > 0. q_lora_rank 0: attn_q
+  // directly; per-head nope / rope / v sizes; leading dense layers (n_ff wide); shared experts
+  // (n_ff_exp each); expert_weights_scale / _norm; gating 1 softmax, 2 sigmoid (with the
+  // selection bias exp_probs_b); expert groups; YaRN's mscale_all_dim (yarn_factor > 0).
+  int64_t mla_q_lora = 0, mla_kv_lora = 0, mla_nope = 0, mla_rope = 0, mla_v = 0;
+  int64_t n_dense_lead = 0, n_expert_shared = 0, expert_gating = 0, n_expert_groups = 0, n_group_used = 0;
+  float expert_weights_scale = 0.0f, yarn_mscale_all_dim = 0.0f;
+  bool expert_weights_norm = false;
+  // RWKV-7 (arch "rwkv7"): wkv.head_size > 0 and the LoRA ranks of w (decay), a (iclr), v (value
+  // residual mix) and g (gate).
+  int64_t rwkv_head_size = 0, rwkv_lora_decay = 0, rwkv_lora_iclr = 0, rwkv_lora_value = 0, rwkv_lora_gate = 0;
   // > 0: weights N(0, (gain^2 / n_in)) and norm weights 1 + N(0, 0.1^2), biases N(0, 0.1^2)
   // (tests: decisive logits, every norm and bias visible in the output); 0: weights N(0, 0.02^2)
   // and norms 1 (benchmarks: the shapes of real models).

@@ -43,6 +43,48 @@ enum class Tensor {
   SsmA,           // blk.N.ssm_a         [d_state, d_inner]   (-exp(A_log), as converted; no suffix)
   SsmD,           // blk.N.ssm_d         [d_inner]            (no suffix)
   SsmOut,         // blk.N.ssm_out       [d_inner, n_embd]
+  // Mamba-2 (G = n_group, H = the SSM's heads): ssm_in is [n_embd, 2 d_inner + 2 G d_state + H]
+  // (z, then x B C, then dt), ssm_conv1d [d_conv, d_inner + 2 G d_state], ssm_dt.bias [H],
+  // ssm_a and ssm_d [1, H], and:
+  SsmNorm,        // blk.N.ssm_norm      [d_inner / G, G]     (the grouped RMSNorm's weight)
+  // Multi-head latent attention (DeepSeek-V2/V3, "deepseek2"; R = q_lora_rank, C = kv_lora_rank,
+  // dk = key_length_mla = nope + rope, dv = value_length_mla):
+  AttnQA,         // blk.N.attn_q_a       [n_embd, R]          (absent when R = 0: attn_q [n_embd, n_head dk])
+  AttnQANorm,     // blk.N.attn_q_a_norm  [R]
+  AttnQB,         // blk.N.attn_q_b       [R, n_head dk]
+  AttnKvAMqa,     // blk.N.attn_kv_a_mqa  [n_embd, C + rope]   (the latent, then the shared roped key)
+  AttnKvANorm,    // blk.N.attn_kv_a_norm [C]
+  AttnKB,         // blk.N.attn_k_b       [nope, C, n_head]    (k_nope = k_b^T latent, per head)
+  AttnVB,         // blk.N.attn_v_b       [C, dv, n_head]      (v = v_b latent, per head)
+  AttnKvB,        // blk.N.attn_kv_b      [C, n_head (nope + dv)]  (older converters; tern asks for k_b / v_b)
+  FfnExpProbsB,   // blk.N.exp_probs_b.bias [n_expert]         (DeepSeek-V3: selection bias of the router)
+  // RWKV-7 ("rwkv7"; E = n_embd, F = feed_forward_length, R* = the LoRA ranks; every norm a
+  // LayerNorm with .weight and .bias; the model's tensors as llama.cpp's converter writes them):
+  TokenEmbdNorm,      // token_embd_norm              [E]        (+ bias; the first LayerNorm)
+  AttnNorm2,          // blk.N.attn_norm_2            [E]        (+ bias; the channel mix's norm)
+  TimeMixLerpFused,   // blk.N.time_mix_lerp_fused    [E, 1, 1, 6] (r w k v a g token-shift mixes, f32)
+  TimeMixW0,          // blk.N.time_mix_w0            [E]
+  TimeMixW1,          // blk.N.time_mix_w1            [E, Rdecay]  (f32)
+  TimeMixW2,          // blk.N.time_mix_w2            [Rdecay, E]  (f32)
+  TimeMixA0,          // blk.N.time_mix_a0            [E]
+  TimeMixA1,          // blk.N.time_mix_a1            [E, Riclr]
+  TimeMixA2,          // blk.N.time_mix_a2            [Riclr, E]
+  TimeMixV0,          // blk.N.time_mix_v0            [E]        (layer 0: unused copies of a0/a1/a2)
+  TimeMixV1,          // blk.N.time_mix_v1            [E, Rvalue_res]
+  TimeMixV2,          // blk.N.time_mix_v2            [Rvalue_res, E]
+  TimeMixG1,          // blk.N.time_mix_g1            [E, Rgate]
+  TimeMixG2,          // blk.N.time_mix_g2            [Rgate, E]
+  TimeMixKK,          // blk.N.time_mix_k_k           [E]
+  TimeMixKA,          // blk.N.time_mix_k_a           [E]
+  TimeMixRK,          // blk.N.time_mix_r_k           [E]
+  TimeMixKey,         // blk.N.time_mix_key           [E, E]
+  TimeMixValue,       // blk.N.time_mix_value         [E, E]
+  TimeMixReceptance,  // blk.N.time_mix_receptance    [E, E]
+  TimeMixLn,          // blk.N.time_mix_ln            [E]        (+ bias; the per-head group norm)
+  TimeMixOutput,      // blk.N.time_mix_output        [E, E]
+  ChannelMixLerpK,    // blk.N.channel_mix_lerp_k     [E]
+  ChannelMixKey,      // blk.N.channel_mix_key        [E, F]
+  ChannelMixValue,    // blk.N.channel_mix_value      [F, E]
 };
 
 // The stem of a tensor's name ("attn_q", "token_embd").

@@ -1,5 +1,6 @@
 // Tiled attention compiled for AVX-512 (see attention_tile_impl.h).
 #include "ops/attention_tile_impl.h"
+#include "ops/wkv7_impl.h"
 
 namespace tern::attn {
 void attention_tile_avx512(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch) {
@@ -10,4 +11,6 @@ void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n) 
 }
 void f32_to_f16_avx512(const float* src, uint16_t* dst, int64_t n) { f32_to_f16_impl(src, dst, n); }
 void ssm_scan_avx512(const SsmScanArgs& a, int64_t c0, int64_t c1) { ssm_scan_impl(a, c0, c1); }
+void ssm2_scan_avx512(const Ssm2ScanArgs& a, int64_t h0, int64_t h1) { ssm2_scan_impl(a, h0, h1); }
+void wkv7_avx512(const Wkv7Args& a, int64_t h0, int64_t h1) { wkv7_impl(a, h0, h1); }
 }  // namespace tern::attn

@@ -88,6 +88,58 @@ struct SsmScanArgs {
   int64_t d_state;
 };
 
+// Mamba-2's scan (models/mamba2.cpp) over one sequence's n_tokens, per head hd of head_dim
+// channels c = hd * head_dim + p, whose B and C are those of group g = hd / heads_per_group:
+//   dt = softplus(dt_raw[t][hd])     (the bias already added; ggml's: dt_raw itself above 20)
+//   h[c][s] = h[c][s] exp(dt A[hd]) + B[t][g][s] (x[t][c] dt)        for s < d_state
+//   y[t][c] = (sum_s h[c][s] C[t][g][s] + D[hd] x[t][c]) silu(z[t][c])
+// One scalar A <= 0 per head (the loader checks), so the decay is one exp per head and token.
+// Rows of each [n_tokens][ld] input are `ld` floats apart; group g's B is at b + g * d_state
+// (C likewise); h is the sequence's state, [n_head * head_dim][d_state], read and left updated.
+struct Ssm2ScanArgs {
+  const float* x;   // [n][ldx], channel c at column c
+  int64_t ldx;
+  const float* dt;  // [n][lddt], head hd at column hd, before softplus
+  int64_t lddt;
+  const float* b;   // [n][ldbc] B of every group; C at c
+  const float* c;
+  int64_t ldbc;
+  const float* z;   // [n][ldz] the gate
+  int64_t ldz;
+  const float* a;   // [n_head]
+  const float* d;   // [n_head]
+  float* h;         // [n_head * head_dim][d_state]
+  float* y;         // [n][ldy]
+  int64_t ldy;
+  int64_t n_tokens;
+  int64_t d_state;
+  int64_t head_dim;
+  int64_t heads_per_group;
+};
+
+// RWKV-7's WKV recurrence (models/rwkv7.cpp; ggml_rwkv_wkv7) over one sequence's n_tokens, per
+// head h of head_size channels (i, j < head_size, index h * head_size + i), with the head's state
+// S [head_size][head_size] (row i: value channel i, column j: key channel j):
+//   sa_i = sum_j a[t][j] S[i][j]
+//   S[i][j] = S[i][j] w[t][j] + v[t][i] k[t][j] + sa_i b[t][j]
+//   y[t][i] = sum_j S[i][j] r[t][j]
+// Rows of each [n_tokens][ld] input are `ld` floats apart; s is the sequence's state, [n_head]
+// [head_size][head_size], read and left updated.
+struct Wkv7Args {
+  const float* r;
+  const float* w;
+  const float* k;
+  const float* v;
+  const float* a;
+  const float* b;
+  int64_t ld;
+  float* s;
+  float* y;  // [n][ldy]
+  int64_t ldy;
+  int64_t n_tokens;
+  int64_t head_size;
+};
+
 namespace attn {
 
 // Keys per tile: the kernel walks the context in blocks of this many positions.
@@ -123,6 +175,14 @@ void f32_to_f16_neon(const float* src, uint16_t* dst, int64_t n);
 void ssm_scan_avx2(const SsmScanArgs& a, int64_t c0, int64_t c1);
 void ssm_scan_avx512(const SsmScanArgs& a, int64_t c0, int64_t c1);
 void ssm_scan_neon(const SsmScanArgs& a, int64_t c0, int64_t c1);
+// Mamba-2's scan (Ssm2ScanArgs) on heads [h0, h1), vectorised over the states.
+void ssm2_scan_avx2(const Ssm2ScanArgs& a, int64_t h0, int64_t h1);
+void ssm2_scan_avx512(const Ssm2ScanArgs& a, int64_t h0, int64_t h1);
+void ssm2_scan_neon(const Ssm2ScanArgs& a, int64_t h0, int64_t h1);
+// RWKV-7's WKV (Wkv7Args) on heads [h0, h1), vectorised over a state row (wkv7_impl.h).
+void wkv7_avx2(const Wkv7Args& a, int64_t h0, int64_t h1);
+void wkv7_avx512(const Wkv7Args& a, int64_t h0, int64_t h1);
+void wkv7_neon(const Wkv7Args& a, int64_t h0, int64_t h1);
 
 }  // namespace attn
 }  // namespace tern

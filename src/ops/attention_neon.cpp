@@ -1,6 +1,7 @@
 // Tiled attention compiled for ARM64 NEON (see attention_tile_impl.h); the three ARM kernel
 // variants (neon, dotprod, i8mm) share it: it is float arithmetic, which dotprod and i8mm do not add to.
 #include "ops/attention_tile_impl.h"
+#include "ops/wkv7_impl.h"
 
 namespace tern::attn {
 void attention_tile_neon(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1, float* scratch) {
@@ -9,4 +10,6 @@ void attention_tile_neon(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_
 void silu_mul_neon(const float* gate, const float* up, float* out, int64_t n) { silu_mul_impl(gate, up, out, n); }
 void f32_to_f16_neon(const float* src, uint16_t* dst, int64_t n) { f32_to_f16_impl(src, dst, n); }
 void ssm_scan_neon(const SsmScanArgs& a, int64_t c0, int64_t c1) { ssm_scan_impl(a, c0, c1); }
+void ssm2_scan_neon(const Ssm2ScanArgs& a, int64_t h0, int64_t h1) { ssm2_scan_impl(a, h0, h1); }
+void wkv7_neon(const Wkv7Args& a, int64_t h0, int64_t h1) { wkv7_impl(a, h0, h1); }
 }  // namespace tern::attn

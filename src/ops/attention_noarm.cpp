@@ -13,5 +13,7 @@ void attention_tile_neon(const AttentionArgs&, int64_t, int64_t, int64_t, float*
 void silu_mul_neon(const float*, const float*, float*, int64_t) { absent("silu_mul_neon"); }
 void f32_to_f16_neon(const float*, uint16_t*, int64_t) { absent("f32_to_f16_neon"); }
 void ssm_scan_neon(const SsmScanArgs&, int64_t, int64_t) { absent("ssm_scan_neon"); }
+void ssm2_scan_neon(const Ssm2ScanArgs&, int64_t, int64_t) { absent("ssm2_scan_neon"); }
+void wkv7_neon(const Wkv7Args&, int64_t, int64_t) { absent("wkv7_neon"); }
 
 }  // namespace tern::attn

@@ -17,5 +17,9 @@ void f32_to_f16_avx2(const float*, uint16_t*, int64_t) { absent("f32_to_f16_avx2
 void f32_to_f16_avx512(const float*, uint16_t*, int64_t) { absent("f32_to_f16_avx512"); }
 void ssm_scan_avx2(const SsmScanArgs&, int64_t, int64_t) { absent("ssm_scan_avx2"); }
 void ssm_scan_avx512(const SsmScanArgs&, int64_t, int64_t) { absent("ssm_scan_avx512"); }
+void ssm2_scan_avx2(const Ssm2ScanArgs&, int64_t, int64_t) { absent("ssm2_scan_avx2"); }
+void ssm2_scan_avx512(const Ssm2ScanArgs&, int64_t, int64_t) { absent("ssm2_scan_avx512"); }
+void wkv7_avx2(const Wkv7Args&, int64_t, int64_t) { absent("wkv7_avx2"); }
+void wkv7_avx512(const Wkv7Args&, int64_t, int64_t) { absent("wkv7_avx512"); }
 
 }  // namespace tern::attn

@@ -402,6 +402,77 @@ inline void ssm_scan_impl(const SsmScanArgs& a, int64_t c0, int64_t c1) {
   }
 }
 
+// Mamba-2's scan (attention_iface.h, Ssm2ScanArgs): per head and token one decay exp(dt A)
+// (expf, as the reference's std::exp), then each channel's d_state states 16 at a time, four
+// channels of the head together (B and C loaded once for the four; four independent sums, so
+// the FMA latency is hidden; each channel's arithmetic is the same as one at a time).
+inline float ssm2_finish(const Ssm2ScanArgs& a, V acc, float* h, const float* B, const float* C, int64_t k0,
+                         float decay, float x, float xdt, int64_t hd, int64_t t, int64_t ch) {
+  float y = vhsum(acc);
+  for (int64_t k = k0; k < a.d_state; ++k) {
+    h[k] = h[k] * decay + B[k] * xdt;
+    y += h[k] * C[k];
+  }
+  y += a.d[hd] * x;
+  const float z = a.z[t * a.ldz + ch];
+  return y * (z / (1.0f + expf(-z)));
+}
+
+inline void ssm2_scan_impl(const Ssm2ScanArgs& a, int64_t h0, int64_t h1) {
+  const int64_t S = a.d_state, P = a.head_dim, S16 = S - S % 16;
+  for (int64_t hd = h0; hd < h1; ++hd) {
+    const int64_t g = hd / a.heads_per_group;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const float raw = a.dt[t * a.lddt + hd];
+      const float dt = raw <= 20.0f ? log1pf(expf(raw)) : raw;
+      const float decay = expf(dt * a.a[hd]);
+      const float* B = a.b + t * a.ldbc + g * S;
+      const float* C = a.c + t * a.ldbc + g * S;
+      const V vdecay = vset1(decay);
+      int64_t p = 0;
+      for (; p + 4 <= P; p += 4) {
+        float* h[4];
+        float x[4], xdt[4];
+        V vxdt[4], acc[4];
+        for (int j = 0; j < 4; ++j) {
+          const int64_t ch = hd * P + p + j;
+          h[j] = a.h + ch * S;
+          x[j] = a.x[t * a.ldx + ch];
+          xdt[j] = x[j] * dt;
+          vxdt[j] = vset1(xdt[j]);
+          acc[j] = vzero();
+        }
+        for (int64_t k = 0; k < S16; k += 16) {
+          const V vb = vload(B + k), vc = vload(C + k);
+          for (int j = 0; j < 4; ++j) {
+            const V hv = vfma(vload(h[j] + k), vdecay, vmul(vb, vxdt[j]));
+            vstore(h[j] + k, hv);
+            acc[j] = vfma(hv, vc, acc[j]);
+          }
+        }
+        for (int j = 0; j < 4; ++j) {
+          const int64_t ch = hd * P + p + j;
+          a.y[t * a.ldy + ch] = ssm2_finish(a, acc[j], h[j], B, C, S16, decay, x[j], xdt[j], hd, t, ch);
+        }
+      }
+      for (; p < P; ++p) {
+        const int64_t ch = hd * P + p;
+        float* h = a.h + ch * S;
+        const float x = a.x[t * a.ldx + ch];
+        const float xdt = x * dt;
+        const V vxdt = vset1(xdt);
+        V acc = vzero();
+        for (int64_t k = 0; k < S16; k += 16) {
+          const V hv = vfma(vload(h + k), vdecay, vmul(vload(B + k), vxdt));
+          vstore(h + k, hv);
+          acc = vfma(hv, vload(C + k), acc);
+        }
+        a.y[t * a.ldy + ch] = ssm2_finish(a, acc, h, B, C, S16, decay, x, xdt, hd, t, ch);
+      }
+    }
+  }
+}
+
 #if !defined(__aarch64__)
 // dst[i * ld + r] = rows[r][d0 + i] for r, i in 0..7: eight 8-element row pieces (f32, or f16
 // widened as loaded, or quantized and dequantized as loaded) transposed in registers (unpack,

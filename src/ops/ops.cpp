@@ -258,6 +258,84 @@ void ssm_scan_isa(Isa isa, const SsmScanArgs& a, int64_t c0, int64_t c1) {
 
 void ssm_scan(const SsmScanArgs& a, int64_t c0, int64_t c1) { ssm_scan_isa(selected_isa(), a, c0, c1); }
 
+namespace {
+// Mamba-2's scan, the scalar reference (attention_iface.h, Ssm2ScanArgs).
+void ssm2_scan_ref(const Ssm2ScanArgs& a, int64_t h0, int64_t h1) {
+  const int64_t S = a.d_state, P = a.head_dim;
+  for (int64_t hd = h0; hd < h1; ++hd) {
+    const int64_t g = hd / a.heads_per_group;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const float raw = a.dt[t * a.lddt + hd];
+      const float dt = raw <= 20.0f ? std::log1p(std::exp(raw)) : raw;
+      const float decay = std::exp(dt * a.a[hd]);
+      const float* B = a.b + t * a.ldbc + g * S;
+      const float* C = a.c + t * a.ldbc + g * S;
+      for (int64_t p = 0; p < P; ++p) {
+        const int64_t ch = hd * P + p;
+        float* h = a.h + ch * S;
+        const float x = a.x[t * a.ldx + ch];
+        float y = 0.0f;
+        for (int64_t k = 0; k < S; ++k) {
+          h[k] = h[k] * decay + B[k] * (x * dt);
+          y += h[k] * C[k];
+        }
+        y += a.d[hd] * x;
+        const float z = a.z[t * a.ldz + ch];
+        a.y[t * a.ldy + ch] = y * (z / (1.0f + std::exp(-z)));
+      }
+    }
+  }
+}
+}  // namespace
+
+void ssm2_scan_isa(Isa isa, const Ssm2ScanArgs& a, int64_t h0, int64_t h1) {
+  switch (isa) {
+    case Isa::Avx512: attn::ssm2_scan_avx512(a, h0, h1); break;
+    case Isa::Avx2: attn::ssm2_scan_avx2(a, h0, h1); break;
+    case Isa::Neon: case Isa::Dotprod: case Isa::I8mm: attn::ssm2_scan_neon(a, h0, h1); break;
+    default: ssm2_scan_ref(a, h0, h1);
+  }
+}
+
+void ssm2_scan(const Ssm2ScanArgs& a, int64_t h0, int64_t h1) { ssm2_scan_isa(selected_isa(), a, h0, h1); }
+
+namespace {
+// RWKV-7's WKV, the scalar reference (attention_iface.h, Wkv7Args), in ggml's order of operations.
+void wkv7_ref(const Wkv7Args& a, int64_t h0, int64_t h1) {
+  const int64_t N = a.head_size;
+  for (int64_t h = h0; h < h1; ++h) {
+    float* S = a.s + h * N * N;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const int64_t o = t * a.ld + h * N;
+      const float *r = a.r + o, *w = a.w + o, *k = a.k + o, *v = a.v + o, *aa = a.a + o, *b = a.b + o;
+      float* y = a.y + t * a.ldy + h * N;
+      for (int64_t i = 0; i < N; ++i) {
+        float* row = S + i * N;
+        float sa = 0.0f;
+        for (int64_t j = 0; j < N; ++j) sa += aa[j] * row[j];
+        float acc = 0.0f;
+        for (int64_t j = 0; j < N; ++j) {
+          row[j] = row[j] * w[j] + v[i] * k[j] + sa * b[j];
+          acc += row[j] * r[j];
+        }
+        y[i] = acc;
+      }
+    }
+  }
+}
+}  // namespace
+
+void wkv7_isa(Isa isa, const Wkv7Args& a, int64_t h0, int64_t h1) {
+  switch (isa) {
+    case Isa::Avx512: attn::wkv7_avx512(a, h0, h1); break;
+    case Isa::Avx2: attn::wkv7_avx2(a, h0, h1); break;
+    case Isa::Neon: case Isa::Dotprod: case Isa::I8mm: attn::wkv7_neon(a, h0, h1); break;
+    default: wkv7_ref(a, h0, h1);
+  }
+}
+
+void wkv7(const Wkv7Args& a, int64_t h0, int64_t h1) { wkv7_isa(selected_isa(), a, h0, h1); }
+
 void convert_f32_to_f16_isa(Isa isa, const float* src, uint16_t* dst, int64_t n) {
   if (!isa_supported(isa)) fail("f16 conversion variant ", isa_name(isa), " is not supported by this CPU");
   f32_to_f16_with(isa, src, dst, n);

@@ -71,6 +71,15 @@ void swiglu_oai(const float* gate, const float* up, float* out, int64_t n);
 // std::exp; the SIMD variants the attention kernels' exp (relative error ~2e-7).
 void ssm_scan(const SsmScanArgs& a, int64_t c0, int64_t c1);
 void ssm_scan_isa(Isa isa, const SsmScanArgs& a, int64_t c0, int64_t c1);
+// Mamba-2's scan (Ssm2ScanArgs, ops/attention_iface.h) on heads [h0, h1): a scalar decay per
+// head and B/C shared by a group's heads; the variants as for ssm_scan (the decay is std::exp
+// in every one of them, so they differ from the reference only in the order of the sums).
+void ssm2_scan(const Ssm2ScanArgs& a, int64_t h0, int64_t h1);
+void ssm2_scan_isa(Isa isa, const Ssm2ScanArgs& a, int64_t h0, int64_t h1);
+// RWKV-7's WKV recurrence (Wkv7Args, ops/attention_iface.h) on heads [h0, h1); the variants
+// differ from the scalar reference only in the order of the sums (tests/ops/test_attention.cpp).
+void wkv7(const Wkv7Args& a, int64_t h0, int64_t h1);
+void wkv7_isa(Isa isa, const Wkv7Args& a, int64_t h0, int64_t h1);
 // x = cap * tanh(x / cap) elementwise (final-logit soft-capping).
 void softcap_inplace(float* x, int64_t n, float cap);
 

@@ -130,11 +130,13 @@ MemoryInfo read_memory_info() {
 }
 
 ContextPlan plan_context(const ContextRequest& r) {
-  if (r.hparams.recurrent()) {
+  if (r.hparams.recurrent() && !r.hparams.hybrid()) {  // (a hybrid's attention layers size a cache below)
     // A state-space model's memory does not grow with the context (a fixed state per
-    // sequence): the context is what was asked for, else the training context.
+    // sequence): the context is what was asked for, else the training context; a server's
+    // default stops at 2^18 positions (each has a slot in the engine's block bookkeeping).
     ContextPlan p;
-    p.n_ctx = r.n_ctx > 0 ? r.n_ctx : r.hparams.n_ctx_train;
+    p.n_ctx = r.n_ctx > 0 ? r.n_ctx : r.serving ? std::min<int64_t>(r.hparams.n_ctx_train, int64_t(1) << 18)
+                                                : r.hparams.n_ctx_train;
     return p;
   }
   const int64_t per_token = kv_bytes_per_token(r.hparams, r.kv_type);

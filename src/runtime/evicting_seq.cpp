@@ -8,10 +8,18 @@ namespace tern {
 
 void check_policy_for_model(const KvPolicy& policy, const Model& model, const std::string& what) {
   if (!policy.evicts()) return;
+  if (model.hparams().hybrid())
+    fail(what, ": --kv-policy ", policy.describe(), " cannot be honoured by this model: ", model.hparams().arch,
+         " is a hybrid whose Mamba-2 layers keep a fixed-size state per sequence, which has taken in every token "
+         "and cannot drop one as its attention layers' K/V would (use --kv-policy none)");
   if (model.hparams().recurrent())
     fail(what, ": --kv-policy ", policy.describe(), " has nothing to evict: ", model.hparams().arch,
          " is a state-space model whose memory is a fixed-size state per sequence, with no K/V cache "
          "(use --kv-policy none; its context is unbounded already)");
+  if (model.hparams().is_mla())
+    fail(what, ": --kv-policy ", policy.describe(), " is not supported for ", model.hparams().arch,
+         ": its cache holds one compressed latent per token shared by every head (multi-head latent attention), "
+         "with no per-head keys to weigh or re-rotate (use --kv-policy none)");
   if (model.hparams().n_swa > 0)
     fail(what, ": --kv-policy ", policy.describe(), " cannot be honoured by this model: its sliding-window ",
          "layers mask keys by their distance in the cache, which eviction changes (use --kv-policy none)");

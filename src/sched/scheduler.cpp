@@ -7,7 +7,8 @@
 
 namespace tern {
 
-Scheduler::Scheduler(const SchedulerConfig& cfg, KvCacheManager& kv) : cfg_(cfg), kv_(kv) {
+Scheduler::Scheduler(const SchedulerConfig& cfg, KvCacheManager& kv, StateSlots* states)
+    : cfg_(cfg), kv_(kv), states_(states) {
   TERN_ASSERT(cfg_.max_batch_tokens > 0 && cfg_.max_running > 0 && cfg_.watermark_blocks >= 0);
   plan_.seqs.reserve(size_t(std::min<int64_t>(cfg_.max_running, 4096)));
 }
@@ -69,8 +70,19 @@ void Scheduler::fork(SeqId parent, SeqId child) {
   c.id = child;
   c.priority = pp.priority;
   c.order = pp.order;
-  c.running = true;
   c.tokens = pp.tokens;
+  c.table = BlockTable::with_root(pp.table.root_key);
+  if (states_) {
+    c.state_slot = states_->acquire();
+    if (c.state_slot < 0) {
+      // No state to copy into: the child waits and is recomputed from its tokens.
+      c.prefix_lookup = pp.prefix_lookup;
+      insert_sorted(waiting_, &c);
+      return;
+    }
+    state_copies_.push_back(StateCopy{pp.state_slot, c.state_slot});
+  }
+  c.running = true;
   kv_.fork(pp.table, c.table);
   insert_sorted(running_, &c);
 }
@@ -107,6 +119,7 @@ void Scheduler::remove(SeqId id) {
   Seq& s = it->second;
   erase_from(s.running ? running_ : waiting_, &s);
   kv_.free(s.table);
+  give_back_state(s);
   seqs_.erase(it);
 }
 
@@ -114,6 +127,35 @@ bool Scheduler::is_running(SeqId id) const { return get(id).running; }
 std::span<const int32_t> Scheduler::tokens(SeqId id) const { return get(id).tokens; }
 const BlockTable& Scheduler::block_table(SeqId id) const { return get(id).table; }
 int64_t Scheduler::n_preempted(SeqId id) const { return get(id).n_preempted; }
+int32_t Scheduler::state_slot(SeqId id) const { return get(id).state_slot; }
+
+void Scheduler::give_back_state(Seq& s) {
+  if (s.state_slot < 0) return;
+  // A copy into the slot not done yet (a fork's) would land in someone else's state.
+  std::erase_if(state_copies_, [&](const StateCopy& c) { return c.dst == s.state_slot; });
+  states_->release(s.state_slot);
+  s.state_slot = -1;
+}
+
+int64_t Scheduler::align_chunk(const Seq& s, int64_t n) const {
+  if (!snapshots()) return n;
+  if (s.snapshot_at > s.table.n_computed && s.snapshot_at < s.table.n_computed + n) return s.snapshot_at - s.table.n_computed;
+  const int64_t bs = kv_.block_size();
+  const int64_t end = (s.table.n_computed + n) / bs * bs;
+  return end > s.table.n_computed ? end - s.table.n_computed : n;
+}
+
+int32_t Scheduler::resume_point(Seq& s) {
+  int64_t j = int64_t(s.table.blocks.size());
+  int32_t snap = -1;
+  for (; j > 0 && snap < 0; --j) {
+    const BlockId b = s.table.blocks[size_t(j - 1)];
+    snap = states_->find_snapshot(b, kv_.pool().publication(b));
+    if (snap >= 0) break;
+  }
+  kv_.truncate_match(s.table, j);
+  return snap;
+}
 
 int64_t Scheduler::n_prefill_pending() const {
   int64_t n = 0;
@@ -154,6 +196,7 @@ void Scheduler::preempt(Seq& s) {
   }
   s.draft.clear();
   kv_.free(s.table);  // recomputed from its tokens when it runs again
+  give_back_state(s);
   erase_from(running_, &s);
   s.running = false;
   insert_sorted(waiting_, &s);
@@ -175,7 +218,7 @@ void Scheduler::plan_seq(Seq& s, int64_t n, bool prefill, int64_t n_draft) {
   }
   const bool sample = n_past + n == int64_t(s.tokens.size());
   s.plan_index = int32_t(plan_.seqs.size());
-  plan_.seqs.push_back(ScheduledSeq{s.id, n_past, n, sample, prefill, n_draft});
+  plan_.seqs.push_back(ScheduledSeq{s.id, n_past, n, sample, prefill, n_draft, s.state_slot});
   if (prefill) prefill_planned_ += n;
   plan_.n_tokens += n;
   plan_.shape.add(n_past, n, sample);
@@ -287,6 +330,7 @@ const StepPlan& Scheduler::schedule() {
         n = tokens_that_fit(s, want, kv_.n_free_blocks());
       }
       if (!s.running) break;  // s was the newest: everyone after it is gone too
+      if (pass == 1) n = align_chunk(s, n);
       plan_seq(s, n, /*prefill=*/pass == 1);
     }
   }
@@ -295,7 +339,17 @@ const StepPlan& Scheduler::schedule() {
   while (plan_.preempted.empty() && !waiting_.empty() && budget_ > 0 &&
          int64_t(running_.size()) < cfg_.max_running) {
     Seq& s = *waiting_.front();
-    if (s.table.blocks.empty() && s.prefix_lookup) kv_.match_prefix(s.table, s.tokens);
+    if (states_ && states_->n_free() == 0) break;  // FCFS: it waits for a state slot
+    int32_t snapshot = -1;
+    if (s.table.blocks.empty() && s.prefix_lookup) {
+      const int64_t matched = kv_.match_prefix(s.table, s.tokens);
+      // Without a snapshot a recurrent state cannot start past position 0. A match deeper than
+      // the snapshot is a shared beginning: snapshot its end on the way.
+      if (states_) {
+        snapshot = resume_point(s);
+        if (snapshots() && matched > s.table.n_computed) s.snapshot_at = matched;
+      }
+    }
     const int64_t remaining = int64_t(s.tokens.size()) - s.table.n_computed;
     TERN_ASSERT(remaining > 0);
     const int64_t reserve_for_running = running_.empty() ? 0 : cfg_.watermark_blocks;
@@ -303,7 +357,7 @@ const StepPlan& Scheduler::schedule() {
     const int64_t chunk = s.max_step > 0 ? std::min({remaining, budget_, s.max_step}) : std::min(remaining, budget_);
     const int64_t want = tokens_in_time(s, chunk);
     if (want < chunk) plan_.time_limited = true;
-    const int64_t n = free_blocks > 0 && want > 0 ? tokens_that_fit(s, want, free_blocks) : 0;
+    const int64_t n = free_blocks > 0 && want > 0 ? align_chunk(s, tokens_that_fit(s, want, free_blocks)) : 0;
     if (n == 0) {
       // Strict FCFS: nobody overtakes the head of the queue. Matched blocks go back (still
       // cached) so that waiting holds no blocks.
@@ -312,6 +366,10 @@ const StepPlan& Scheduler::schedule() {
     }
     waiting_.erase(waiting_.begin());
     s.running = true;
+    if (states_) {
+      s.state_slot = states_->acquire();
+      if (snapshot >= 0) state_copies_.push_back(StateCopy{snapshot, s.state_slot});
+    }
     insert_sorted(running_, &s);
     plan_seq(s, n, /*prefill=*/true);
   }
@@ -331,6 +389,26 @@ void Scheduler::commit() {
     s.n_draft_planned = s.n_draft_accepted = 0;
     kv_.commit(s.table, e.n_tokens - n_rejected, s.tokens);
     s.plan_index = -1;
+    // The state right after a published block's last token: a snapshot for prefix reuse.
+    const int64_t bs = kv_.block_size();
+    if (snapshots() && s.state_slot >= 0 && s.table.n_computed > 0 && s.table.n_computed % bs == 0) {
+      if (s.table.n_computed >= s.snapshot_at) s.snapshot_at = 0;
+      const BlockId b = kv_.published_block(s.table, s.table.n_computed / bs - 1, s.tokens);
+      const uint64_t pub = b == kNoBlock ? 0 : kv_.pool().publication(b);
+      // A prompt's snapshots are kept least recently used first (a shared system prompt's is
+      // hit again and stays); generated text keeps only its sequence's deepest one.
+      const int32_t dst = e.prefill ? states_->snapshot_slot_for(b, pub)
+                                    : states_->replace_snapshot(s.decode_snapshot, s.decode_snapshot_block,
+                                                                s.decode_snapshot_pub, b, pub);
+      if (dst >= 0) {
+        state_copies_.push_back(StateCopy{s.state_slot, dst});
+        if (!e.prefill) {
+          s.decode_snapshot = dst;
+          s.decode_snapshot_block = b;
+          s.decode_snapshot_pub = pub;
+        }
+      }
+    }
   }
   kv_.clear_copies();
   planned_ = false;
@@ -342,6 +420,8 @@ void Scheduler::rollback() {
     drop_drafts(s);
     kv_.rollback(s.table);
     s.plan_index = -1;
+    // The failed forward may have advanced the state: recompute from position 0.
+    if (s.state_slot >= 0) kv_.free(s.table);
   }
   kv_.clear_copies();
   planned_ = false;
@@ -366,6 +446,19 @@ void Scheduler::check_invariants() const {
     for (BlockId b : s.table.blocks) TERN_ASSERT(kv_.pool().ref_count(b) > 0);
   }
   kv_.pool().check_invariants();
+  if (states_) {
+    states_->check_invariants();
+    std::vector<uint8_t> seen(size_t(states_->n_seq_slots()), 0);
+    for (const Seq* s : running_) {
+      TERN_ASSERT(s->state_slot >= 0 && s->state_slot < states_->n_seq_slots() && states_->held(s->state_slot));
+      TERN_ASSERT_MSG(!seen[size_t(s->state_slot)], "two running sequences share a state slot");
+      seen[size_t(s->state_slot)] = 1;
+    }
+    for (const Seq* s : waiting_) TERN_ASSERT(s->state_slot < 0);
+    TERN_ASSERT(int64_t(running_.size()) + states_->n_free() == states_->n_seq_slots());
+  } else {
+    for (const auto& [id, s] : seqs_) TERN_ASSERT(s.state_slot < 0);
+  }
 }
 
 }  // namespace tern

@@ -29,6 +29,19 @@
 // sequence's tokens and drops the rest with their slots, so the prefix cache never hashes an
 // unverified token.
 //
+// Recurrent models (kv/state_slots.h): with a StateSlots, every running sequence holds one
+// state slot (ScheduledSeq::state_slot), taken at admission and given back when it is
+// preempted (recomputed later from position 0, where the model zeroes its state) or removed;
+// a sequence is admitted only when a slot is free. A fork copies the parent's state into the
+// child's slot, or, with none free, the child waits and is recomputed from its tokens. A
+// prefix-cache hit resumes from the deepest matched block that has a state snapshot (blocks
+// past it are given back); prefill chunks end at block boundaries where they can (the tail of a
+// prompt after its last full block is a chunk of its own), and commit()
+// snapshots the state of each sequence that ends a published block. The state copies this
+// implies are listed in pending_state_copies(): the engine does them, in order, after
+// schedule() (before the forward) and after commit(). A recurrent sequence of a step that is
+// rolled back restarts from position 0 (the failed forward may have advanced its state).
+//
 // Not thread-safe (owned by the engine thread).
 #include <cstdint>
 #include <span>
@@ -36,6 +49,7 @@
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
+#include "kv/state_slots.h"
 #include "sched/step_cost.h"
 
 namespace tern {
@@ -58,6 +72,7 @@ struct ScheduledSeq {
   bool sample = false;   // the step reaches the sequence's last known token: sample the next one
   bool prefill = false;  // a prompt (or recompute) chunk, passes 2 and 3; false: a decode
   int64_t n_draft = 0;   // a decode's draft tokens: the last n_draft of its n_tokens
+  int32_t state_slot = -1;  // its recurrent state's slot (with StateSlots), else -1
 };
 
 struct StepPlan {
@@ -72,7 +87,8 @@ struct StepPlan {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerConfig& cfg, KvCacheManager& kv);
+  // states: the recurrent models' state slots (see above), or null. Both must outlive it.
+  Scheduler(const SchedulerConfig& cfg, KvCacheManager& kv, StateSlots* states = nullptr);
 
   // A new waiting sequence with its prompt (not empty). priority: lower runs first.
   // prefix_lookup false: the sequence never starts from cached blocks (it computes its whole
@@ -118,6 +134,12 @@ class Scheduler {
   std::span<const int32_t> tokens(SeqId id) const;
   const BlockTable& block_table(SeqId id) const;
   int64_t n_preempted(SeqId id) const;
+  int32_t state_slot(SeqId id) const;  // -1: none (waiting, or no StateSlots)
+
+  // State copies to do, in order (see above); the caller clears them once done.
+  const std::vector<StateCopy>& pending_state_copies() const { return state_copies_; }
+  void clear_state_copies() { state_copies_.clear(); }
+  const StateSlots* states() const { return states_; }
 
   int64_t n_running() const { return int64_t(running_.size()); }
   int64_t n_waiting() const { return int64_t(waiting_.size()); }
@@ -146,6 +168,14 @@ class Scheduler {
     std::vector<int32_t> draft;    // set_draft()'s proposal for the next step
     int64_t n_draft_planned = 0;   // drafts appended to `tokens` for this step
     int64_t n_draft_accepted = 0;  // accept_drafts()
+    int32_t state_slot = -1;       // held while running (with StateSlots)
+    // The snapshot it saved last while decoding (replaced by its next one; StateSlots).
+    int32_t decode_snapshot = -1;
+    BlockId decode_snapshot_block = kNoBlock;
+    uint64_t decode_snapshot_pub = 0;
+    // A position where its prompt is known to be shared (a prefix hit deeper than any snapshot):
+    // its chunk stops there and commit() snapshots it, for the next one to resume from.
+    int64_t snapshot_at = 0;
   };
   static bool before(const Seq* a, const Seq* b);  // (priority, order, id)
   Seq& get(SeqId id);
@@ -162,9 +192,20 @@ class Scheduler {
   // With a step-time target in force this step: the largest m <= want prefill tokens of s
   // that keep the predicted step time under it (at least 1 when the step has no prefill yet).
   int64_t tokens_in_time(const Seq& s, int64_t want) const;
+  // Recurrent states with snapshots: a prefill chunk ends at the sequence's snapshot_at when it
+  // lies inside, else at the last block boundary inside it, if any, so that commit() can
+  // snapshot there (a prompt's tail after its last full block is one more, short chunk).
+  int64_t align_chunk(const Seq& s, int64_t n) const;
+  bool snapshots() const { return states_ && states_->n_snapshot_slots() > 0 && kv_.prefix_caching(); }
+  // A waiting sequence's prefix hit cut back to the deepest block with a snapshot; returns its
+  // snapshot slot (-1: starts from position 0).
+  int32_t resume_point(Seq& s);
+  void give_back_state(Seq& s);  // releases its slot and drops copies into it
 
   SchedulerConfig cfg_;
   KvCacheManager& kv_;
+  StateSlots* states_ = nullptr;
+  std::vector<StateCopy> state_copies_;
   std::unordered_map<SeqId, Seq> seqs_;
   std::vector<Seq*> running_;   // sorted by before(): the back is preempted first
   std::vector<Seq*> waiting_;   // sorted by before(): the front is admitted first

@@ -158,6 +158,11 @@ std::string ServerMetrics::render(const EngineMetrics& em, const ConnectionCount
   gauge("tern_kv_cache_usage_ratio", "Used / total KV blocks.",
         em.kv_blocks_total > 0 ? double(em.kv_blocks_used) / double(em.kv_blocks_total) : 0.0);
   gauge("tern_kv_cache_bytes", "Bytes of the KV arena.", double(em.kv_bytes));
+  if (em.state_slots_total > 0) {  // a recurrent (state-space) model: one state per running request
+    gauge("tern_state_slots_total", "Recurrent state slots (the most requests running at once).", double(em.state_slots_total));
+    gauge("tern_state_slots_used", "Recurrent state slots held by running requests.", double(em.state_slots_used));
+    gauge("tern_state_snapshots", "Recurrent states kept at block boundaries for prefix reuse.", double(em.state_snapshots));
+  }
   gauge("tern_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens, since start.",
         em.prefix_hit_rate);
   counter("tern_engine_prompt_tokens_total", "Prompt tokens the engine processed.", double(em.prompt_tokens_total));

@@ -1,6 +1,7 @@
 // tern bench: llama-bench-style prompt processing (pp) and generation (tg) throughput,
 // medians over repetitions after a warm-up, with the memory-bandwidth roofline for decode and,
 // with --roofline, the compute roofline for prefill (tools/compute_probe.h).
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -8,6 +9,7 @@
 #include "core/error.h"
 #include "core/stats.h"
 #include "kernels/matmul.h"
+#include "models/model.h"
 #include "tools/bandwidth_probe.h"
 #include "tools/bench_spec.h"
 #include "tools/compute_probe.h"
@@ -113,6 +115,11 @@ int cmd_bench(int argc, char** argv) {
                  "with --lookup or --draft: generate -n tokens greedily from each prompt in FILE (one per line, \\n "
                  "for a newline), plainly and speculatively in turn, and report both decode speeds, the speedup and "
                  "the acceptance (instead of pp/tg)");
+  std::vector<int64_t> depths;
+  app.add_option("--depth", depths,
+                 "also time tg (-n tokens) after a context of D tokens, for each D (comma-separated, as "
+                 "llama-bench -d): decode cost and cache bytes against the context")
+      ->delimiter(',')->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   const SpecConfig spec = spec_config_from_args(spec_args);
@@ -129,6 +136,11 @@ int cmd_bench(int argc, char** argv) {
   if (n_prompt == 0 && n_gen == 0 && verify_max == 0) fail("nothing to measure: -p and -n are both 0");
   margs.ctx = std::max<int64_t>(n_prompt, n_gen) + 1;
   if (verify_max > 0) margs.ctx = std::max<int64_t>(margs.ctx, verify_ctx + verify_max);
+  if (!depths.empty()) {
+    if (n_gen == 0) fail("--depth times -n generated tokens after each context: -n must be > 0");
+    // Each depth's context, then a warm-up and `reps` timed runs that continue from it.
+    margs.ctx = std::max<int64_t>(margs.ctx, *std::max_element(depths.begin(), depths.end()) + n_gen * (reps + 1) + 1);
+  }
   margs.batch = std::max<int64_t>({int64_t(1), std::min<int64_t>(n_prompt, 512), int64_t(verify_max)});
   LoadedSession ls = open_session(margs);
   Session& s = *ls.session;
@@ -229,6 +241,41 @@ int cmd_bench(int argc, char** argv) {
     }
     for (auto& v : runs) verify_ms.push_back(percentile(v, 50));
   }
+  // Decode after a context of each depth (llama-bench -d): the context is prefilled once (random
+  // tokens, untimed), then `reps` runs of n_gen tokens continue from it (the context grows by
+  // n_gen per run, negligible beside the depth). The cache bytes are those the sequence holds at
+  // the depth: K/V rows of every position plus a recurrent model's fixed state.
+  struct DepthRun {
+    int64_t depth = 0;
+    double tg_tok_s = 0;
+    int64_t cache_bytes = 0;
+  };
+  std::vector<DepthRun> depth_runs;
+  const int64_t kv_per_token = kv_bytes_per_token(s.hparams(), s.kv_type());
+  const int64_t state_per_seq = make_kv_store(s.hparams(), 0, s.kv_type(), 1).state_bytes_per_slot();
+  if (!depths.empty()) {
+    Progress dprog("bench --depth", int64_t(depths.size()), !json);
+    std::vector<int32_t> ctx_tokens;
+    for (const int64_t d : depths) {
+      ctx_tokens.resize(size_t(d));
+      for (auto& t : ctx_tokens) t = pick(rng);
+      s.reset();
+      s.eval(ctx_tokens);
+      std::vector<double> runs;
+      for (int r = -1; r < reps; ++r) {  // run -1: warm-up
+        int32_t tok = pick(rng);
+        const int64_t t0 = now_ns();
+        for (int64_t i = 0; i < n_gen; ++i) {
+          s.eval(std::span<const int32_t>(&tok, 1));
+          tok = pick(rng);
+        }
+        if (r >= 0) runs.push_back(double(n_gen) / (double(now_ns() - t0) / 1e9));
+      }
+      depth_runs.push_back(DepthRun{d, percentile(runs, 50), d * kv_per_token + state_per_seq});
+      dprog.update(int64_t(depth_runs.size()));
+    }
+    dprog.finish();
+  }
   const ParallelBenchReport parallel = parallel_bench_report(n_prompt > 0 ? std::function<void()>([&] { run_pp(); }) : nullptr);
   const double bw = bw_runs.empty() ? 0.0 : percentile(bw_runs, 50);
   const double pp_med = percentile(pp, 50), tg_med = percentile(tg, 50);
@@ -257,8 +304,8 @@ int cmd_bench(int argc, char** argv) {
                         {"pp_runs", pp},
                         {"tg_runs", tg},
                         {"weight_bytes", weight_bytes},
-                        {"kv_bytes_per_token", kv_bytes_per_token(s.hparams(), s.kv_type())},
-                        {"state_bytes_per_sequence", s.hparams().state_floats() * s.hparams().n_layer * int64_t(sizeof(float))},
+                        {"kv_bytes_per_token", kv_per_token},
+                        {"state_bytes_per_sequence", state_per_seq},
                         {"bytes_per_token", per_token},
                         {"bandwidth_gb_s", bw},
                         {"bandwidth_runs", bw_runs},
@@ -288,6 +335,12 @@ int cmd_bench(int argc, char** argv) {
       j["pp_gflops"] = pp_gflops;
       j["pp_compute_peak"] = pp_peak ? pp_peak->name : "";
       j["pp_compute_pct"] = pp_compute_pct;
+    }
+    if (!depth_runs.empty()) {
+      nlohmann::json dj = nlohmann::json::array();
+      for (const DepthRun& d : depth_runs)
+        dj.push_back({{"depth", d.depth}, {"tg_tok_s", d.tg_tok_s}, {"cache_bytes", d.cache_bytes}});
+      j["depth_runs"] = dj;
     }
     if (!parallel.json.is_null()) j["parallel"] = parallel.json;
     std::printf("%s\n", j.dump().c_str());
@@ -330,6 +383,14 @@ int cmd_bench(int argc, char** argv) {
     else if (n_prompt > 0)
       std::printf("\npp%lld: no %s peak on this CPU to compare with\n", static_cast<long long>(n_prompt),
                   compute_peak_for(type, s.hparams().n_embd));
+  }
+  if (!depth_runs.empty()) {
+    std::printf("\n| depth (context tokens) | tg%lld t/s (median of %d) | x depth %lld | cache bytes (K/V + state) |\n"
+                "|---|---|---|---|\n",
+                static_cast<long long>(n_gen), reps, static_cast<long long>(depth_runs[0].depth));
+    for (const DepthRun& d : depth_runs)
+      std::printf("| %lld | %.2f | %.2f | %s |\n", static_cast<long long>(d.depth), d.tg_tok_s,
+                  d.tg_tok_s / depth_runs[0].tg_tok_s, format_bytes(d.cache_bytes).c_str());
   }
   if (!parallel.text.empty()) std::printf("%s", parallel.text.c_str());
   return 0;

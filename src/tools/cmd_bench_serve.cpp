@@ -555,6 +555,8 @@ int cmd_bench_serve(int argc, char** argv) {
     j["kv_block_size"] = kv_block_size;
     j["kv_used_bytes_peak"] = st.kv_used_peak * block_bytes;
     j["kv_waste_pct"] = st.waste_pct;
+    j["state_slots"] = m.state_slots_total;  // recurrent models: one state per running request
+    j["state_snapshots"] = m.state_snapshots;
     j["prefix_hit_rate"] = st.hit_rate;
     j["preemptions"] = st.preempted;
     j["max_running"] = st.max_running_seen;
@@ -673,6 +675,10 @@ int cmd_bench_serve(int argc, char** argv) {
       format_bytes(m.kv_bytes).c_str(), static_cast<long long>(m.kv_blocks_total),
       static_cast<long long>(kv_block_size), format_bytes(st.kv_used_peak * block_bytes).c_str(),
       st.waste_pct, 100.0 * st.hit_rate, static_cast<long long>(st.preempted), format_bytes(rss).c_str());
+  if (m.state_slots_total > 0)
+    std::printf("recurrent states        %10lld slots (one per running request; the KV arena holds them and %lld "
+                "prefix snapshots)\n",
+                static_cast<long long>(m.state_slots_total), static_cast<long long>(m.state_snapshots));
   if (speculative)
     std::printf("speculative             %10.2f %% accepted (%lld of %lld drafted), %.2f tokens per verify step; %s\n",
                 100.0 * st.acceptance(), static_cast<long long>(st.accepted), static_cast<long long>(st.drafted),

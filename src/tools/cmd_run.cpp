@@ -164,7 +164,7 @@ int cmd_run(int argc, char** argv) {
   // recurrent state per sequence (0 for a transformer): MLA's, GQA's and SSMs' savings side by side.
   const HParams& hp = ls.session->hparams();
   const int64_t kv_per_token = kv_bytes_per_token(hp, ls.session->kv_type());
-  const int64_t state_per_seq = hp.state_floats() * hp.n_layer * int64_t(sizeof(float));
+  const int64_t state_per_seq = hp.state_floats_per_sequence() * int64_t(sizeof(float));
   const int64_t rss = peak_rss_bytes();
   if (json) {
     nlohmann::json j;

@@ -13,6 +13,8 @@
 #include "compress_test_util.h"
 #include "compress/quantize.h"
 #include "gguf/gguf.h"
+#include "models/model.h"
+#include "core/thread_pool.h"
 
 namespace tern {
 namespace {
@@ -189,6 +191,66 @@ TEST(Quantize, Mxfp4MoeRuleQuantizesTheExperts) {
   for (const char* name : {"blk.0.attn_q.weight", "output.weight", "blk.1.ffn_down_exps.weight"})
     EXPECT_EQ(tensor_of(rep_pure, name)["type"], "mxfp4") << name;
   ASSERT_EQ(run_command(std::string(TERN_BINARY) + " run -m " + pure + " -p hello -n 4 --temp 0", &o), 0) << o;
+}
+
+// State-space models: the conv taps (Mamba's and Mamba-2's ssm_conv1d, 2-D with rows of 4) and
+// Mamba-2's 2-D grouped ssm_norm stay f32, as llama-quantize keeps them (the loaders refuse any
+// other type), ssm_a / ssm_d are copied, the projections quantized; both files load and run.
+TEST(Quantize, StateSpaceConvAndNormsAreKept) {
+  for (const char* shape : {"mamba-tiny", "mamba2-tiny"}) {
+    SCOPED_TRACE(shape);
+    const std::string src = temp_path(std::string(shape) + "-f32.gguf"), out = temp_path(std::string(shape) + "-q8.gguf");
+    std::string o;
+    ASSERT_EQ(run_command(std::string(TERN_BINARY) + " synth --shape " + shape + " -o " + src, &o), 0) << o;
+    const auto rep = quantize_json(src + " " + out + " --type q8_0");
+    for (const char* name : {"blk.0.ssm_conv1d.weight", "blk.2.ssm_conv1d.weight", "blk.1.ssm_a", "blk.1.ssm_d"})
+      EXPECT_EQ(tensor_of(rep, name)["type"], "f32") << name;
+    if (std::string(shape) == "mamba2-tiny") {
+      EXPECT_EQ(tensor_of(rep, "blk.1.ssm_norm.weight")["type"], "f32");
+    }
+    for (const char* name : {"blk.0.ssm_in.weight", "blk.2.ssm_out.weight"})
+      EXPECT_EQ(tensor_of(rep, name)["type"], "q8_0") << name;
+    // The loaders read the conv taps and norms as f32 only: the file loads and runs a step.
+    auto model = load_model(std::make_shared<const GgufFile>(GgufFile::open(out)));
+    model->reserve(3);
+    KvStore kv = make_kv_store(model->hparams(), 8, KvType::F32, 1);
+    const std::vector<int32_t> ids = {1, 5, 70}, slots = {0, 1, 2};
+    SeqBatch sb{0, std::span<const int32_t>(ids), std::span<const int32_t>(slots), false};
+    sb.state_slot = 0;
+    std::vector<float> logits(size_t(model->hparams().n_vocab));
+    ThreadPool pool(2);
+    model->forward(std::span<const SeqBatch>(&sb, 1), kv, logits.data(), pool);
+    for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+    std::remove(src.c_str());
+    std::remove(out.c_str());
+  }
+}
+
+// RWKV-7: the LoRAs (time_mix_{w,a,v,g}{1,2}) and the token-shift mixes (time_mix_lerp_fused,
+// 4-D) stay as they are, as llama-quantize keeps them (the loader reads lerp_fused as f32 only);
+// the projections are quantized; the file loads and runs a step.
+TEST(Quantize, RwkvLorasAndMixesAreKept) {
+  const std::string src = temp_path("rwkv7-tiny-f32.gguf"), out = temp_path("rwkv7-tiny-q8.gguf");
+  std::string o;
+  ASSERT_EQ(run_command(std::string(TERN_BINARY) + " synth --shape rwkv7-tiny -o " + src, &o), 0) << o;
+  const auto rep = quantize_json(src + " " + out + " --type q8_0");
+  for (const char* name : {"blk.0.time_mix_lerp_fused.weight", "blk.1.time_mix_w1.weight", "blk.1.time_mix_a2.weight",
+                           "blk.2.time_mix_v1.weight", "blk.2.time_mix_g2.weight", "blk.0.time_mix_k_k.weight"})
+    EXPECT_EQ(tensor_of(rep, name)["type"], "f32") << name;
+  for (const char* name : {"blk.0.time_mix_key.weight", "blk.2.channel_mix_value.weight", "output.weight"})
+    EXPECT_EQ(tensor_of(rep, name)["type"], "q8_0") << name;
+  auto model = load_model(std::make_shared<const GgufFile>(GgufFile::open(out)));
+  model->reserve(3);
+  KvStore kv = make_kv_store(model->hparams(), 8, KvType::F32, 1);
+  const std::vector<int32_t> ids = {1, 5, 70}, slots = {0, 1, 2};
+  SeqBatch sb{0, std::span<const int32_t>(ids), std::span<const int32_t>(slots), false};
+  sb.state_slot = 0;
+  std::vector<float> logits(size_t(model->hparams().n_vocab));
+  ThreadPool pool(2);
+  model->forward(std::span<const SeqBatch>(&sb, 1), kv, logits.data(), pool);
+  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+  std::remove(src.c_str());
+  std::remove(out.c_str());
 }
 
 class QuantizeStories : public ::testing::Test {

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -45,6 +46,21 @@ TEST(BenchServeCli, SyntheticPromptsAtAFixedConcurrency) {
   // Without a drafter the report is what it was: no speculative fields.
   EXPECT_FALSE(j.contains("spec_drafted"));
   EXPECT_FALSE(j.contains("spec_acceptance_rate"));
+}
+
+// A state-space model is served with one recurrent state per running request: --parallel of
+// them, so at most that many run at once, and every request completes.
+TEST(BenchServeCli, AStateSpaceModelRunsWithItsStateSlots) {
+  const std::string path = ::testing::TempDir() + "tern_bench_serve_mamba_" + std::to_string(::getpid()) + ".gguf";
+  std::string out, err;
+  ASSERT_EQ(run_command(std::string(TERN_BINARY) + " synth --shape mamba-tiny -o " + path, &out, &err), 0) << err;
+  const auto j = bench("-m " + path + " -t 2 --num-prompts 10 --concurrency 8 --parallel 3 --max-tokens 6 --input-len 20 --json");
+  std::remove(path.c_str());
+  EXPECT_EQ(j.value("completed", 0), 10);
+  EXPECT_EQ(j.value("failed", -1), 0);
+  EXPECT_EQ(j.value("output_tokens", 0), 10 * 6);
+  EXPECT_EQ(j.value("state_slots", 0), 3);
+  EXPECT_EQ(j.value("max_running", 0), 3);
 }
 
 TEST(BenchServeCli, ShareGptPromptsWithPoissonArrivalsAndATightArena) {

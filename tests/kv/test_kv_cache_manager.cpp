@@ -48,6 +48,54 @@ TEST(KvCacheManager, SlotsFollowTheBlockTable) {
   EXPECT_EQ(kv.n_used_blocks(), 0);
 }
 
+// What recurrent models' state snapshots rely on (kv/state_slots.h): a truncated match gives
+// back the blocks past the snapshot and chains on from the kept one; the published block of a
+// private copy is found; a publication serial changes when a block is forgotten and reused.
+TEST(KvCacheManager, TruncatedMatchesPublishedBlocksAndPublications) {
+  KvCacheManager kv(8, 4, true);
+  const auto tokens = iota_tokens(14);
+  BlockTable a;
+  run(kv, a, 14, tokens);  // blocks 0..2 full and published
+  const BlockId a1 = a.blocks[1];
+  const uint64_t pub1 = kv.pool().publication(a1);
+  EXPECT_GT(pub1, 0u);
+  EXPECT_NE(kv.pool().publication(a.blocks[0]), pub1);
+  EXPECT_EQ(kv.pool().publication(a.blocks[3]), 0u);  // partly filled: never published
+  EXPECT_EQ(kv.published_block(a, 1, tokens), a1);
+
+  // b computes the same first 8 tokens privately (a already published them).
+  BlockTable b;
+  run(kv, b, 8, tokens);
+  EXPECT_NE(b.blocks[1], a1);
+  EXPECT_FALSE(kv.pool().is_published(b.blocks[1]));
+  EXPECT_EQ(kv.published_block(b, 1, tokens), a1) << "the block that holds b's content in the cache";
+  EXPECT_EQ(kv.published_block(b, 2, tokens), kNoBlock);  // not hashed yet
+  kv.free(b);
+
+  BlockTable c;
+  EXPECT_EQ(kv.match_prefix(c, tokens), 12);
+  const int64_t hits = kv.n_hit_tokens();
+  const int64_t used = kv.n_used_blocks();
+  kv.truncate_match(c, 1);
+  EXPECT_EQ(c.blocks.size(), 1u);
+  EXPECT_EQ(c.n_computed, 4);
+  EXPECT_EQ(c.n_hashed, 1);
+  EXPECT_EQ(kv.n_hit_tokens(), hits - 8);
+  EXPECT_EQ(kv.n_used_blocks(), used);  // a still holds them all
+  // c recomputes from 4 and its blocks chain on: its block 1 has a's content and key.
+  run(kv, c, 10, tokens);
+  EXPECT_EQ(kv.published_block(c, 1, tokens), a1);
+  kv.free(a);
+  kv.free(c);
+
+  // Fill the pool with other content: a's blocks are forgotten and their publications change.
+  BlockTable d;
+  run(kv, d, 32, iota_tokens(32, 5000));
+  EXPECT_NE(kv.pool().publication(a1), pub1);
+  kv.free(d);
+  kv.pool().check_invariants();
+}
+
 TEST(KvCacheManager, ReserveIsAllOrNothing) {
   KvCacheManager kv(3, 4, true);
   BlockTable a, b;

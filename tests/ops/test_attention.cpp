@@ -653,5 +653,129 @@ TEST(SsmScan, EveryVariantMatchesTheReferenceAndDouble) {
     }
 }
 
+// Mamba-2's scan: every variant against the scalar reference and a double-precision scan, over
+// state sizes that are and are not multiples of 16, heads sharing B/C groups (8 heads in 2 and
+// in 8 groups), a time step above softplus' cut-off, and a run split in two calls.
+TEST(Ssm2Scan, EveryVariantMatchesTheReferenceAndDouble) {
+  for (int64_t S : {int64_t(16), int64_t(128), int64_t(21)})
+    for (int64_t G : {int64_t(2), int64_t(8)})
+      for (Isa isa : variants()) {
+        const int64_t H = 8, P = 6, DI = H * P, n = 200, LBC = 2 * G * S;  // 4 channels at a time + 2
+        std::mt19937 rng(uint32_t(S * 7 + G));
+        std::normal_distribution<float> g(0.0f, 1.0f);
+        std::vector<float> x(size_t(n * DI)), dt(size_t(n * H)), bc(size_t(n * LBC)), z(size_t(n * DI));
+        std::vector<float> a(static_cast<size_t>(H)), d(static_cast<size_t>(H));
+        for (auto& v : x) v = g(rng);
+        for (auto& v : dt) v = g(rng) - 2.0f;
+        dt[5] = 25.0f;  // above softplus' cut-off
+        for (auto& v : bc) v = g(rng);
+        for (auto& v : z) v = g(rng);
+        for (int64_t h = 0; h < H; ++h) a[size_t(h)] = -float(h + 1) * (1.0f + 0.1f * g(rng));
+        for (auto& v : d) v = 1.0f + 0.1f * g(rng);
+        auto run = [&](Isa which, int64_t split) {
+          std::vector<float> st(size_t(DI * S), 0.0f), y(size_t(n * DI), NAN);
+          for (int64_t t0 = 0; t0 < n; t0 = split) {
+            const int64_t t1 = t0 < split ? split : n;
+            Ssm2ScanArgs args{x.data() + t0 * DI, DI, dt.data() + t0 * H, H, bc.data() + t0 * LBC,
+                              bc.data() + t0 * LBC + G * S, LBC, z.data() + t0 * DI, DI, a.data(), d.data(),
+                              st.data(), y.data() + t0 * DI, DI, t1 - t0, S, P, H / G};
+            ssm2_scan_isa(which, args, 0, 3);
+            ssm2_scan_isa(which, args, 3, H);
+            if (t1 == n) break;
+          }
+          return y;
+        };
+        const std::vector<float> got = run(isa, n), halves = run(isa, 77), ref = run(Isa::Ref, n);
+        std::vector<double> hd(size_t(DI * S), 0.0);
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t c = 0; c < DI; ++c) {
+            const int64_t h = c / P, grp = h / (H / G);
+            const double raw = dt[size_t(t * H + h)];
+            const double step = raw <= 20.0 ? std::log1p(std::exp(raw)) : raw;
+            const double decay = std::exp(step * a[size_t(h)]), xv = x[size_t(t * DI + c)];
+            double y = 0.0;
+            for (int64_t k = 0; k < S; ++k) {
+              double& st = hd[size_t(c * S + k)];
+              st = st * decay + bc[size_t(t * LBC + grp * S + k)] * xv * step;
+              y += st * bc[size_t(t * LBC + G * S + grp * S + k)];
+            }
+            y += d[size_t(h)] * xv;
+            const double zz = z[size_t(t * DI + c)];
+            y *= zz / (1.0 + std::exp(-zz));
+            const size_t at = size_t(t * DI + c);
+            ASSERT_NEAR(got[at], y, 2e-4 * std::max(1.0, std::fabs(y))) << isa_name(isa) << " S " << S << " t " << t;
+            ASSERT_NEAR(got[at], ref[at], 2e-4 * std::max(1.0, std::fabs(y))) << isa_name(isa);
+            ASSERT_EQ(got[at], halves[at]) << isa_name(isa) << " S " << S << " t " << t << ": split runs differ";
+          }
+      }
+}
+
+// RWKV-7's WKV recurrence: every variant against the scalar reference and a double-precision
+// oracle over heads of 64, 16 and 21 (a tail that is not a whole vector), inputs as the model
+// makes them (decays in (0.5, 1), a = -kk and b = kk iclr with kk unit-length per head, so the
+// state stays bounded), rows `ld` apart wider than the heads; heads split over two calls, and a
+// run split in two calls at token 77 gives the same bits as one call.
+TEST(Wkv7, EveryVariantMatchesTheReferenceAndDouble) {
+  for (int64_t N : {int64_t(64), int64_t(16), int64_t(21)})
+    for (Isa isa : variants()) {
+      const int64_t H = 3, C = H * N, ld = C + 5, n = 150;
+      std::mt19937 rng(uint32_t(N * 11));
+      std::normal_distribution<float> g(0.0f, 1.0f);
+      std::uniform_real_distribution<float> u(0.0f, 1.0f);
+      std::vector<float> r(size_t(n * ld)), w(size_t(n * ld)), k(size_t(n * ld)), v(size_t(n * ld));
+      std::vector<float> a(size_t(n * ld)), b(size_t(n * ld));
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          double ss = 0.0;
+          std::vector<float> kk(static_cast<size_t>(N));
+          for (auto& x : kk) {
+            x = g(rng);
+            ss += double(x) * x;
+          }
+          for (int64_t j = 0; j < N; ++j) {
+            const size_t i = size_t(t * ld + h * N + j);
+            r[i] = g(rng);
+            k[i] = g(rng);
+            v[i] = g(rng);
+            w[i] = std::exp(-0.606531f * u(rng));
+            const float kn = kk[size_t(j)] / float(std::sqrt(ss));
+            a[i] = -kn;
+            b[i] = kn * u(rng);
+          }
+        }
+      auto run = [&](Isa which, int64_t split) {
+        std::vector<float> st(size_t(H * N * N), 0.0f), y(size_t(n * C), NAN);
+        for (int64_t t0 = 0; t0 < n; t0 = split) {
+          const int64_t t1 = t0 < split ? split : n;
+          const int64_t o = t0 * ld;
+          Wkv7Args args{r.data() + o, w.data() + o, k.data() + o, v.data() + o, a.data() + o, b.data() + o, ld,
+                        st.data(), y.data() + t0 * C, C, t1 - t0, N};
+          wkv7_isa(which, args, 0, 1);
+          wkv7_isa(which, args, 1, H);
+          if (t1 == n) break;
+        }
+        return y;
+      };
+      const std::vector<float> got = run(isa, n), halves = run(isa, 77), ref = run(Isa::Ref, n);
+      std::vector<double> S(size_t(H * N * N), 0.0);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < N; ++i) {
+            double* row = S.data() + (h * N + i) * N;
+            const size_t o = size_t(t * ld + h * N);
+            double sa = 0.0, y = 0.0;
+            for (int64_t j = 0; j < N; ++j) sa += double(a[o + size_t(j)]) * row[j];
+            for (int64_t j = 0; j < N; ++j) {
+              row[j] = row[j] * w[o + size_t(j)] + double(v[o + size_t(i)]) * k[o + size_t(j)] + sa * b[o + size_t(j)];
+              y += row[j] * r[o + size_t(j)];
+            }
+            const size_t at = size_t(t * C + h * N + i);
+            ASSERT_NEAR(got[at], y, 2e-4 * std::max(1.0, std::fabs(y))) << isa_name(isa) << " N " << N << " t " << t;
+            ASSERT_NEAR(got[at], ref[at], 2e-4 * std::max(1.0, std::fabs(y))) << isa_name(isa);
+            ASSERT_EQ(got[at], halves[at]) << isa_name(isa) << " N " << N << " t " << t << ": split runs differ";
+          }
+    }
+}
+
 }  // namespace
 }  // namespace tern

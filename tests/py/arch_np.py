@@ -1,7 +1,9 @@
 """arch_np.py — float64 numpy oracle: the logits of a GGUF model for a token sequence, computed
 the way llama.cpp computes them, for the architectures llama (Llama-2/3 incl. rope_freqs, and
 Mixtral MoE), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma2, gemma3, gpt-oss (attention
-sinks, YaRN rope, clamped SwiGLU experts with biases) and mamba (Mamba-1 selective state space).
+sinks, YaRN rope, clamped SwiGLU experts with biases), mamba (Mamba-1 selective state space),
+mamba2 (Mamba-2: a scalar decay per head, grouped B/C, a gated grouped RMSNorm), deepseek2
+(DeepSeek-V2/V3 multi-head latent attention) and rwkv7 (RWKV-7: token shift, WKV-7 per head).
 
 Written from llama.cpp's graph builders and hparams loading (src/models/*.cpp, llama-model.cpp,
 llama-hparams.cpp), ggml's ssm_conv / ssm_scan ops and convert_hf_to_gguf.py, read not copied; it shares no code with tern.
@@ -96,6 +98,31 @@ mamba         Mamba-1: no attention, no rope, no FFN (head_count and feed_forwar
               y[c] = S[c,:] . C + D[c] u[c].  Then y * silu(z) through ssm_out.  The GGUF tensors
               blk.N.ssm_a (ne [d_state, d_inner], already A = -exp(A_log)) and blk.N.ssm_d carry
               no ".weight" suffix.  Output tied unless output.weight is present.
+mamba2        Mamba-2 (llama.cpp's build_mamba2_layer): H = ssm.time_step_rank heads of
+              P = d_inner / H channels, G = ssm.group_count groups of H / G heads.  Mixer on h:
+              ssm_in (ne [n_embd, 2*d_inner + 2*G*d_state + H]) gives [z | xBC | dt]; xBC
+              [d_inner + 2*G*d_state] goes through the causal conv as Mamba-1's u does (ssm_conv1d
+              ne [d_conv, d_inner + 2*G*d_state], its bias, silu) and splits into x [d_inner], B and
+              C [G, d_state].  dt = softplus(dt + ssm_dt.bias) [H].  Scan from a zero state
+              S [d_inner, d_state]: for channel c of head h = c // P in group g = h // (H / G),
+              S[c] = S[c] * exp(dt[h] A[h]) + dt[h] x[c] B[g]; y[c] = S[c] . C[g] + D[h] x[c]
+              (ssm_a, ssm_d ne [1, H]).  y = y * silu(z), then RMS-normalised per group of
+              d_inner / G channels times ssm_norm.weight (ne [d_inner / G, G]), then ssm_out.
+deepseek2     DeepSeek-V2/V3 multi-head latent attention (llama.cpp's deepseek2 with attn_k_b /
+              attn_v_b), in the plain non-absorbed form: q = attn_q h, or attn_q_b RMSNorm(attn_q_a h)
+              [H, nope | rope]; [c | k_pe] = attn_kv_a_mqa h; c = RMSNorm(c) (attn_kv_a_norm);
+              k_nope_h = k_b_h^T c (attn_k_b ne [nope, C, H]), v_h = v_b_h c (attn_v_b ne [C, dv, H]);
+              rope (NORM, YaRN at unit magnitude) on q_pe and the shared k_pe; scores scaled by
+              mscale^2 / sqrt(nope + rope).  FFN: leading_dense_block_count dense SwiGLU layers,
+              then softmax / sigmoid experts (+ exp_probs_b selection bias, expert groups, norm,
+              scale) and the shared experts.
+granitehybrid IBM Granite 4.0-H (llama.cpp's granite-hybrid graph): x = token_embd[ids] *
+              embedding_scale; per layer h = RMSNorm(x); layers whose attention.head_count_kv[il]
+              is 0 run the Mamba-2 mixer above on h, the others causal GQA attention with no
+              positional encoding (rope.scaling.finetuned false) and scores times attention.scale;
+              x += residual_scale * that; then x += residual_scale * FFN(RMSNorm(x) with
+              ffn_norm): dense SwiGLU, or softmax top-k experts renormalised plus the shared
+              expert (ffn_*_shexp, no gate).  Logits divided by logit_scale.
 output        output.weight if present, else token_embd.weight (tied).
 """
 
@@ -170,13 +197,15 @@ class Hparams:
         self.eps = g("attention.layer_norm_rms_epsilon", 1e-5)
         self.final_softcap = 0.0
         self.gpt_oss = False
-        self.mamba = a == "mamba"
+        self.mamba = a in ("mamba", "mamba2")
+        self.mamba2 = a == "mamba2"
         if self.mamba:  # no attention: the state-space sizes are all it needs
             self.d_conv = g("ssm.conv_kernel")
             self.d_inner = g("ssm.inner_size")
             self.d_state = g("ssm.state_size")
-            self.dt_rank = g("ssm.time_step_rank")
+            self.dt_rank = g("ssm.time_step_rank")         # mamba2: the number of heads
             self.dt_b_c_rms = bool(g("ssm.dt_b_c_rms", False))
+            self.n_group = g("ssm.group_count", 0)
             return
         self.H = g("attention.head_count")
         self.Hkv = g("attention.head_count_kv", self.H)
@@ -339,6 +368,38 @@ def _mamba_mixer(hp, t, p, h):
     return (y * _silu(z)) @ t[p + "ssm_out.weight"].T
 
 
+def _mamba2_mixer(hp, t, p, h):
+    """One Mamba-2 mixer on the normalised input h [T, n_embd] -> [T, n_embd] (before the residual
+    add), as llama.cpp's build_mamba2_layer with ggml_ssm_conv and ggml_ssm_scan from a zero state."""
+    T = h.shape[0]
+    di, ds, dc, H, G = hp.d_inner, hp.d_state, hp.d_conv, hp.dt_rank, hp.n_group
+    P, cd = di // H, di + 2 * G * ds
+    zxbcdt = h @ t[p + "ssm_in.weight"].T                         # [T, 2*d_inner + 2*G*d_state + H]
+    z, xbc, dt = zxbcdt[:, :di], zxbcdt[:, di:di + cd], zxbcdt[:, di + cd:]
+    w = t[p + "ssm_conv1d.weight"].reshape(cd, dc)               # tap 0 = the oldest step
+    padded = np.concatenate([np.zeros((dc - 1, cd)), xbc], 0)
+    conv = np.zeros((T, cd))
+    for k in range(dc):
+        conv += padded[k:k + T] * w[:, k]
+    xbc = _silu(conv + t[p + "ssm_conv1d.bias"])
+    x = xbc[:, :di].reshape(T, H, P)
+    B = xbc[:, di:di + G * ds].reshape(T, G, ds)
+    C = xbc[:, di + G * ds:].reshape(T, G, ds)
+    dt = _softplus(dt + t[p + "ssm_dt.bias"])                     # [T, H]
+    A = t[p + "ssm_a"].reshape(H)
+    D = t[p + "ssm_d"].reshape(H)
+    grp = np.arange(H) // (H // G)                                # each head's group
+    S = np.zeros((H, P, ds))
+    y = np.zeros((T, H, P))
+    for ti in range(T):
+        Bh, Ch = B[ti][grp], C[ti][grp]                           # [H, d_state]
+        S = S * np.exp(dt[ti] * A)[:, None, None] + (dt[ti][:, None] * x[ti])[:, :, None] * Bh[:, None, :]
+        y[ti] = np.einsum("hps,hs->hp", S, Ch) + D[:, None] * x[ti]
+    y = y.reshape(T, di) * _silu(z)
+    y = _rms(y.reshape(T, G, di // G), t[p + "ssm_norm.weight"].reshape(G, di // G), hp.eps).reshape(T, di)
+    return y @ t[p + "ssm_out.weight"].T
+
+
 def arch_logits(meta, t, ids, return_hparams=False, ggml_gelu=False, act_q8=()):
     """Logits [len(ids), n_vocab] in float64.  ggml_gelu=True imitates ggml's fp16-table GELU.
     act_q8: names of gpt-oss expert weights (blk.N.ffn_*_exps.weight) whose inputs are rounded to
@@ -348,13 +409,271 @@ def arch_logits(meta, t, ids, return_hparams=False, ggml_gelu=False, act_q8=()):
     logits = x @ out.T
     if hp.final_softcap:
         logits = hp.final_softcap * np.tanh(logits / hp.final_softcap)
+    if getattr(hp, "logit_scale", 0.0):
+        logits = logits / hp.logit_scale
     return (logits, hp) if return_hparams else logits
+
+
+def _deepseek2_moe(meta, t, p, h):
+    """DeepSeek-V2/V3 routed + shared experts, as llama.cpp's build_moe_ffn for deepseek2:
+    softmax (V2) or sigmoid (V3) probabilities; the selection adds exp_probs_b and, with expert
+    groups, keeps the expert_group_used_count groups whose two best experts score highest; the
+    top k by selection, weighted by their probabilities (renormalised when expert_weights_norm,
+    times expert_weights_scale); plus the shared experts (one SwiGLU, unscaled)."""
+    g = lambda k, d=None: meta.get(f"deepseek2.{k}", d)  # noqa: E731
+    k, gating = g("expert_used_count"), g("expert_gating_func", 1)
+    n_groups, g_used = g("expert_group_count", 0), g("expert_group_used_count", 0)
+    logits = h @ t[p + "ffn_gate_inp.weight"].T                  # [T, n_expert]
+    if gating == 2:
+        probs = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+    sel_score = probs + t[p + "exp_probs_b.bias"] if p + "exp_probs_b.bias" in t else probs.copy()
+    T, NE = probs.shape
+    if n_groups > 1:
+        per = NE // n_groups
+        grp = np.sort(sel_score.reshape(T, n_groups, per), axis=-1)[..., -2:].sum(-1)   # [T, G]
+        keep = np.argsort(-grp, axis=-1, kind="stable")[:, :g_used]
+        mask = np.full((T, n_groups), -np.inf)
+        np.put_along_axis(mask, keep, 0.0, -1)
+        sel_score = sel_score + np.repeat(mask, per, axis=-1)
+    sel = np.argsort(-sel_score, axis=-1, kind="stable")[:, :k]
+    wts = np.take_along_axis(probs, sel, -1)
+    if g("expert_weights_norm", False):
+        wts = wts / np.maximum(wts.sum(-1, keepdims=True), 6.103515625e-5)
+    if g("expert_weights_scale", 0.0):
+        wts = wts * g("expert_weights_scale")
+    gw, uw, dw = (t[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+    out = np.zeros_like(h)
+    for ti in range(T):
+        for j in range(k):
+            e = sel[ti, j]
+            out[ti] += wts[ti, j] * (dw[e] @ (_silu(gw[e] @ h[ti]) * (uw[e] @ h[ti])))
+    if p + "ffn_gate_shexp.weight" in t:
+        out = out + (_silu(h @ t[p + "ffn_gate_shexp.weight"].T) * (h @ t[p + "ffn_up_shexp.weight"].T)) \
+            @ t[p + "ffn_down_shexp.weight"].T
+    return out
+
+
+def _deepseek2_hidden(meta, t, ids):
+    """DeepSeek-V2/V3 multi-head latent attention in the plain, non-absorbed form: K and V of every
+    head decompressed from the normalised latent (k_nope_h = k_b_h^T c, v_h = v_b_h c), the roped
+    shared key appended to every head's key, ordinary causal softmax attention.  YaRN as llama.cpp
+    runs deepseek2: the rotation at unit magnitude and the scores scaled by mscale^2 / sqrt(dk),
+    mscale = 1 + 0.1 * mscale_all_dim * ln(factor) (mscale_all_dim = yarn_log_multiplier / 0.1)."""
+    g = lambda k, d=None: meta.get(f"deepseek2.{k}", d)  # noqa: E731
+    E, L, H = g("embedding_length"), g("block_count"), g("attention.head_count")
+    eps = g("attention.layer_norm_rms_epsilon", 1e-6)
+    C, R = g("attention.kv_lora_rank"), g("rope.dimension_count")
+    dk, dv = g("attention.key_length_mla"), g("attention.value_length_mla")
+    nope = dk - R
+    base = g("rope.freq_base", 10000.0)
+    yarn, fs, mscale = None, 1.0, 1.0
+    if g("rope.scaling.type", "none") == "yarn":
+        f = g("rope.scaling.factor")
+        fs = 1.0 / f
+        log_mul = g("rope.scaling.yarn_log_multiplier", 0.0) / 0.1
+        lnf = math.log(f)
+        attn_factor = (1.0 if log_mul else 1.0 + 0.1 * lnf) / (1.0 + 0.1 * lnf)
+        n_orig = g("rope.scaling.original_context_length", 0) or g("context_length")
+        yarn = dict(n_orig=n_orig, ext_factor=1.0, attn_factor=attn_factor)
+        mscale = attn_factor * (1.0 + 0.1 * lnf) * (1.0 + 0.1 * log_mul * lnf)
+    q_scale = mscale * mscale / math.sqrt(dk)
+    ids = list(ids)
+    T = len(ids)
+    pos = np.arange(T, dtype=np.float64)
+    causal = np.arange(T)[None, :] <= np.arange(T)[:, None]
+    x = t["token_embd.weight"][ids].copy()
+    for il in range(L):
+        p = f"blk.{il}."
+        h = _rms(x, t[p + "attn_norm.weight"], eps)
+        if p + "attn_q_a.weight" in t:
+            q = _rms(h @ t[p + "attn_q_a.weight"].T, t[p + "attn_q_a_norm.weight"], eps) @ t[p + "attn_q_b.weight"].T
+        else:
+            q = h @ t[p + "attn_q.weight"].T
+        q = q.reshape(T, H, dk)
+        kva = h @ t[p + "attn_kv_a_mqa.weight"].T                                  # [T, C + R]
+        c = _rms(kva[:, :C], t[p + "attn_kv_a_norm.weight"], eps)                   # [T, C]
+        k_pe = _rope(kva[:, None, C:], pos, R, base, fs, False, None, yarn)         # [T, 1, R]
+        q_pe = _rope(q[..., nope:], pos, R, base, fs, False, None, yarn)            # [T, H, R]
+        kb, vb = t[p + "attn_k_b.weight"], t[p + "attn_v_b.weight"]               # [H, C, nope], [H, dv, C]
+        k_nope = np.einsum("hcd,tc->thd", kb, c)
+        v = np.einsum("hjc,tc->thj", vb, c)
+        k = np.concatenate([k_nope, np.repeat(k_pe, H, axis=1)], -1)                # [T, H, dk]
+        qf = np.concatenate([q[..., :nope], q_pe], -1)
+        s = np.einsum("thd,shd->hts", qf, k) * q_scale
+        s = np.where(causal[None], s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        o = np.einsum("hts,shd->thd", s, v).reshape(T, H * dv)
+        x = x + o @ t[p + "attn_output.weight"].T
+        h = _rms(x, t[p + "ffn_norm.weight"], eps)
+        if il < g("leading_dense_block_count", 0):
+            f = (_silu(h @ t[p + "ffn_gate.weight"].T) * (h @ t[p + "ffn_up.weight"].T)) @ t[p + "ffn_down.weight"].T
+        else:
+            f = _deepseek2_moe(meta, t, p, h)
+        x = x + f
+    return _rms(x, t["output_norm.weight"], eps)
+
+
+def _ln(x, w, b, eps):
+    """LayerNorm over the last axis (ggml_norm, then weight and bias; w None: the norm alone)."""
+    m = x.mean(axis=-1, keepdims=True)
+    y = (x - m) / np.sqrt(((x - m) ** 2).mean(axis=-1, keepdims=True) + eps)
+    return y if w is None else y * w + b
+
+
+def _rwkv7_hidden(meta, t, ids):
+    """RWKV-7 as llama.cpp's llm_build_rwkv7 (float64, from a zero state): LayerNorm'd
+    embeddings; per layer a time mix (token shift with the six lerp_fused mixes r w k v a g, the
+    LoRAs, the WKV-7 recurrence per head S = S diag(w) + v k^T + (S a) b^T with a = -kk,
+    b = kk * iclr, y = S r, the group norm, the bonus v (r . k r_k) per head, the gate) and a
+    channel mix (token shift, squared ReLU), each added to the residual stream; layer 0's v is
+    mixed into the later layers' v (value residual)."""
+    g = lambda k, d=None: meta.get(f"rwkv7.{k}", d)  # noqa: E731
+    E, L, N, eps = g("embedding_length"), g("block_count"), g("wkv.head_size"), g("attention.layer_norm_epsilon", 1e-5)
+    H = E // N
+    sig = lambda v: 1.0 / (1.0 + np.exp(-v))  # noqa: E731
+    T = len(ids)
+    x = t["token_embd.weight"][list(ids)].copy()
+    x = _ln(x, t["token_embd_norm.weight"], t["token_embd_norm.bias"], eps)
+
+    def shift(h):
+        return np.vstack([np.zeros((1, E)), h[:-1]])
+
+    v_first = None
+    for il in range(L):
+        p = f"blk.{il}."
+        W = lambda n: t[p + n + ".weight"]  # noqa: E731
+        xn = _ln(x, W("attn_norm"), t[p + "attn_norm.bias"], eps)
+        sx = shift(xn) - xn
+        lerp = W("time_mix_lerp_fused").reshape(6, E)
+        xr, xw, xk, xv, xa, xg = (xn + sx * lerp[i] for i in range(6))
+        r = xr @ W("time_mix_receptance").T
+        w = np.tanh(xw @ W("time_mix_w1").T) @ W("time_mix_w2").T + W("time_mix_w0").reshape(-1)
+        w = np.exp(-0.606531 * sig(w))
+        k = xk @ W("time_mix_key").T
+        v = xv @ W("time_mix_value").T
+        if v_first is None:
+            v_first = v
+        else:
+            mix = sig((xv @ W("time_mix_v1").T) @ W("time_mix_v2").T + W("time_mix_v0").reshape(-1))
+            v = v + (v_first - v) * mix
+        gate = sig(xg @ W("time_mix_g1").T) @ W("time_mix_g2").T
+        a = sig((xa @ W("time_mix_a1").T) @ W("time_mix_a2").T + W("time_mix_a0").reshape(-1))
+        kk = (k * W("time_mix_k_k").reshape(-1)).reshape(T, H, N)
+        kk = kk / np.maximum(np.linalg.norm(kk, axis=-1, keepdims=True), 1e-12)
+        kk = kk.reshape(T, E)
+        ka = k * W("time_mix_k_a").reshape(-1)
+        k = k + a * ka - ka
+        S = np.zeros((H, N, N))
+        y = np.zeros((T, E))
+        for tt in range(T):
+            rh, wh, kh, vh = (z[tt].reshape(H, N) for z in (r, w, k, v))
+            ah, bh = (-kk[tt]).reshape(H, N), (kk[tt] * a[tt]).reshape(H, N)
+            sa = np.einsum("hij,hj->hi", S, ah)
+            S = S * wh[:, None, :] + vh[:, :, None] * kh[:, None, :] + sa[:, :, None] * bh[:, None, :]
+            y[tt] = np.einsum("hij,hj->hi", S, rh).reshape(E)
+        y = _ln(y.reshape(T, H, N), None, None, 64e-5).reshape(T, E)
+        y = y * W("time_mix_ln").reshape(-1) + t[p + "time_mix_ln.bias"]
+        rk = (k * r * W("time_mix_r_k").reshape(-1)).reshape(T, H, N).sum(-1, keepdims=True)
+        y = y + (v.reshape(T, H, N) * rk).reshape(T, E)
+        y = y * gate
+        x = x + y @ W("time_mix_output").T
+        fn = _ln(x, W("attn_norm_2"), t[p + "attn_norm_2.bias"], eps)
+        xk = fn + (shift(fn) - fn) * W("channel_mix_lerp_k").reshape(-1)
+        hdn = np.maximum(xk @ W("channel_mix_key").T, 0.0) ** 2
+        x = x + hdn @ W("channel_mix_value").T
+    return _ln(x, t["output_norm.weight"], t["output_norm.bias"], eps)
+
+
+class _Rwkv7Hp:
+    def __init__(self):
+        self.final_softcap = 0.0
+        self.arch = "rwkv7"
+
+
+class _Deepseek2Hp:
+    def __init__(self):
+        self.final_softcap = 0.0
+        self.arch = "deepseek2"
+
+
+class _GraniteHybridHp:
+    """Granite 4.0-H's sizes: the Mamba-2 ones (for _mamba2_mixer), the attention ones, the scales."""
+    def __init__(self, meta):
+        a = self.arch = "granitehybrid"
+        g = lambda k, d=None: meta.get(f"{a}.{k}", d)  # noqa: E731
+        self.E, self.L = g("embedding_length"), g("block_count")
+        self.eps = g("attention.layer_norm_rms_epsilon", 1e-5)
+        self.d_conv, self.d_inner, self.d_state = g("ssm.conv_kernel"), g("ssm.inner_size"), g("ssm.state_size")
+        self.dt_rank, self.n_group = g("ssm.time_step_rank"), g("ssm.group_count")
+        self.H = g("attention.head_count")
+        hkv = g("attention.head_count_kv")
+        self.Hkv = hkv if isinstance(hkv, list) else [hkv] * self.L
+        self.hd = g("attention.key_length", self.E // self.H)
+        if g("rope.scaling.finetuned", True):
+            raise ValueError("granitehybrid with RoPE (rope.scaling.finetuned true) is not supported by this oracle")
+        self.q_scale = g("attention.scale", 0.0) or 1.0 / math.sqrt(self.hd)
+        self.embd_scale = g("embedding_scale", 0.0)
+        self.residual_scale = g("residual_scale", 0.0)
+        self.logit_scale = g("logit_scale", 0.0)
+        self.n_expert_used = g("expert_used_count", 0)
+        self.moe_norm_w = True
+        self.final_softcap = 0.0
+
+
+def _granitehybrid_hidden(meta, t, ids):
+    hp = _GraniteHybridHp(meta)
+    ids = list(ids)
+    T = len(ids)
+    causal = np.arange(T)[None, :] <= np.arange(T)[:, None]
+    rs = hp.residual_scale or 1.0
+    x = t["token_embd.weight"][ids].copy()
+    if hp.embd_scale:
+        x = x * hp.embd_scale
+    for il in range(hp.L):
+        p = f"blk.{il}."
+        h = _rms(x, t[p + "attn_norm.weight"], hp.eps)
+        if hp.Hkv[il] == 0:
+            o = _mamba2_mixer(hp, t, p, h)
+        else:
+            H, Hkv, hd = hp.H, hp.Hkv[il], hp.hd
+            q = (h @ t[p + "attn_q.weight"].T).reshape(T, H, hd)
+            k = np.repeat((h @ t[p + "attn_k.weight"].T).reshape(T, Hkv, hd), H // Hkv, axis=1)
+            v = np.repeat((h @ t[p + "attn_v.weight"].T).reshape(T, Hkv, hd), H // Hkv, axis=1)
+            s = np.einsum("thd,shd->hts", q, k) * hp.q_scale
+            s = np.where(causal[None], s, -np.inf)
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            o = np.einsum("hts,shd->thd", s, v).reshape(T, H * hd) @ t[p + "attn_output.weight"].T
+        x = x + rs * o
+        h = _rms(x, t[p + "ffn_norm.weight"], hp.eps)
+        if p + "ffn_gate_inp.weight" in t:
+            f = _moe(hp, t, p, h)
+            if p + "ffn_gate_shexp.weight" in t and p + "ffn_gate_inp_shexp.weight" not in t:  # ungated
+                f = f + (_silu(h @ t[p + "ffn_gate_shexp.weight"].T) * (h @ t[p + "ffn_up_shexp.weight"].T)) \
+                    @ t[p + "ffn_down_shexp.weight"].T
+        else:
+            f = (_silu(h @ t[p + "ffn_gate.weight"].T) * (h @ t[p + "ffn_up.weight"].T)) @ t[p + "ffn_down.weight"].T
+        x = x + rs * f
+    return _rms(x, t["output_norm.weight"], hp.eps), hp
 
 
 def arch_hidden(meta, t, ids, return_hparams=False, ggml_gelu=False, act_q8=()):
     """Final hidden states [len(ids), n_embd] in float64: the last layer's residual stream after
     the output norm, before the output projection (what llama.cpp's embeddings are for a
     decoder model)."""
+    if meta["general.architecture"] == "deepseek2":
+        x = _deepseek2_hidden(meta, t, ids)
+        return (x, _Deepseek2Hp()) if return_hparams else x
+    if meta["general.architecture"] == "granitehybrid":
+        x, hp = _granitehybrid_hidden(meta, t, ids)
+        return (x, hp) if return_hparams else x
+    if meta["general.architecture"] == "rwkv7":
+        x = _rwkv7_hidden(meta, t, ids)
+        return (x, _Rwkv7Hp()) if return_hparams else x
     hp = Hparams(meta)
     if hp.mamba:
         if act_q8:
@@ -362,7 +681,8 @@ def arch_hidden(meta, t, ids, return_hparams=False, ggml_gelu=False, act_q8=()):
         x = t["token_embd.weight"][list(ids)].copy()
         for il in range(hp.L):
             p = f"blk.{il}."
-            x = x + _mamba_mixer(hp, t, p, _rms(x, t[p + "attn_norm.weight"], hp.eps))
+            mixer = _mamba2_mixer if hp.mamba2 else _mamba_mixer
+            x = x + mixer(hp, t, p, _rms(x, t[p + "attn_norm.weight"], hp.eps))
         x = _rms(x, t["output_norm.weight"], hp.eps)
         return (x, hp) if return_hparams else x
     emulated = {f"blk.{il}.ffn_{n}_exps.weight" for il in range(hp.L) for n in ("gate", "up", "down")} \

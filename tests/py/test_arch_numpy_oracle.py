@@ -1,6 +1,8 @@
 """test_arch_numpy_oracle.py — tern's logits equal the float64 numpy oracle (arch_np.py) on tiny
 random models of every architecture: qwen2, qwen2moe, qwen3, qwen3moe, llama3 (rope_freqs),
-mixtral (llama MoE), phi3, gemma2, gemma3, gpt-oss, mamba (Mamba-1).
+mixtral (llama MoE), phi3, gemma2, gemma3, gpt-oss, mamba (Mamba-1), mamba2 (Mamba-2), deepseek2
+(DeepSeek-V2 multi-head latent attention; V3's sigmoid / grouped routing: deepseek3-tiny),
+granitehybrid (Granite 4.0-H: Mamba-2 and attention layers, Granite's multipliers), rwkv7 (RWKV-7).
 
 For each shape NAME it checks two files:
   1. `tern synth --shape NAME -o F.gguf` (tern's own writer); if tern cannot write NAME, the
@@ -41,7 +43,7 @@ from gguf_np import tensor_types  # noqa: E402
 import arch_tiny_models  # noqa: E402
 from arch_tiny_models import find_tern, make_model  # noqa: E402
 
-SHAPES = arch_tiny_models.TEST_SHAPES
+SHAPES = arch_tiny_models.TEST_SHAPES + arch_tiny_models.ORACLE_ONLY_SHAPES
 TOL = 1e-4
 
 

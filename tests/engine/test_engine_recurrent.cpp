@@ -1,0 +1,263 @@
+// State-space models (Mamba, Mamba-2, RWKV-7) and hybrids (Granite 4.0-H: K/V blocks and a state
+// in one step) in the serving engine: every running request holds a recurrent
+// state slot, n completions copy their prompt's state, a prompt that starts with cached blocks
+// resumes from a state snapshot, and prefill runs in chunks. 16 concurrent seeded requests give
+// the tokens each gives alone through Session, with and without prefix caching, and the
+// log-probability of every token equals the one a single Session prefill of the prompt and the
+// generated text computes (a random-weight model's text soon repeats one token whatever its
+// state, so the tokens alone would hide a wrong state; the log-probabilities do not).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <set>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "engine_test_util.h"
+#include "models/synth.h"
+
+namespace tern {
+namespace {
+
+using tern::testing::Collected;
+using tern::testing::drive;
+using tern::testing::run_alone;
+using tern::testing::Sink;
+
+struct SynthFile {
+  std::string path;
+  explicit SynthFile(const std::string& shape) {
+    path = ::testing::TempDir() + "tern_engine_recurrent_" + shape + "_" + std::to_string(::getpid()) + ".gguf";
+    SynthOptions o;
+    o.shape = shape;
+    synth_model(o, path);
+  }
+  ~SynthFile() { std::remove(path.c_str()); }
+};
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, size_t n, int32_t n_vocab) {
+  std::vector<int32_t> p{1};  // BOS
+  for (size_t i = 1; i < n; ++i) p.push_back(int32_t(3 + rng() % uint32_t(n_vocab - 3)));
+  return p;
+}
+
+// The log-probability of each generated token, from one Session prefill of prompt + ids.
+std::vector<float> reference_logprobs(std::shared_ptr<const GgufFile> file, const std::vector<int32_t>& prompt,
+                                      const std::vector<int32_t>& ids) {
+  SessionConfig sc;
+  sc.n_threads = 2;
+  Session session(file, sc);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), ids.begin(), ids.end() - 1);
+  const float* rows = session.eval(all, /*all_logits=*/true);
+  const int64_t n_vocab = session.model().hparams().n_vocab;
+  std::vector<float> out;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const float* row = rows + (prompt.size() - 1 + t) * size_t(n_vocab);
+    double mx = row[0], sum = 0;
+    for (int64_t v = 1; v < n_vocab; ++v) mx = std::max<double>(mx, row[v]);
+    for (int64_t v = 0; v < n_vocab; ++v) sum += std::exp(double(row[v]) - mx);
+    out.push_back(float(double(row[ids[t]]) - mx - std::log(sum)));
+  }
+  return out;
+}
+
+SamplingParams seeded(uint64_t seed) {
+  SamplingParams s;
+  s.temperature = 1.0f;
+  s.seed = seed;
+  return s;
+}
+
+struct RecurrentCase {
+  const char* name;
+  const char* shape;
+  bool prefix_caching;
+  // > 0: a K/V arena of this many tokens (hybrid models: their attention layers' blocks run out
+  // and requests are preempted, their states recomputed).
+  int64_t kv_tokens = 0;
+};
+
+class EngineRecurrent : public ::testing::TestWithParam<RecurrentCase> {};
+
+TEST_P(EngineRecurrent, SixteenRequestsEqualEachRunAlone) {
+  const RecurrentCase& tc = GetParam();
+  SynthFile synth(tc.shape);
+  auto file = open_model_file(synth.path);
+  std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
+  const int32_t n_vocab = int32_t(tok->n_vocab());
+
+  // Half the prompts share a 40-token beginning (snapshot resumes); lengths 5 to 60.
+  std::mt19937 rng(17);
+  const std::vector<int32_t> common = random_prompt(rng, 40, n_vocab);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 16; ++i) {
+    std::vector<int32_t> p = i % 2 ? common : std::vector<int32_t>{1};
+    const auto tail = random_prompt(rng, size_t(5 + (i * 11) % 20), n_vocab);
+    p.insert(p.end(), tail.begin() + 1, tail.end());
+    prompts.push_back(p);
+  }
+  const int64_t max_tokens = 24;
+
+  EngineConfig cfg;
+  cfg.n_threads = 2;
+  cfg.kv_block_size = 8;
+  cfg.max_batch_tokens = 28;  // chunked prefill
+  cfg.n_parallel = 4;         // four state slots: the others wait
+  cfg.n_ctx = 256;
+  cfg.prefix_caching = tc.prefix_caching;
+  if (tc.kv_tokens > 0) cfg.kv_memory_bytes = tc.kv_tokens * kv_bytes_per_token(*file, cfg.kv_type);
+  Engine engine(file, tok, cfg);
+  EXPECT_EQ(engine.metrics().state_slots_total, 4);
+  Sink sink;
+  std::vector<uint64_t> ids;
+  std::vector<int> ns;
+  const auto submit = [&](size_t i) {
+    RequestParams p;
+    p.prompt_ids = prompts[i];
+    p.max_tokens = max_tokens;
+    p.sampling = seeded(100 + i);
+    p.n = i % 5 == 3 ? 2 : 1;  // n = 2: the second completion copies the prompt's state
+    p.ignore_eos = true;
+    p.n_logprobs = 0;
+    ns.push_back(p.n);
+    ids.push_back(engine.add_request(p, sink.callback()));
+  };
+  for (size_t i = 0; i < 8; ++i) submit(i);
+  for (int s = 0; s < 3; ++s) engine.step();
+  EXPECT_LE(engine.metrics().state_slots_used, 4);
+  for (size_t i = 8; i < 16; ++i) {
+    submit(i);
+    engine.step();
+  }
+  drive(engine);
+  const EngineMetrics m = engine.metrics();
+  EXPECT_EQ(m.requests_finished, 16);
+  EXPECT_EQ(m.n_running + m.n_waiting, 0);
+  EXPECT_EQ(m.state_slots_used, 0);
+  EXPECT_EQ(m.kv_blocks_used, 0);
+  if (tc.kv_tokens > 0) {
+    EXPECT_GT(m.n_preempted_total, 0) << "the small arena should preempt";
+  }
+  if (tc.prefix_caching) {
+    EXPECT_GT(m.prefix_hit_rate, 0.1) << "the shared beginning resumes from snapshots";
+    EXPECT_GT(m.state_snapshots, 0);
+  } else {
+    EXPECT_EQ(m.prefix_hit_rate, 0);
+    EXPECT_EQ(m.state_snapshots, 0);
+  }
+
+  std::set<std::vector<int32_t>> distinct;
+  for (size_t i = 0; i < 16; ++i) {
+    for (int k = 0; k < ns[i]; ++k) {
+      // Completion k draws with seed + k (the engine's rule for n completions).
+      const GenerateResult alone = run_alone(file, *tok, prompts[i], max_tokens, seeded(100 + i + k), {}, true);
+      const Collected c = sink.get(ids[i], k);
+      distinct.insert(c.ids);
+      EXPECT_EQ(c.n_final, 1);
+      EXPECT_EQ(c.ids, alone.ids) << "prompt " << i << " completion " << k << " (" << prompts[i].size() << " tokens)";
+      const std::vector<float> ref = reference_logprobs(file, prompts[i], c.ids);
+      ASSERT_EQ(c.tokens.size(), ref.size());
+      for (size_t t = 0; t < ref.size(); ++t)
+        ASSERT_NEAR(c.tokens[t].logprob, ref[t], 1e-4) << "prompt " << i << " completion " << k << " token " << t;
+    }
+  }
+  EXPECT_GT(distinct.size(), 15u) << "the outputs should differ";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, EngineRecurrent,
+                         ::testing::Values(RecurrentCase{"mamba_prefix_cache", "mamba-tiny", true},
+                                           RecurrentCase{"mamba_no_prefix_cache", "mamba-tiny", false},
+                                           RecurrentCase{"mamba2_prefix_cache", "mamba2-tiny", true},
+                                           RecurrentCase{"rwkv7_prefix_cache", "rwkv7-tiny", true},
+                                           RecurrentCase{"granitehybrid_prefix_cache", "granitehybrid-tiny", true},
+                                           RecurrentCase{"granitehybrid_preemption", "granitehybrid-tiny", true, 160},
+                                           RecurrentCase{"granitehybrid_dense_no_prefix_cache",
+                                                         "granitehybrid-dense-tiny", false}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// A prompt that repeats a finished one's first blocks starts from the snapshot (n_cached_prompt
+// is the resumed position) and still generates what it generates alone.
+TEST(EngineRecurrentPrefix, ARepeatedBeginningResumesFromItsSnapshot) {
+  SynthFile synth("mamba-tiny");
+  auto file = open_model_file(synth.path);
+  std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
+  std::mt19937 rng(5);
+  const std::vector<int32_t> a = random_prompt(rng, 37, int32_t(tok->n_vocab()));
+  std::vector<int32_t> b(a.begin(), a.begin() + 33);
+  b.push_back(7);
+  b.push_back(9);
+  EngineConfig cfg;
+  cfg.n_threads = 2;
+  cfg.kv_block_size = 8;
+  cfg.max_batch_tokens = 12;  // chunks end at 8, 16, 24, 32: snapshots there
+  cfg.n_ctx = 128;
+  Engine engine(file, tok, cfg);
+  Sink sink;
+  RequestParams p;
+  p.prompt_ids = a;
+  p.max_tokens = 12;
+  p.sampling = seeded(3);
+  p.ignore_eos = true;
+  p.n_logprobs = 0;
+  const uint64_t ia = engine.add_request(p, sink.callback());
+  drive(engine);
+  p.prompt_ids = b;
+  const uint64_t ib = engine.add_request(p, sink.callback());
+  drive(engine);
+  EXPECT_EQ(sink.get(ia).ids, run_alone(file, *tok, a, 12, seeded(3), {}, true).ids);
+  const Collected cb = sink.get(ib);
+  EXPECT_EQ(cb.metrics.n_cached_prompt, 32) << "resumes after the block ending at 32";
+  EXPECT_EQ(cb.ids, run_alone(file, *tok, b, 12, seeded(3), {}, true).ids);
+  const std::vector<float> ref = reference_logprobs(file, b, cb.ids);
+  for (size_t t = 0; t < ref.size(); ++t) EXPECT_NEAR(cb.tokens[t].logprob, ref[t], 1e-4) << "token " << t;
+}
+
+TEST(EngineRecurrentErrors, WhatARecurrentModelCannotDoIsRefused) {
+  SynthFile synth("mamba-tiny");
+  auto file = open_model_file(synth.path);
+  std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
+  const auto expect_error = [&](const EngineConfig& cfg, const std::string& needle) {
+    try {
+      Engine e(file, tok, cfg);
+      ADD_FAILURE() << "accepted; expected an error with: " << needle;
+    } catch (const Error& ex) {
+      EXPECT_NE(std::string(ex.what()).find(needle), std::string::npos) << ex.what();
+    }
+  };
+  EngineConfig spec;
+  spec.spec.source = DraftSource::Lookup;
+  expect_error(spec, "cannot be rolled back");
+  EngineConfig tiny;
+  tiny.kv_memory_bytes = 1000;
+  expect_error(tiny, "holds no recurrent state");
+  EngineConfig policy;
+  policy.kv_policy.kind = KvPolicyKind::Streaming;
+  policy.kv_policy.sinks = 4;
+  policy.kv_policy.window = 64;
+  expect_error(policy, "state-space model");
+
+  // --kv-memory buys states: two per sequence with prefix caching (its slot and a snapshot).
+  EngineConfig mem;
+  const int64_t state_bytes = make_kv_store(load_model(file)->hparams(), 0, KvType::F32, 1).state_bytes_per_slot();
+  mem.kv_memory_bytes = 6 * state_bytes + 5;
+  Engine e(file, tok, mem);
+  EXPECT_EQ(e.metrics().state_slots_total, 3);
+  EXPECT_EQ(e.metrics().kv_bytes, 6 * state_bytes);
+
+  // A request's own eviction policy is refused naming what the model keeps instead.
+  RequestParams rp;
+  rp.prompt_ids = {1, 5, 6};
+  rp.kv_policy = policy.kv_policy;
+  try {
+    e.add_request(rp, [](const RequestOutput&) {});
+    ADD_FAILURE() << "a request's KV policy was accepted for a state-space model";
+  } catch (const Error& ex) {
+    EXPECT_NE(std::string(ex.what()).find("state-space model"), std::string::npos) << ex.what();
+  }
+}
+
+}  // namespace
+}  // namespace tern
