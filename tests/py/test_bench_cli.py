@@ -114,6 +114,36 @@ with tempfile.TemporaryDirectory() as d:
         check(all(close(e["relative"], e["ms"] / vc[0]["ms"]) and close(e["speedup_ceiling"], e["k"] / e["relative"])
                   for e in vc), "relative = ms / ms(1), ceiling = k / relative")
 
+    # --depth: tg after each context, the cache it holds there (K/V rows of every position: a
+    # transformer's grows by kv_bytes_per_token a token); scripts/plot_decode_depth.py charts it.
+    rc, out, err = bench("-p", "0", "-n", "4", "-r", "2", "--no-bandwidth", "--depth", "8,40")
+    check(rc == 0, f"--depth runs (rc {rc}: {err.strip()[:200]})")
+    if rc == 0:
+        j = json.loads(out)
+        runs = j.get("depth_runs", [])
+        check([r["depth"] for r in runs] == [8, 40] and all(r["tg_tok_s"] > 0 for r in runs), f"one row a depth ({runs})")
+        check(all(r["cache_bytes"] == r["depth"] * j["kv_bytes_per_token"] + j["state_bytes_per_sequence"] for r in runs),
+              "cache bytes = depth x K/V bytes per token + the fixed state")
+        report = os.path.join(d, "depth.json")
+        with open(report, "w") as f:
+            f.write(out)
+        plot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "plot_decode_depth.py")
+        chart = os.path.join(d, "depth.svg")
+        r = subprocess.run([sys.executable, plot, report + ":tiny", "-o", chart], capture_output=True, text=True)
+        check(r.returncode == 0 and open(chart).read().startswith("<svg") and "tiny" in open(chart).read(),
+              f"the chart is written ({r.stderr.strip()[:120]})")
+        r = subprocess.run([sys.executable, plot, report, "-o", report], capture_output=True, text=True)
+        check(r.returncode != 0 and "input" in r.stderr and json.load(open(report)) == j,
+              f"the chart never overwrites a report ({r.stderr.strip()[:120]})")
+        no_depth = os.path.join(d, "plain.json")
+        with open(no_depth, "w") as f:
+            json.dump({"model": "m"}, f)
+        r = subprocess.run([sys.executable, plot, no_depth, "-o", chart], capture_output=True, text=True)
+        check(r.returncode != 0 and "no depth_runs" in r.stderr, f"a report without --depth is named ({r.stderr.strip()[:120]})")
+    for args, what in ((["-n", "0", "--depth", "8"], "-n must be > 0"), (["--depth", "0"], "--depth")):
+        rc, out, err = bench("-p", "8", *args)
+        check(rc != 0 and what in err, f"{' '.join(args)}: an error naming {what} (rc {rc}: {err.strip()[:120]})")
+
     # --lookup with --spec-prompts: plain and speculative side by side on real text; the greedy
     # outputs must be the same tokens (the random-weight model repeats itself, so lookup guesses).
     prompts = os.path.join(d, "prompts.txt")
