@@ -156,7 +156,7 @@ struct KeptMatrix {
 constexpr KeptMatrix kKeptMatrices[] = {
     {"_norm.weight", "norm: kept"},                // 2-D norms (Mamba-2's grouped ssm_norm)
     {"ssm_conv1d", "ssm_conv1d: kept"},            // the state-space conv taps (rows of d_conv)
-    {".time_mix_lerp_fused.", "rwkv lerp: kept"},  // RWKV-7's token-shift mixes
+    {".time_mix_lerp_fused.", "rwkv lerp: kept"},  // RWKV-6's and RWKV-7's token-shift mixes
     {".time_mix_w1.", "rwkv lora: kept"},          // RWKV-7's low-rank decay, a, v and gate
     {".time_mix_w2.", "rwkv lora: kept"},
     {".time_mix_a1.", "rwkv lora: kept"},
@@ -165,7 +165,11 @@ constexpr KeptMatrix kKeptMatrices[] = {
     {".time_mix_v2.", "rwkv lora: kept"},
     {".time_mix_g1.", "rwkv lora: kept"},
     {".time_mix_g2.", "rwkv lora: kept"},
+    {".time_mix_first.", "rwkv first: kept"},      // RWKV-6's bonus u [head_size, n_head]
+    {".time_mix_decay_w1.", "rwkv lora: kept"},    // RWKV-6's low-rank decay (its mixes' LoRA:
+    {".time_mix_decay_w2.", "rwkv lora: kept"},    //  time_mix_w1 / w2 above, w2 3-D)
     {".ffn_gate_inp.weight", "router: kept"},      // MoE routers: small, and they pick the experts
+    {".ffn_gate_inp_shexp.weight", "shared expert gate: kept"},  // its one row [n_embd, 1] (Qwen2-MoE, Qwen3-Next)
 };
 
 const char* kept_matrix_reason(const std::string& name) {

@@ -264,7 +264,7 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
     if (cfg.spec.source != DraftSource::None)
       fail(file->path(), ": speculative decoding rolls back rejected drafts, and ", hp.arch,
            " keeps a recurrent state per sequence that cannot be rolled back: serve it without --draft / --lookup");
-    const int64_t state_bytes = make_kv_store(hp, 0, cfg.kv_type, 1).state_bytes_per_slot();
+    const int64_t state_bytes = hp.state_floats_per_sequence() * int64_t(sizeof(float));
     const int64_t copies = cfg.prefix_caching ? 2 : 1;
     n_seq_states = cfg.n_parallel;
     if (cfg.kv_memory_bytes > 0 && per_token == 0) {

@@ -25,8 +25,9 @@ enum class SwaPattern {
 // Which layer stack runs the architecture: the transformer decoder (models/decoder.cpp) or a
 // state-space stack (models/mamba.cpp, models/mamba2.cpp).
 // DeepSeek-V2/V3's multi-head latent attention has its own stack (models/deepseek2.cpp).
-// RWKV-7 ("rwkv7") has its own recurrent stack (models/rwkv7.cpp).
-enum class LayerStack { Decoder, Mamba, Mamba2, Mla, Rwkv7 };
+// RWKV-7 ("rwkv7") and RWKV-6 ("rwkv6") have their own recurrent stacks (models/rwkv7.cpp,
+// models/rwkv6.cpp).
+enum class LayerStack { Decoder, Mamba, Mamba2, Mla, Rwkv7, Rwkv6 };
 
 struct ArchSpec {
   const char* name;                        // general.architecture
@@ -64,6 +65,14 @@ struct ArchSpec {
   // A hybrid stack (Granite 4.0-H): layers whose attention.head_count_kv is 0 run a Mamba-2 mixer
   // (models/ssm2_block.h) in place of attention, with the same FFN after it; the others attend.
   bool hybrid_ssm2 = false;
+  // A hybrid stack of gated delta-net and attention layers (Qwen3-Next): the layers that
+  // <arch>.attention.recurrent_layers marks, else all but every full_attention_interval-th, run
+  // the gated delta-net of models/delta_net_block.h in place of attention; the others attend.
+  bool hybrid_delta_net = false;
+  // attn_q holds each head's query then its output gate ([n_embd, 2 n_head head_dim], per head
+  // head_dim query rows then head_dim gate rows); the attention output is times sigmoid(gate)
+  // before attn_output (Qwen3-Next).
+  bool attn_output_gate = false;
 };
 
 // The architectures tern runs, in the order `tern` lists them.
@@ -74,6 +83,6 @@ std::string architecture_list();  // "llama, qwen2, ..."
 
 extern const ArchSpec kArchLlama, kArchDeci, kArchQwen2, kArchQwen2Moe, kArchQwen3, kArchQwen3Moe, kArchPhi3,
     kArchGemma2, kArchGemma3, kArchGptOss, kArchMamba, kArchMamba2, kArchDeepseek2,
-    kArchGraniteHybrid, kArchRwkv7;
+    kArchGraniteHybrid, kArchRwkv7, kArchRwkv6, kArchQwen3Next;
 
 }  // namespace tern

@@ -14,6 +14,9 @@
 // Granite 4.0-H) runs the Mamba-2 mixer of models/ssm2_block.h in place of the attention block
 // on its recurrent layers (RMSNorm -> mixer -> residual), each sequence's state in its KvStore
 // state slot (zeroed when it starts); the K/V store holds only the attention layers' rows.
+// Qwen3-Next (ArchSpec::hybrid_delta_net) runs the gated delta-net of models/delta_net_block.h
+// there instead, and its attention layers gate their output per head (ArchSpec::attn_output_gate:
+// attn_q gives each head's query and gate, the attention output is times sigmoid(gate)).
 //
 // Execution paths: the pooled path (one pool region per operation, work-claiming chunks) runs
 // every architecture; on a single-thread pool it is the serial path. Small dense models without
@@ -35,6 +38,7 @@
 #include "models/model.h"
 #include "models/partition.h"
 #include "models/registry.h"
+#include "models/delta_net_block.h"
 #include "models/ssm2_block.h"
 #include "models/tensor_names.h"
 #include "models/weight_loader.h"
@@ -64,6 +68,8 @@ struct LayerWeights {
   Linear gate, up, down;                  // dense FFN [n_embd -> n_ff], [n_ff -> n_embd]
   std::unique_ptr<Experts> moe;           // routed FFN instead of the dense one
   std::unique_ptr<Ssm2Weights> ssm;       // a hybrid's Mamba-2 layer: this mixer instead of attention
+  std::unique_ptr<DeltaNetWeights> delta; // Qwen3-Next's gated delta-net layer: this instead of attention
+  bool q_gated = false;                   // q holds each head's query then its output gate (2 head_dim rows)
 };
 
 // TERN_SMALL_MODEL_PATH=phased|serial forces the small-model path (tests, benchmarks); unset
@@ -114,8 +120,8 @@ class DecoderModel final : public Model {
       : spec_(spec), file_(std::move(file)), part_(std::move(part)) {
     full_hp_ = read_hparams(*file_);
     if (full_hp_.hybrid() && !part_.whole())
-      fail(file_->path(), ": ", full_hp_.arch, " (hybrid Mamba-2 / attention) models do not run split over processes "
-           "(--tp / --pp) yet");
+      fail(file_->path(), ": ", full_hp_.arch, " (hybrid ", full_hp_.ssm.gated_delta ? "gated delta-net" : "Mamba-2",
+           " / attention) models do not run split over processes (--tp / --pp) yet");
     hp_ = partition_hparams(full_hp_, part_, file_->path());
     layer_begin_ = part_.layer_begin;
     layer_end_ = part_.layer_end < 0 ? hp_.n_layer : part_.layer_end;
@@ -139,6 +145,8 @@ class DecoderModel final : public Model {
       for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) stream(*l);
       if (L.ssm)
         for (const Linear* l : {&L.ssm->in, &L.ssm->out}) stream(*l);
+      if (L.delta)
+        for (const Linear* l : {&L.delta->qkv, &L.delta->gate, &L.delta->qkvz, &L.delta->ba, &L.delta->out}) stream(*l);
       if (L.moe) {
         stream(L.moe->router);
         for (size_t e = 0; e < L.moe->gate.size(); ++e)
@@ -172,7 +180,8 @@ class DecoderModel final : public Model {
     max_tokens_ = n_tokens;
     const auto T = size_t(n_tokens);
     const size_t E = size_t(hp_.n_embd);
-    if (hp_.hybrid()) ssm_mixer_.reserve(hp_, n_tokens);
+    if (hp_.hybrid() && hp_.ssm.gated_delta) delta_mixer_.reserve(hp_, n_tokens);
+    else if (hp_.hybrid()) ssm_mixer_.reserve(hp_, n_tokens);
     int64_t q_max = 0, kv_max = 0, ff_max = std::max(hp_.n_ff, hp_.n_ff_shexp);
     for (int64_t il = 0; il < hp_.n_layer; ++il) {
       q_max = std::max(q_max, hp_.n_embd_q(il));
@@ -184,6 +193,8 @@ class DecoderModel final : public Model {
     k_.assign(T * size_t(kv_max), 0.0f);
     v_.assign(T * size_t(kv_max), 0.0f);
     attn_.assign(T * size_t(q_max), 0.0f);
+    qg_.assign(spec_.attn_output_gate ? 2 * T * size_t(q_max) : 0, 0.0f);
+    attn_gate_.assign(spec_.attn_output_gate ? T * size_t(q_max) : 0, 0.0f);
     gate_.assign(T * size_t(ff_max), 0.0f);
     up_.assign(T * size_t(ff_max), 0.0f);
     positions_.assign(T, 0);
@@ -264,7 +275,8 @@ class DecoderModel final : public Model {
   void forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool);
   void forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
   void attention_block(int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
-  // A hybrid's Mamba-2 layer in place of attention_block: x += mixer(rms_norm(x)) (residual-scaled).
+  // A hybrid's Mamba-2 layer in place of attention_block: x += mixer(rms_norm(x)) (residual-scaled);
+  // Qwen3-Next's gated delta-net layer likewise.
   void ssm_block(int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool);
   // x_ += y [T * n_embd] (y times Granite's residual_scale first, when the file has one).
   void add_residual(float* y, int64_t n);
@@ -310,6 +322,8 @@ class DecoderModel final : public Model {
   std::vector<float> k_;      // [T, n_head_kv * head_dim]
   std::vector<float> v_;      // [T, n_head_kv * head_dim]
   std::vector<float> attn_;   // [T, n_head * head_dim] attention output before o
+  std::vector<float> qg_;     // [T, 2 n_head head_dim] attn_q's rows where it gates the output (each head's q, gate)
+  std::vector<float> attn_gate_;  // [T, n_head * head_dim] those gates
   std::vector<float> gate_;   // [T, n_ff] (or the shared expert's)
   std::vector<float> up_;     // [T, n_ff]
   std::vector<int32_t> positions_;  // [T]
@@ -337,6 +351,7 @@ class DecoderModel final : public Model {
   int32_t embd_lora_id_ = -1;          // token_embd's LoraTarget id
   LinearHooks hooks_;                  // observer_ and (when a token runs an adapter) &lora_
   Ssm2Block ssm_mixer_;                // a hybrid's Mamba-2 scratch (reserve)
+  DeltaNetBlock delta_mixer_;          // Qwen3-Next's gated delta-net scratch (reserve)
 };
 
 void DecoderModel::number_lora_targets() {
@@ -423,8 +438,16 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
     L.attn_norm = ld.vector(tensor_name(Tensor::AttnNorm, il), E, "norm weights");
     const bool ssm_layer = hp_.hybrid() && hp_.is_ssm_layer(il);
     if (hp_.hybrid()) check_hybrid_layer(ld, il);
-    if (ssm_layer) {
+    if (ssm_layer && hp_.ssm.gated_delta) {
+      L.delta = std::make_unique<DeltaNetWeights>(bind_delta_net(ld, hp_, il, file_->path()));
+    } else if (ssm_layer) {
       L.ssm = std::make_unique<Ssm2Weights>(bind_ssm2(ld, hp_, il, file_->path()));
+    } else if (spec_.attn_output_gate) {
+      // Each head's query rows then its gate rows, one matrix (split after the matmul).
+      L.q = linear(ld, Tensor::AttnQ, il, E, 2 * Eq, false, false);
+      L.k = linear(ld, Tensor::AttnK, il, E, Ekv, false, false);
+      L.v = linear(ld, Tensor::AttnV, il, E, Ekv, false, false);
+      L.q_gated = true;
     } else if (spec_.fused_qkv && ld.has(tensor_name(Tensor::AttnQkv, il))) {
       // Row ranges of one matrix: q rows, then k, then v (each its own view of the file's rows).
       const std::string n = tensor_name(Tensor::AttnQkv, il);
@@ -451,7 +474,7 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
       L.o = linear(ld, Tensor::AttnOutput, il, Eq, E, spec_.out_bias, any_bias_optional);
     if (spec_.attn_sinks)  // this rank's heads' sinks
       L.attn_sinks = ld.vector(tensor_name(Tensor::AttnSinks, il), L.n_head * tp, "attention sinks") + tpr * L.n_head;
-    if (spec_.qk_norm) {
+    if (spec_.qk_norm && !ssm_layer) {
       L.q_norm = ld.vector(tensor_name(Tensor::AttnQNorm, il), hd, "norm weights");
       L.k_norm = ld.vector(tensor_name(Tensor::AttnKNorm, il), hd, "norm weights");
     }
@@ -511,8 +534,13 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
         X->sh_gate = linear(ld, Tensor::FfnGateShexp, il, E, S, false, false);
         X->sh_up = linear(ld, Tensor::FfnUpShexp, il, E, S, false, false);
         X->sh_down = linear(ld, Tensor::FfnDownShexp, il, S, E, false, false);
-        if (spec_.shared_expert_gate)
-          X->sh_gate_inp = ld.vector(tensor_name(Tensor::FfnGateInpShexp, il), E, "shared expert gates");
+        if (spec_.shared_expert_gate) {
+          // [n_embd], or [n_embd, 1] as the converters write the shared_expert_gate's one row
+          const std::string gs = tensor_name(Tensor::FfnGateInpShexp, il);
+          const GgufTensorInfo* ti = ld.file().find_tensor(gs);
+          X->sh_gate_inp = ti && ti->ne.size() == 2 ? ld.vectors(gs, E, 1, "shared expert gates")
+                                                    : ld.vector(gs, E, "shared expert gates");
+        }
         X->shared = true;
       }
       L.moe = std::move(X);
@@ -749,10 +777,10 @@ void DecoderModel::qkv_rows_done(const void* ctx, int target, int64_t n_tokens, 
   const HParams& hp = m->hp_;
   const LayerWeights& L = m->layers_[size_t(m->cur_layer_)];
   const Linear& l = target == 0 ? L.q : target == 1 ? L.k : L.v;
-  float* y = target == 0 ? m->q_.data() : target == 1 ? m->k_.data() : m->v_.data();
+  float* y = target == 0 ? (L.q_gated ? m->qg_.data() : m->q_.data()) : target == 1 ? m->k_.data() : m->v_.data();
   const int64_t ld = l.w.n_out;
   if (l.bias) add_bias_cols(y, ld, l.bias, n_tokens, r0, r1);
-  if (target < 2 && hp.rope_layout == RopeLayout::Norm && !L.q_norm) {
+  if (target < 2 && hp.rope_layout == RopeLayout::Norm && !L.q_norm && !L.q_gated) {
     const float* cs = hp.is_swa(m->cur_layer_) && m->has_swa_rope() ? m->rope_cs_swa_.data() : m->rope_cs_.data();
     rope_cols_table(y, ld, cs, n_tokens, hp.head_dim, hp.n_rot, r0, r1);
   }
@@ -782,7 +810,7 @@ int64_t DecoderModel::gather_output_rows(std::span<const SeqBatch> seqs, float* 
 
 void DecoderModel::forward_layers_pooled(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, ThreadPool& pool) {
   for (int64_t il = layer_begin_; il < layer_end_; ++il) {
-    if (layers_[size_t(il)].ssm) ssm_block(il, seqs, kv, T, pool);
+    if (layers_[size_t(il)].ssm || layers_[size_t(il)].delta) ssm_block(il, seqs, kv, T, pool);
     else attention_block(il, seqs, kv, T, pool);
     ffn_block(il, T, pool);
   }
@@ -792,7 +820,8 @@ void DecoderModel::ssm_block(int64_t il, std::span<const SeqBatch> seqs, KvStore
   const LayerWeights& L = layers_[size_t(il)];
   const int64_t E = hp_.n_embd;
   rms_norm(x_.data(), L.attn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
-  ssm_mixer_.run(*L.ssm, hp_, il, seqs, kv, xn_.data(), xn_.data(), T, pool, hooks_);
+  if (L.delta) delta_mixer_.run(*L.delta, hp_, il, seqs, kv, xn_.data(), xn_.data(), T, pool, hooks_);
+  else ssm_mixer_.run(*L.ssm, hp_, il, seqs, kv, xn_.data(), xn_.data(), T, pool, hooks_);
   add_residual(xn_.data(), T * E);
 }
 
@@ -804,6 +833,29 @@ void DecoderModel::add_residual(float* y, int64_t n) {
 
 void DecoderModel::check_hybrid_layer(const WeightLoader& ld, int64_t il) const {
   const bool ssm = hp_.is_ssm_layer(il);
+  if (hp_.ssm.gated_delta) {
+    // Qwen3-Next: attn_qkv is a gated delta-net tensor there (the attention layers have attn_q/k/v).
+    const std::string a = hp_.arch + ".";
+    const std::string why = file_->find(a + "attention.recurrent_layers")
+                                ? str_cat(a, "attention.recurrent_layers[", il, "] = ", ssm ? "true" : "false")
+                                : str_cat(a, "full_attention_interval ", file_->get_uint(a + "full_attention_interval", 4));
+    const std::string kind = ssm ? "a gated delta-net layer" : "an attention layer";
+    const Tensor attn[] = {Tensor::AttnQ, Tensor::AttnK, Tensor::AttnV, Tensor::AttnOutput};
+    const Tensor delta[] = {Tensor::AttnQkv, Tensor::AttnGate, Tensor::SsmIn, Tensor::SsmBetaAlpha, Tensor::SsmOut};
+    for (Tensor t : ssm ? std::span<const Tensor>(attn) : std::span<const Tensor>(delta)) {
+      const std::string n = tensor_name(t, il);
+      if (ld.has(n))
+        fail(file_->path(), ": layer ", il, " is ", kind, " (", why, ") but the file has ", n,
+             ssm ? ", an attention tensor" : ", a gated delta-net tensor", ": the layer pattern disagrees with the tensors");
+    }
+    for (Tensor t : ssm ? std::span<const Tensor>(delta).subspan(3) : std::span<const Tensor>(attn)) {
+      const std::string n = tensor_name(t, il);
+      if (!ld.has(n))
+        fail(file_->path(), ": layer ", il, " is ", kind, " (", why, ") but the file has no ", n,
+             ": the layer pattern disagrees with the tensors");
+    }
+    return;
+  }
   const Tensor attn[] = {Tensor::AttnQ, Tensor::AttnK, Tensor::AttnV, Tensor::AttnQkv, Tensor::AttnOutput};
   const Tensor mamba[] = {Tensor::SsmIn, Tensor::SsmOut};
   for (Tensor t : ssm ? std::span<const Tensor>(attn) : std::span<const Tensor>(mamba)) {
@@ -825,10 +877,17 @@ void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, K
   // to each chunk of rows as it is produced.
   cur_layer_ = il;
   const Linear* qkv[] = {&L.q, &L.k, &L.v};
-  float* const ys[] = {q_.data(), k_.data(), v_.data()};
-  const int64_t lds[] = {Eq, Ekv, Ekv};
+  float* const ys[] = {L.q_gated ? qg_.data() : q_.data(), k_.data(), v_.data()};
+  const int64_t lds[] = {L.q_gated ? 2 * Eq : Eq, Ekv, Ekv};
   apply_linears_shared(qkv, ys, lds, x_.data(), E, T, pool, RowsDone{qkv_rows_done, this, false},
                        InputRmsNorm{L.attn_norm, hp_.rms_eps, xn_.data()}, hooks_);
+  if (L.q_gated)  // each head's query, then its output gate
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < L.n_head; ++h) {
+        const float* src = qg_.data() + t * 2 * Eq + h * 2 * hd;
+        std::copy_n(src, hd, q_.data() + t * Eq + h * hd);
+        std::copy_n(src + hd, hd, attn_gate_.data() + t * Eq + h * hd);
+      }
   // What the epilogue could not do: q/k head norms before RoPE, and the NeoX layout (its pairs
   // span a head, not a chunk's rows).
   if (L.q_norm) {
@@ -884,6 +943,8 @@ void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, K
       for (int64_t kvh = 0; kvh < a.n_head_kv; ++kvh)
         for (int64_t j = 0; j < a.ld_key_mass; ++j) dst[j] += a.key_mass[kvh * a.ld_key_mass + j];
     }
+  if (L.q_gated)  // attention output times sigmoid(gate), per head and channel
+    for (int64_t i = 0; i < T * Eq; ++i) attn_[size_t(i)] *= 1.0f / (1.0f + std::exp(-attn_gate_[size_t(i)]));
   apply_linear(L.o, attn_.data(), Eq, T, xn_.data(), E, pool, hooks_);
   if (part_.tp_size > 1) part_.all_reduce(xn_.data(), T * E);  // the heads' partial sums
   if (L.attn_post_norm) rms_norm(xn_.data(), L.attn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);

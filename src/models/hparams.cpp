@@ -121,6 +121,39 @@ HParams read_rwkv7_hparams(const GgufFile& f, HParams hp) {
   return hp;
 }
 
+// RWKV-6 as llama.cpp's converter (Rwkv6Model) writes it: wkv.head_size, time_mix_extra_dim,
+// time_decay_extra_dim, rescale_every_n_layers, attention.layer_norm_epsilon, feed_forward_length;
+// head_count is written as 0 (unused), token_shift_count not at all (llama.cpp's default 2).
+HParams read_rwkv6_hparams(const GgufFile& f, HParams hp) {
+  const std::string& p = f.path();
+  const std::string a = hp.arch + ".";
+  HParams::Rwkv& r = hp.rwkv;
+  hp.n_ctx_train = int64_t(f.get_uint(a + "context_length", 1 << 20));
+  r.head_size = int64_t(f.get_uint(a + "wkv.head_size"));
+  r.mix_extra_dim = int64_t(f.get_uint(a + "time_mix_extra_dim"));
+  r.decay_extra_dim = int64_t(f.get_uint(a + "time_decay_extra_dim"));
+  r.rescale_every = int64_t(f.get_uint(a + "rescale_every_n_layers", 0));
+  r.norm_eps = float(f.get_float(a + "attention.layer_norm_epsilon", 1e-5));
+  hp.n_ff = int64_t(f.get_uint(a + "feed_forward_length"));
+  if (r.head_size < 1 || r.head_size > 1024) fail(p, ": bad ", a, "wkv.head_size ", r.head_size);
+  if (hp.n_embd % r.head_size != 0)
+    fail(p, ": ", a, "wkv.head_size ", r.head_size, " does not divide embedding_length ", hp.n_embd);
+  if (r.mix_extra_dim < 1 || r.mix_extra_dim > hp.n_embd) fail(p, ": bad ", a, "time_mix_extra_dim ", r.mix_extra_dim);
+  if (r.decay_extra_dim < 1 || r.decay_extra_dim > hp.n_embd)
+    fail(p, ": bad ", a, "time_decay_extra_dim ", r.decay_extra_dim);
+  if (r.rescale_every < 0 || r.rescale_every > (1 << 20)) fail(p, ": bad ", a, "rescale_every_n_layers ", r.rescale_every);
+  if (hp.n_ff < 1 || hp.n_ff > (1 << 22)) fail(p, ": bad ", a, "feed_forward_length ", hp.n_ff);
+  if (f.has(a + "token_shift_count") && f.get_uint(a + "token_shift_count") != 2)
+    fail(p, ": ", a, "token_shift_count ", f.get_uint(a + "token_shift_count"), " is not 2 (RWKV-6 shifts two inputs)");
+  if (!(r.norm_eps > 0.0f && r.norm_eps < 1.0f)) fail(p, ": bad ", a, "attention.layer_norm_epsilon ", r.norm_eps);
+  hp.n_head_per_layer.assign(size_t(hp.n_layer), 0);
+  hp.n_head_kv_per_layer.assign(size_t(hp.n_layer), 0);
+  hp.n_ff_per_layer.assign(size_t(hp.n_layer), hp.n_ff);
+  hp.swa_layers.assign(size_t(hp.n_layer), 0);
+  read_vocab_size(f, hp);
+  return hp;
+}
+
 // Multi-head latent attention (DeepSeek-V2/V3) as llama.cpp's converter writes it: the cache's
 // MQA view (head_count_kv 1, key_length = kv_lora_rank + rope, value_length = kv_lora_rank) and
 // the per-head sizes (key_length_mla, value_length_mla). Files of older converters (attn_kv_b,
@@ -174,6 +207,35 @@ void read_mla_hparams(const GgufFile& f, HParams& hp) {
   }
 }
 
+// Qwen3-Next's layer kinds, as llama.cpp decides them: attention.recurrent_layers (one flag per
+// layer, MTP layers included) where the file has it, else every layer but each
+// full_attention_interval-th (default 4) is a gated delta-net layer; the ssm.* keys (n_group key
+// heads and dt_rank value heads of d_state); no K/V rows on the recurrent layers.
+void read_delta_net_layers(const GgufFile& f, HParams& hp, int64_t n_layer_all) {
+  const std::string& p = f.path();
+  const std::string a = hp.arch + ".";
+  hp.ssm_layers.assign(size_t(hp.n_layer), 0);
+  const std::string rkey = a + "attention.recurrent_layers";
+  if (const GgufValue* v = f.find(rkey)) {
+    const GgufArray& flags = v->as_array(rkey);
+    if (int64_t(flags.items.size()) != n_layer_all && int64_t(flags.items.size()) != hp.n_layer)
+      fail(p, ": ", rkey, " has ", flags.items.size(), " values for ", n_layer_all, " layers");
+    for (int64_t il = 0; il < hp.n_layer; ++il) hp.ssm_layers[size_t(il)] = flags.items[size_t(il)].as_bool(rkey);
+  } else {
+    const int64_t interval = int64_t(f.get_uint(a + "full_attention_interval", 4));
+    if (interval < 1 || interval > 4096) fail(p, ": bad ", a, "full_attention_interval ", interval);
+    for (int64_t il = 0; il < hp.n_layer; ++il) hp.ssm_layers[size_t(il)] = (il + 1) % interval != 0;
+  }
+  read_ssm_keys(f, hp, /*mamba2=*/true);
+  HParams::Ssm& s = hp.ssm;
+  s.gated_delta = true;
+  if (s.d_inner / s.dt_rank != s.d_state)
+    fail(p, ": ", a, "ssm.inner_size ", s.d_inner, " / ssm.time_step_rank ", s.dt_rank, " (the value heads' size) is "
+         "not ssm.state_size ", s.d_state, " (the key heads' size): the gated delta-net needs square states");
+  for (int64_t il = 0; il < hp.n_layer; ++il)
+    if (hp.ssm_layers[size_t(il)]) hp.n_head_kv_per_layer[size_t(il)] = 0;
+}
+
 }  // namespace
 
 bool HParams::uniform_layers() const {
@@ -196,6 +258,15 @@ HParams read_hparams(const GgufFile& f) {
   if (spec.stack == LayerStack::Mamba || spec.stack == LayerStack::Mamba2)
     return read_ssm_hparams(f, std::move(hp), spec.stack == LayerStack::Mamba2);
   if (spec.stack == LayerStack::Rwkv7) return read_rwkv7_hparams(f, std::move(hp));
+  if (spec.stack == LayerStack::Rwkv6) return read_rwkv6_hparams(f, std::move(hp));
+  // Qwen3-Next's converter appends its multi-token-prediction block(s) to block_count
+  // (nextn_predict_layers): the main pass runs the layers before them, as llama.cpp's does.
+  const int64_t n_layer_all = hp.n_layer;
+  if (spec.hybrid_delta_net) {
+    const int64_t nextn = int64_t(f.get_uint(a + "nextn_predict_layers", 0));
+    if (nextn < 0 || nextn >= hp.n_layer) fail(p, ": bad ", a, "nextn_predict_layers ", nextn);
+    hp.n_layer -= nextn;
+  }
   hp.n_head_per_layer = per_layer(f, a + "attention.head_count", hp.n_layer, nullptr);
   hp.n_head_kv_per_layer = per_layer(f, a + "attention.head_count_kv", hp.n_layer, &hp.n_head_per_layer);
   const std::vector<int64_t> no_dense_ffn(size_t(hp.n_layer), 0);  // MoE-only files may omit the key
@@ -325,6 +396,8 @@ HParams read_hparams(const GgufFile& f) {
     const std::string key = a + "rope.scaling.finetuned";
     if (const GgufValue* v = f.find(key); v && !v->as_bool(key)) hp.n_rot = 0;
   }
+
+  if (spec.hybrid_delta_net) read_delta_net_layers(f, hp, n_layer_all);
 
   // Experts.
   hp.n_expert = int64_t(f.get_uint(a + "expert_count", 0));

@@ -79,6 +79,11 @@ struct HParams {
     int64_t d_conv = 0, d_inner = 0, d_state = 0, dt_rank = 0;
     int64_t n_group = 0;  // Mamba-2's B/C groups; 0: Mamba-1
     bool dt_b_c_rms = false;
+    // Qwen3-Next's gated delta-net layers (models/delta_net_block.h), as llama.cpp reads the same
+    // keys: n_group key heads and dt_rank value heads, each of d_state (= d_inner / dt_rank); the
+    // conv runs over q, k and v (2 n_group d_state + d_inner channels, conv_channels() below); the
+    // state of a value head is [d_state][d_state] (d_state * d_inner in all, as Mamba-2's).
+    bool gated_delta = false;
     // Channels through the causal conv: x, then (Mamba-2) B and C of every group.
     int64_t conv_channels() const { return d_inner + 2 * n_group * d_state; }
   } ssm;
@@ -86,15 +91,22 @@ struct HParams {
   // `<arch>.attention.layer_norm_epsilon`, as llama.cpp's converter writes them): n_embd / head_size
   // WKV heads, each with a [head_size][head_size] state, and the LoRA ranks of the w, a, v and g
   // projections. The model's norms are LayerNorms with biases (eps norm_eps).
+  // RWKV-6 (`<arch>.wkv.head_size`, `<arch>.time_mix_extra_dim`, `<arch>.time_decay_extra_dim`,
+  // `<arch>.rescale_every_n_layers`): the same heads and state; the rank of the token-shift mixes'
+  // LoRA (five of them) and of the decay's, and the halving of the residual stream after every
+  // rescale_every-th layer (0: never).
   struct Rwkv {
-    int64_t head_size = 0;  // > 0: an RWKV-7 model
-    int64_t lora_decay = 0, lora_iclr = 0, lora_value_res = 0, lora_gate = 0;
+    int64_t head_size = 0;  // > 0: an RWKV-6 or RWKV-7 model
+    int64_t lora_decay = 0, lora_iclr = 0, lora_value_res = 0, lora_gate = 0;  // RWKV-7
+    int64_t mix_extra_dim = 0, decay_extra_dim = 0, rescale_every = 0;         // RWKV-6
     float norm_eps = 1e-5f;
   } rwkv;
   bool is_rwkv() const { return rwkv.head_size > 0; }
   bool recurrent() const { return ssm.d_inner > 0 || is_rwkv(); }
   // A hybrid stack (Granite 4.0-H): Mamba-2 layers where attention.head_count_kv is 0, attention
   // on the others; ssm_layers[il] = 1 on the Mamba-2 ones. Empty: every layer is of one kind.
+  // Qwen3-Next: ssm_layers marks its gated delta-net layers (ssm.gated_delta), whose
+  // head_count_kv(il) is set to 0 (no K/V rows).
   std::vector<uint8_t> ssm_layers;
   bool hybrid() const { return !ssm_layers.empty(); }
   bool is_ssm_layer(int64_t il) const { return hybrid() ? ssm_layers[size_t(il)] != 0 : recurrent(); }
@@ -123,8 +135,10 @@ struct HParams {
   // f32 of one sequence's recurrent state in a layer: the conv window's last d_conv - 1 inputs
   // and the SSM state, [d_conv - 1][conv_channels] then [d_inner][d_state] (Mamba-2: the heads'
   // [head_dim][d_state] states one after another, the same layout).
-  // RWKV-7: the time mix's and the channel mix's shifted token (n_embd each), then the heads'
-  // WKV states, [n_embd / head_size][head_size][head_size].
+  // RWKV-6 and RWKV-7: the time mix's and the channel mix's shifted token (n_embd each), then
+  // the heads' WKV states, [n_embd / head_size][head_size][head_size].
+  // Qwen3-Next's gated delta-net: the conv window [d_conv - 1][conv_channels] (q, k, v), then the
+  // value heads' states [dt_rank][d_state (value)][d_state (key)] (the same count).
   int64_t state_floats() const {
     if (is_rwkv()) return 2 * n_embd + n_embd * rwkv.head_size;
     return recurrent() ? (ssm.d_conv - 1) * ssm.conv_channels() + ssm.d_state * ssm.d_inner : 0;

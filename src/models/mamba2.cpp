@@ -5,11 +5,13 @@
 //
 // A sequence's state (per layer: the conv window's last d_conv - 1 inputs of every conv
 // channel, then the heads' [head_dim][d_state] states) lives in the KvStore's state slot
-// SeqBatch::state_slot and is zeroed when the sequence starts (n_past == 0). Prefill and decode
-// run the same recurrence token by token (matmuls over every token of the step at once; the
-// conv over channels and the scan over heads in parallel), so a prompt in one step, in chunks
-// or token by token gives the same bits. (The chunked "SSD" form of the scan would turn the
-// prefill's scan into matmuls; the scan is a few percent of a step here, see docs/models.md.)
+// SeqBatch::state_slot and is zeroed when the sequence starts (n_past == 0). A step runs the
+// matmuls over every token at once, the conv over channels and the scan over heads in parallel;
+// the scan takes its chunked "SSD" form (small matrix products per chunk of 64 tokens) for a
+// sequence's prefill of 8 tokens or more and the recurrence token by token otherwise (decode),
+// see models/ssm2_block.h. The two agree to float rounding, not bit for bit: a prompt in one
+// step, in chunks or token by token gives the same greedy ids and logits within ~1e-5 relative
+// (TERN_SSM_SCAN=recurrent: the recurrence everywhere, the same bits).
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -10,7 +10,7 @@ const std::vector<const ArchSpec*>& architectures() {
   static const std::vector<const ArchSpec*> kAll = {&kArchLlama,  &kArchDeci, &kArchQwen2,  &kArchQwen2Moe, &kArchQwen3,
                                                     &kArchQwen3Moe, &kArchPhi3, &kArchGemma2,   &kArchGemma3,
                                                     &kArchGptOss, &kArchMamba, &kArchMamba2, &kArchDeepseek2,
-                                                    &kArchGraniteHybrid, &kArchRwkv7};
+                                                    &kArchGraniteHybrid, &kArchRwkv7, &kArchRwkv6, &kArchQwen3Next};
   return kAll;
 }
 
@@ -35,6 +35,7 @@ std::unique_ptr<Model> load_model(std::shared_ptr<const GgufFile> file, const Mo
     if (spec.stack == LayerStack::Mamba2) return make_mamba2(spec, std::move(file));
     if (spec.stack == LayerStack::Mla) return make_deepseek2(spec, std::move(file));
     if (spec.stack == LayerStack::Rwkv7) return make_rwkv7(spec, std::move(file));
+    if (spec.stack == LayerStack::Rwkv6) return make_rwkv6(spec, std::move(file));
     return make_mamba(spec, std::move(file));
   }
   return make_decoder(spec, std::move(file), part);

@@ -19,5 +19,7 @@ std::unique_ptr<Model> make_mamba2(const ArchSpec& spec, std::shared_ptr<const G
 std::unique_ptr<Model> make_deepseek2(const ArchSpec& spec, std::shared_ptr<const GgufFile> file);
 // RWKV-7's stack (models/rwkv7.cpp).
 std::unique_ptr<Model> make_rwkv7(const ArchSpec& spec, std::shared_ptr<const GgufFile> file);
+// RWKV-6's stack (models/rwkv6.cpp).
+std::unique_ptr<Model> make_rwkv6(const ArchSpec& spec, std::shared_ptr<const GgufFile> file);
 
 }  // namespace tern

@@ -54,44 +54,6 @@ struct Rwkv7Layer {
 
 inline float rwkv7_sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
-// LayerNorm of n_rows rows of n (ggml_norm: mean, then the variance of the centred row, sums in
-// double), times w plus b when w is given.
-void rwkv7_layer_norm(const float* x, const float* w, const float* b, float* out, int64_t n_rows, int64_t n, float eps,
-                      ThreadPool& pool) {
-  pool.parallel_for(n_rows, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * n;
-      float* o = out + r * n;
-      double sum = 0.0;
-      for (int64_t i = 0; i < n; ++i) sum += double(xr[i]);
-      const float mean = float(sum / double(n));
-      double var = 0.0;
-      for (int64_t i = 0; i < n; ++i) {
-        const float d = xr[i] - mean;
-        var += double(d * d);
-      }
-      const float scale = 1.0f / std::sqrt(float(var / double(n)) + eps);
-      for (int64_t i = 0; i < n; ++i) o[i] = (xr[i] - mean) * scale;
-      if (w)
-        for (int64_t i = 0; i < n; ++i) o[i] = o[i] * w[i] + b[i];
-    }
-  });
-}
-
-// One head's group norm (ggml_norm over the head's n channels, eps 64e-5), in place.
-void rwkv7_group_norm_head(float* y, int64_t n) {
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += double(y[i]);
-  const float mean = float(sum / double(n));
-  double var = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float d = y[i] - mean;
-    var += double(d * d);
-  }
-  const float scale = 1.0f / std::sqrt(float(var / double(n)) + 64e-5f);
-  for (int64_t i = 0; i < n; ++i) y[i] = (y[i] - mean) * scale;
-}
-
 class Rwkv7Model final : public Model {
  public:
   Rwkv7Model(const ArchSpec& spec, std::shared_ptr<const GgufFile> file) : file_(std::move(file)) {
@@ -147,10 +109,6 @@ class Rwkv7Model final : public Model {
                 ThreadPool& pool);
   void channel_mix(const Rwkv7Layer& L, int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T,
                    ThreadPool& pool);
-  // out[t] = xn[t] + (prev(t) - xn[t]) * mix for each mix, prev(t) the previous token's xn or,
-  // for a sequence's first token of the step, shift (its state); then shift = the last xn.
-  void token_shift(std::span<const SeqBatch> seqs, KvStore& kv, int64_t il, int64_t shift_off, const float* xn,
-                   const float* mixes, int64_t n_mix, float* out, int64_t T, ThreadPool& pool);
 
   std::shared_ptr<const GgufFile> file_;
   HugeBuffer arena_;
@@ -252,37 +210,12 @@ void Rwkv7Model::lora(const Linear& down, const Linear& up, const float* x, int6
   apply_linear(up, lo_.data(), R, T, y, E, pool, hooks_);
 }
 
-void Rwkv7Model::token_shift(std::span<const SeqBatch> seqs, KvStore& kv, int64_t il, int64_t shift_off,
-                             const float* xn, const float* mixes, int64_t n_mix, float* out, int64_t T,
-                             ThreadPool& pool) {
-  const int64_t E = hp_.n_embd;
-  int64_t t0 = 0;
-  for (const auto& sq : seqs) {
-    const int64_t n = int64_t(sq.tokens.size());
-    float* shift = kv.state(il, sq.state_slot) + shift_off;
-    pool.parallel_for(n, [&](int64_t i0, int64_t i1, int) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = t0 + i;
-        const float* prev = i == 0 ? shift : xn + (t - 1) * E;
-        const float* cur = xn + t * E;
-        for (int64_t m = 0; m < n_mix; ++m) {
-          const float* mix = mixes + m * E;
-          float* o = out + (m * T + t) * E;
-          for (int64_t c = 0; c < E; ++c) o[c] = (prev[c] - cur[c]) * mix[c] + cur[c];
-        }
-      }
-    });
-    if (n > 0) std::copy_n(xn + (t0 + n - 1) * E, E, shift);
-    t0 += n;
-  }
-}
-
 void Rwkv7Model::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
   const int64_t E = hp_.n_embd, V = hp_.n_vocab;
   const float eps = hp_.rwkv.norm_eps;
   const int64_t T = begin_recurrent_step(seqs, kv, tok_embd_, V, E, max_tokens_, x_.data());
   if (T == 0) return;
-  rwkv7_layer_norm(x_.data(), tok_norm_, tok_norm_b_, x_.data(), T, E, eps, pool);
+  rwkv_layer_norm(x_.data(), tok_norm_, tok_norm_b_, x_.data(), T, E, eps, pool);
   hooks_ = LinearHooks{observer_, nullptr};
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     time_mix(layers_[size_t(il)], il, seqs, kv, T, pool);
@@ -291,9 +224,9 @@ void Rwkv7Model::forward(std::span<const SeqBatch> seqs, KvStore& kv, float* log
 
   const int64_t rows = gather_logit_rows(seqs, x_.data(), E, out_rows_.data(), [&](const float* in, float* out,
                                                                                     int64_t n) {
-    rwkv7_layer_norm(in, output_norm_, output_norm_b_, out, n, E, eps, pool);
+    rwkv_layer_norm(in, output_norm_, output_norm_b_, out, n, E, eps, pool);
   });
-  rwkv7_layer_norm(out_rows_.data(), output_norm_, output_norm_b_, out_rows_.data(), rows, E, eps, pool);
+  rwkv_layer_norm(out_rows_.data(), output_norm_, output_norm_b_, out_rows_.data(), rows, E, eps, pool);
   apply_linear(output_, out_rows_.data(), E, rows, logits, V, pool, hooks_);
 }
 
@@ -301,8 +234,8 @@ void Rwkv7Model::time_mix(const Rwkv7Layer& L, int64_t il, std::span<const SeqBa
                           ThreadPool& pool) {
   const int64_t E = hp_.n_embd, N = hp_.rwkv.head_size, H = E / N;
   const size_t TE = size_t(T * E);
-  rwkv7_layer_norm(x_.data(), L.att_norm, L.att_norm_b, xn_.data(), T, E, hp_.rwkv.norm_eps, pool);
-  token_shift(seqs, kv, il, 0, xn_.data(), L.lerp, kRwkvMixes, mix_.data(), T, pool);
+  rwkv_layer_norm(x_.data(), L.att_norm, L.att_norm_b, xn_.data(), T, E, hp_.rwkv.norm_eps, pool);
+  rwkv_token_shift(seqs, kv, il, 0, E, xn_.data(), L.lerp, kRwkvMixes, mix_.data(), T, nullptr, pool);
   const float* xr = mix_.data();
   const float *xw = xr + TE, *xk = xr + 2 * TE, *xv = xr + 3 * TE, *xa = xr + 4 * TE, *xg = xr + 5 * TE;
 
@@ -371,7 +304,7 @@ void Rwkv7Model::time_mix(const Rwkv7Layer& L, int64_t il, std::span<const SeqBa
       for (int64_t h = 0; h < H; ++h) {
         const int64_t o = t * E + h * N;
         float* y = y_.data() + o;
-        rwkv7_group_norm_head(y, N);
+        rwkv_group_norm_head(y, N);
         const float *r = r_.data() + o, *k = k_.data() + o, *v = v_.data() + o, *g = g_.data() + o;
         float rk = 0.0f;
         for (int64_t j = 0; j < N; ++j) rk += k[j] * r[j] * L.r_k[h * N + j];
@@ -388,8 +321,8 @@ void Rwkv7Model::time_mix(const Rwkv7Layer& L, int64_t il, std::span<const SeqBa
 void Rwkv7Model::channel_mix(const Rwkv7Layer& L, int64_t il, std::span<const SeqBatch> seqs, KvStore& kv, int64_t T,
                              ThreadPool& pool) {
   const int64_t E = hp_.n_embd, F = hp_.n_ff;
-  rwkv7_layer_norm(x_.data(), L.ffn_norm, L.ffn_norm_b, xn_.data(), T, E, hp_.rwkv.norm_eps, pool);
-  token_shift(seqs, kv, il, E, xn_.data(), L.cm_lerp_k, 1, mix_.data(), T, pool);
+  rwkv_layer_norm(x_.data(), L.ffn_norm, L.ffn_norm_b, xn_.data(), T, E, hp_.rwkv.norm_eps, pool);
+  rwkv_token_shift(seqs, kv, il, E, E, xn_.data(), L.cm_lerp_k, 1, mix_.data(), T, nullptr, pool);
   apply_linear(L.cm_key, mix_.data(), E, T, ffn_.data(), F, pool, hooks_);
   for (int64_t i = 0; i < T * F; ++i) {
     const float v = std::max(ffn_[size_t(i)], 0.0f);

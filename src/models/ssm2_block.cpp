@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "models/tensor_names.h"
@@ -41,6 +43,14 @@ void Ssm2Block::reserve(const HParams& hp, int64_t n_tokens) {
 namespace {
 inline float ssm2_block_silu(float v) { return v / (1.0f + std::exp(-v)); }
 }  // namespace
+
+Ssm2ScanMode ssm2_scan_mode_from_env() {
+  const char* v = std::getenv("TERN_SSM_SCAN");
+  if (!v || !*v || std::strcmp(v, "auto") == 0) return Ssm2ScanMode::Auto;
+  if (std::strcmp(v, "recurrent") == 0) return Ssm2ScanMode::Recurrent;
+  if (std::strcmp(v, "chunked") == 0) return Ssm2ScanMode::Chunked;
+  fail("TERN_SSM_SCAN=", v, ": expected recurrent, chunked or auto (Mamba-2's scan, docs/models.md)");
+}
 
 void Ssm2Block::run(const Ssm2Weights& L, const HParams& hp, int64_t il, std::span<const SeqBatch> seqs, KvStore& kv,
                     const float* xn, float* out, int64_t T, ThreadPool& pool, const LinearHooks& hooks) {
@@ -83,8 +93,9 @@ void Ssm2Block::run(const Ssm2Weights& L, const HParams& hp, int64_t il, std::sp
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h) dt_[size_t(t * H + h)] = proj_[size_t(t * NIN + DI + CC + h)] + L.dt_bias[h];
 
-  // The scan (ops.h ssm2_scan), heads in parallel, each sequence from its state; then the
-  // grouped RMSNorm of y (gated by silu(z) in the scan).
+  // The scan, heads in parallel, each sequence from its state: the chunked form for a prefill's
+  // tokens, the recurrence for decode (chunked()); then the grouped RMSNorm of y (gated by
+  // silu(z) in the scan).
   pool.parallel_for(H, [&](int64_t h0, int64_t h1, int) {
     int64_t t0 = 0;
     for (const auto& sq : seqs) {
@@ -93,7 +104,8 @@ void Ssm2Block::run(const Ssm2Weights& L, const HParams& hp, int64_t il, std::sp
       Ssm2ScanArgs a{xbc,        CC,  dt_.data() + t0 * H, H, xbc + DI, xbc + DI + G * DS, CC, proj_.data() + t0 * NIN,
                      NIN,        L.a, L.d, kv.state(il, sq.state_slot) + (K - 1) * CC, y_.data() + t0 * DI, DI, n, DS,
                      P,          H / G};
-      ssm2_scan(a, h0, h1);
+      if (chunked(n)) ssm2_scan_chunked(a, h0, h1, kSsm2Chunk);
+      else ssm2_scan(a, h0, h1);
       t0 += n;
     }
   });

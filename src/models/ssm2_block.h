@@ -13,8 +13,16 @@
 //   out = ssm_out y
 // A sequence's state in layer il (HParams::state_floats: the conv window's last d_conv - 1 inputs
 // of every conv channel, then the heads' [head_dim][d_state] states) is kv.state(il, state_slot);
-// the caller zeroes it when the sequence starts. Prefill and decode run the same recurrence token
-// by token, so a prompt in one step, in chunks or token by token gives the same bits.
+// the caller zeroes it when the sequence starts.
+// The scan has two forms: the recurrence token by token (ops.h ssm2_scan) and the chunked "SSD"
+// form (ssm2_scan_chunked: chunks of kSsm2Chunk tokens as small matrix products, the state
+// updated once per chunk). A sequence whose step has at least kSsm2ChunkedMinTokens tokens
+// (prefill) takes the chunked form, a shorter one (decode) the recurrence; TERN_SSM_SCAN=
+// recurrent or chunked (read when the block is made, i.e. at model load) takes one form for
+// every step, auto (or unset) the default rule. The two forms agree to float rounding (~1e-6
+// relative), not bit for bit: a prompt in one step, in chunks or token by token gives the same
+// logits within ~1e-5 relative and the same greedy ids (tests/models/
+// test_ssm2_chunked_prefill.cpp); with TERN_SSM_SCAN=recurrent the same bits, as before.
 #include <span>
 #include <string>
 #include <vector>
@@ -39,9 +47,23 @@ struct Ssm2Weights {
 // Binds layer il's ssm_* tensors (names, shapes and types checked by the loader; A must be <= 0).
 Ssm2Weights bind_ssm2(WeightLoader& ld, const HParams& hp, int64_t il, const std::string& path);
 
+// Which form of the scan a step's sequences take (see the top of the file).
+enum class Ssm2ScanMode { Auto, Recurrent, Chunked };
+// TERN_SSM_SCAN: unset, empty or "auto" -> Auto; "recurrent"; "chunked"; anything else fails.
+Ssm2ScanMode ssm2_scan_mode_from_env();
+// Tokens per chunk of the chunked form, and the fewest tokens of a sequence's step that take it
+// under Auto (measured on AVX-512, docs/models.md "State-space models").
+inline constexpr int64_t kSsm2Chunk = 64;
+inline constexpr int64_t kSsm2ChunkedMinTokens = 8;
+
 // The block's scratch (sized by reserve) and its pass. Not thread-safe: one pass at a time.
 class Ssm2Block {
  public:
+  Ssm2Block() : mode_(ssm2_scan_mode_from_env()) {}
+  // Whether a sequence's step of n tokens takes the chunked form.
+  bool chunked(int64_t n) const {
+    return mode_ == Ssm2ScanMode::Chunked || (mode_ == Ssm2ScanMode::Auto && n >= kSsm2ChunkedMinTokens);
+  }
   void reserve(const HParams& hp, int64_t n_tokens);
   // out [T, n_embd] = the mixer of layer il over xn [T, n_embd] (out may be xn), the tokens of
   // `seqs` one after another; reads and advances each sequence's state in kv.
@@ -55,6 +77,7 @@ class Ssm2Block {
   std::vector<float> xbc_;   // [T, conv channels] the conv's output: x, B, C
   std::vector<float> dt_;    // [T, H] dt + dt_bias
   std::vector<float> y_;     // [T, d_inner]
+  Ssm2ScanMode mode_;
 };
 
 }  // namespace tern

@@ -74,6 +74,12 @@ const std::vector<SynthShape>& synth_shapes() {
       {.name = "rwkv7-0.1b", .arch = "rwkv7", .n_embd = 768, .n_ff = 3072, .n_layer = 12, .n_vocab = 65536,
        .n_ctx = 1 << 20, .rwkv_head_size = 64, .rwkv_lora_decay = 64, .rwkv_lora_iclr = 64, .rwkv_lora_value = 32,
        .rwkv_lora_gate = 128},
+      // RWKV-6-World 1.6B (RWKV/v6-Finch-1B6-HF): 2048 wide, 24 layers, heads of 64, FFN 3.5x
+      // (7168), the world vocabulary's 65536 tokens (a generated one here); the converter's
+      // time_mix_extra_dim 32 and time_decay_extra_dim 64 (64 / 128 only for 4096 wide), the
+      // config's rescale_every 6.
+      {.name = "rwkv6-1.6b", .arch = "rwkv6", .n_embd = 2048, .n_ff = 7168, .n_layer = 24, .n_vocab = 65536,
+       .n_ctx = 1 << 20, .rwkv_head_size = 64, .rwkv_mix_extra = 32, .rwkv_decay_extra = 64, .rwkv_rescale_every = 6},
       // DeepSeek-V2-Lite (config.json of deepseek-ai/DeepSeek-V2-Lite): 2048 wide, 27 layers, 16
       // heads of 128 + 64 (nope + rope) with values of 128, no query compression, a latent of
       // 512; the first layer dense (10944), then 64 experts of 1408 (6 per token, softmax, not
@@ -108,6 +114,16 @@ const std::vector<SynthShape>& synth_shapes() {
        .yarn_factor = 40.0f, .yarn_ctx_orig = 4096, .mla_q_lora = 512, .mla_kv_lora = 512, .mla_nope = 128,
        .mla_rope = 64, .mla_v = 128, .n_dense_lead = 1, .n_expert_shared = 2, .expert_weights_scale = 1.0f,
        .yarn_mscale_all_dim = 0.707f},
+      // Qwen3-Next-80B-A3B (config.json of Qwen/Qwen3-Next-80B-A3B-Instruct, as convert_hf_to_gguf.py's
+      // Qwen3NextModel writes it, without the multi-token-prediction block): 2048 wide, 48 layers,
+      // every 4th gated attention (16 query heads of 256 over 2 KV heads, a quarter of each head
+      // roped, base 1e7), the others gated delta-net (16 key heads and 32 value heads of 128, 4
+      // conv taps); every layer 512 experts of 512 (10 per token) and a gated shared expert of 512.
+      {.name = "qwen3-next-80b-a3b", .arch = "qwen3next", .n_embd = 2048, .n_ff = 5120, .n_layer = 48, .n_head = 16,
+       .n_head_kv = 2, .n_vocab = 151936, .n_ctx = 262144, .rope_freq_base = 10000000.0f, .head_dim = 256,
+       .n_expert = 512, .n_expert_used = 10, .n_ff_exp = 512, .n_ff_shexp = 512, .ssm_d_inner = 4096,
+       .ssm_d_state = 128, .ssm_d_conv = 4, .ssm_dt_rank = 32, .ssm_n_group = 16, .full_attn_interval = 4,
+       .n_rot = 64},
       // Tests.
       {.name = "llama3-tiny", .n_embd = 64, .n_ff = 128, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_vocab = 512,
        .n_ctx = 512, .rope_freq_base = 500000.0f, .tied_output = true, .llama3_rope_ctx = 32, .init_gain = 1.0f},
@@ -149,6 +165,12 @@ const std::vector<SynthShape>& synth_shapes() {
       {.name = "rwkv7-tiny", .arch = "rwkv7", .n_embd = 128, .n_ff = 224, .n_layer = 3, .n_vocab = 512,
        .n_ctx = 1 << 20, .rwkv_head_size = 64, .rwkv_lora_decay = 32, .rwkv_lora_iclr = 24, .rwkv_lora_value = 16,
        .rwkv_lora_gate = 40, .init_gain = 1.0f},
+      // RWKV-6 at test size: 2 heads of 64 (the released models' size), 3 layers, the
+      // converter's FFN for 128 (3.5x, 448), LoRA ranks 16 (mixes) and 24 (decay), so a swapped
+      // rank is a shape error; the stream halved after layer 1.
+      {.name = "rwkv6-tiny", .arch = "rwkv6", .n_embd = 128, .n_ff = 448, .n_layer = 3, .n_vocab = 512,
+       .n_ctx = 1 << 20, .rwkv_head_size = 64, .rwkv_mix_extra = 16, .rwkv_decay_extra = 24, .rwkv_rescale_every = 2,
+       .init_gain = 1.0f},
       // DeepSeek-V2 at test size: query compression (q_lora_rank 32), a latent of 32 and keys of
       // 16 + 16 (nope + rope), values of 24; layer 0 dense, then 4 experts (2 per token, softmax)
       // and one shared; YaRN x4 beyond 64 positions with mscale_all_dim 0.707 (the 64-token
@@ -189,6 +211,14 @@ const std::vector<SynthShape>& synth_shapes() {
        .n_head = 4, .n_head_kv = 2, .n_vocab = 512, .n_ctx = 4096, .tied_output = true, .ssm_d_inner = 128,
        .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 8, .ssm_n_group = 1, .layer_kinds = "AMMA",
        .embd_scale = 0.25f, .residual_scale = 0.22f, .attn_scale = 0.125f, .logit_scale = 6.0f, .init_gain = 1.0f},
+      // Qwen3-Next at test size: gated delta-net, attention, gated delta-net, attention
+      // (full_attention_interval 2); the delta-net's 2 key heads each serve 2 of its 4 value heads
+      // (of 32); 4 query heads of 32 over 2 KV heads, 8 of each head's 32 channels roped; 4 experts
+      // of 32 (2 per token) and a gated shared expert of 48.
+      {.name = "qwen3next-tiny", .arch = "qwen3next", .n_embd = 64, .n_ff = 96, .n_layer = 4, .n_head = 4,
+       .n_head_kv = 2, .n_vocab = 512, .n_ctx = 4096, .rope_freq_base = 10000000.0f, .head_dim = 32, .n_expert = 4,
+       .n_expert_used = 2, .n_ff_exp = 32, .n_ff_shexp = 48, .ssm_d_inner = 128, .ssm_d_state = 32, .ssm_d_conv = 4,
+       .ssm_dt_rank = 4, .ssm_n_group = 2, .full_attn_interval = 2, .n_rot = 8, .init_gain = 1.0f},
   };
   return kShapes;
 }
@@ -302,7 +332,11 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
     fail("synth shape ", sh.name, ": layer_kinds must name the kind of each of its ", sh.n_layer, " layers");
   const auto ssm_layer = [&](int64_t il) { return hybrid && sh.layer_kinds[il] == 'M'; };
   const bool mla = spec.stack == LayerStack::Mla;
+  const bool delta = spec.hybrid_delta_net;
+  if (delta && sh.full_attn_interval < 1) fail("synth shape ", sh.name, ": full_attn_interval must be at least 1");
+  const auto delta_layer = [&](int64_t il) { return delta && (il + 1) % sh.full_attn_interval != 0; };
   const bool rwkv7 = spec.stack == LayerStack::Rwkv7;
+  const bool rwkv6 = spec.stack == LayerStack::Rwkv6;
   GgufWriter w(3);
   w.set("general.architecture", GgufValue::string(sh.arch));
   w.set("general.name", GgufValue::string(std::string("tern-synth-") + sh.name));
@@ -336,6 +370,25 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
     w.set(a + "ssm.group_count", GgufValue::u32(uint32_t(sh.ssm_n_group)));
     w.set(a + "ssm.inner_size", GgufValue::u32(uint32_t(sh.ssm_d_inner)));
     w.set(a + "ssm.time_step_rank", GgufValue::u32(uint32_t(sh.ssm_dt_rank)));
+  } else if (delta) {
+    // Qwen3NextModel (Qwen2MoeModel's keys, then the ssm.* ones, full_attention_interval and the
+    // partial rotary dimension count), in its order.
+    w.set(a + "attention.head_count_kv", GgufValue::u32(uint32_t(sh.n_head_kv)));
+    w.set(a + "rope.freq_base", GgufValue::f32(sh.rope_freq_base));
+    w.set(a + "attention.layer_norm_rms_epsilon", GgufValue::f32(1e-6f));
+    w.set(a + "expert_count", GgufValue::u32(uint32_t(sh.n_expert)));
+    w.set(a + "expert_used_count", GgufValue::u32(uint32_t(sh.n_expert_used)));
+    w.set(a + "attention.key_length", GgufValue::u32(uint32_t(hd)));
+    w.set(a + "attention.value_length", GgufValue::u32(uint32_t(hd)));
+    w.set(a + "expert_feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff_exp)));
+    w.set(a + "expert_shared_feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff_shexp)));
+    w.set(a + "ssm.conv_kernel", GgufValue::u32(uint32_t(sh.ssm_d_conv)));
+    w.set(a + "ssm.state_size", GgufValue::u32(uint32_t(sh.ssm_d_state)));
+    w.set(a + "ssm.group_count", GgufValue::u32(uint32_t(sh.ssm_n_group)));
+    w.set(a + "ssm.time_step_rank", GgufValue::u32(uint32_t(sh.ssm_dt_rank)));
+    w.set(a + "ssm.inner_size", GgufValue::u32(uint32_t(sh.ssm_d_inner)));
+    w.set(a + "full_attention_interval", GgufValue::u32(uint32_t(sh.full_attn_interval)));
+    w.set(a + "rope.dimension_count", GgufValue::u32(uint32_t(sh.n_rot > 0 ? sh.n_rot : hd)));
   } else if (mamba) {  // (the converter writes head_count and feed_forward_length 0)
     w.set(a + "ssm.conv_kernel", GgufValue::u32(uint32_t(sh.ssm_d_conv)));
     w.set(a + "ssm.inner_size", GgufValue::u32(uint32_t(sh.ssm_d_inner)));
@@ -352,6 +405,13 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
     w.set(a + "attention.iclr_lora_rank", GgufValue::u32(uint32_t(sh.rwkv_lora_iclr)));
     w.set(a + "attention.value_residual_mix_lora_rank", GgufValue::u32(uint32_t(sh.rwkv_lora_value)));
     w.set(a + "attention.gate_lora_rank", GgufValue::u32(uint32_t(sh.rwkv_lora_gate)));
+  } else if (rwkv6) {
+    // As convert_hf_to_gguf.py's Rwkv6Model writes them (head_count 0, no token_shift_count).
+    w.set(a + "attention.layer_norm_epsilon", GgufValue::f32(1e-5f));
+    if (sh.rwkv_rescale_every > 0) w.set(a + "rescale_every_n_layers", GgufValue::u32(uint32_t(sh.rwkv_rescale_every)));
+    w.set(a + "wkv.head_size", GgufValue::u32(uint32_t(sh.rwkv_head_size)));
+    w.set(a + "time_mix_extra_dim", GgufValue::u32(uint32_t(sh.rwkv_mix_extra)));
+    w.set(a + "time_decay_extra_dim", GgufValue::u32(uint32_t(sh.rwkv_decay_extra)));
   } else if (mla) {
     // As convert_hf_to_gguf.py's DeepseekV2Model writes them: the cache as MQA (one KV head of
     // latent + rope, values the latent), the per-head sizes in *_mla.
@@ -541,6 +601,50 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
       add_matrix(tensor_name(Tensor::SsmOut, il), DI, E);
     }
   };
+  if (delta) {
+    // The tensors llama.cpp's qwen3next loads, as Qwen3NextModel writes them (in_proj_qkvz as
+    // attn_qkv + attn_gate): per layer the input norm, the gated delta-net's or the gated
+    // attention's tensors, post_attention_norm (the FFN's input norm), the router (f32), the
+    // experts, the shared expert's gate [n_embd, 1] (f32) and its matrices. Initialisation where it
+    // shapes the dynamics: ssm_a = -(0.5 ... 8) over the value heads, softplus(dt_bias) around 0.1,
+    // conv taps ~ 1/sqrt(taps); ssm_norm around 1 (the converter adds 1 to the other norms, not it).
+    const int64_t S = sh.ssm_d_state, Hk = sh.ssm_n_group, Hv = sh.ssm_dt_rank, K = sh.ssm_d_conv;
+    const int64_t C = 2 * Hk * S + Hv * S, DV = sh.ssm_d_inner, NE = sh.n_expert, FX = sh.n_ff_exp;
+    const float jitter = gain > 0 ? 0.1f : 0.0f;
+    for (int64_t il = 0; il < sh.n_layer; ++il) {
+      add_norm(tensor_name(Tensor::AttnNorm, il), E);
+      if (delta_layer(il)) {
+        add_matrix(tensor_name(Tensor::AttnQkv, il), E, C);
+        add_matrix(tensor_name(Tensor::AttnGate, il), E, DV);
+        add_f32(tensor_name(Tensor::SsmConv1d, il), {K, C}, 0.0f, 1.0f / std::sqrt(float(K)));
+        add_f32(tensor_name(Tensor::SsmDt, il, "bias"), {Hv}, -2.0f, 0.5f);
+        float* a = add_f32(tensor_name(Tensor::SsmA, il, ""), {Hv}, 0.0f, jitter);
+        for (int64_t h = 0; h < Hv; ++h)
+          a[h] = -(0.5f + 7.5f * float(h) / float(std::max<int64_t>(1, Hv - 1))) * (1.0f + a[h]);
+        add_matrix(tensor_name(Tensor::SsmBetaAlpha, il), E, 2 * Hv);
+        add_norm(tensor_name(Tensor::SsmNorm, il), S);
+        add_matrix(tensor_name(Tensor::SsmOut, il), DV, E);
+      } else {
+        add_matrix(tensor_name(Tensor::AttnQ, il), E, 2 * Eq);
+        add_matrix(tensor_name(Tensor::AttnK, il), E, Ekv);
+        add_matrix(tensor_name(Tensor::AttnV, il), E, Ekv);
+        add_matrix(tensor_name(Tensor::AttnOutput, il), Eq, E);
+        add_norm(tensor_name(Tensor::AttnQNorm, il), hd);
+        add_norm(tensor_name(Tensor::AttnKNorm, il), hd);
+      }
+      add_norm(tensor_name(Tensor::AttnPostNorm, il), E);
+      add_matrix(tensor_name(Tensor::FfnGateInp, il), E, NE, 1.0f, 0, /*keep_f32=*/true);
+      add_matrix(tensor_name(Tensor::FfnGateExps, il), E, FX, 1.0f, NE);
+      add_matrix(tensor_name(Tensor::FfnUpExps, il), E, FX, 1.0f, NE);
+      add_matrix(tensor_name(Tensor::FfnDownExps, il), FX, E, 1.0f, NE);
+      add_matrix(tensor_name(Tensor::FfnGateInpShexp, il), E, 1, 1.0f, 0, /*keep_f32=*/true);
+      add_matrix(tensor_name(Tensor::FfnGateShexp, il), E, sh.n_ff_shexp);
+      add_matrix(tensor_name(Tensor::FfnUpShexp, il), E, sh.n_ff_shexp);
+      add_matrix(tensor_name(Tensor::FfnDownShexp, il), sh.n_ff_shexp, E);
+    }
+    w.write(out_path);
+    return rep;
+  }
   if (mamba2) {
     for (int64_t il = 0; il < sh.n_layer; ++il) {
       add_norm(tensor_name(Tensor::AttnNorm, il), E);
@@ -590,6 +694,49 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
       add_f32(tensor_name(Tensor::ChannelMixLerpK, il), {E}, 0.5f, 0.2f);
       add_matrix(tensor_name(Tensor::ChannelMixKey, il), E, sh.n_ff);
       add_matrix(tensor_name(Tensor::ChannelMixValue, il), sh.n_ff, E);
+    }
+    w.write(out_path);
+    return rep;
+  }
+  if (rwkv6) {
+    // The tensors llama.cpp's rwkv6 loads, typed as its converter writes them: every vector f32
+    // (the mixes' lerp_x, channel_mix_lerp_k / _r and time_mix_decay as 1-D [E], as the converter
+    // squeezes them), time_mix_first [N, H], time_mix_w1 [E, 5 D], time_mix_w2 [D, E, 5],
+    // time_mix_decay_w1 / _w2 and time_mix_lerp_fused [E, 1, 1, 5] f32, the other matrices in
+    // --type; time_mix_output and channel_mix_value divided by 2^(il / rescale_every), as the
+    // converter divides them. Initialisation where it shapes the dynamics: token-shift mixes
+    // around 0.5, decays exp(-exp(-2 + ...)), the bonus u around 0.5.
+    const int64_t D = sh.rwkv_mix_extra, DD = sh.rwkv_decay_extra, N = sh.rwkv_head_size, H = E / N;
+    auto add_ln = [&](Tensor t, int64_t il) {
+      add_norm(tensor_name(t, il), E);
+      add_vector(tensor_name(t, il, "bias"), E, 0.0f, 0.1f);
+    };
+    add_vector(tensor_name(Tensor::OutputNorm, -1, "bias"), E, 0.0f, 0.1f);
+    add_norm(tensor_name(Tensor::TokenEmbdNorm), E);
+    add_vector(tensor_name(Tensor::TokenEmbdNorm, -1, "bias"), E, 0.0f, 0.1f);
+    for (int64_t il = 0; il < sh.n_layer; ++il) {
+      const float rescale = sh.rwkv_rescale_every > 0 ? std::ldexp(1.0f, -int(il / sh.rwkv_rescale_every)) : 1.0f;
+      add_ln(Tensor::AttnNorm, il);
+      add_ln(Tensor::AttnNorm2, il);
+      add_matrix(tensor_name(Tensor::TimeMixW1, il), E, 5 * D, 1.0f, 0, /*keep_f32=*/true);
+      add_matrix(tensor_name(Tensor::TimeMixW2, il), D, E, 0.5f, 5, /*keep_f32=*/true);
+      add_f32(tensor_name(Tensor::TimeMixLerpX, il), {E}, 0.5f, 0.2f);
+      add_f32(tensor_name(Tensor::TimeMixLerpFused, il), {E, 1, 1, 5}, 0.5f, 0.2f);
+      add_f32(tensor_name(Tensor::TimeMixFirst, il), {N, H}, 0.5f, 0.3f);
+      add_f32(tensor_name(Tensor::TimeMixDecay, il), {E}, -2.0f, 1.0f);
+      add_matrix(tensor_name(Tensor::TimeMixDecayW1, il), E, DD, 1.0f, 0, /*keep_f32=*/true);
+      add_matrix(tensor_name(Tensor::TimeMixDecayW2, il), DD, E, 0.5f, 0, /*keep_f32=*/true);
+      add_matrix(tensor_name(Tensor::TimeMixKey, il), E, E);
+      add_matrix(tensor_name(Tensor::TimeMixValue, il), E, E);
+      add_matrix(tensor_name(Tensor::TimeMixReceptance, il), E, E);
+      add_matrix(tensor_name(Tensor::TimeMixGate, il), E, E);
+      add_ln(Tensor::TimeMixLn, il);
+      add_matrix(tensor_name(Tensor::TimeMixOutput, il), E, E, rescale);
+      add_f32(tensor_name(Tensor::ChannelMixLerpK, il), {E}, 0.5f, 0.2f);
+      add_f32(tensor_name(Tensor::ChannelMixLerpR, il), {E}, 0.5f, 0.2f);
+      add_matrix(tensor_name(Tensor::ChannelMixKey, il), E, sh.n_ff);
+      add_matrix(tensor_name(Tensor::ChannelMixValue, il), sh.n_ff, E, rescale);
+      add_matrix(tensor_name(Tensor::ChannelMixReceptance, il), E, E);
     }
     w.write(out_path);
     return rep;

@@ -33,6 +33,11 @@ struct SynthShape {
   // least n_layer characters; `--layers N` takes the first N). Granite's multipliers (0: not written).
   const char* layer_kinds = nullptr;
   float embd_scale = 0.0f, residual_scale = 0.0f, attn_scale = 0.0f, logit_scale = 0.0f;
+  // Qwen3-Next (arch "qwen3next"): every full_attention_interval-th layer attends, the others are
+  // gated delta-net layers of ssm_n_group key heads and ssm_dt_rank value heads, each of
+  // ssm_d_state (ssm_d_inner = ssm_dt_rank * ssm_d_state); n_rot: rope.dimension_count (the
+  // partial rotary factor times head_dim; 0: head_dim).
+  int64_t full_attn_interval = 0, n_rot = 0;
   // Multi-head latent attention (arch "deepseek2"): kv_lora_rank > 0. q_lora_rank 0: attn_q
   // directly; per-head nope / rope / v sizes; leading dense layers (n_ff wide); shared experts
   // (n_ff_exp each); expert_weights_scale / _norm; gating 1 softmax, 2 sigmoid (with the
@@ -44,6 +49,9 @@ struct SynthShape {
   // RWKV-7 (arch "rwkv7"): wkv.head_size > 0 and the LoRA ranks of w (decay), a (iclr), v (value
   // residual mix) and g (gate).
   int64_t rwkv_head_size = 0, rwkv_lora_decay = 0, rwkv_lora_iclr = 0, rwkv_lora_value = 0, rwkv_lora_gate = 0;
+  // RWKV-6 (arch "rwkv6"): rwkv_head_size, the token-shift mixes' LoRA rank (time_mix_extra_dim),
+  // the decay's (time_decay_extra_dim) and rescale_every_n_layers (0: not written).
+  int64_t rwkv_mix_extra = 0, rwkv_decay_extra = 0, rwkv_rescale_every = 0;
   // > 0: weights N(0, (gain^2 / n_in)) and norm weights 1 + N(0, 0.1^2), biases N(0, 0.1^2)
   // (tests: decisive logits, every norm and bias visible in the output); 0: weights N(0, 0.02^2)
   // and norms 1 (benchmarks: the shapes of real models).

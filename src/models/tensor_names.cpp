@@ -47,6 +47,8 @@ constexpr NameRow kNames[] = {
     {Tensor::SsmD, "ssm_d", true},
     {Tensor::SsmOut, "ssm_out", true},
     {Tensor::SsmNorm, "ssm_norm", true},
+    {Tensor::AttnGate, "attn_gate", true},
+    {Tensor::SsmBetaAlpha, "ssm_ba", true},
     {Tensor::AttnQA, "attn_q_a", true},
     {Tensor::AttnQANorm, "attn_q_a_norm", true},
     {Tensor::AttnQB, "attn_q_b", true},
@@ -81,6 +83,19 @@ constexpr NameRow kNames[] = {
     {Tensor::ChannelMixLerpK, "channel_mix_lerp_k", true},
     {Tensor::ChannelMixKey, "channel_mix_key", true},
     {Tensor::ChannelMixValue, "channel_mix_value", true},
+    {Tensor::TimeMixLerpX, "time_mix_lerp_x", true},
+    {Tensor::TimeMixLerpW, "time_mix_lerp_w", true},
+    {Tensor::TimeMixLerpK, "time_mix_lerp_k", true},
+    {Tensor::TimeMixLerpV, "time_mix_lerp_v", true},
+    {Tensor::TimeMixLerpR, "time_mix_lerp_r", true},
+    {Tensor::TimeMixLerpG, "time_mix_lerp_g", true},
+    {Tensor::TimeMixFirst, "time_mix_first", true},
+    {Tensor::TimeMixDecay, "time_mix_decay", true},
+    {Tensor::TimeMixDecayW1, "time_mix_decay_w1", true},
+    {Tensor::TimeMixDecayW2, "time_mix_decay_w2", true},
+    {Tensor::TimeMixGate, "time_mix_gate", true},
+    {Tensor::ChannelMixLerpR, "channel_mix_lerp_r", true},
+    {Tensor::ChannelMixReceptance, "channel_mix_receptance", true},
 };
 
 const NameRow& row(Tensor t) {

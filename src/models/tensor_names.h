@@ -47,6 +47,13 @@ enum class Tensor {
   // (z, then x B C, then dt), ssm_conv1d [d_conv, d_inner + 2 G d_state], ssm_dt.bias [H],
   // ssm_a and ssm_d [1, H], and:
   SsmNorm,        // blk.N.ssm_norm      [d_inner / G, G]     (the grouped RMSNorm's weight)
+  // Qwen3-Next's gated delta-net layers ("qwen3next"; Hk key heads and Hv value heads of S, conv
+  // channels C = 2 Hk S + Hv S): attn_qkv [n_embd, C] (q, k, v rows), ssm_conv1d [d_conv, C] (no
+  // bias), ssm_dt.bias [Hv], ssm_a [Hv] (-exp(A_log), no suffix), ssm_norm [S], ssm_out [Hv S, n_embd],
+  // and attn_gate below (older converters: ssm_in [n_embd, 2 Hk S + 2 Hv S] in place of attn_qkv
+  // and attn_gate, its rows q, k, v, z grouped per key head):
+  AttnGate,       // blk.N.attn_gate     [n_embd, Hv S]       (z, the output norm's SiLU gate)
+  SsmBetaAlpha,   // blk.N.ssm_ba        [n_embd, 2 Hv]       (per key head: its value heads' b, then a)
   // Multi-head latent attention (DeepSeek-V2/V3, "deepseek2"; R = q_lora_rank, C = kv_lora_rank,
   // dk = key_length_mla = nope + rope, dv = value_length_mla):
   AttnQA,         // blk.N.attn_q_a       [n_embd, R]          (absent when R = 0: attn_q [n_embd, n_head dk])
@@ -85,6 +92,23 @@ enum class Tensor {
   ChannelMixLerpK,    // blk.N.channel_mix_lerp_k     [E]
   ChannelMixKey,      // blk.N.channel_mix_key        [E, F]
   ChannelMixValue,    // blk.N.channel_mix_value      [F, E]
+  // RWKV-6 ("rwkv6"; D = time_mix_extra_dim, Dd = time_decay_extra_dim, N = wkv.head_size; also
+  // reads TokenEmbdNorm, AttnNorm2, TimeMixLerpFused [E, 1, 1, 5] (w k v r g), TimeMixW1
+  // [E, 5 D], TimeMixW2 [D, E, 5], TimeMixKey / Value / Receptance / Output [E, E], TimeMixLn,
+  // ChannelMixLerpK, ChannelMixKey [E, F] and ChannelMixValue [F, E] above):
+  TimeMixLerpX,       // blk.N.time_mix_lerp_x        [E]        (the mixes' LoRA input mix)
+  TimeMixLerpW,       // blk.N.time_mix_lerp_w        [E]        (older files: the fused mix's
+  TimeMixLerpK,       // blk.N.time_mix_lerp_k        [E]         five parts as five tensors)
+  TimeMixLerpV,       // blk.N.time_mix_lerp_v        [E]
+  TimeMixLerpR,       // blk.N.time_mix_lerp_r        [E]
+  TimeMixLerpG,       // blk.N.time_mix_lerp_g        [E]
+  TimeMixFirst,       // blk.N.time_mix_first         [N, E / N] (the bonus u, f32)
+  TimeMixDecay,       // blk.N.time_mix_decay         [E]
+  TimeMixDecayW1,     // blk.N.time_mix_decay_w1      [E, Dd]    (f32)
+  TimeMixDecayW2,     // blk.N.time_mix_decay_w2      [Dd, E]    (f32)
+  TimeMixGate,        // blk.N.time_mix_gate          [E, E]
+  ChannelMixLerpR,    // blk.N.channel_mix_lerp_r     [E]
+  ChannelMixReceptance,  // blk.N.channel_mix_receptance [E, E]
 };
 
 // The stem of a tensor's name ("attn_q", "token_embd").

@@ -117,6 +117,22 @@ struct Ssm2ScanArgs {
   int64_t heads_per_group;
 };
 
+// The same scan in Mamba-2's chunked ("SSD", state-space duality) form, for prefill: the tokens
+// in chunks of L, per head and chunk (a_t = dt_t A[hd], t and s within the chunk):
+//   seg(t, s) = a_{s+1} + ... + a_t (s <= t; summed directly, never as a difference of cumulative
+//               sums), cum(t) = a_0 + ... + a_t
+//   y[t] = exp(cum(t)) C[t] h_in + sum_{s <= t} (C[t] . B[s]) exp(seg(t, s)) dt_s x[s]
+//   h_out = exp(cum(L - 1)) h_in + sum_s exp(seg(L - 1, s)) dt_s x[s] B[s]^T
+// then D x and the silu(z) gate as above: small matrix products, the state read and written once
+// per chunk. Mathematically the recurrence; in floats it differs from it by rounding (ops.h).
+// Floats of scratch one call of a variant needs for chunks of `chunk` tokens.
+constexpr int64_t ssm2_chunked_scratch_floats(int64_t d_state, int64_t head_dim, int64_t chunk) {
+  // C^T [d_state][Lp] | (B C^T) [Lp][Lp] | decay-masked (B C^T) [Lp][Lp] | B dt decay [Lp][d_state] |
+  // y^T [head_dim][Lp] and y [Lp][head_dim] | 7 rows of Lp (dt, a, cum, decays, segment sums) | a y row
+  const int64_t lp = (chunk + 15) / 16 * 16;
+  return 2 * d_state * lp + 2 * lp * lp + 2 * head_dim * lp + 7 * lp + head_dim;
+}
+
 // RWKV-7's WKV recurrence (models/rwkv7.cpp; ggml_rwkv_wkv7) over one sequence's n_tokens, per
 // head h of head_size channels (i, j < head_size, index h * head_size + i), with the head's state
 // S [head_size][head_size] (row i: value channel i, column j: key channel j):
@@ -138,6 +154,57 @@ struct Wkv7Args {
   int64_t ldy;
   int64_t n_tokens;
   int64_t head_size;
+};
+
+// RWKV-6's WKV recurrence (models/rwkv6.cpp; ggml_rwkv_wkv6) over one sequence's n_tokens, per
+// head h of head_size channels (i, j < head_size, index h * head_size + i), with the head's state
+// S [head_size][head_size] (row i: key channel i, column j: value channel j) and the bonus u
+// (time_mix_first, one per channel, the same for every token):
+//   y[t][j] = sum_i r[t][i] (S[i][j] + u[i] k[t][i] v[t][j])      (summed over i in order)
+//   S[i][j] = S[i][j] w[t][i] + k[t][i] v[t][j]
+// Rows of each [n_tokens][ld] input are `ld` floats apart; s is the sequence's state, [n_head]
+// [head_size][head_size], read and left updated; y is written (not accumulated into).
+struct Wkv6Args {
+  const float* r;
+  const float* k;
+  const float* v;
+  const float* w;
+  int64_t ld;
+  const float* u;  // [n_head * head_size]
+  float* s;
+  float* y;  // [n][ldy]
+  int64_t ldy;
+  int64_t n_tokens;
+  int64_t head_size;
+};
+
+// Qwen3-Next's gated delta rule (models/delta_net_block.h; ggml_gated_delta_net) over one
+// sequence's n_tokens, per value head h of S = head_dim channels, which reads key head
+// h / heads_per_key (q and k repeated to the value heads as llama.cpp's repeat does: key head g
+// serves value heads g r .. g r + r - 1), with the head's state M [S][S] (row j: value channel j,
+// column i: key channel i, ggml's layout):
+//   M = M exp(g[t][h])
+//   d_j = (v[t][j] - sum_i M[j][i] k[t][i]) beta[t][h]
+//   M[j][i] += k[t][i] d_j
+//   o[t][j] = scale sum_i M[j][i] q[t][i]
+// Rows of each [n_tokens][ld] input are `ld` floats apart (q and k L2-normalised already); s is
+// the sequence's state, [n_v_heads][S][S], read and left updated.
+struct GatedDeltaArgs {
+  const float* q;     // [n][ldqk], key head g at column g * S
+  const float* k;
+  int64_t ldqk;
+  const float* v;     // [n][ldv], value head h at column h * S
+  int64_t ldv;
+  const float* g;     // [n][ldgb] log decay of each value head (<= 0)
+  const float* beta;  // [n][ldgb]
+  int64_t ldgb;
+  float* s;           // [n_v_heads][S][S]
+  float* o;           // [n][ldo], value head h at column h * S
+  int64_t ldo;
+  int64_t n_tokens;
+  int64_t head_dim;
+  int64_t heads_per_key;  // n_v_heads / n_k_heads
+  float scale;            // 1 / sqrt(head_dim)
 };
 
 namespace attn {
@@ -179,10 +246,24 @@ void ssm_scan_neon(const SsmScanArgs& a, int64_t c0, int64_t c1);
 void ssm2_scan_avx2(const Ssm2ScanArgs& a, int64_t h0, int64_t h1);
 void ssm2_scan_avx512(const Ssm2ScanArgs& a, int64_t h0, int64_t h1);
 void ssm2_scan_neon(const Ssm2ScanArgs& a, int64_t h0, int64_t h1);
+// Its chunked form (ssm2_chunked_impl.h) on heads [h0, h1), chunks of `chunk` tokens; scratch:
+// ssm2_chunked_scratch_floats(d_state, head_dim, chunk) floats.
+void ssm2_scan_chunked_avx2(const Ssm2ScanArgs& a, int64_t h0, int64_t h1, int64_t chunk, float* scratch);
+void ssm2_scan_chunked_avx512(const Ssm2ScanArgs& a, int64_t h0, int64_t h1, int64_t chunk, float* scratch);
+void ssm2_scan_chunked_neon(const Ssm2ScanArgs& a, int64_t h0, int64_t h1, int64_t chunk, float* scratch);
 // RWKV-7's WKV (Wkv7Args) on heads [h0, h1), vectorised over a state row (wkv7_impl.h).
 void wkv7_avx2(const Wkv7Args& a, int64_t h0, int64_t h1);
 void wkv7_avx512(const Wkv7Args& a, int64_t h0, int64_t h1);
 void wkv7_neon(const Wkv7Args& a, int64_t h0, int64_t h1);
+// The gated delta rule (GatedDeltaArgs) on value heads [h0, h1), vectorised over a state row
+// (gated_delta_impl.h).
+void gated_delta_avx2(const GatedDeltaArgs& a, int64_t h0, int64_t h1);
+void gated_delta_avx512(const GatedDeltaArgs& a, int64_t h0, int64_t h1);
+void gated_delta_neon(const GatedDeltaArgs& a, int64_t h0, int64_t h1);
+// RWKV-6's WKV (Wkv6Args) on heads [h0, h1), vectorised over the value channels (wkv6_impl.h).
+void wkv6_avx2(const Wkv6Args& a, int64_t h0, int64_t h1);
+void wkv6_avx512(const Wkv6Args& a, int64_t h0, int64_t h1);
+void wkv6_neon(const Wkv6Args& a, int64_t h0, int64_t h1);
 
 }  // namespace attn
 }  // namespace tern

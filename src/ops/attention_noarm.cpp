@@ -14,6 +14,11 @@ void silu_mul_neon(const float*, const float*, float*, int64_t) { absent("silu_m
 void f32_to_f16_neon(const float*, uint16_t*, int64_t) { absent("f32_to_f16_neon"); }
 void ssm_scan_neon(const SsmScanArgs&, int64_t, int64_t) { absent("ssm_scan_neon"); }
 void ssm2_scan_neon(const Ssm2ScanArgs&, int64_t, int64_t) { absent("ssm2_scan_neon"); }
+void ssm2_scan_chunked_neon(const Ssm2ScanArgs&, int64_t, int64_t, int64_t, float*) {
+  absent("ssm2_scan_chunked_neon");
+}
 void wkv7_neon(const Wkv7Args&, int64_t, int64_t) { absent("wkv7_neon"); }
+void gated_delta_neon(const GatedDeltaArgs&, int64_t, int64_t) { absent("gated_delta_neon"); }
+void wkv6_neon(const Wkv6Args&, int64_t, int64_t) { absent("wkv6_neon"); }
 
 }  // namespace tern::attn

@@ -19,7 +19,17 @@ void ssm_scan_avx2(const SsmScanArgs&, int64_t, int64_t) { absent("ssm_scan_avx2
 void ssm_scan_avx512(const SsmScanArgs&, int64_t, int64_t) { absent("ssm_scan_avx512"); }
 void ssm2_scan_avx2(const Ssm2ScanArgs&, int64_t, int64_t) { absent("ssm2_scan_avx2"); }
 void ssm2_scan_avx512(const Ssm2ScanArgs&, int64_t, int64_t) { absent("ssm2_scan_avx512"); }
+void ssm2_scan_chunked_avx2(const Ssm2ScanArgs&, int64_t, int64_t, int64_t, float*) {
+  absent("ssm2_scan_chunked_avx2");
+}
+void ssm2_scan_chunked_avx512(const Ssm2ScanArgs&, int64_t, int64_t, int64_t, float*) {
+  absent("ssm2_scan_chunked_avx512");
+}
 void wkv7_avx2(const Wkv7Args&, int64_t, int64_t) { absent("wkv7_avx2"); }
 void wkv7_avx512(const Wkv7Args&, int64_t, int64_t) { absent("wkv7_avx512"); }
+void gated_delta_avx2(const GatedDeltaArgs&, int64_t, int64_t) { absent("gated_delta_avx2"); }
+void gated_delta_avx512(const GatedDeltaArgs&, int64_t, int64_t) { absent("gated_delta_avx512"); }
+void wkv6_avx2(const Wkv6Args&, int64_t, int64_t) { absent("wkv6_avx2"); }
+void wkv6_avx512(const Wkv6Args&, int64_t, int64_t) { absent("wkv6_avx512"); }
 
 }  // namespace tern::attn

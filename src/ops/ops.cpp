@@ -300,6 +300,85 @@ void ssm2_scan_isa(Isa isa, const Ssm2ScanArgs& a, int64_t h0, int64_t h1) {
 void ssm2_scan(const Ssm2ScanArgs& a, int64_t h0, int64_t h1) { ssm2_scan_isa(selected_isa(), a, h0, h1); }
 
 namespace {
+// Mamba-2's scan in the chunked form, the scalar reference (attention_iface.h): each head's chunk
+// as the formulas state it, one sum at a time (seg and cum summed directly).
+void ssm2_scan_chunked_ref(const Ssm2ScanArgs& a, int64_t h0, int64_t h1, int64_t L) {
+  const int64_t S = a.d_state, P = a.head_dim;
+  std::vector<float> dt(static_cast<size_t>(L)), av(static_cast<size_t>(L)), m(static_cast<size_t>(L * L));
+  for (int64_t hd = h0; hd < h1; ++hd) {
+    const int64_t g = hd / a.heads_per_group;
+    float* h = a.h + hd * P * S;  // [P][S]
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += L) {
+      const int64_t l = std::min(L, a.n_tokens - t0);
+      const float* B = a.b + t0 * a.ldbc + g * S;
+      const float* C = a.c + t0 * a.ldbc + g * S;
+      const float* X = a.x + t0 * a.ldx + hd * P;
+      for (int64_t t = 0; t < l; ++t) {
+        const float raw = a.dt[(t0 + t) * a.lddt + hd];
+        dt[size_t(t)] = raw <= 20.0f ? std::log1p(std::exp(raw)) : raw;
+        av[size_t(t)] = dt[size_t(t)] * a.a[hd];
+      }
+      // m[t][s] = (C[t] . B[s]) exp(seg(t, s)) dt_s, s <= t.
+      for (int64_t t = 0; t < l; ++t) {
+        float seg = 0.0f;
+        for (int64_t s = t; s >= 0; --s) {
+          if (s < t) seg += av[size_t(s + 1)];
+          float cb = 0.0f;
+          for (int64_t k = 0; k < S; ++k) cb += C[t * a.ldbc + k] * B[s * a.ldbc + k];
+          m[size_t(t * L + s)] = cb * std::exp(seg) * dt[size_t(s)];
+        }
+      }
+      float cum = 0.0f;
+      for (int64_t t = 0; t < l; ++t) {
+        cum += av[size_t(t)];
+        const float in = std::exp(cum);
+        for (int64_t p = 0; p < P; ++p) {
+          float off = 0.0f, diag = 0.0f;
+          for (int64_t k = 0; k < S; ++k) off += C[t * a.ldbc + k] * h[p * S + k];
+          for (int64_t s = 0; s <= t; ++s) diag += m[size_t(t * L + s)] * X[s * a.ldx + p];
+          const float x = X[t * a.ldx + p], z = a.z[(t0 + t) * a.ldz + hd * P + p];
+          a.y[(t0 + t) * a.ldy + hd * P + p] = (off * in + diag + a.d[hd] * x) * (z / (1.0f + std::exp(-z)));
+        }
+      }
+      // The state, once per chunk: h exp(cum(l - 1)) + sum_s exp(seg(l - 1, s)) dt_s x[s] B[s]^T.
+      const float total = std::exp(cum);
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t k = 0; k < S; ++k) {
+          float acc = h[p * S + k] * total, seg = 0.0f;
+          for (int64_t s = l - 1; s >= 0; --s) {
+            if (s < l - 1) seg += av[size_t(s + 1)];
+            acc += std::exp(seg) * dt[size_t(s)] * X[s * a.ldx + p] * B[s * a.ldbc + k];
+          }
+          h[p * S + k] = acc;
+        }
+    }
+  }
+}
+
+// The calling thread's scratch for the chunked scan, at least `floats` long.
+float* ssm2_chunked_scratch(int64_t floats) {
+  thread_local std::vector<float> scratch;
+  if (int64_t(scratch.size()) < floats) scratch.resize(size_t(floats));
+  return scratch.data();
+}
+}  // namespace
+
+void ssm2_scan_chunked_isa(Isa isa, const Ssm2ScanArgs& a, int64_t h0, int64_t h1, int64_t chunk) {
+  TERN_ASSERT_MSG(chunk >= 1, "ssm2_scan_chunked: chunk must be at least 1 token");
+  const auto scratch = [&] { return ssm2_chunked_scratch(ssm2_chunked_scratch_floats(a.d_state, a.head_dim, chunk)); };
+  switch (isa) {
+    case Isa::Avx512: attn::ssm2_scan_chunked_avx512(a, h0, h1, chunk, scratch()); break;
+    case Isa::Avx2: attn::ssm2_scan_chunked_avx2(a, h0, h1, chunk, scratch()); break;
+    case Isa::Neon: case Isa::Dotprod: case Isa::I8mm: attn::ssm2_scan_chunked_neon(a, h0, h1, chunk, scratch()); break;
+    default: ssm2_scan_chunked_ref(a, h0, h1, chunk);
+  }
+}
+
+void ssm2_scan_chunked(const Ssm2ScanArgs& a, int64_t h0, int64_t h1, int64_t chunk) {
+  ssm2_scan_chunked_isa(selected_isa(), a, h0, h1, chunk);
+}
+
+namespace {
 // RWKV-7's WKV, the scalar reference (attention_iface.h, Wkv7Args), in ggml's order of operations.
 void wkv7_ref(const Wkv7Args& a, int64_t h0, int64_t h1) {
   const int64_t N = a.head_size;
@@ -335,6 +414,95 @@ void wkv7_isa(Isa isa, const Wkv7Args& a, int64_t h0, int64_t h1) {
 }
 
 void wkv7(const Wkv7Args& a, int64_t h0, int64_t h1) { wkv7_isa(selected_isa(), a, h0, h1); }
+
+namespace {
+// The gated delta rule, the scalar reference (attention_iface.h, GatedDeltaArgs), in the order
+// of ggml's CPU op (ggml_compute_forward_gated_delta_net): decay, the state's read of k, the
+// rank-1 update, the read of q.
+void gated_delta_ref(const GatedDeltaArgs& a, int64_t h0, int64_t h1) {
+  const int64_t S = a.head_dim;
+  std::vector<float> delta(static_cast<size_t>(S));
+  for (int64_t h = h0; h < h1; ++h) {
+    float* M = a.s + h * S * S;
+    const int64_t kh = h / a.heads_per_key;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const float* q = a.q + t * a.ldqk + kh * S;
+      const float* k = a.k + t * a.ldqk + kh * S;
+      const float* v = a.v + t * a.ldv + h * S;
+      const float decay = std::exp(a.g[t * a.ldgb + h]), beta = a.beta[t * a.ldgb + h];
+      float* o = a.o + t * a.ldo + h * S;
+      for (int64_t i = 0; i < S * S; ++i) M[i] *= decay;
+      for (int64_t j = 0; j < S; ++j) {
+        const float* row = M + j * S;
+        float sum = 0.0f;
+        for (int64_t i = 0; i < S; ++i) sum += row[i] * k[i];
+        delta[size_t(j)] = (v[j] - sum) * beta;
+      }
+      for (int64_t j = 0; j < S; ++j) {
+        float* row = M + j * S;
+        for (int64_t i = 0; i < S; ++i) row[i] += k[i] * delta[size_t(j)];
+      }
+      for (int64_t j = 0; j < S; ++j) {
+        const float* row = M + j * S;
+        float sum = 0.0f;
+        for (int64_t i = 0; i < S; ++i) sum += row[i] * q[i];
+        o[j] = sum * a.scale;
+      }
+    }
+  }
+}
+}  // namespace
+
+void gated_delta_isa(Isa isa, const GatedDeltaArgs& a, int64_t h0, int64_t h1) {
+  switch (isa) {
+    case Isa::Avx512: attn::gated_delta_avx512(a, h0, h1); break;
+    case Isa::Avx2: attn::gated_delta_avx2(a, h0, h1); break;
+    case Isa::Neon: case Isa::Dotprod: case Isa::I8mm: attn::gated_delta_neon(a, h0, h1); break;
+    default: gated_delta_ref(a, h0, h1);
+  }
+}
+
+void gated_delta(const GatedDeltaArgs& a, int64_t h0, int64_t h1) { gated_delta_isa(selected_isa(), a, h0, h1); }
+
+namespace {
+// RWKV-6's WKV, the scalar reference (attention_iface.h, Wkv6Args): ggml's scalar loop, row i of
+// the state (key channel i) at a time, each y[j] summed over i in order.
+void wkv6_ref(const Wkv6Args& a, int64_t h0, int64_t h1) {
+  const int64_t N = a.head_size;
+  for (int64_t h = h0; h < h1; ++h) {
+    float* S = a.s + h * N * N;
+    const float* u = a.u + h * N;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const int64_t o = t * a.ld + h * N;
+      const float *r = a.r + o, *k = a.k + o, *v = a.v + o, *w = a.w + o;
+      float* y = a.y + t * a.ldy + h * N;
+      for (int64_t j = 0; j < N; ++j) y[j] = 0.0f;
+      for (int64_t i = 0; i < N; ++i) {
+        float* row = S + i * N;
+        const float ki = k[i], ri = r[i], ui = u[i], wi = w[i];
+        for (int64_t j = 0; j < N; ++j) {
+          const float kv = v[j] * ki;
+          const float prev = row[j];
+          const float tmp = kv * ui + prev;
+          y[j] += tmp * ri;
+          row[j] = prev * wi + kv;
+        }
+      }
+    }
+  }
+}
+}  // namespace
+
+void wkv6_isa(Isa isa, const Wkv6Args& a, int64_t h0, int64_t h1) {
+  switch (isa) {
+    case Isa::Avx512: attn::wkv6_avx512(a, h0, h1); break;
+    case Isa::Avx2: attn::wkv6_avx2(a, h0, h1); break;
+    case Isa::Neon: case Isa::Dotprod: case Isa::I8mm: attn::wkv6_neon(a, h0, h1); break;
+    default: wkv6_ref(a, h0, h1);
+  }
+}
+
+void wkv6(const Wkv6Args& a, int64_t h0, int64_t h1) { wkv6_isa(selected_isa(), a, h0, h1); }
 
 void convert_f32_to_f16_isa(Isa isa, const float* src, uint16_t* dst, int64_t n) {
   if (!isa_supported(isa)) fail("f16 conversion variant ", isa_name(isa), " is not supported by this CPU");

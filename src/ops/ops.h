@@ -76,10 +76,28 @@ void ssm_scan_isa(Isa isa, const SsmScanArgs& a, int64_t c0, int64_t c1);
 // in every one of them, so they differ from the reference only in the order of the sums).
 void ssm2_scan(const Ssm2ScanArgs& a, int64_t h0, int64_t h1);
 void ssm2_scan_isa(Isa isa, const Ssm2ScanArgs& a, int64_t h0, int64_t h1);
+// The same scan in the chunked ("SSD") form (attention_iface.h), chunks of `chunk` tokens: for
+// prefill, where it turns the per-token state updates into small matrix products (models/
+// ssm2_block.h decides when). Its results (y and the state left) equal ssm2_scan's up to float
+// rounding, not bit for bit (tests/ops/test_ssm2_chunked.cpp); Isa::Ref is a scalar reference
+// of the chunked arithmetic. Scratch: a thread_local buffer of the calling thread.
+void ssm2_scan_chunked(const Ssm2ScanArgs& a, int64_t h0, int64_t h1, int64_t chunk);
+void ssm2_scan_chunked_isa(Isa isa, const Ssm2ScanArgs& a, int64_t h0, int64_t h1, int64_t chunk);
 // RWKV-7's WKV recurrence (Wkv7Args, ops/attention_iface.h) on heads [h0, h1); the variants
 // differ from the scalar reference only in the order of the sums (tests/ops/test_attention.cpp).
 void wkv7(const Wkv7Args& a, int64_t h0, int64_t h1);
 void wkv7_isa(Isa isa, const Wkv7Args& a, int64_t h0, int64_t h1);
+// Qwen3-Next's gated delta rule (GatedDeltaArgs, ops/attention_iface.h) on value heads [h0, h1);
+// the variants differ from the scalar reference (ggml's order of operations, exp as std::exp)
+// only in the order of the sums (tests/models/test_qwen3next.cpp).
+void gated_delta(const GatedDeltaArgs& a, int64_t h0, int64_t h1);
+void gated_delta_isa(Isa isa, const GatedDeltaArgs& a, int64_t h0, int64_t h1);
+// RWKV-6's WKV recurrence (Wkv6Args, ops/attention_iface.h) on heads [h0, h1). The scalar
+// reference is ggml's scalar loop (a multiply, then an add); the variants are ggml's SIMD loop
+// (fused multiply-adds), so they differ from the reference only by the rounding of the fused
+// operations, never in the order of a sum (tests/models/test_rwkv6.cpp).
+void wkv6(const Wkv6Args& a, int64_t h0, int64_t h1);
+void wkv6_isa(Isa isa, const Wkv6Args& a, int64_t h0, int64_t h1);
 // x = cap * tanh(x / cap) elementwise (final-logit soft-capping).
 void softcap_inplace(float* x, int64_t n, float cap);
 

@@ -10,7 +10,8 @@ void check_policy_for_model(const KvPolicy& policy, const Model& model, const st
   if (!policy.evicts()) return;
   if (model.hparams().hybrid())
     fail(what, ": --kv-policy ", policy.describe(), " cannot be honoured by this model: ", model.hparams().arch,
-         " is a hybrid whose Mamba-2 layers keep a fixed-size state per sequence, which has taken in every token "
+         " is a hybrid whose ", model.hparams().ssm.gated_delta ? "gated delta-net" : "Mamba-2",
+         " layers keep a fixed-size state per sequence, which has taken in every token "
          "and cannot drop one as its attention layers' K/V would (use --kv-policy none)");
   if (model.hparams().recurrent())
     fail(what, ": --kv-policy ", policy.describe(), " has nothing to evict: ", model.hparams().arch,

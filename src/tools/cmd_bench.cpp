@@ -252,7 +252,7 @@ int cmd_bench(int argc, char** argv) {
   };
   std::vector<DepthRun> depth_runs;
   const int64_t kv_per_token = kv_bytes_per_token(s.hparams(), s.kv_type());
-  const int64_t state_per_seq = make_kv_store(s.hparams(), 0, s.kv_type(), 1).state_bytes_per_slot();
+  const int64_t state_per_seq = s.hparams().state_floats_per_sequence() * int64_t(sizeof(float));
   if (!depths.empty()) {
     Progress dprog("bench --depth", int64_t(depths.size()), !json);
     std::vector<int32_t> ctx_tokens;

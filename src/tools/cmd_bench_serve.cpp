@@ -25,6 +25,8 @@
 #include "core/stats.h"
 #include "engine/engine.h"
 #include "kernels/matmul.h"
+#include "models/hparams.h"
+#include "models/model.h"
 #include "tools/cli_util.h"
 #include "tools/latency_args.h"
 #include "tools/commands.h"
@@ -483,7 +485,12 @@ int cmd_bench_serve(int argc, char** argv) {
     engine = std::make_unique<Engine>(file, tok, spec_ecfg);
     second = run_workload(*engine, w, *tok, records);
   }
-  const int64_t block_bytes = kv_bytes_per_token(*file, ecfg.kv_type) * kv_block_size;
+  // What the context costs (as tern run and tern bench report it): K/V bytes per token (0 for a
+  // state-space model; MLA's latent) and the fixed recurrent state per sequence (0 for a transformer).
+  const HParams model_hp = read_hparams(*file);
+  const int64_t kv_per_token = kv_bytes_per_token(model_hp, ecfg.kv_type);
+  const int64_t state_per_seq = model_hp.state_floats_per_sequence() * int64_t(sizeof(float));
+  const int64_t block_bytes = kv_per_token * kv_block_size;
   const int64_t rss = peak_rss_bytes();
   const int n_threads = ecfg.n_threads > 0 ? ecfg.n_threads : default_thread_count();
   const int64_t n_lora = int64_t(lora_sets.size()) - (lora_with_base && !lora_sets.empty() ? 1 : 0);
@@ -553,6 +560,8 @@ int cmd_bench_serve(int argc, char** argv) {
     j["kv_bytes"] = m.kv_bytes;
     j["kv_blocks_total"] = m.kv_blocks_total;
     j["kv_block_size"] = kv_block_size;
+    j["kv_bytes_per_token"] = kv_per_token;
+    j["state_bytes_per_sequence"] = state_per_seq;
     j["kv_used_bytes_peak"] = st.kv_used_peak * block_bytes;
     j["kv_waste_pct"] = st.waste_pct;
     j["state_slots"] = m.state_slots_total;  // recurrent models: one state per running request
@@ -654,6 +663,7 @@ int cmd_bench_serve(int argc, char** argv) {
       "goodput                 %10.2f req/s   %.2f tok/s   (%lld of %lld requests met %s)\n"
       "running at once (max)   %10lld\n"
       "KV arena                %10s (%lld blocks x %lld tokens), peak used %s\n"
+      "KV per token            %10s   recurrent state per sequence %s\n"
       "KV waste (mean)         %10.2f %%   (allocated but unfilled slots)\n"
       "prefix-cache hit rate   %10.2f %%\n"
       "preemptions             %10lld\n"
@@ -674,7 +684,7 @@ int cmd_bench_serve(int argc, char** argv) {
       static_cast<long long>(st.max_running_seen),
       format_bytes(m.kv_bytes).c_str(), static_cast<long long>(m.kv_blocks_total),
       static_cast<long long>(kv_block_size), format_bytes(st.kv_used_peak * block_bytes).c_str(),
-      st.waste_pct, 100.0 * st.hit_rate, static_cast<long long>(st.preempted), format_bytes(rss).c_str());
+      format_bytes(kv_per_token).c_str(), format_bytes(state_per_seq).c_str(), st.waste_pct, 100.0 * st.hit_rate, static_cast<long long>(st.preempted), format_bytes(rss).c_str());
   if (m.state_slots_total > 0)
     std::printf("recurrent states        %10lld slots (one per running request; the KV arena holds them and %lld "
                 "prefix snapshots)\n",

@@ -4,13 +4,18 @@
 // the single-sequence path (Session + generate), which is the oracle for exactness.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "models/model.h"
@@ -162,6 +167,50 @@ inline bool matmul_is_batch_invariant(DType type) {
     }
   }
   return true;
+}
+
+// A random-weight model of a synth shape (models/synth.h), written to a temporary file for the
+// test's lifetime.
+struct SynthShapeFile {
+  std::string path;
+  explicit SynthShapeFile(const std::string& shape) {
+    path = ::testing::TempDir() + "tern_engine_shape_" + shape + "_" + std::to_string(::getpid()) + ".gguf";
+    SynthOptions o;
+    o.shape = shape;
+    synth_model(o, path);
+  }
+  ~SynthShapeFile() { std::remove(path.c_str()); }
+  SynthShapeFile(const SynthShapeFile&) = delete;
+  SynthShapeFile& operator=(const SynthShapeFile&) = delete;
+};
+
+// BOS then n - 1 random ordinary tokens (ids 3 and up).
+inline std::vector<int32_t> random_token_prompt(std::mt19937& rng, size_t n, int32_t n_vocab) {
+  std::vector<int32_t> p{1};
+  for (size_t i = 1; i < n; ++i) p.push_back(int32_t(3 + rng() % uint32_t(n_vocab - 3)));
+  return p;
+}
+
+// The log-probability of each generated token, from one Session prefill of prompt + ids (f32
+// K/V): what the engine's streamed logprobs must equal.
+inline std::vector<float> sequence_logprobs(std::shared_ptr<const GgufFile> file, const std::vector<int32_t>& prompt,
+                                            const std::vector<int32_t>& ids) {
+  SessionConfig sc;
+  sc.n_threads = 2;
+  Session session(file, sc);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), ids.begin(), ids.end() - 1);
+  const float* rows = session.eval(all, /*all_logits=*/true);
+  const int64_t n_vocab = session.model().hparams().n_vocab;
+  std::vector<float> out;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const float* row = rows + (prompt.size() - 1 + t) * size_t(n_vocab);
+    double mx = row[0], sum = 0;
+    for (int64_t v = 1; v < n_vocab; ++v) mx = std::max<double>(mx, row[v]);
+    for (int64_t v = 0; v < n_vocab; ++v) sum += std::exp(double(row[v]) - mx);
+    out.push_back(float(double(row[ids[t]]) - mx - std::log(sum)));
+  }
+  return out;
 }
 
 }  // namespace tern::testing

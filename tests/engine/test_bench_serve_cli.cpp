@@ -61,6 +61,10 @@ TEST(BenchServeCli, AStateSpaceModelRunsWithItsStateSlots) {
   EXPECT_EQ(j.value("output_tokens", 0), 10 * 6);
   EXPECT_EQ(j.value("state_slots", 0), 3);
   EXPECT_EQ(j.value("max_running", 0), 3);
+  // No K/V at all; per layer the conv window (d_conv - 1 = 3 inputs of the 128 inner channels)
+  // and the 128 x 16 SSM state, f32, over the 3 layers.
+  EXPECT_EQ(j.value("kv_bytes_per_token", -1), 0);
+  EXPECT_EQ(j.value("state_bytes_per_sequence", 0), 3 * (3 * 128 + 128 * 16) * 4);
 }
 
 TEST(BenchServeCli, ShareGptPromptsWithPoissonArrivalsAndATightArena) {
@@ -80,6 +84,8 @@ TEST(BenchServeCli, ShareGptPromptsWithPoissonArrivalsAndATightArena) {
   EXPECT_EQ(j.value("kv_type", ""), "f16");
   EXPECT_EQ(j.value("kv_bytes", 0), 150 * 1024 / (16 * 640) * 16 * 640);
   EXPECT_EQ(j.value("kv_blocks_total", 0), 15);
+  EXPECT_EQ(j.value("kv_bytes_per_token", 0), 640);
+  EXPECT_EQ(j.value("state_bytes_per_sequence", -1), 0);
   const auto f32 = bench(args + " --kv-type f32");
   EXPECT_EQ(f32.value("completed", 0), 10);
   EXPECT_EQ(f32.value("kv_type", ""), "f32");

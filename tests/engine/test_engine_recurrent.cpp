@@ -1,5 +1,5 @@
-// State-space models (Mamba, Mamba-2, RWKV-7) and hybrids (Granite 4.0-H: K/V blocks and a state
-// in one step) in the serving engine: every running request holds a recurrent
+// State-space models (Mamba, Mamba-2, RWKV-6, RWKV-7) and hybrids (Granite 4.0-H, Qwen3-Next: K/V blocks
+// and a state in one step) in the serving engine: every running request holds a recurrent
 // state slot, n completions copy their prompt's state, a prompt that starts with cached blocks
 // resumes from a state snapshot, and prefill runs in chunks. 16 concurrent seeded requests give
 // the tokens each gives alone through Session, with and without prefix caching, and the
@@ -23,46 +23,11 @@ namespace {
 
 using tern::testing::Collected;
 using tern::testing::drive;
+using tern::testing::random_token_prompt;
 using tern::testing::run_alone;
+using tern::testing::sequence_logprobs;
+using tern::testing::SynthShapeFile;
 using tern::testing::Sink;
-
-struct SynthFile {
-  std::string path;
-  explicit SynthFile(const std::string& shape) {
-    path = ::testing::TempDir() + "tern_engine_recurrent_" + shape + "_" + std::to_string(::getpid()) + ".gguf";
-    SynthOptions o;
-    o.shape = shape;
-    synth_model(o, path);
-  }
-  ~SynthFile() { std::remove(path.c_str()); }
-};
-
-std::vector<int32_t> random_prompt(std::mt19937& rng, size_t n, int32_t n_vocab) {
-  std::vector<int32_t> p{1};  // BOS
-  for (size_t i = 1; i < n; ++i) p.push_back(int32_t(3 + rng() % uint32_t(n_vocab - 3)));
-  return p;
-}
-
-// The log-probability of each generated token, from one Session prefill of prompt + ids.
-std::vector<float> reference_logprobs(std::shared_ptr<const GgufFile> file, const std::vector<int32_t>& prompt,
-                                      const std::vector<int32_t>& ids) {
-  SessionConfig sc;
-  sc.n_threads = 2;
-  Session session(file, sc);
-  std::vector<int32_t> all = prompt;
-  all.insert(all.end(), ids.begin(), ids.end() - 1);
-  const float* rows = session.eval(all, /*all_logits=*/true);
-  const int64_t n_vocab = session.model().hparams().n_vocab;
-  std::vector<float> out;
-  for (size_t t = 0; t < ids.size(); ++t) {
-    const float* row = rows + (prompt.size() - 1 + t) * size_t(n_vocab);
-    double mx = row[0], sum = 0;
-    for (int64_t v = 1; v < n_vocab; ++v) mx = std::max<double>(mx, row[v]);
-    for (int64_t v = 0; v < n_vocab; ++v) sum += std::exp(double(row[v]) - mx);
-    out.push_back(float(double(row[ids[t]]) - mx - std::log(sum)));
-  }
-  return out;
-}
 
 SamplingParams seeded(uint64_t seed) {
   SamplingParams s;
@@ -78,35 +43,41 @@ struct RecurrentCase {
   // > 0: a K/V arena of this many tokens (hybrid models: their attention layers' blocks run out
   // and requests are preempted, their states recomputed).
   int64_t kv_tokens = 0;
+  // The context, block size and tokens per request. A pure recurrent model's block bookkeeping
+  // is n_ctx x its four state slots, which blocks of 80 and a context of 96 (the longest
+  // request's 95 tokens) round to 5 blocks, where running requests of more than 80 tokens need 2
+  // each: requests are preempted, their states recomputed (`preempts`: it must happen).
+  int64_t n_ctx = 256, block_size = 8, max_tokens = 24;
+  bool preempts = false;
 };
 
 class EngineRecurrent : public ::testing::TestWithParam<RecurrentCase> {};
 
 TEST_P(EngineRecurrent, SixteenRequestsEqualEachRunAlone) {
   const RecurrentCase& tc = GetParam();
-  SynthFile synth(tc.shape);
+  SynthShapeFile synth(tc.shape);
   auto file = open_model_file(synth.path);
   std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
   const int32_t n_vocab = int32_t(tok->n_vocab());
 
   // Half the prompts share a 40-token beginning (snapshot resumes); lengths 5 to 60.
   std::mt19937 rng(17);
-  const std::vector<int32_t> common = random_prompt(rng, 40, n_vocab);
+  const std::vector<int32_t> common = random_token_prompt(rng, 40, n_vocab);
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 16; ++i) {
     std::vector<int32_t> p = i % 2 ? common : std::vector<int32_t>{1};
-    const auto tail = random_prompt(rng, size_t(5 + (i * 11) % 20), n_vocab);
+    const auto tail = random_token_prompt(rng, size_t(5 + (i * 11) % 20), n_vocab);
     p.insert(p.end(), tail.begin() + 1, tail.end());
     prompts.push_back(p);
   }
-  const int64_t max_tokens = 24;
+  const int64_t max_tokens = tc.max_tokens;
 
   EngineConfig cfg;
   cfg.n_threads = 2;
-  cfg.kv_block_size = 8;
+  cfg.kv_block_size = tc.block_size;
   cfg.max_batch_tokens = 28;  // chunked prefill
   cfg.n_parallel = 4;         // four state slots: the others wait
-  cfg.n_ctx = 256;
+  cfg.n_ctx = tc.n_ctx;
   cfg.prefix_caching = tc.prefix_caching;
   if (tc.kv_tokens > 0) cfg.kv_memory_bytes = tc.kv_tokens * kv_bytes_per_token(*file, cfg.kv_type);
   Engine engine(file, tok, cfg);
@@ -138,7 +109,7 @@ TEST_P(EngineRecurrent, SixteenRequestsEqualEachRunAlone) {
   EXPECT_EQ(m.n_running + m.n_waiting, 0);
   EXPECT_EQ(m.state_slots_used, 0);
   EXPECT_EQ(m.kv_blocks_used, 0);
-  if (tc.kv_tokens > 0) {
+  if (tc.kv_tokens > 0 || tc.preempts) {
     EXPECT_GT(m.n_preempted_total, 0) << "the small arena should preempt";
   }
   if (tc.prefix_caching) {
@@ -158,7 +129,7 @@ TEST_P(EngineRecurrent, SixteenRequestsEqualEachRunAlone) {
       distinct.insert(c.ids);
       EXPECT_EQ(c.n_final, 1);
       EXPECT_EQ(c.ids, alone.ids) << "prompt " << i << " completion " << k << " (" << prompts[i].size() << " tokens)";
-      const std::vector<float> ref = reference_logprobs(file, prompts[i], c.ids);
+      const std::vector<float> ref = sequence_logprobs(file, prompts[i], c.ids);
       ASSERT_EQ(c.tokens.size(), ref.size());
       for (size_t t = 0; t < ref.size(); ++t)
         ASSERT_NEAR(c.tokens[t].logprob, ref[t], 1e-4) << "prompt " << i << " completion " << k << " token " << t;
@@ -170,22 +141,33 @@ TEST_P(EngineRecurrent, SixteenRequestsEqualEachRunAlone) {
 INSTANTIATE_TEST_SUITE_P(Shapes, EngineRecurrent,
                          ::testing::Values(RecurrentCase{"mamba_prefix_cache", "mamba-tiny", true},
                                            RecurrentCase{"mamba_no_prefix_cache", "mamba-tiny", false},
+                                           RecurrentCase{"mamba_no_prefix_cache_preemption", "mamba-tiny", false, 0,
+                                                         96, 80, 32, true},
                                            RecurrentCase{"mamba2_prefix_cache", "mamba2-tiny", true},
+                                           RecurrentCase{"mamba2_no_prefix_cache_preemption", "mamba2-tiny", false, 0,
+                                                         96, 80, 32, true},
                                            RecurrentCase{"rwkv7_prefix_cache", "rwkv7-tiny", true},
+                                           RecurrentCase{"rwkv7_no_prefix_cache_preemption", "rwkv7-tiny", false, 0,
+                                                         96, 80, 32, true},
+                                           RecurrentCase{"rwkv6_prefix_cache", "rwkv6-tiny", true},
+                                           RecurrentCase{"rwkv6_no_prefix_cache_preemption", "rwkv6-tiny", false, 0,
+                                                         96, 80, 32, true},
                                            RecurrentCase{"granitehybrid_prefix_cache", "granitehybrid-tiny", true},
                                            RecurrentCase{"granitehybrid_preemption", "granitehybrid-tiny", true, 160},
                                            RecurrentCase{"granitehybrid_dense_no_prefix_cache",
-                                                         "granitehybrid-dense-tiny", false}),
+                                                         "granitehybrid-dense-tiny", false},
+                                           RecurrentCase{"qwen3next_prefix_cache", "qwen3next-tiny", true},
+                                           RecurrentCase{"qwen3next_preemption", "qwen3next-tiny", true, 160}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // A prompt that repeats a finished one's first blocks starts from the snapshot (n_cached_prompt
 // is the resumed position) and still generates what it generates alone.
 TEST(EngineRecurrentPrefix, ARepeatedBeginningResumesFromItsSnapshot) {
-  SynthFile synth("mamba-tiny");
+  SynthShapeFile synth("mamba-tiny");
   auto file = open_model_file(synth.path);
   std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
   std::mt19937 rng(5);
-  const std::vector<int32_t> a = random_prompt(rng, 37, int32_t(tok->n_vocab()));
+  const std::vector<int32_t> a = random_token_prompt(rng, 37, int32_t(tok->n_vocab()));
   std::vector<int32_t> b(a.begin(), a.begin() + 33);
   b.push_back(7);
   b.push_back(9);
@@ -211,12 +193,12 @@ TEST(EngineRecurrentPrefix, ARepeatedBeginningResumesFromItsSnapshot) {
   const Collected cb = sink.get(ib);
   EXPECT_EQ(cb.metrics.n_cached_prompt, 32) << "resumes after the block ending at 32";
   EXPECT_EQ(cb.ids, run_alone(file, *tok, b, 12, seeded(3), {}, true).ids);
-  const std::vector<float> ref = reference_logprobs(file, b, cb.ids);
+  const std::vector<float> ref = sequence_logprobs(file, b, cb.ids);
   for (size_t t = 0; t < ref.size(); ++t) EXPECT_NEAR(cb.tokens[t].logprob, ref[t], 1e-4) << "token " << t;
 }
 
 TEST(EngineRecurrentErrors, WhatARecurrentModelCannotDoIsRefused) {
-  SynthFile synth("mamba-tiny");
+  SynthShapeFile synth("mamba-tiny");
   auto file = open_model_file(synth.path);
   std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
   const auto expect_error = [&](const EngineConfig& cfg, const std::string& needle) {

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "models/arch.h"
 #include "models/model.h"
+#include "model_test_util.h"
 #include "models/synth.h"
 #include "models/weight_check.h"
 #include "quant/quant_codecs.h"
@@ -24,10 +25,13 @@
 namespace tern {
 namespace {
 
+using tern::testing::logits_in_steps;
+using tern::testing::open_file;
+
 const char* const kTinyShapes[] = {"llama3-tiny", "mixtral-tiny", "qwen2-tiny", "qwen2moe-tiny", "qwen3-tiny",
                                    "qwen3moe-tiny", "phi3-tiny", "gemma2-tiny", "gemma3-tiny", "gpt-oss-tiny",
                                    "mamba-tiny", "mamba2-tiny", "deepseek2-tiny", "deepseek3-tiny", "deepseek2-lite-tiny",
-                                   "granitehybrid-tiny", "granitehybrid-dense-tiny", "rwkv7-tiny"};
+                                   "granitehybrid-tiny", "granitehybrid-dense-tiny", "rwkv7-tiny", "rwkv6-tiny"};
 
 std::string synth_file(const std::string& shape) {
   const std::string path = ::testing::TempDir() + "tern_arch_" + shape + "_" + std::to_string(::getpid()) + ".gguf";
@@ -35,43 +39,6 @@ std::string synth_file(const std::string& shape) {
   o.shape = shape;
   synth_model(o, path);
   return path;
-}
-
-std::shared_ptr<const GgufFile> open_file(const std::string& path) {
-  return std::make_shared<const GgufFile>(GgufFile::open(path));
-}
-
-// Logits of every position of `ids` (sequence A) with sequence B decoding beside it (unless
-// alone), fed in steps of `chunk` tokens (B gets one token per step), through scattered KV slots.
-std::vector<float> logits_in_steps(Model& model, const std::vector<int32_t>& ids, int64_t chunk, int n_threads,
-                                   bool alone = false) {
-  const int64_t V = model.hparams().n_vocab, n = int64_t(ids.size());
-  model.reserve(chunk + 1);
-  ThreadPool pool(n_threads);
-  KvStore kv = make_kv_store(model.hparams(), 2 * n + 8, KvType::F32, /*n_state_slots=*/3);
-  std::vector<int32_t> slots_a, slots_b, b_ids;
-  for (int64_t i = 0; i < n; ++i) {
-    slots_a.push_back(int32_t(2 * n + 7 - 2 * i));  // descending, interleaved with B's
-    slots_b.push_back(int32_t(2 * i));
-    b_ids.push_back(int32_t((7 * i + 3) % V));
-  }
-  std::vector<float> out;
-  int64_t past_b = 0;
-  for (int64_t p = 0; p < n; p += chunk) {
-    const int64_t m = std::min(chunk, n - p);
-    SeqBatch s[2];
-    s[0] = {p, std::span<const int32_t>(ids.data() + p, size_t(m)), std::span<const int32_t>(slots_a.data(), size_t(p + m)), true};
-    s[1] = {past_b, std::span<const int32_t>(b_ids.data() + past_b, 1), std::span<const int32_t>(slots_b.data(), size_t(past_b + 1)), false};
-    if (model.hparams().recurrent()) {  // (state slot 0 unused: A and B are not in slot order)
-      s[0].state_slot = 2;
-      s[1].state_slot = 1;
-    }
-    std::vector<float> logits(size_t((m + 1) * V));
-    model.forward(std::span<const SeqBatch>(s, alone ? 1 : 2), kv, logits.data(), pool);
-    out.insert(out.end(), logits.begin(), logits.begin() + m * V);
-    ++past_b;
-  }
-  return out;
 }
 
 TEST(Architectures, EveryShapeLoadsAndNamesItsArchitecture) {
@@ -483,7 +450,7 @@ TEST(Architectures, TernaryWeightCodesAreChecked) {
 // holds B and C of every group: (d_conv - 1) (d_inner + 2 n_group d_state) + d_inner d_state
 // floats per layer (mamba2-tiny: 3 x 192 + 128 x 16), from the synth shape's own sizes.
 TEST(Architectures, MambaStateIsFixedSizeAndRollsBackByRecompute) {
-  for (const char* shape : {"mamba-tiny", "mamba2-tiny", "rwkv7-tiny"}) {
+  for (const char* shape : {"mamba-tiny", "mamba2-tiny", "rwkv7-tiny", "rwkv6-tiny"}) {
     SCOPED_TRACE(shape);
     const std::string path = synth_file(shape);
     auto file = open_file(path);
@@ -498,7 +465,7 @@ TEST(Architectures, MambaStateIsFixedSizeAndRollsBackByRecompute) {
                                                    : (sh.ssm_d_conv - 1) * conv_channels + sh.ssm_d_state * sh.ssm_d_inner) *
                             int64_t(sizeof(float)) * sh.n_layer;
     if (sh.rwkv_head_size > 0) {
-      EXPECT_EQ(per_seq, (2 * 128 + 2 * 64 * 64) * 4 * 3);  // rwkv7-tiny: 2 heads of 64, 3 layers
+      EXPECT_EQ(per_seq, (2 * 128 + 2 * 64 * 64) * 4 * 3);  // rwkv7-tiny, rwkv6-tiny: 2 heads of 64, 3 layers
     }
     if (sh.ssm_n_group > 0) {
       EXPECT_EQ(per_seq, (3 * 192 + 128 * 16) * 4 * 3);
@@ -621,10 +588,11 @@ TEST(Architectures, HybridLayerPatternMustMatchTheTensors) {
 TEST(Architectures, UnsupportedArchitectureListsTheSupportedOnes) {
   const std::string e = load_error("qwen2-tiny", [](const GgufFile& s, GgufWriter& w) {
     copy_all(s, w);
-    w.set("general.architecture", GgufValue::string("rwkv6"));
+    w.set("general.architecture", GgufValue::string("rwkv6qwen2"));
   });
-  EXPECT_NE(e.find("unsupported architecture 'rwkv6' (tern runs: " + architecture_list() + ")"), std::string::npos) << e;
-  for (const char* a : {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "gpt-oss", "mamba", "mamba2", "rwkv7"})
+  EXPECT_NE(e.find("unsupported architecture 'rwkv6qwen2' (tern runs: " + architecture_list() + ")"), std::string::npos) << e;
+  for (const char* a : {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "gpt-oss", "mamba", "mamba2", "rwkv7",
+                        "rwkv6"})
     EXPECT_NE(architecture_list().find(a), std::string::npos) << a;
 }
 

@@ -110,9 +110,9 @@ TEST_F(ModelErrors, NormMustBeF32) {
 TEST_F(ModelErrors, UnknownArchitecture) {
   const std::string e = load_error([](const GgufFile& s, GgufWriter& w) {
     copy_all(s, w);
-    w.set("general.architecture", GgufValue::string("rwkv6"));  // (rwkv7 is supported)
+    w.set("general.architecture", GgufValue::string("rwkv6qwen2"));  // (rwkv6 and rwkv7 are supported)
   });
-  EXPECT_NE(e.find("unsupported architecture 'rwkv6'"), std::string::npos) << e;
+  EXPECT_NE(e.find("unsupported architecture 'rwkv6qwen2'"), std::string::npos) << e;
 }
 
 TEST_F(ModelErrors, BadRopeDimension) {

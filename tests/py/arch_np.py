@@ -3,7 +3,8 @@ the way llama.cpp computes them, for the architectures llama (Llama-2/3 incl. ro
 Mixtral MoE), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma2, gemma3, gpt-oss (attention
 sinks, YaRN rope, clamped SwiGLU experts with biases), mamba (Mamba-1 selective state space),
 mamba2 (Mamba-2: a scalar decay per head, grouped B/C, a gated grouped RMSNorm), deepseek2
-(DeepSeek-V2/V3 multi-head latent attention) and rwkv7 (RWKV-7: token shift, WKV-7 per head).
+(DeepSeek-V2/V3 multi-head latent attention), rwkv7 (RWKV-7: token shift, WKV-7 per head) and
+rwkv6 (RWKV-6: data-dependent token shift and decay, WKV-6 per head).
 
 Written from llama.cpp's graph builders and hparams loading (src/models/*.cpp, llama-model.cpp,
 llama-hparams.cpp), ggml's ssm_conv / ssm_scan ops and convert_hf_to_gguf.py, read not copied; it shares no code with tern.
@@ -123,6 +124,22 @@ granitehybrid IBM Granite 4.0-H (llama.cpp's granite-hybrid graph): x = token_em
               x += residual_scale * that; then x += residual_scale * FFN(RMSNorm(x) with
               ffn_norm): dense SwiGLU, or softmax top-k experts renormalised plus the shared
               expert (ffn_*_shexp, no gate).  Logits divided by logit_scale.
+qwen3next     Qwen3-Next (llama.cpp's qwen3next graph): per layer h = RMSNorm(x) (attn_norm); the
+              layers attention.recurrent_layers marks (else all but every full_attention_interval-th)
+              run the gated delta-net on h: with Hk = ssm.group_count key heads, Hv =
+              ssm.time_step_rank value heads (r = Hv / Hk each), all of S = ssm.state_size,
+              [q | k | v] = attn_qkv h (q, k [Hk, S], v [Hv, S]), z = attn_gate h (older files: ssm_in,
+              per key head q, k, v, z); per key head g, ssm_ba h gives b then a of value heads g r ..;
+              [q | k | v] = silu(causal conv, ssm_conv1d ne [d_conv, C], no bias); q, k L2-normalised
+              per head (eps the RMS one) and repeated so that value head h reads key head h // r;
+              beta = sigmoid(b), g = softplus(a + ssm_dt.bias) * ssm_a; from a zero state M [Hv, S, S]
+              (value x key): M = M exp(g); d = (v - M k) beta; M += d k^T; o = M q / sqrt(S); then
+              RMSNorm per value head (ssm_norm) * silu(z), then ssm_out.  The others attend: attn_q
+              gives per head S_h query then S_h gate channels; q/k RMS-normalised per head (attn_q_norm,
+              attn_k_norm), NeoX RoPE on the first rope.dimension_count channels of each head, causal
+              GQA, output * sigmoid(gate), attn_output.  x += that; x += MoE(RMSNorm(x) with
+              post_attention_norm): softmax top-k renormalised experts + the shared expert times
+              sigmoid(h . ffn_gate_inp_shexp).
 output        output.weight if present, else token_embd.weight (tied).
 """
 
@@ -588,6 +605,72 @@ def _rwkv7_hidden(meta, t, ids):
     return _ln(x, t["output_norm.weight"], t["output_norm.bias"], eps)
 
 
+def _rwkv6_hidden(meta, t, ids):
+    """RWKV-6 as llama.cpp's llm_build_rwkv6 (float64, from a zero state): LayerNorm'd embeddings;
+    per layer a time mix (token shift: xx = xn + sx lerp_x, then the five data-dependent mixes
+    x? = xn + sx (lerp_fused[?] + time_mix_w2[?] tanh(time_mix_w1 xx)) in the order w k v r g;
+    r, k, v, silu(gate); the decay w = exp(-exp(time_mix_decay + decay_w2 tanh(decay_w1 x_w)));
+    the WKV-6 recurrence per head y = r (S + u k v^T), S = diag(w) S + k v^T with u time_mix_first;
+    the group norm, ln_x, times the gate) and a channel mix (token shift with lerp_k / lerp_r,
+    sigmoid(receptance) times value of the squared ReLU of key), each added to the residual
+    stream; the stream halved after every rescale_every_n_layers-th layer."""
+    g = lambda k, d=None: meta.get(f"rwkv6.{k}", d)  # noqa: E731
+    E, L, N, eps = g("embedding_length"), g("block_count"), g("wkv.head_size"), g("attention.layer_norm_epsilon", 1e-5)
+    D, every = g("time_mix_extra_dim"), g("rescale_every_n_layers", 0)
+    H = E // N
+    sig = lambda v: 1.0 / (1.0 + np.exp(-v))  # noqa: E731
+    T = len(ids)
+    x = t["token_embd.weight"][list(ids)].copy()
+    x = _ln(x, t["token_embd_norm.weight"], t["token_embd_norm.bias"], eps)
+
+    def shift(h):
+        return np.vstack([np.zeros((1, E)), h[:-1]])
+
+    for il in range(L):
+        p = f"blk.{il}."
+        W = lambda n: t[p + n + ".weight"]  # noqa: E731
+        V = lambda n: t[p + n + ".weight"].reshape(-1)  # noqa: E731
+        xn = _ln(x, V("attn_norm"), t[p + "attn_norm.bias"], eps)
+        sx = shift(xn) - xn
+        xx = xn + sx * V("time_mix_lerp_x")
+        lo = np.tanh(xx @ W("time_mix_w1").T)                   # [T, 5 D]
+        w2 = W("time_mix_w2")                                    # numpy [5, E, D]
+        lerp = W("time_mix_lerp_fused").reshape(5, E)
+        xw, xk, xv, xr, xg = (xn + sx * (lo[:, m * D:(m + 1) * D] @ w2[m].T + lerp[m]) for m in range(5))
+        r = xr @ W("time_mix_receptance").T
+        k = xk @ W("time_mix_key").T
+        v = xv @ W("time_mix_value").T
+        gz = xg @ W("time_mix_gate").T
+        gate = gz * sig(gz)
+        w = np.exp(-np.exp(np.tanh(xw @ W("time_mix_decay_w1").T) @ W("time_mix_decay_w2").T + V("time_mix_decay")))
+        u = W("time_mix_first").reshape(H, N)
+        S = np.zeros((H, N, N))                                  # [head][key channel i][value channel j]
+        y = np.zeros((T, E))
+        for tt in range(T):
+            rh, kh, vh, wh = (z[tt].reshape(H, N) for z in (r, k, v, w))
+            kv = kh[:, :, None] * vh[:, None, :]
+            y[tt] = np.einsum("hi,hij->hj", rh, S + u[:, :, None] * kv).reshape(E)
+            S = S * wh[:, :, None] + kv
+        y = _ln(y.reshape(T, H, N), None, None, 64e-5).reshape(T, E)
+        y = (y * V("time_mix_ln") + t[p + "time_mix_ln.bias"]) * gate
+        x = x + y @ W("time_mix_output").T
+        fn = _ln(x, V("attn_norm_2"), t[p + "attn_norm_2.bias"], eps)
+        sf = shift(fn) - fn
+        xk = fn + sf * V("channel_mix_lerp_k")
+        xr = fn + sf * V("channel_mix_lerp_r")
+        hdn = np.maximum(xk @ W("channel_mix_key").T, 0.0) ** 2
+        x = x + sig(xr @ W("channel_mix_receptance").T) * (hdn @ W("channel_mix_value").T)
+        if every and (il + 1) % every == 0:
+            x = x * 0.5
+    return _ln(x, t["output_norm.weight"], t["output_norm.bias"], eps)
+
+
+class _Rwkv6Hp:
+    def __init__(self):
+        self.final_softcap = 0.0
+        self.arch = "rwkv6"
+
+
 class _Rwkv7Hp:
     def __init__(self):
         self.final_softcap = 0.0
@@ -661,6 +744,106 @@ def _granitehybrid_hidden(meta, t, ids):
     return _rms(x, t["output_norm.weight"], hp.eps), hp
 
 
+class _Qwen3NextHp:
+    """Qwen3-Next's sizes: the attention ones, the gated delta-net ones, the layer kinds."""
+    def __init__(self, meta):
+        a = self.arch = "qwen3next"
+        g = lambda k, d=None: meta.get(f"{a}.{k}", d)  # noqa: E731
+        self.E, self.L = g("embedding_length"), g("block_count") - g("nextn_predict_layers", 0)
+        self.eps = g("attention.layer_norm_rms_epsilon", 1e-6)
+        self.H, self.Hkv = g("attention.head_count"), g("attention.head_count_kv")
+        self.hd = g("attention.key_length", self.E // self.H)
+        self.n_rot = g("rope.dimension_count", self.hd)
+        self.base = g("rope.freq_base", 10000.0)
+        self.S, self.Hk, self.Hv = g("ssm.state_size"), g("ssm.group_count"), g("ssm.time_step_rank")
+        self.d_conv = g("ssm.conv_kernel")
+        rec = g("attention.recurrent_layers")
+        if rec is not None:
+            self.recurrent = [bool(v) for v in rec[:self.L]]
+        else:
+            n = g("full_attention_interval", 4)
+            self.recurrent = [(il + 1) % n != 0 for il in range(self.L)]
+        self.n_expert_used = g("expert_used_count", 0)
+        self.moe_norm_w = True
+        self.final_softcap = 0.0
+
+
+def _l2norm(x, eps):
+    return x / np.maximum(np.sqrt((x * x).sum(-1, keepdims=True)), eps)
+
+
+def _delta_net_mixer(hp, t, p, h):
+    """One gated delta-net mixer on the normalised input h [T, n_embd] -> [T, n_embd] (before the
+    residual add), as llama.cpp's build_layer_attn_linear from a zero state."""
+    T = h.shape[0]
+    S, Hk, Hv, dc = hp.S, hp.Hk, hp.Hv, hp.d_conv
+    r, kd = Hv // Hk, Hk * S
+    C = 2 * kd + Hv * S
+    if p + "attn_qkv.weight" in t:
+        qkv = h @ t[p + "attn_qkv.weight"].T
+        z = h @ t[p + "attn_gate.weight"].T
+    else:  # older converters: ssm_in, per key head q, k, v (r heads), z (r heads)
+        m = (h @ t[p + "ssm_in.weight"].T).reshape(T, Hk, 2 * S + 2 * r * S)
+        qkv = np.concatenate([m[..., :S].reshape(T, -1), m[..., S:2 * S].reshape(T, -1),
+                              m[..., 2 * S:2 * S + r * S].reshape(T, -1)], -1)
+        z = m[..., 2 * S + r * S:].reshape(T, -1)
+    ba = (h @ t[p + "ssm_ba.weight"].T).reshape(T, Hk, 2 * r)
+    b, a = ba[..., :r].reshape(T, Hv), ba[..., r:].reshape(T, Hv)
+    w = t[p + "ssm_conv1d.weight"].reshape(C, dc)                 # tap 0 = the oldest step
+    padded = np.concatenate([np.zeros((dc - 1, C)), qkv], 0)
+    conv = np.zeros((T, C))
+    for k in range(dc):
+        conv += padded[k:k + T] * w[:, k]
+    x = _silu(conv)
+    q = np.repeat(_l2norm(x[:, :kd].reshape(T, Hk, S), hp.eps), r, axis=1)        # [T, Hv, S]
+    k = np.repeat(_l2norm(x[:, kd:2 * kd].reshape(T, Hk, S), hp.eps), r, axis=1)
+    v = x[:, 2 * kd:].reshape(T, Hv, S)
+    beta = 1.0 / (1.0 + np.exp(-b))
+    gl = _softplus(a + t[p + "ssm_dt.bias"]) * t[p + "ssm_a"].reshape(Hv)           # [T, Hv] log decay
+    M = np.zeros((Hv, S, S))                                       # [head, value j, key i]
+    y = np.zeros((T, Hv, S))
+    for ti in range(T):
+        M = M * np.exp(gl[ti])[:, None, None]
+        d = (v[ti] - np.einsum("hji,hi->hj", M, k[ti])) * beta[ti][:, None]
+        M = M + d[:, :, None] * k[ti][:, None, :]
+        y[ti] = np.einsum("hji,hi->hj", M, q[ti]) / math.sqrt(S)
+    y = _rms(y, t[p + "ssm_norm.weight"], hp.eps) * _silu(z.reshape(T, Hv, S))
+    return y.reshape(T, Hv * S) @ t[p + "ssm_out.weight"].T
+
+
+def _qwen3next_hidden(meta, t, ids):
+    hp = _Qwen3NextHp(meta)
+    ids = list(ids)
+    T = len(ids)
+    pos = np.arange(T, dtype=np.float64)
+    causal = np.arange(T)[None, :] <= np.arange(T)[:, None]
+    x = t["token_embd.weight"][ids].copy()
+    for il in range(hp.L):
+        p = f"blk.{il}."
+        h = _rms(x, t[p + "attn_norm.weight"], hp.eps)
+        if hp.recurrent[il]:
+            o = _delta_net_mixer(hp, t, p, h)
+        else:
+            H, Hkv, hd = hp.H, hp.Hkv, hp.hd
+            qg = (h @ t[p + "attn_q.weight"].T).reshape(T, H, 2 * hd)
+            q, gate = qg[..., :hd], qg[..., hd:]
+            q = _rms(q, t[p + "attn_q_norm.weight"], hp.eps)
+            k = _rms((h @ t[p + "attn_k.weight"].T).reshape(T, Hkv, hd), t[p + "attn_k_norm.weight"], hp.eps)
+            v = (h @ t[p + "attn_v.weight"].T).reshape(T, Hkv, hd)
+            q = _rope(q, pos, hp.n_rot, hp.base, 1.0, True)
+            k = _rope(k, pos, hp.n_rot, hp.base, 1.0, True)
+            k, v = np.repeat(k, H // Hkv, axis=1), np.repeat(v, H // Hkv, axis=1)
+            s = np.einsum("thd,shd->hts", q, k) / math.sqrt(hd)
+            s = np.where(causal[None], s, -np.inf)
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            o = np.einsum("hts,shd->thd", s, v) / (1.0 + np.exp(-gate))
+            o = o.reshape(T, H * hd) @ t[p + "attn_output.weight"].T
+        x = x + o
+        x = x + _moe(hp, t, p, _rms(x, t[p + "post_attention_norm.weight"], hp.eps))
+    return _rms(x, t["output_norm.weight"], hp.eps), hp
+
+
 def arch_hidden(meta, t, ids, return_hparams=False, ggml_gelu=False, act_q8=()):
     """Final hidden states [len(ids), n_embd] in float64: the last layer's residual stream after
     the output norm, before the output projection (what llama.cpp's embeddings are for a
@@ -671,9 +854,15 @@ def arch_hidden(meta, t, ids, return_hparams=False, ggml_gelu=False, act_q8=()):
     if meta["general.architecture"] == "granitehybrid":
         x, hp = _granitehybrid_hidden(meta, t, ids)
         return (x, hp) if return_hparams else x
+    if meta["general.architecture"] == "qwen3next":
+        x, hp = _qwen3next_hidden(meta, t, ids)
+        return (x, hp) if return_hparams else x
     if meta["general.architecture"] == "rwkv7":
         x = _rwkv7_hidden(meta, t, ids)
         return (x, _Rwkv7Hp()) if return_hparams else x
+    if meta["general.architecture"] == "rwkv6":
+        x = _rwkv6_hidden(meta, t, ids)
+        return (x, _Rwkv6Hp()) if return_hparams else x
     hp = Hparams(meta)
     if hp.mamba:
         if act_q8:

@@ -48,8 +48,16 @@ Shapes (all f32, vocab 320 SPM-style with byte tokens, 2-6 layers, GQA unless sa
                    scale 0.125, logits / 6; tied, context 1048576
     granitehybrid-dense-tiny  the same with a dense SwiGLU FFN of 96 (granite-4.0-h-micro's kind),
                    layers attention, Mamba-2, Mamba-2, attention
+    qwen3next-tiny Qwen3-Next, 4 layers: gated delta-net (0, 2: 2 key heads and 4 value heads of 32,
+                   d_conv 4; attn_qkv + attn_gate, ssm_ba, ssm_a = -exp(A_log) [4], ssm_norm [32]) and gated
+                   attention (1, 3: full_attention_interval 2; attn_q [2 x 4 heads of 32] query + gate,
+                   2 KV heads, q/k norms, NeoX RoPE on 8 of 32 channels, base 1e7); 4 experts top-2 of 32
+                   + a shared expert of 48 with its sigmoid gate [64, 1]; post_attention_norm; untied
     rwkv7-tiny     RWKV-7, 3 layers: n_embd 128 in 2 WKV heads of 64, LoRA ranks 32 / 24 / 16 / 40
                    (decay, iclr, value residual, gate), FFN 224, LayerNorms with biases, untied
+    rwkv6-tiny     RWKV-6, 3 layers: n_embd 128 in 2 WKV heads of 64, time_mix_extra_dim 16,
+                   time_decay_extra_dim 24, FFN 448, rescale_every_n_layers 2, LayerNorms with
+                   biases, untied
 Weights are scaled so that logits are decisive (top-1 minus top-2 > 0.01 at ~97-100% of
 positions) and greedy continuations do not just repeat one token.  The phi3 vocabulary holds
 <|endoftext|>: llama.cpp looks it up whenever general.name contains "phi3".
@@ -209,9 +217,15 @@ SHAPES = {
                            nope=16, rope=16, v=16, n_dense=1, n_expert=8, n_expert_used=2, n_ff_exp=32,
                            n_shared=1, w_scale=2.5, w_norm=True, gating=2, groups=(4, 2), eps=1e-6, tied=False,
                            ctx=512, rope_base=10000.0),
+    "qwen3next-tiny": dict(arch="qwen3next", n_embd=64, n_layer=4, interval=2, n_head=4, n_head_kv=2, head_dim=32,
+                           n_rot=8, S=32, Hk=2, Hv=4, d_conv=4, n_ff=96, n_expert=4, n_expert_used=2, n_ff_exp=32,
+                           n_ff_shexp=48, rope_base=1e7, eps=1e-6, ctx=4096),
     # RWKV-7: heads of 64 (ggml's CPU WKV-7 needs head_size >= GGML_F32_STEP), all LoRA ranks different
     "rwkv7-tiny": dict(arch="rwkv7", n_embd=128, n_layer=3, head_size=64, n_ff=224, r_decay=32, r_iclr=24,
                        r_value=16, r_gate=40, eps=1e-5, tied=False, ctx=1048576),
+    # RWKV-6: heads of 64 (as RWKV-7's), the two LoRA ranks different, the stream halved after layer 1
+    "rwkv6-tiny": dict(arch="rwkv6", n_embd=128, n_layer=3, head_size=64, n_ff=448, mix_dim=16, decay_dim=24,
+                       rescale=2, eps=1e-5, tied=False, ctx=1048576),
 }
 N_VOCAB = 320
 
@@ -412,6 +426,66 @@ def _build_rwkv7(c, shape, rng, toks, scores, types, sid):
     return kvs, T
 
 
+def _build_rwkv6(c, shape, rng, toks, scores, types, sid):
+    """RWKV-6 keys and tensors as Rwkv6Model in llama.cpp's converter writes them: wkv.head_size,
+    time_mix_extra_dim, time_decay_extra_dim, rescale_every_n_layers, attention.layer_norm_epsilon,
+    head_count 0; the five token-shift mixes stacked as time_mix_lerp_fused (ggml ne [E, 1, 1, 5],
+    order w k v r g), time_mix_lerp_x / channel_mix_lerp_k / _r / time_mix_decay squeezed to 1-D,
+    time_mix_w1 ggml ne [E, 5 D] and time_mix_w2 [D, E, 5] (the converter's transpose and
+    permute), time_mix_decay_w1 [E, Dd], _w2 [Dd, E], time_mix_first [N, H]; every norm a
+    LayerNorm with a bias; time_mix_output and channel_mix_value divided by 2^(il // rescale)."""
+    a = "rwkv6"
+    E, L, V, N, F = c["n_embd"], c["n_layer"], N_VOCAB, c["head_size"], c["n_ff"]
+    D, DD, R, H = c["mix_dim"], c["decay_dim"], c["rescale"], c["n_embd"] // c["head_size"]
+
+    def w(n_out, n_in, g=1.0):
+        return (rng.standard_normal((n_out, n_in)) * g / math.sqrt(n_in)).astype(np.float32)
+
+    def vec(n, center, std):
+        return (center + std * rng.standard_normal(n)).astype(np.float32)
+
+    kvs = [("general.architecture", T_STR, a),
+           ("general.name", T_STR, shape),
+           ("general.file_type", T_U32, 0),
+           (f"{a}.context_length", T_U32, c["ctx"]),
+           (f"{a}.embedding_length", T_U32, E),
+           (f"{a}.block_count", T_U32, L),
+           (f"{a}.attention.layer_norm_epsilon", T_F32, c["eps"]),
+           (f"{a}.rescale_every_n_layers", T_U32, R),
+           (f"{a}.wkv.head_size", T_U32, N),
+           (f"{a}.time_mix_extra_dim", T_U32, D),
+           (f"{a}.time_decay_extra_dim", T_U32, DD),
+           (f"{a}.feed_forward_length", T_U32, F),
+           (f"{a}.attention.head_count", T_U32, 0)]
+    kvs += _tokenizer_kvs(toks, scores, types, sid)
+    T = [("token_embd.weight", (rng.standard_normal((V, E)) * 0.5).astype(np.float32)),
+         ("token_embd_norm.weight", vec(E, 1.0, 0.1)), ("token_embd_norm.bias", vec(E, 0.0, 0.1))]
+    for il in range(L):
+        p = f"blk.{il}."
+        rescale = 2.0 ** -(il // R) if R else 1.0
+        for n in ("attn_norm", "attn_norm_2"):
+            T += [(p + n + ".weight", vec(E, 1.0, 0.1)), (p + n + ".bias", vec(E, 0.0, 0.1))]
+        T += [(p + "time_mix_w1.weight", w(5 * D, E)),
+              (p + "time_mix_w2.weight", np.stack([w(E, D, 0.5) for _ in range(5)])),
+              (p + "time_mix_lerp_x.weight", vec(E, 0.5, 0.2)),
+              (p + "time_mix_lerp_fused.weight", vec(5 * E, 0.5, 0.2).reshape(5, 1, 1, E)),
+              (p + "time_mix_first.weight", vec(E, 0.5, 0.3).reshape(H, N)),
+              (p + "time_mix_decay.weight", vec(E, -2.0, 1.0)),
+              (p + "time_mix_decay_w1.weight", w(DD, E)),
+              (p + "time_mix_decay_w2.weight", w(E, DD, 0.5)),
+              (p + "time_mix_key.weight", w(E, E)), (p + "time_mix_value.weight", w(E, E)),
+              (p + "time_mix_receptance.weight", w(E, E)), (p + "time_mix_gate.weight", w(E, E)),
+              (p + "time_mix_ln.weight", vec(E, 1.0, 0.1)), (p + "time_mix_ln.bias", vec(E, 0.0, 0.1)),
+              (p + "time_mix_output.weight", w(E, E, rescale)),
+              (p + "channel_mix_lerp_k.weight", vec(E, 0.5, 0.2)),
+              (p + "channel_mix_lerp_r.weight", vec(E, 0.5, 0.2)),
+              (p + "channel_mix_key.weight", w(F, E)), (p + "channel_mix_value.weight", w(E, F, rescale)),
+              (p + "channel_mix_receptance.weight", w(E, E))]
+    T += [("output_norm.weight", vec(E, 1.0, 0.1)), ("output_norm.bias", vec(E, 0.0, 0.1)),
+          ("output.weight", w(V, E, 4.0))]
+    return kvs, T
+
+
 def _build_deepseek2(c, shape, rng, toks, scores, types, sid):
     """DeepSeek-V2/V3 keys and tensors as DeepseekV2Model in llama.cpp's converter writes them: the
     cache as MQA (head_count_kv 1, key_length kv_lora + rope, value_length kv_lora), the per-head
@@ -592,6 +666,82 @@ def _build_granitehybrid(c, shape, rng, toks, scores, types, sid):
     return kvs, T
 
 
+def _build_qwen3next(c, shape, rng, toks, scores, types, sid):
+    """Qwen3-Next keys and tensors, as Qwen3NextModel in llama.cpp's converter writes them (in_proj_qkvz
+    split into attn_qkv and attn_gate, A_log as -exp(A_log), dt_bias as ssm_dt.bias, the conv squeezed
+    to [C, d_conv], the shared expert's gate [1, n_embd]); no MTP block."""
+    a = "qwen3next"
+    E, L, V, H, Hkv, hd = c["n_embd"], c["n_layer"], N_VOCAB, c["n_head"], c["n_head_kv"], c["head_dim"]
+    S, Hk, Hv, dc = c["S"], c["Hk"], c["Hv"], c["d_conv"]
+    C = 2 * Hk * S + Hv * S
+    NE, Fe, Fs = c["n_expert"], c["n_ff_exp"], c["n_ff_shexp"]
+
+    def w(n_out, n_in, g=1.0):
+        return (rng.standard_normal((n_out, n_in)) * g / math.sqrt(n_in)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    kvs = [("general.architecture", T_STR, a),
+           ("general.name", T_STR, shape),
+           ("general.file_type", T_U32, 0),
+           (f"{a}.block_count", T_U32, L),
+           (f"{a}.context_length", T_U32, c["ctx"]),
+           (f"{a}.embedding_length", T_U32, E),
+           (f"{a}.feed_forward_length", T_U32, c["n_ff"]),
+           (f"{a}.attention.head_count", T_U32, H),
+           (f"{a}.attention.head_count_kv", T_U32, Hkv),
+           (f"{a}.rope.freq_base", T_F32, c["rope_base"]),
+           (f"{a}.attention.layer_norm_rms_epsilon", T_F32, c["eps"]),
+           (f"{a}.expert_count", T_U32, NE),
+           (f"{a}.expert_used_count", T_U32, c["n_expert_used"]),
+           (f"{a}.attention.key_length", T_U32, hd),
+           (f"{a}.attention.value_length", T_U32, hd),
+           (f"{a}.expert_feed_forward_length", T_U32, Fe),
+           (f"{a}.expert_shared_feed_forward_length", T_U32, Fs),
+           (f"{a}.ssm.conv_kernel", T_U32, dc),
+           (f"{a}.ssm.state_size", T_U32, S),
+           (f"{a}.ssm.group_count", T_U32, Hk),
+           (f"{a}.ssm.time_step_rank", T_U32, Hv),
+           (f"{a}.ssm.inner_size", T_U32, Hv * S),
+           (f"{a}.full_attention_interval", T_U32, c["interval"]),
+           (f"{a}.rope.dimension_count", T_U32, c["n_rot"])]
+    kvs += _tokenizer_kvs(toks, scores, types, sid)
+
+    T = [("token_embd.weight", (rng.standard_normal((V, E)) * 0.5).astype(np.float32))]
+    for il in range(L):
+        p = f"blk.{il}."
+        T.append((p + "attn_norm.weight", norm(E)))
+        if (il + 1) % c["interval"] != 0:
+            T.append((p + "attn_qkv.weight", w(C, E)))
+            T.append((p + "attn_gate.weight", w(Hv * S, E)))
+            T.append((p + "ssm_conv1d.weight", (rng.standard_normal((C, dc)) / math.sqrt(dc)).astype(np.float32)))
+            T.append((p + "ssm_dt.bias", (-2.0 + 0.5 * rng.standard_normal(Hv)).astype(np.float32)))
+            T.append((p + "ssm_a", (-np.exp(rng.uniform(-0.5, 2.0, Hv))).astype(np.float32)))
+            T.append((p + "ssm_ba.weight", w(2 * Hv, E)))
+            T.append((p + "ssm_norm.weight", norm(S)))
+            T.append((p + "ssm_out.weight", w(E, Hv * S)))
+        else:
+            T.append((p + "attn_q.weight", w(2 * H * hd, E)))
+            T.append((p + "attn_k.weight", w(Hkv * hd, E)))
+            T.append((p + "attn_v.weight", w(Hkv * hd, E)))
+            T.append((p + "attn_output.weight", w(E, H * hd)))
+            T.append((p + "attn_q_norm.weight", norm(hd)))
+            T.append((p + "attn_k_norm.weight", norm(hd)))
+        T.append((p + "post_attention_norm.weight", norm(E)))
+        T.append((p + "ffn_gate_inp.weight", w(NE, E, 2.0)))
+        T.append((p + "ffn_gate_exps.weight", np.stack([w(Fe, E) for _ in range(NE)])))
+        T.append((p + "ffn_up_exps.weight", np.stack([w(Fe, E) for _ in range(NE)])))
+        T.append((p + "ffn_down_exps.weight", np.stack([w(E, Fe) for _ in range(NE)])))
+        T.append((p + "ffn_gate_inp_shexp.weight", w(1, E)))
+        T.append((p + "ffn_gate_shexp.weight", w(Fs, E)))
+        T.append((p + "ffn_up_shexp.weight", w(Fs, E)))
+        T.append((p + "ffn_down_shexp.weight", w(E, Fs)))
+    T.append(("output_norm.weight", norm(E)))
+    T.append(("output.weight", w(V, E, 3.0)))
+    return kvs, T
+
+
 def build(shape, seed=None):
     """Return (kvs, tensors) for one shape."""
     c = SHAPES[shape]
@@ -607,6 +757,10 @@ def build(shape, seed=None):
         return _build_granitehybrid(c, shape, rng, *spm_vocab(N_VOCAB))
     if arch == "rwkv7":
         return _build_rwkv7(c, shape, rng, *spm_vocab(N_VOCAB))
+    if arch == "qwen3next":  # gated delta-net and gated attention layers: its own table
+        return _build_qwen3next(c, shape, rng, *spm_vocab(N_VOCAB))
+    if arch == "rwkv6":
+        return _build_rwkv6(c, shape, rng, *spm_vocab(N_VOCAB))
     E, L, H, Hkv, F = c["n_embd"], c["n_layer"], c["n_head"], c["n_head_kv"], c["n_ff"]
     hd = c.get("head_dim", E // H)
     V = N_VOCAB
@@ -753,8 +907,8 @@ def write_shape(shape, path, seed=None):
 # tern's tiny synth shapes, one per architecture (the same names as SHAPES above).
 TEST_SHAPES = ["qwen2-tiny", "qwen2moe-tiny", "qwen3-tiny", "qwen3moe-tiny", "llama3-tiny", "mixtral-tiny",
                "phi3-tiny", "gemma2-tiny", "gemma3-tiny", "gpt-oss-tiny", "mamba-tiny",
-               "mamba2-tiny", "deepseek2-tiny", "deepseek3-tiny", "rwkv7-tiny", "granitehybrid-tiny",
-               "granitehybrid-dense-tiny"]
+               "mamba2-tiny", "deepseek2-tiny", "deepseek3-tiny", "rwkv7-tiny", "rwkv6-tiny", "granitehybrid-tiny",
+               "granitehybrid-dense-tiny", "qwen3next-tiny"]
 # Shapes the numpy oracle checks but the npm llama.cpp peer cannot load: its llama.cpp reads a
 # deepseek2 file without q_lora_rank (queries straight from attn_q) only when it has V2-Lite's 27
 # layers.

@@ -1,7 +1,8 @@
 """test_arch_llamacpp_peer.py — tern against llama.cpp itself (the node-llama-cpp "peer") on tiny
 random models of every architecture: qwen2, qwen2moe, qwen3, qwen3moe, llama3 (rope_freqs),
 mixtral (llama MoE), phi3, gemma2, gemma3, gpt-oss, mamba, mamba2, deepseek2 (V2 and V3 routing),
-granitehybrid (Granite 4.0-H: Mamba-2 and attention layers), rwkv7 (RWKV-7).
+granitehybrid (Granite 4.0-H: Mamba-2 and attention layers), rwkv7 (RWKV-7), rwkv6 (RWKV-6), qwen3next
+(Qwen3-Next: gated delta-net and gated attention layers).
 
 For each shape NAME:
   * the model is `tern synth --shape NAME` (falls back to the python writer arch_tiny_models.py

@@ -2,7 +2,8 @@
 random models of every architecture: qwen2, qwen2moe, qwen3, qwen3moe, llama3 (rope_freqs),
 mixtral (llama MoE), phi3, gemma2, gemma3, gpt-oss, mamba (Mamba-1), mamba2 (Mamba-2), deepseek2
 (DeepSeek-V2 multi-head latent attention; V3's sigmoid / grouped routing: deepseek3-tiny),
-granitehybrid (Granite 4.0-H: Mamba-2 and attention layers, Granite's multipliers), rwkv7 (RWKV-7).
+granitehybrid (Granite 4.0-H: Mamba-2 and attention layers, Granite's multipliers), rwkv7 (RWKV-7), rwkv6 (RWKV-6),
+qwen3next (Qwen3-Next: gated delta-net and gated attention layers).
 
 For each shape NAME it checks two files:
   1. `tern synth --shape NAME -o F.gguf` (tern's own writer); if tern cannot write NAME, the
