@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -211,6 +212,39 @@ inline std::vector<float> sequence_logprobs(std::shared_ptr<const GgufFile> file
     out.push_back(float(double(row[ids[t]]) - mx - std::log(sum)));
   }
   return out;
+}
+
+// The engine's outputs of 16-request tests against the oracle: completion k of request i (ids[i],
+// ns[i] completions, drawn at temperature 1 with seed seed_base + i + k, the engine's rule for n
+// completions) must give the tokens the prompt gives alone through Session, and each token's
+// log-probability must equal one Session prefill's within 1e-4. Returns how many distinct
+// outputs there were (a test asserts they differ).
+inline size_t expect_completions_equal_alone(std::shared_ptr<const GgufFile> file, const Tokenizer& tok,
+                                             const std::vector<std::vector<int32_t>>& prompts,
+                                             const std::vector<uint64_t>& ids, const std::vector<int>& ns,
+                                             Sink& sink, int64_t max_tokens, uint64_t seed_base) {
+  std::set<std::vector<int32_t>> distinct;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int k = 0; k < ns[i]; ++k) {
+      SamplingParams sp;
+      sp.temperature = 1.0f;
+      sp.seed = seed_base + i + uint64_t(k);
+      const GenerateResult alone = run_alone(file, tok, prompts[i], max_tokens, sp, {}, true);
+      const Collected c = sink.get(ids[i], k);
+      distinct.insert(c.ids);
+      EXPECT_EQ(c.n_final, 1);
+      EXPECT_EQ(c.ids, alone.ids) << "prompt " << i << " completion " << k << " (" << prompts[i].size() << " tokens)";
+      const std::vector<float> ref = sequence_logprobs(file, prompts[i], c.ids);
+      EXPECT_EQ(c.tokens.size(), ref.size());
+      for (size_t t = 0; t < std::min(ref.size(), c.tokens.size()); ++t)
+        if (std::abs(c.tokens[t].logprob - ref[t]) > 1e-4f) {
+          ADD_FAILURE() << "prompt " << i << " completion " << k << " token " << t << ": logprob "
+                        << c.tokens[t].logprob << ", alone " << ref[t];
+          break;
+        }
+    }
+  }
+  return distinct.size();
 }
 
 }  // namespace tern::testing

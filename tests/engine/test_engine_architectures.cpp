@@ -21,11 +21,9 @@
 namespace tern {
 namespace {
 
-using tern::testing::Collected;
 using tern::testing::drive;
+using tern::testing::expect_completions_equal_alone;
 using tern::testing::random_token_prompt;
-using tern::testing::run_alone;
-using tern::testing::sequence_logprobs;
 using tern::testing::SynthShapeFile;
 using tern::testing::Sink;
 
@@ -89,24 +87,8 @@ TEST_P(EngineArchitectures, SixteenRequestsWithPreemptionEqualEachRunAlone) {
   EXPECT_GT(m.n_preempted_total, 0) << "the small arena should preempt";
   EXPECT_GT(m.prefix_hit_rate, 0.05) << "the shared beginning should hit the prefix cache";
 
-  std::set<std::vector<int32_t>> distinct;
-  for (size_t i = 0; i < 16; ++i) {
-    for (int k = 0; k < ns[i]; ++k) {
-      SamplingParams sp;
-      sp.temperature = 1.0f;
-      sp.seed = 100 + i + k;  // completion k draws with seed + k (the engine's rule for n completions)
-      const GenerateResult alone = run_alone(file, *tok, prompts[i], max_tokens, sp, {}, true);
-      const Collected c = sink.get(ids[i], k);
-      distinct.insert(c.ids);
-      EXPECT_EQ(c.n_final, 1);
-      EXPECT_EQ(c.ids, alone.ids) << "prompt " << i << " completion " << k << " (" << prompts[i].size() << " tokens)";
-      const std::vector<float> ref = sequence_logprobs(file, prompts[i], c.ids);
-      ASSERT_EQ(c.tokens.size(), ref.size());
-      for (size_t t = 0; t < ref.size(); ++t)
-        ASSERT_NEAR(c.tokens[t].logprob, ref[t], 1e-4) << "prompt " << i << " completion " << k << " token " << t;
-    }
-  }
-  EXPECT_GT(distinct.size(), 15u) << "the outputs should differ";
+  EXPECT_GT(expect_completions_equal_alone(file, *tok, prompts, ids, ns, sink, max_tokens, 100), 15u)
+      << "the outputs should differ";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, EngineArchitectures,
