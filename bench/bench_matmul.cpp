@@ -11,7 +11,8 @@
 //                     [--tokens 128] [--seconds 0.5] [--sweep 22]
 // avx2i / avx512i: the AVX2 / AVX-512 kernels on weights interleaved by 16 rows, as models load
 // them (kernels/matmul.h; the types that variant reads so: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K,
-// Q5_K, MXFP4, the float types, and Q6_K for avx2i; others are skipped).
+// Q5_K, MXFP4, the float types, Q6_K for avx2i, Q2_K, Q3_K, TQ1_0, TQ2_0 for avx512i; others are
+// skipped).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

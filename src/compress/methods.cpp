@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "compress/billm.h"
 #include "compress/gptq.h"
 #include "compress/linalg.h"
 #include "compress/lowrank.h"
@@ -22,7 +23,9 @@
 namespace tern {
 namespace {
 
-enum class Kind { Llama, Rtn, Gptq, Awq, LlmInt8, SmoothQuant, Prune, Structured, LowRank };
+// Billm: BiLLM with the Hessian; BillmRtn: its binarizers without (salient columns by |w|);
+// BillmSign: plain sign binarization in the same format (the same bytes).
+enum class Kind { Llama, Rtn, Gptq, Awq, LlmInt8, SmoothQuant, Prune, Structured, LowRank, Billm, BillmRtn, BillmSign };
 
 // The pruning algorithms (compress/prune.h), named in methods as "<algo>[-owl]-<pattern>".
 enum class PruneAlgo { Magnitude, Wanda, SparseGpt };
@@ -64,6 +67,11 @@ const std::vector<MethodDef>& defs() {
       {{"awq-int3", "AWQ: activation-aware channel scales and clipping, 3-bit groups (TQ3)", true, false}, Kind::Awq, 3, DType::F32},
       {{"llm.int8", "LLM.int8(): int8 rows x int8 tokens + 16-bit outlier columns (TI8)", true, false}, Kind::LlmInt8, 8, DType::F32},
       {{"smoothquant-w8a8", "SmoothQuant: smoothing folded into norms/linears, int8 W8A8 (TI8)", true, false}, Kind::SmoothQuant, 8, DType::F32},
+      // Binarization (1-bit signs; the format's true cost with magnitudes, split bits and the
+      // salient list is 2.75 bits per weight at g = 128, 3.25 at g = 64: quant/quant_billm.h).
+      {{"billm", "BiLLM: Hessian-salient columns residual-binarized, split search for the rest, GPTQ error compensation (billm_g*)", true, true}, Kind::Billm, 1, DType::F32},
+      {{"billm-rtn", "BiLLM's binarizers without calibration: salient columns by |w|, no error compensation (billm_g*)", false, false}, Kind::BillmRtn, 1, DType::F32},
+      {{"billm-sign", "plain sign binarization (mean |w| per row and block) in BiLLM's format: billm's bytes", false, false}, Kind::BillmSign, 1, DType::F32},
   };
   return d;
 }
@@ -324,6 +332,42 @@ Encoded encode_ti8(const FloatTensor& w, const std::vector<int32_t>& cols, const
           cols.empty() ? std::string(method) : str_cat(method, ", ", cols.size(), " outlier columns in 16 bits")};
 }
 
+// A binarized linear (Kind::Billm*) in BILLM_G64/G128: BiLLM with the calibration Hessian, its
+// binarizers alone, or plain signs; rows that split into neither block size fall back.
+Encoded encode_billm(Kind kind, const FloatTensor& w, int64_t group, const SiteStats* st, double damp, LayerReport& lr,
+                     int64_t* salient, const char* method, ThreadPool& pool) {
+  const std::optional<DType> type = w.n_in % group == 0 ? billm_type(int(group)) : std::nullopt;
+  if (!type)
+    return encode_fallback(w, DType::BILLM_G128, str_cat("rows of ", w.n_in, " do not split into billm blocks of 64 or 128"),
+                           pool);
+  const int g = int(group);
+  std::vector<uint8_t> bytes;
+  if (kind == Kind::BillmSign) {
+    bytes = billm_encode_rows_sign(w.data.data(), w.n_out, w.n_in, g, pool);
+  } else if (kind == Kind::BillmRtn || !st) {
+    bytes = billm_encode_rows_rtn(w.data.data(), w.n_out, w.n_in, g, pool);
+  } else {
+    BillmOptions bo;
+    bo.group = g;
+    bo.damp = damp;
+    BillmStats bs;
+    bytes = billm_quantize(w.data.data(), w.n_out, w.n_in, st->hessian, bo, pool, &bs);
+    *salient += bs.salient_columns;
+    // The layer-wise output error against the calibration-free encoder of the same format.
+    const std::vector<uint8_t> rtn = billm_encode_rows_rtn(w.data.data(), w.n_out, w.n_in, g, pool);
+    const BillmFormat f{g};
+    const int64_t rb = dtype_row_bytes(*type, w.n_in);
+    std::vector<float> deq(w.data.size()), deq_rtn(w.data.size());
+    for (int64_t o = 0; o < w.n_out; ++o) {
+      billm_decode(f, bytes.data() + o * rb, deq.data() + o * w.n_in, w.n_in);
+      billm_decode(f, rtn.data() + o * rb, deq_rtn.data() + o * w.n_in, w.n_in);
+    }
+    lr.err = output_error_gram(w.data.data(), deq.data(), w.n_out, w.n_in, st->hessian, pool) / double(st->n_tokens);
+    lr.err_rtn = output_error_gram(w.data.data(), deq_rtn.data(), w.n_out, w.n_in, st->hessian, pool) / double(st->n_tokens);
+  }
+  return {*type, *type, std::move(bytes), method};
+}
+
 // The per-tensor report of a method that wrote OUT itself (low-rank, structured), read back from
 // the files: a tensor IN lacks is `new_reason`, one whose shape changed "reshaped".
 void fill_written_report(MethodReport& rep, const std::string& in_path, const std::string& out_path,
@@ -536,6 +580,7 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
   std::map<std::string, Encoded> enc;  // linear weight -> encoded
   const char* tag = m.info.name;
   int64_t total_outliers = 0;
+  int64_t total_salient = 0;  // BiLLM: salient columns over every block of every linear
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerNames n(il);
     const std::vector<Site> sites = layer_sites(n, hp);
@@ -763,6 +808,20 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
         }
         break;
       }
+      case Kind::Billm:
+      case Kind::BillmRtn:
+      case Kind::BillmSign: {
+        for (const auto& name : n.linears()) {
+          const FloatTensor& w = f.at(name);
+          LayerReport lr;
+          lr.name = name;
+          const SiteStats* st = m.kind == Kind::Billm && search ? &calib->of(name) : nullptr;
+          enc.emplace(name, encode_billm(m.kind, w, group_for(w.n_in, opts.group), st, opts.damp, lr, &total_salient,
+                                         tag, pool));
+          rep.layers.push_back(lr);
+        }
+        break;
+      }
       case Kind::Llama:
       case Kind::Structured:
       case Kind::LowRank: break;  // returned above
@@ -858,7 +917,10 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
   switch (m.kind) {
     case Kind::Rtn:
     case Kind::Gptq:
-    case Kind::Awq: kv.emplace_back("tern.quant.group_size", GgufValue::u32(uint32_t(opts.group))); break;
+    case Kind::Awq:
+    case Kind::Billm:
+    case Kind::BillmRtn:
+    case Kind::BillmSign: kv.emplace_back("tern.quant.group_size", GgufValue::u32(uint32_t(opts.group))); break;
     default: break;
   }
   if (m.kind == Kind::Gptq) {
@@ -870,11 +932,17 @@ MethodReport apply_method(const std::string& method, const std::string& in_path,
     kv.emplace_back("tern.quant.llm_int8.outlier_columns", GgufValue::u32(uint32_t(total_outliers)));
   }
   if (m.kind == Kind::SmoothQuant) kv.emplace_back("tern.quant.smoothquant.alpha", GgufValue::f32(float(opts.alpha)));
+  if (m.kind == Kind::Billm && search) {
+    kv.emplace_back("tern.quant.billm.damp", GgufValue::f32(float(opts.damp)));
+    kv.emplace_back("tern.quant.billm.salient_columns", GgufValue::u32(uint32_t(total_salient)));
+    rep.notes.push_back(str_cat("salient columns (residual-binarized), summed over the blocks: ", total_salient));
+  }
   write_model(src, out, kv, out_path);
 
   if (!search && m.kind == Kind::Prune && m.algo != PruneAlgo::Magnitude)
     rep.notes.push_back("--speed-only: magnitude pruning at the method's pattern (same zeros per row, size and speed)");
-  else if (!search && m.kind != Kind::Rtn && m.kind != Kind::LlmInt8 && m.kind != Kind::Prune)
+  else if (!search && m.kind != Kind::Rtn && m.kind != Kind::LlmInt8 && m.kind != Kind::Prune &&
+           m.kind != Kind::BillmRtn && m.kind != Kind::BillmSign)
     rep.notes.push_back("--speed-only: round-to-nearest values in the method's format (same size and speed)");
   rep.seconds = double(now_ns() - t0) / 1e9;
   rep.quant.seconds = rep.seconds;

@@ -9,6 +9,10 @@
 //   llm.int8                                  LLM.int8(): TI8 with 16-bit outlier columns
 //   smoothquant-w8a8 (smoothquant)            SmoothQuant: smoothing folded into norms and
 //                                             linears, then TI8 W8A8
+//   billm                                     BiLLM binarization with the Hessian (billm.h)
+//                                             into BILLM_G64/G128 (quant/quant_billm.h)
+//   billm-rtn, billm-sign                     the same format without calibration: BiLLM's
+//                                             binarizers alone; plain sign binarization
 //   magnitude|wanda|sparsegpt[-owl]-<s>       pruning (prune.h) of every linear to sparsity <s>
 //                                             ("50": 50% unstructured, "2:4": N:M), stored in
 //                                             the source's float type unless opts.prune_type
@@ -16,7 +20,7 @@
 // Every method writes a GGUF file that tern runs with its own kernels. The tensors the methods
 // were not designed for (token embedding, output) follow llama.cpp's rule for the method's bit
 // width (q8_0 for 8-bit methods, q4_0's rules for 4- and 3-bit ones), so sizes compare like for
-// like. Details, formulas and formats: docs/compression.md.
+// like; the binarizations (billm*) follow q4_0's rules as the 3-bit ones do. Details, formulas and formats: docs/compression.md.
 #include <cstdint>
 #include <functional>
 #include <optional>

@@ -35,6 +35,9 @@ constexpr DTypeSize kTypes[] = {
     // 2:4 sparse: per 32 columns 16 kept values + 4 bytes of 2-bit positions (quant/quant_sparse.h):
     // f16 scale + 16 int8 (22 bytes), or 16 f16 (36 bytes).
     {DType::TS24_Q8, "ts24_q8", 32, 22},  {DType::TS24_F16, "ts24_f16", 32, 36},
+    // BiLLM: per g columns 2 bit planes (g/4 bytes) + 4 f16 magnitudes + g/32 salient column
+    // indices (quant/quant_billm.h): 26 bytes per 64 (3.25 bits per weight), 44 per 128 (2.75).
+    {DType::BILLM_G64, "billm_g64", 64, 26}, {DType::BILLM_G128, "billm_g128", 128, 44},
 };
 
 }  // namespace

@@ -21,10 +21,13 @@ enum class DType : uint32_t {
   // (LLM.int8(), SmoothQuant W8A8); the suffix is the class's bits per weight. TQ*: b-bit
   // weights with an f16 scale and an integer zero point per group of g (GPTQ, AWQ). TS24*: 2:4
   // semi-structured sparse rows (2 values and their positions per 4 columns, quant/quant_sparse.h)
-  // with int8 values and an f16 scale per 32 columns (_q8) or f16 values (_f16).
+  // with int8 values and an f16 scale per 32 columns (_q8) or f16 values (_f16). BILLM_G*: BiLLM's
+  // binarized blocks of g columns (quant/quant_billm.h): a sign bit and a magnitude-selector bit
+  // per weight, four f16 magnitudes and g/32 salient-column indices per block.
   TI8 = 1000, TI8_O9 = 1001, TI8_O10 = 1002, TI8_O12 = 1003, TI8_O16 = 1004, TI8_O24 = 1005,
   TQ4_G64 = 1010, TQ4_G128 = 1011, TQ3_G64 = 1012, TQ3_G128 = 1013, TQ8_G64 = 1014, TQ8_G128 = 1015,
   TS24_Q8 = 1020, TS24_F16 = 1021,
+  BILLM_G64 = 1030, BILLM_G128 = 1031,
 };
 
 struct DTypeSize {

@@ -25,7 +25,15 @@ namespace {
 // 65% -> 90% of the plain sums' read rate; 128-token prompts 263 -> 505 GFLOP/s and, against
 // Q3_K's token-lane tiles on the stored rows, 533 -> 457: decode's gain is the larger). (AVX-512
 // row-lane tiles for Q6_K, tried: decode equal, 8-token batches 1.6x faster, but 128-token prompts
-// 20% slower than the token-lane tiles on the stored rows, TinyLlama pp128 -7%.) The ARM tables
+// 20% slower than the token-lane tiles on the stored rows, TinyLlama pp128 -7%.) The AVX-512
+// one for TQ1_0 and TQ2_0 (rowlanes_avx512.cpp), against the classic tiles on the stored rows,
+// 2 threads on a Xeon (AVX-512 VNNI) shared with other jobs, alternating runs: decode (--sweep
+// 22) TQ2_0 6.1 -> 7.3 GB/s, TQ1_0 3.5 -> 6.9 (the plain sums 5.3 / 5.7: not a ceiling on that
+// machine); 128-token prompts TQ2_0 120-167 -> 231-324 GFLOP/s, TQ1_0 101-106 -> 245-247;
+// 8 tokens 179-187 -> 265-370 and 98-111 -> 204-289. TQ1_0 stays base-3 packed: decoded at load
+// into TQ2_0's 2-bit layout it would read 2.06 instead of 1.69 bits per weight, and TQ2_0's
+// interleaved decode sweep took 0.90x TQ1_0's time on one thread (7.5 vs 8.3 ms, 8 layers) but
+// 1.16x on two (34.4 vs 29.6 ms, 22 layers): not worth 22% more memory. The ARM tables
 // read the float types interleaved and the quantized ones as stored.
 struct RepackTraits {
   DType type;
@@ -43,6 +51,7 @@ constexpr RepackTraits kRepackTraits[] = {
     {DType::Q2_K, kQK_K, isa_bit(Isa::Avx512)}, {DType::Q3_K, kQK_K, isa_bit(Isa::Avx512)},
     {DType::Q4_K, kQK_K, kX86Simd},          {DType::Q5_K, kQK_K, kX86Simd},
     {DType::Q6_K, kQK_K, isa_bit(Isa::Avx2)},  {DType::MXFP4, 32, kX86Simd},
+    {DType::TQ1_0, kQK_K, isa_bit(Isa::Avx512)}, {DType::TQ2_0, kQK_K, isa_bit(Isa::Avx512)},
 };
 
 const RepackTraits* repack_traits(DType type) {
@@ -131,6 +140,15 @@ void for_each_piece(DType type, int64_t i, Fn&& fn) {
     if (has_m) fn(32 + 2 * i, 2, 2);
     if (has_h) fn(h + 4 * i, type == DType::Q5_0 ? int64_t(offsetof(BlockQ5_0, qh)) : int64_t(offsetof(BlockQ5_1, qh)), 4);
     for (int64_t k = 0; k < 4; ++k) fn(q + 64 * k + 4 * i, qs_off + 4 * k, 4);
+    return;
+  }
+  if (type == DType::TQ1_0 || type == DType::TQ2_0) {
+    // d at 2i; then the block's quant bytes (TQ1_0: qs[48] and qh[4], one after another; TQ2_0:
+    // qs[64]) 4 at a time: piece p (bytes 4p..4p+3) at 32 + 64p (matmul.h)
+    static_assert(offsetof(BlockTQ1_0, qs) == 0 && offsetof(BlockTQ1_0, qh) == 48 && offsetof(BlockTQ2_0, qs) == 0);
+    const int64_t pieces = type == DType::TQ1_0 ? 13 : 16;
+    fn(2 * i, type == DType::TQ1_0 ? int64_t(offsetof(BlockTQ1_0, d)) : int64_t(offsetof(BlockTQ2_0, d)), 2);
+    for (int64_t p = 0; p < pieces; ++p) fn(32 + 64 * p + 4 * i, 4 * p, 4);
     return;
   }
   if (type == DType::MXFP4) {  // e at i; the 4 nibble pieces at 16 + 64k (matmul.h)

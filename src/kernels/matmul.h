@@ -63,6 +63,9 @@ struct WeightView {
 // Q3_K (AVX-512 kernels only): 16 x 110 bytes: d[16] at 0; row i's 12 scale bytes as dwords at
 // 32 / 96 / 160 + 4i; qs pieces p (bytes 4i..4i+3 = qs bytes 4p..4p+3 of row i) at 224 + 128p for
 // p < 8, each followed by hmask piece p (hmask bytes 4p..), then at 736 + 64p for p >= 8.
+// TQ2_0 / TQ1_0 (AVX-512 kernels only): 16 x 66 / 16 x 54 bytes: d[16] at 0; then the block's
+// quant bytes as stored (TQ2_0 qs[64]; TQ1_0 qs[48] and qh[4]) 4 at a time: bytes 4i..4i+3 of
+// piece p at 32 + 64p are bytes 4p..4p+3 of row i's (16 pieces, 13 for TQ1_0).
 // Q6_K (AVX2 kernels only): 16 x 210 bytes: d[16] at 0; at 32 + 32p + 2i row i's scales 2p and
 // 2p + 1; at 288 + 192 (8n + k) three 64-byte pieces: bytes 4i..4i+3 of each are row i's ql bytes
 // 64n + 4k.., ql bytes 64n + 32 + 4k.. and qh bytes 32n + 4k.. (n = 0, 1; k = 0..7).
@@ -72,7 +75,7 @@ struct WeightView {
 // even n_in per pair of elements (2p, 2p + 1) instead: 16 dwords, dword i = row i's elements 2p
 // | 2p + 1 << 16 (the operand of vdpbf16ps; the FMA tiles split a dword by a shift and a mask).
 // Whether this process would use them: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, MXFP4 or a float type with the AVX2 or
-// AVX-512 kernels selected, Q6_K with the AVX2 ones, Q2_K / Q3_K with the AVX-512 ones, a float type with
+// AVX-512 kernels selected, Q6_K with the AVX2 ones, Q2_K / Q3_K / TQ1_0 / TQ2_0 with the AVX-512 ones, a float type with
 // an ARM variant selected (the table in kernels/dispatch.cpp); n_out % 16 == 0 (float types: n_out >= 16);
 // TERN_REPACK not "0".
 bool want_interleave16(const WeightView& w);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "quant/quant_billm.h"
 #include "quant/quant_tern.h"
 #include "core/error.h"
 #include "core/fp16.h"
@@ -53,10 +54,52 @@ void tq_dots_ref(const uint8_t* w, int bits, int group, int64_t n_in, const uint
   }
 }
 
+// The definition the SIMD variants follow (tern_int.h): four exact integer sums per 32 columns,
+// scaled by d_x, then by the block's magnitudes.
+void billm_dots_ref(const uint8_t* w, int group, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv,
+                    int64_t n_tok, float* out) {
+  const BillmFormat f{group};
+  BillmBlock blk;
+  for (int64_t t = 0; t < n_tok; ++t) out[t] = 0.0f;
+  for (int64_t g = 0; g < n_in / group; ++g) {
+    billm_unpack_block(f, w + g * f.block_bytes(), &blk);
+    bool sal[kBillmMaxGroup] = {};
+    for (int i = 0; i < blk.n_salient; ++i)
+      if (blk.salient[i] < group) sal[blk.salient[i]] = true;
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const uint8_t* a = act + t * stride;
+      const auto* xq = reinterpret_cast<const int8_t*>(a) + g * group;
+      const auto* dxv = reinterpret_cast<const float*>(a + off_dxv);
+      float c = 0.0f, e = 0.0f, s1 = 0.0f, s2 = 0.0f;
+      for (int b = 0; b < group / 32; ++b) {
+        int32_t ic = 0, ie = 0, is = 0, ir = 0;
+        for (int j = 32 * b; j < 32 * b + 32; ++j) {
+          const int32_t x = xq[j];
+          const int32_t sx = blk.sgn[j] ? -x : x;
+          if (sal[j]) {
+            is += sx;
+            ir += blk.sel[j] ? -x : x;
+          } else {
+            ic += sx;
+            ie += blk.sel[j] ? sx : 0;
+          }
+        }
+        const int64_t bi = g * group / 32 + b;
+        const float dx = dxv[(bi / 2) * 16 + (bi % 2) * 8];
+        c += dx * float(ic);
+        e += dx * float(ie);
+        s1 += dx * float(is);
+        s2 += dx * float(ir);
+      }
+      out[t] += blk.a_c * c + (blk.a_s - blk.a_c) * e + blk.a_1 * s1 + blk.a_2 * s2;
+    }
+  }
+}
+
 }  // namespace
 
 const TernIntRows& tern_int_rows_ref() {
-  static const TernIntRows t{i8_dots_ref, tq_dots_ref};
+  static const TernIntRows t{i8_dots_ref, tq_dots_ref, billm_dots_ref};
   return t;
 }
 
@@ -228,9 +271,12 @@ void quantize_tq_token(const float* x, int64_t n_in, const TqLayout& l, uint8_t*
   }
 }
 
+// TQ and BiLLM rows: both read activations quantized per 32 columns (TqLayout).
 void tq_matmul(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
                ThreadPool& pool) {
-  const TqFormat f = tq_format(w.type);
+  const bool billm = is_billm(w.type);
+  const TqFormat f = billm ? TqFormat{} : tq_format(w.type);
+  const int billm_group = billm ? billm_format(w.type).group : 0;
   const int64_t n_in = w.n_in, n_out = w.n_out, rb = w.row_bytes();
   const TqLayout l = tq_layout(n_in);
   uint8_t* act = aligned64(act_scratch(), l.stride * n_tokens);
@@ -250,7 +296,8 @@ void tq_matmul(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokBlock) {
         const int64_t nt = std::min(kTokBlock, n_tokens - t0);
-        kr.tq_dots(wd + r * rb, f.bits, f.group, n_in, act + t0 * l.stride, l.stride, l.off_dxv, l.off_xs, nt, out);
+        if (billm) kr.billm_dots(wd + r * rb, billm_group, n_in, act + t0 * l.stride, l.stride, l.off_dxv, nt, out);
+        else kr.tq_dots(wd + r * rb, f.bits, f.group, n_in, act + t0 * l.stride, l.stride, l.off_dxv, l.off_xs, nt, out);
         for (int64_t i = 0; i < nt; ++i) y[(t0 + i) * ldy + r] = out[i];
       }
   });
@@ -258,14 +305,14 @@ void tq_matmul(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_
 
 }  // namespace
 
-bool is_tern_int_type(DType t) { return is_ti8(t) || is_tq(t); }
+bool is_tern_int_type(DType t) { return is_ti8(t) || is_tq(t) || is_billm(t); }
 
 void tern_int_matmul(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                      int64_t ldy, ThreadPool& pool) {
   if (n_tokens <= 0 || w.n_out <= 0) return;
   const int64_t rb = w.row_bytes();
   if (rb < 0) fail("matmul: row length ", w.n_in, " is not a multiple of the ", dtype_name(w.type), " block size");
-  if (is_tq(w.type)) {
+  if (is_tq(w.type) || is_billm(w.type)) {
     tq_matmul(isa, w, x, ldx, n_tokens, y, ldy, pool);
     return;
   }

@@ -9,6 +9,13 @@
 //        with w = d_g * (q - z) per group g:
 //          y[t][r] = sum_g d_g * ( sum_{b in g} d_x[b] * sum_{j in b} q[j] q_x[j]
 //                                  - z_g * sum_{b in g} d_x[b] * sum_{j in b} q_x[j] )
+//   BILLM_G* (BiLLM, quant/quant_billm.h): x quantized as for TQ; per block of g columns with
+//        signs s_j, selector bits e_j, salient flags f_j and magnitudes a_c, a_s, a_1, a_2:
+//          y[t][r] = sum_g [ a_c C_g + (a_s - a_c) E_g + a_1 S_g + a_2 R_g ]
+//          C_g = sum_{b in g} d_x[b] sum_{j in b, !f_j} s_j q_x[j]        (non-salient)
+//          E_g = sum_{b in g} d_x[b] sum_{j in b, !f_j} e_j s_j q_x[j]    (... in the sparse group)
+//          S_g = sum_{b in g} d_x[b] sum_{j in b, f_j} s_j q_x[j]         (salient, first sign)
+//          R_g = sum_{b in g} d_x[b] sum_{j in b, f_j} (e_j ? -1 : 1) q_x[j]   (residual sign)
 //
 // The integer sums are exact in every variant (ref, AVX2, AVX-512 VNNI, NEON), so variants differ only in
 // the order of float additions. matmul() routes these types here (kernels/dispatch.cpp).
@@ -22,7 +29,7 @@ namespace tern {
 
 bool is_tern_int_type(DType t);
 
-// y = W x for a TI8* or TQ* weight with the row kernels of `isa` (ref, avx2, avx512; the ARM
+// y = W x for a TI8*, TQ* or BILLM_G* weight with the row kernels of `isa` (ref, avx2, avx512; the ARM
 // variants share one NEON build).
 void tern_int_matmul(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                      int64_t ldy, ThreadPool& pool);
@@ -46,6 +53,10 @@ struct TernIntRows {
   // out[t] = one TQ row (bits, group) times n_tok activation rows laid out as TqAct.
   void (*tq_dots)(const uint8_t* w, int bits, int group, int64_t n_in, const uint8_t* act, int64_t stride,
                   int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* out);
+  // out[t] = one BILLM row (group 64 or 128) times n_tok activation rows laid out as TqAct
+  // (only xq and dxv are read).
+  void (*billm_dots)(const uint8_t* w, int group, int64_t n_in, const uint8_t* act, int64_t stride,
+                     int64_t off_dxv, int64_t n_tok, float* out);
 };
 
 const TernIntRows& tern_int_rows_ref();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "quant/quant_billm.h"
 #include "quant/quant_codecs.h"
 #include "quant/quant_tern.h"
 #include "quant/quant_traits.h"
@@ -163,6 +164,13 @@ void check_weights_finite(const std::string& file_path, const GgufTensorInfo& t)
   } else if (is_tq(t.type)) {  // GPTQ / AWQ groups: an f16 scale at the start of every group
     const int64_t bad = first_non_finite<uint16_t>(t.data, n_blocks, kF16Exp, size_t(info.block_bytes));
     if (bad >= 0) report(file_path, t, in_block(bad));
+  } else if (is_billm(t.type)) {  // BiLLM blocks: four f16 magnitudes and a salient-column list
+    const BillmFormat f = billm_format(t.type);
+    for (int64_t b = 0; b < n_blocks; ++b)
+      if (const char* defect = billm_block_defect(f, t.data + b * info.block_bytes))
+        fail(file_path, ": tensor ", t.name, " (", dtype_name(t.type), ", ", t.shape_string(), ") holds ", defect,
+             " in block ", b % std::max<int64_t>(1, blocks_per_row), " of row ", b / std::max<int64_t>(1, blocks_per_row),
+             ": the file is corrupt (re-download it or quantize it again)");
   } else if (is_ti8(t.type)) {  // LLM.int8() rows: int8 values, then the f16 scale and outliers
     const int64_t tail = n_in / 32 * ti8_tail(t.type), row_bytes = n_in + tail;
     for (int64_t r = 0; r < t.n_rows(); ++r) {

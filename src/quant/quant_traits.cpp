@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/fp16.h"
+#include "quant/quant_billm.h"
 #include "quant/quant_codecs.h"
 #include "quant/quant_sparse.h"
 #include "quant/quant_tern.h"
@@ -52,6 +53,10 @@ const QuantTraits kTraits[] = {
     // The ternary types pair with Q8_K activations, as in ggml (vec_dot_tq1_0_q8_K / _tq2_0_).
     {DType::TQ1_0, "tq1_0", kQK_K, sizeof(BlockTQ1_0), tq1_0_to_float, tq1_0_from_float, DType::Q8_K},
     {DType::TQ2_0, "tq2_0", kQK_K, sizeof(BlockTQ2_0), tq2_0_to_float, tq2_0_from_float, DType::Q8_K},
+    // BiLLM's binarized blocks (quant_billm.h) pair with int8 activations per 32 as TQ does
+    // (kernels/tern_int.h); from_float is the Hessian-free encoder (salient columns by |w|).
+    {DType::BILLM_G64, "billm_g64", 64, 26, billm_g64_to_float, billm_g64_from_float, DType::Q8_0},
+    {DType::BILLM_G128, "billm_g128", 128, 44, billm_g128_to_float, billm_g128_from_float, DType::Q8_0},
     // Q8_K exists to carry activations; as a weight it has no fast kernel (matmul falls back
     // to the reference), so it pairs with nothing.
     {DType::Q8_K, "q8_k", kQK_K, sizeof(BlockQ8_K), q8_k_to_float, q8_k_from_float, DType::F32},

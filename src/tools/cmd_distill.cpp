@@ -193,8 +193,9 @@ int cmd_distill(int argc, char** argv) {
     hd->attach(s.trainer->forward_backward());
     // One teacher forward per micro-batch gives the hidden states and the response term's logits.
     s.trainer->set_before_batch([&](const int32_t* windows, int64_t, int64_t) { hd->teacher_forward(windows); });
-    if (a.resume && !hd->projection_params().empty())
-      std::fprintf(stderr, "tern distill: note: the feature projections are not checkpointed; they start anew\n");
+    // The feature projections are run state: checkpointed in OUT.optim, restored on --resume.
+    s.trainer->set_checkpoint_extra([&hd](GgufWriter& w) { hd->save_state(w); });
+    if (a.resume) hd->restore_state(GgufFile::open(train::optimizer_state_path(a.out)));
   } else if (token_level) {
     targs.ctx = a.cfg.n_ctx;
     targs.batch = a.cfg.n_ctx;

@@ -3,6 +3,9 @@
 // tile at a time: QLoRA), from plain text or JSONL prompt/completion examples,
 // and writes it in llama.cpp's adapter format (models/lora.h). docs/lora.md has the options,
 // the data formats and the figures.
+// With --qat TYPE (train/qat_lora.h) the forward runs the base with the adapter merged in,
+// quantized as `tern quantize --type TYPE` stores it, and the end also writes that merged,
+// quantized model (docs/training.md).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -71,11 +74,14 @@ int cmd_finetune(int argc, char** argv) {
   app.add_option("--chat-template", chat_template,
                  "for {\"messages\"} data: a built-in template (chatml, llama2, llama3, mistral, phi3, zephyr, "
                  "gemma) or a Jinja file (default: the model's, as tern serve picks it)");
+  add_qat_options(app, a, /*finetune=*/true);
   std::string dump_grads;
   app.add_option("--dump-grads", dump_grads,
                  "write the adapter's gradients on the first micro-batch (at the new adapter, or at -o OUT's with "
                  "--resume) to this GGUF and exit (the adapter's tensor names, plus train.loss and the "
-                 "micro-batch's window entries as train.windows)");
+                 "micro-batch's window entries as train.windows; with --qat also NAME.qat_weight, the forward's "
+                 "weights of each quantized matrix, NAME.qat_merged, W0 + s B A of each adapted one, and with "
+                 "--qat-lsq NAME.qat_scale / .qat_scale_grad)");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
 
   // Options first: clear errors before any slow work.
@@ -101,6 +107,10 @@ int cmd_finetune(int argc, char** argv) {
   check_output_path(train::optimizer_state_path(a.out));
   check_output_not_input(a.out, {a.model, a.data, a.val});
   check_output_not_input(train::optimizer_state_path(a.out), {a.model, a.data, a.val});
+  check_qat_options(a, cmd, {a.model, a.data, a.val});
+  const bool qat = !a.qat.empty();
+  if (qat && dropout > 0.0f)
+    fail(cmd, ": --qat merges the adapter into the weights, where dropout on its input has no place (give --dropout 0)");
   if (a.resume) {
     if (!path_exists(a.out)) fail("--resume: ", a.out, " does not exist (nothing to resume)");
     if (!path_exists(train::optimizer_state_path(a.out)))
@@ -115,7 +125,9 @@ int cmd_finetune(int argc, char** argv) {
     fail(cmd, ": ", a.model, " is a \"", arch.empty() ? "(none)" : arch,
          "\" model; the training engine trains the llama architecture only (and deci, llama with per-layer shapes)");
   // The file (s.vocab_file) outlives the model, whose encoded matrices point into its mapping.
-  s.model = base_f32 ? train::load_model(*s.vocab_file) : train::load_frozen_base(*s.vocab_file);
+  // --qat merges the adapter into W0, so W0 is f32 in memory: a quantized base's decoded values
+  // (the forward then uses Q(W0 + s B A), which the export stores exactly).
+  s.model = base_f32 || qat ? train::load_model(*s.vocab_file) : train::load_frozen_base(*s.vocab_file);
   s.tokenizer = Tokenizer::from_gguf(*s.vocab_file);
   if (s.tokenizer->n_vocab() != s.model.shape.n_vocab)
     fail(a.model, ": the tokenizer has ", s.tokenizer->n_vocab(), " tokens but the model's vocabulary is ",
@@ -171,6 +183,12 @@ int cmd_finetune(int argc, char** argv) {
   };
   s.pool = std::make_unique<ThreadPool>(a.threads > 0 ? a.threads : default_thread_count());
   s.trainer = std::make_unique<train::Trainer>(s.model, lora, *s.vocab_file, a.cfg, s.pool.get(), keys);
+  if (qat) {
+    s.merge = std::make_unique<train::LoraMerge>(s.model, lora, s.pool.get());
+    s.qat = make_qat_model(s.merge->merged(), a, cmd, s.pool.get());
+    s.trainer->set_qat(s.qat.get(), s.merge.get());
+    s.qat_source = a.model;
+  }
   if (a.resume) {
     const GgufFile optim = GgufFile::open(train::optimizer_state_path(a.out));
     s.trainer->resume(optim, resume_step);
@@ -181,16 +199,33 @@ int cmd_finetune(int argc, char** argv) {
 
   if (!dump_grads.empty()) {
     check_output_not_input(dump_grads, {a.model, a.data, a.out});
-    train::ForwardBackward& fb = s.trainer->forward_backward();
     std::vector<float> g(size_t(lora.n_params()), 0.0f);
     std::vector<int32_t> batch(size_t(a.cfg.n_seq * (a.cfg.n_ctx + 1)));
     s.data_sampler->batch(0, a.cfg.n_seq, batch.data());
-    fb.prepare_lora();
-    fb.set_dropout_seed(train::mix_seed(a.cfg.seed, 7, 0));  // as the trainer's first micro-batch
-    const float loss = float(fb.forward_backward(s.model, batch.data(), g.data(), 1.0f));
+    // As the trainer's first micro-batch (dropout seed included).
+    const float loss = float(s.trainer->gradient(batch.data(), train::mix_seed(a.cfg.seed, 7, 0), g.data()));
     GgufWriter w(3);
     w.set("general.architecture", GgufValue::string("tern-gradients"));
     for (const auto& p : lora.params) w.add_tensor(p.name, DType::F32, p.ne, g.data() + p.offset, uint64_t(p.size) * 4);
+    if (qat) {
+      const train::TrainModel& fm = s.qat->quantized();
+      const train::TrainModel& merged = s.merge->merged();
+      for (size_t i = 0; i < fm.params.size(); ++i) {
+        if (s.qat->types()[i] == DType::F32) continue;
+        const auto& p = fm.params[i];
+        w.add_tensor(p.name + ".qat_weight", DType::F32, p.ne, fm.data.data() + p.offset, uint64_t(p.size) * 4);
+        if (const int64_t so = s.qat->scale_offset(i); so >= 0) {
+          const int64_t n_blocks = s.qat->scale_count(i);
+          w.add_tensor(p.name + ".qat_scale", DType::F32, {n_blocks}, s.qat->scales().data() + so, uint64_t(n_blocks) * 4);
+          w.add_tensor(p.name + ".qat_scale_grad", DType::F32, {n_blocks}, s.qat->scale_grads().data() + so,
+                       uint64_t(n_blocks) * 4);
+        }
+      }
+      for (const train::LoraSlot& sl : lora.slots) {
+        const train::ParamInfo* p = merged.find(sl.target);
+        w.add_tensor(sl.target + ".qat_merged", DType::F32, p->ne, merged.data.data() + p->offset, uint64_t(p->size) * 4);
+      }
+    }
     w.add_tensor("train.loss", DType::F32, {1}, &loss, 4);
     // The micro-batch's window entries (exact as f32: |entry| < 2^24), for an oracle to replay.
     std::vector<float> windows(batch.begin(), batch.end());
@@ -205,6 +240,16 @@ int cmd_finetune(int argc, char** argv) {
                cmd.c_str(), static_cast<long long>(rank), double(alpha), double(lora.scale()),
                train::lora_targets_string(kinds).c_str(), double(dropout), lora.slots.size(),
                static_cast<long long>(lora.n_params()), base_name.c_str(), static_cast<long long>(s.model.n_elements()));
+  if (qat) {
+    // A quantized base's W0 is its decoded values; Q(W0) re-quantizes them, which need not give
+    // the file's own bytes back (q4_0 picks its scale from the block's largest magnitude).
+    bool encoded = false;
+    for (const GgufTensorInfo& t : s.vocab_file->tensors()) encoded |= t.type != DType::F32;
+    std::fprintf(stderr, "%s: --qat %s: the forward runs Q(W0 + s B A) of the adapted matrices and Q(W0) of the rest%s\n",
+                 cmd.c_str(), a.qat.c_str(),
+                 encoded ? "; W0 = the base's decoded values (f16/bf16/quantized), re-quantized to the plan's types"
+                         : "");
+  }
   std::fprintf(stderr, "%s: base: %s%s\n", cmd.c_str(), train::describe_base_memory(s.model).c_str(),
                base_f32 ? " (--base-f32)" : "");
   for (int which = 0; which < 2; ++which) {
@@ -221,7 +266,8 @@ int cmd_finetune(int argc, char** argv) {
   }
   if (s.val_sampler && !a.resume) {
     const double v = s.trainer->validate(*s.val_sampler);
-    std::fprintf(stderr, "%s: validation loss of the base %.4f (ppl %.4f)\n", cmd.c_str(), v, std::exp(v));
+    std::fprintf(stderr, "%s: validation loss of the base%s %.4f (ppl %.4f)\n", cmd.c_str(),
+                 qat ? str_cat(" quantized to ", a.qat).c_str() : "", v, std::exp(v));
     if (a.json) {
       const nlohmann::json j{{"start", true}, {"val_loss", v}, {"val_ppl", std::exp(v)}};
       std::printf("%s\n", j.dump().c_str());

@@ -86,17 +86,57 @@ void add_train_args(CLI::App& app, TrainArgs& a, bool distill) {
                                          "end every document with EOS (so the model learns to stop)"});
   app.add_flag("--keep-zeros", a.cfg.keep_zeros,
                "with -m: the model's matrix entries that are exactly 0 stay 0 (sparse fine-tuning after tern prune)");
+  add_qat_options(app, a, /*finetune=*/false);
+  app.add_option("-o,--output", a.out, "checkpoint GGUF (the optimizer state goes to OUT.optim)")->required();
+}
+
+void add_qat_options(CLI::App& app, TrainArgs& a, bool finetune) {
   app.add_option("--qat", a.qat,
-                 "quantization-aware training: the forward uses each matrix as `tern quantize --type TYPE` would "
-                 "store it (straight-through gradients), and the end writes that quantized file; TYPE: a quantize "
-                 "type or 'ternary' (BitNet absmean, stored as tq2_0)");
-  app.add_option("--qat-out", a.qat_out, "with --qat: the quantized model's path (default: OUT-TYPE.gguf)");
+                 finetune ? "quantization-aware LoRA fine-tune: the forward uses every matrix of the base with the "
+                            "adapter merged in, W0 + s B A, as `tern quantize --type TYPE` would store it "
+                            "(straight-through gradients to A and B), and the end writes that merged, quantized model "
+                            "(the product: the adapter alone on a quantized base is not lossless); TYPE: a quantize "
+                            "type or 'ternary' (BitNet absmean, stored as tq2_0)"
+                          : "quantization-aware training: the forward uses each matrix as `tern quantize --type TYPE` "
+                            "would store it (straight-through gradients), and the end writes that quantized file; "
+                            "TYPE: a quantize type or 'ternary' (BitNet absmean, stored as tq2_0)");
+  app.add_option("--qat-out", a.qat_out,
+                 finetune ? "with --qat: the merged, quantized model's path (default: OUT-TYPE.gguf)"
+                          : "with --qat: the quantized model's path (default: OUT-TYPE.gguf)");
   app.add_flag("--qat-lsq", a.qat_lsq,
-               "with --qat: learn each block's scale (LSQ) for the q4_0, q8_0 and ternary tensors of the plan");
+               finetune ? "with --qat: learn each block's scale (LSQ) for the q4_0, q8_0 and ternary tensors of the "
+                          "plan (every such matrix of the base, adapted or not)"
+                        : "with --qat: learn each block's scale (LSQ) for the q4_0, q8_0 and ternary tensors of the plan");
   app.add_flag("--qat-fallback", a.qat_fallback,
                "with --qat: tensors whose rows do not fit TYPE's blocks train (and are stored) in the substitute "
                "`tern quantize` would use, instead of an error");
-  app.add_option("-o,--output", a.out, "checkpoint GGUF (the optimizer state goes to OUT.optim)")->required();
+}
+
+void check_qat_options(TrainArgs& a, const std::string& cmd, const std::vector<std::string>& inputs) {
+  if ((!a.qat_out.empty() || a.qat_lsq || a.qat_fallback) && a.qat.empty())
+    fail(cmd, ": --qat-out, --qat-lsq and --qat-fallback go with --qat TYPE");
+  if (a.qat.empty()) return;
+  a.qat_type = parse_qat_type(a.qat);
+  if (a.qat_out.empty()) a.qat_out = default_qat_export_path(a.out, a.qat_type);
+  check_output_path(a.qat_out);
+  if (a.qat_out == a.out || a.qat_out == train::optimizer_state_path(a.out))
+    fail("--qat-out ", a.qat_out, " is the checkpoint's own path: give another");
+  check_output_not_input(a.qat_out, inputs);
+}
+
+std::unique_ptr<train::QatModel> make_qat_model(const train::TrainModel& latent, const TrainArgs& a,
+                                                const std::string& cmd, ThreadPool* pool) {
+  std::vector<std::string> notes;
+  std::vector<DType> types = plan_qat_types(latent, a.qat_type, &notes);
+  if (!notes.empty() && !a.qat_fallback) {
+    std::string list;
+    for (size_t i = 0; i < notes.size() && i < 6; ++i) list += "\n  " + notes[i];
+    if (notes.size() > 6) list += str_cat("\n  ... and ", notes.size() - 6, " more");
+    fail("--qat ", a.qat, ": ", notes.size(), " tensor", notes.size() == 1 ? "" : "s", " cannot take it:", list,
+         "\n(pass --qat-fallback to train those in the substitute type instead)");
+  }
+  for (const std::string& n : notes) std::fprintf(stderr, "%s: --qat %s: %s\n", cmd.c_str(), a.qat.c_str(), n.c_str());
+  return std::make_unique<train::QatModel>(latent, std::move(types), pool, a.qat_lsq);
 }
 
 TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& cmd, bool no_steps_needed,
@@ -133,21 +173,9 @@ TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& 
     fail(cmd, ": give --steps N or --tokens N (how long to train)");
   if (a.cfg.steps < 0 || a.tokens < 0) fail("--steps / --tokens must not be negative");
 
-  if ((!a.qat_out.empty() || a.qat_lsq || a.qat_fallback) && a.qat.empty())
-    fail(cmd, ": --qat-out, --qat-lsq and --qat-fallback go with --qat TYPE");
-  if (!a.qat.empty()) {
-    a.qat_type = parse_qat_type(a.qat);
-    if (a.qat_out.empty()) a.qat_out = default_qat_export_path(a.out, a.qat_type);
-  }
-
   // Outputs before any slow work, and never over an input.
   check_output_path(a.out);
-  if (!a.qat.empty()) {
-    check_output_path(a.qat_out);
-    if (a.qat_out == a.out || a.qat_out == train::optimizer_state_path(a.out))
-      fail("--qat-out ", a.qat_out, " is the checkpoint's own path: give another");
-    check_output_not_input(a.qat_out, {a.model, a.vocab_from, a.data, a.val});
-  }
+  check_qat_options(a, cmd, {a.model, a.vocab_from, a.data, a.val});
   check_output_path(train::optimizer_state_path(a.out));
   if (!a.resume) check_output_not_input(a.out, {a.model, a.vocab_from, a.data, a.val});
 
@@ -235,17 +263,7 @@ TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& 
   s.pool = std::make_unique<ThreadPool>(a.threads > 0 ? a.threads : default_thread_count());
   s.trainer = std::make_unique<train::Trainer>(s.model, *s.vocab_file, a.cfg, s.pool.get());
   if (!a.qat.empty()) {
-    std::vector<std::string> notes;
-    std::vector<DType> types = plan_qat_types(s.model, a.qat_type, &notes);
-    if (!notes.empty() && !a.qat_fallback) {
-      std::string list;
-      for (size_t i = 0; i < notes.size() && i < 6; ++i) list += "\n  " + notes[i];
-      if (notes.size() > 6) list += str_cat("\n  ... and ", notes.size() - 6, " more");
-      fail("--qat ", a.qat, ": ", notes.size(), " tensor", notes.size() == 1 ? "" : "s",
-           " cannot take it:", list, "\n(pass --qat-fallback to train those in the substitute type instead)");
-    }
-    for (const std::string& n : notes) std::fprintf(stderr, "%s: --qat %s: %s\n", cmd.c_str(), a.qat.c_str(), n.c_str());
-    s.qat = std::make_unique<train::QatModel>(s.model, std::move(types), s.pool.get(), a.qat_lsq);
+    s.qat = make_qat_model(s.model, a, cmd, s.pool.get());
     s.trainer->set_qat(s.qat.get());
   }
   if (a.resume) {
@@ -317,7 +335,10 @@ int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
   // --qat: the quantized model, once the run is complete (an interrupted run resumes from the
   // latent checkpoint and exports at its end).
   std::optional<QuantizeReport> exported;
-  if (s.qat && !r.interrupted) exported = export_qat_model(s.model, *s.qat, a.out, a.qat_out, a.qat_type, *s.pool);
+  // QAT of an adapter exports the merged model, with the base file's metadata and tensor order.
+  if (s.qat && !r.interrupted)
+    exported = export_qat_model(s.trainer->qat_latent(), *s.qat, s.qat_source.empty() ? a.out : s.qat_source,
+                                a.qat_out, a.qat_type, *s.pool);
   if (a.json) {
     nlohmann::json j{{"final", true}, {"steps", r.last_step}, {"steps_this_run", r.last_step - r.first_step},
                      {"tokens", r.tokens}, {"seconds", r.seconds}, {"tok_s", tok_s}, {"output", a.out},
@@ -344,8 +365,9 @@ int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
     std::printf("%s  %s (+ %s)\n", s.trainer->lora() ? "adapter   " : "checkpoint", a.out.c_str(),
                 train::optimizer_state_path(a.out).c_str());
     if (exported)
-      std::printf("quantized   %s (%s, %.2f MB of tensors; %.2f%% of the quantized weights clipped at the end)\n",
-                  a.qat_out.c_str(), s.qat->describe().c_str(), double(exported->bytes) / 1e6,
+      std::printf("quantized   %s (%s%s, %.2f MB of tensors; %.2f%% of the quantized weights clipped at the end)\n",
+                  a.qat_out.c_str(), s.trainer->lora() ? "the base with the adapter merged in: " : "",
+                  s.qat->describe().c_str(), double(exported->bytes) / 1e6,
                   100.0 * double(s.qat->n_clipped()) / double(std::max<int64_t>(1, s.qat->n_quantized())));
   }
   if (r.interrupted) {

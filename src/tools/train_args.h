@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
@@ -26,14 +27,25 @@ struct TrainArgs {
   int64_t warmup = -1;            // < 0: steps / 20, at most 1000
   std::string qat;                // --qat TYPE ("" : off)
   std::string qat_out;            // --qat-out (default: default_qat_export_path)
-  bool qat_fallback = false;
+  bool qat_fallback = false;      // --qat-fallback: rows that do not fit TYPE train in tern quantize's substitute
   bool qat_lsq = false;           // --qat-lsq: learned per-block scales
   int64_t self_samples = 1000;    // --data self: samples the model writes (--self-samples)
-  int64_t self_sample_len = 0;    // their tokens (0: --ctx)      // --qat-fallback: rows that do not fit TYPE train in tern quantize's substitute
+  int64_t self_sample_len = 0;    // their tokens (0: --ctx)
   DType qat_type = DType::F32;    // parsed --qat
 };
 
 void add_train_args(CLI::App& app, TrainArgs& a, bool distill);
+
+// --qat, --qat-out, --qat-lsq, --qat-fallback (finetune: their help speaks of the merged model).
+void add_qat_options(CLI::App& app, TrainArgs& a, bool finetune);
+// Checks the QAT options (the others need --qat) and the export's path (never the checkpoint,
+// its .optim or one of `inputs`); sets a.qat_type and the default a.qat_out. Nothing without --qat.
+void check_qat_options(TrainArgs& a, const std::string& cmd, const std::vector<std::string>& inputs);
+// The plan of `latent` under --qat (tern quantize's type per tensor; rows that do not fit are an
+// error naming the tensors, or with --qat-fallback train in the substitute, noted on stderr) and
+// its fake-quantized twin.
+std::unique_ptr<train::QatModel> make_qat_model(const train::TrainModel& latent, const TrainArgs& a,
+                                                const std::string& cmd, ThreadPool* pool);
 
 // What the options of the optimizer, the schedule, the data order, validation, checkpoints and
 // output that every training command has (tern train, distill, finetune) apply to, in their help.
@@ -56,6 +68,8 @@ struct TrainSetup {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<train::Trainer> trainer;
   std::unique_ptr<train::QatModel> qat;  // --qat: the forward's fake-quantized twin of `model`
+  std::unique_ptr<train::LoraMerge> merge;  // finetune --qat: the base with the adapter merged in
+  std::string qat_source;  // the GGUF whose metadata the --qat export copies (empty: the checkpoint)
 };
 
 // Validates the options (clear errors before any slow work), loads or initialises the model,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 
@@ -415,6 +416,56 @@ HiddenDistill::HiddenDistill(HiddenDistillConfig cfg, TrainModel teacher, const 
       for (int64_t k = 0; k < proj_params_[i].size; ++k)
         proj_data_[size_t(proj_params_[i].offset + k)] = float(sd * rng.normal());
     proj_opt_ = std::make_unique<AdamW>(cfg_.opt, off);
+  }
+}
+
+void HiddenDistill::save_state(GgufWriter& w) {
+  if (proj_opt_ == nullptr) return;
+  for (const ParamInfo& p : proj_params_) {
+    const uint64_t bytes = uint64_t(p.size) * sizeof(float);
+    w.add_tensor(p.name, DType::F32, p.ne, proj_data_.data() + p.offset, bytes);
+    w.add_tensor(p.name + ".adam_m", DType::F32, p.ne, proj_opt_->m().data() + p.offset, bytes);
+    w.add_tensor(p.name + ".adam_v", DType::F32, p.ne, proj_opt_->v().data() + p.offset, bytes);
+  }
+}
+
+void HiddenDistill::restore_state(const GgufFile& st) {
+  auto shape = [](const std::vector<int64_t>& ne) {
+    std::string s = "[";
+    for (size_t i = 0; i < ne.size(); ++i) s += str_cat(i ? ", " : "", ne[i]);
+    return s + "]";
+  };
+  // A projection the checkpoint has and this run does not: its pairs or widths differ.
+  for (const GgufTensorInfo& t : st.tensors()) {
+    if (t.name.rfind("distill.proj.", 0) != 0) continue;
+    std::string base = t.name;
+    for (const char* suffix : {".adam_m", ".adam_v"})
+      if (base.size() > 7 && base.compare(base.size() - 7, 7, suffix) == 0) base.resize(base.size() - 7);
+    bool ours = false;
+    for (const ParamInfo& p : proj_params_) ours |= p.name == base;
+    if (!ours) {
+      std::string have;
+      for (size_t i = 0; i < proj_params_.size(); i += 2)
+        have += str_cat(have.empty() ? "" : ", ", proj_params_[i].name, " ", shape(proj_params_[i].ne));
+      fail("--resume: ", st.path(), " holds the feature projection ", base, " ", shape(t.ne),
+           " which this run does not have (it has ", have.empty() ? std::string("none") : have,
+           "); give the same --loss and --feature-layers as the run had");
+    }
+  }
+  for (const ParamInfo& p : proj_params_) {
+    std::vector<float>* dst[3] = {&proj_data_, &proj_opt_->m(), &proj_opt_->v()};
+    const std::string names[3] = {p.name, p.name + ".adam_m", p.name + ".adam_v"};
+    for (int k = 0; k < 3; ++k) {
+      const GgufTensorInfo* t = st.find_tensor(names[k]);
+      if (t == nullptr)
+        fail("--resume: ", st.path(), " has no ", names[k], " ", shape(p.ne),
+             ": the run had another feature projection (other --feature-layers or widths), or was checkpointed by a "
+             "tern that did not keep projections; give the same --loss and --feature-layers, or start anew");
+      if (t->type != DType::F32 || t->ne != p.ne)
+        fail("--resume: ", st.path(), ": ", names[k], " is ", shape(t->ne), " ", dtype_name(t->type), ", this run's is ",
+             shape(p.ne), " f32 (the student's or the teacher's width differs)");
+      std::memcpy(dst[k]->data() + p.offset, t->data, size_t(p.size) * sizeof(float));
+    }
   }
 }
 

@@ -10,7 +10,9 @@
 // h = a layer's residual-stream output. W [n_embd_t][n_embd_s] and b [n_embd_t] are a learned
 // projection, trained with the student (its own AdamW on the same schedule), when the widths
 // differ; with equal widths there is none (W = I, b = 0). The projection lives in HiddenDistill
-// (the distill command's memory): it is not part of the student and not in its GGUF.
+// (the distill command's memory): it is not part of the student and not in its GGUF, but it is
+// run state like the optimizer's moments, so a checkpoint's OUT.optim holds it (and its own
+// moments) and --resume continues it bit for bit (save_state / restore_state).
 //
 // Relation (MiniLM's self-attention relation, on the states themselves), per pair:
 //   R = sum over tokens i of (1 / (i + 1)) sum over j <= i in i's sequence of (cos_s(i, j) - cos_t(i, j))^2
@@ -131,6 +133,15 @@ class HiddenDistill {
   // The projections (empty when the widths agree): "distill.proj.S_T.weight" [n_embd_t][n_embd_s], ".bias".
   const std::vector<ParamInfo>& projection_params() const { return proj_params_; }
   std::vector<float>& projection_data() { return proj_data_; }
+
+  // The projections' run state, for OUT.optim: per projection tensor "<name>" (its values) and
+  // "<name>.adam_m" / ".adam_v" (its moments), shaped as the tensor. save_state adds them to w
+  // (pointing into this object, which must be unchanged until w writes); restore_state copies
+  // them back and throws tern::Error naming the tensor and both shapes when the checkpoint's
+  // projections differ from this run's (another --feature-layers, another width, a projection
+  // missing or left over).
+  void save_state(GgufWriter& w);
+  void restore_state(const GgufFile& optim_state);
 
   // The losses themselves (what attach() installs), public for the tests.
   double loss(const std::vector<const float*>& states, const std::vector<float*>& grads, int64_t n_tok, int64_t n_embd,

@@ -98,6 +98,12 @@ void ForwardBackward::prepare(const TrainModel& m) {
   // Encoded ones (a QLoRA base) get no copy: their tiles are dequantized where they are used.
   weight_t_offset_.assign(m.params.size(), -1);
   int64_t total = 0, tile = 0, tile_t = 0, x_t = 0;
+  trained_mac_per_token_ = 0.0;  // set_trained_weights: the dW products the backward runs
+  for (const ParamInfo& p : m.params)
+    if (p.ne.size() == 2 && p.offset != m.tok_embd && std::binary_search(trained_.begin(), trained_.end(), p.offset))
+      trained_mac_per_token_ += double(p.size);
+  if (m.shape.tied_output && std::binary_search(trained_.begin(), trained_.end(), m.tok_embd))
+    trained_mac_per_token_ += double(m.shape.n_embd) * double(m.shape.n_vocab);
   for (size_t i = 0; i < m.params.size(); ++i) {
     const ParamInfo& p = m.params[i];
     if (p.ne.size() != 2) continue;
@@ -236,7 +242,16 @@ void ForwardBackward::linear_backward(int64_t in, int64_t out, const float* x, c
   }
 }
 
+void ForwardBackward::set_trained_weights(std::vector<int64_t> offsets) {
+  if (!offsets.empty() && lora_ != nullptr) fail("training batch: a LoRA adapter and a subset of trained weights");
+  std::sort(offsets.begin(), offsets.end());
+  offsets.erase(std::unique(offsets.begin(), offsets.end()), offsets.end());
+  trained_ = std::move(offsets);
+  if (!trained_.empty()) resize(norm_scratch_, shape_.n_embd);  // the frozen norms' gradients go there
+}
+
 void ForwardBackward::set_lora(const LoraWeights* lora) {
+  if (lora != nullptr && !trained_.empty()) fail("training batch: a LoRA adapter and a subset of trained weights");
   lora_ = lora;
   lora_acts_.clear();
   lora_t_.clear();
@@ -515,12 +530,14 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
   // The base's gradients: into g (its layout), or nowhere when a LoRA adapter is trained (the
   // dW products skipped; the norms' small gradients go to scratch, as their input gradient is
   // computed with them).
-  const bool frozen = lora_ != nullptr;
-  if (!frozen && !m.encoded.empty())
+  // set_trained_weights: only the listed matrices' dW (the rest frozen as under LoRA).
+  const bool frozen = lora_ != nullptr || !trained_.empty();
+  if (lora_ == nullptr && !m.encoded.empty())
     fail("training batch: the base keeps ", m.encoded.size(), " matrices encoded (frozen); it trains only a LoRA adapter");
   auto lin = [&](int64_t offset) { return linear_of(m, offset); };
-  float* gl = frozen ? g : nullptr;
-  auto gw = [&](int64_t off) { return frozen ? nullptr : g + off; };
+  float* gl = lora_ != nullptr ? g : nullptr;
+  auto wanted = [&](int64_t off) { return !frozen || std::binary_search(trained_.begin(), trained_.end(), off); };
+  auto gw = [&](int64_t off) { return wanted(off) ? g + off : nullptr; };
   auto gn = [&](int64_t off) {
     if (!frozen) return g + off;
     std::fill(norm_scratch_.begin(), norm_scratch_.end(), 0.0f);
@@ -566,11 +583,11 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
     lora_backward(il, int(LoraKind::Q), a.h1.data(), dq_.data(), dh_.data(), gl);
     lora_backward(il, int(LoraKind::K), a.h1.data(), dk_.data(), dh_.data(), gl);
     lora_backward(il, int(LoraKind::V), a.h1.data(), dv_.data(), dh_.data(), gl);
-    if (frozen && il == 0) break;  // d x of layer 0 only feeds the embedding's gradient
+    if (il == 0 && !wanted(m.tok_embd)) break;  // d x of layer 0 only feeds the embedding's gradient
     rmsnorm_backward<float>(pool_, N, E, a.x.data(), P + l.attn_norm, a.rstd1.data(), dh_.data(), dx_.data(),
                             gn(l.attn_norm), true);
   }
-  if (!frozen) embedding_backward<float>(pool_, N, E, V, inputs_.data(), dx_.data(), g + m.tok_embd);
+  if (wanted(m.tok_embd)) embedding_backward<float>(pool_, N, E, V, inputs_.data(), dx_.data(), g + m.tok_embd);
   return loss_sum / double(n_mean);
 }
 
@@ -592,6 +609,8 @@ double ForwardBackward::flops_per_batch() const {
     for (const LoraSlot& sl : lora_->slots) lora_mac_per_token += double(lora_->rank) * double(sl.n_in + sl.n_out);
     return 2.0 * ((2.0 * mac_per_token + 3.0 * lora_mac_per_token) * double(n_tok_) + attn_mac_per_seq * double(n_seq_));
   }
+  if (!trained_.empty())  // the forward and the input gradient, plus dW of the trained matrices
+    return 2.0 * ((2.0 * mac_per_token + trained_mac_per_token_) * double(n_tok_) + attn_mac_per_seq * double(n_seq_));
   return 2.0 * (3.0 * mac_per_token * double(n_tok_) + attn_mac_per_seq * double(n_seq_));
 }
 

@@ -93,6 +93,12 @@ class ForwardBackward {
   // rather than transposing W's tiles; the same bits either way (tests check both are used).
   bool forward_by_x_t(const EncodedTensor& e) const;
   const LoraWeights* lora() const { return lora_; }
+  // The weight gradients of these matrices only (their offsets in the model's data): the rest of
+  // the model is frozen as under LoRA (no dW products, no norm, bias or embedding gradient, which
+  // stay 0 in forward_backward's output; token_embd's offset in the list asks for its gradient).
+  // QAT of a LoRA fine-tune (train/qat_lora.h) needs dL/dW of the adapted matrices alone. Empty:
+  // every parameter (the default). Not with set_lora.
+  void set_trained_weights(std::vector<int64_t> offsets);
 
   // windows [n_seq][n_ctx + 1] entries: inputs are [0, n_ctx), targets [1, n_ctx] (an entry
   // unscored_token(id) is input id and no target). Adds grad_scale * d(mean loss)/d(params) to
@@ -187,6 +193,8 @@ class ForwardBackward {
   std::vector<int64_t> attn_layers_;
   AttentionLossFn attn_fn_;
   std::vector<std::vector<float>> attn_dq_, attn_dk_;
+  std::vector<int64_t> trained_;         // set_trained_weights, sorted (empty: all)
+  double trained_mac_per_token_ = 0.0;   // their dW products' multiply-adds per token (prepare)
   // LoRA
   const LoraWeights* lora_ = nullptr;
   std::vector<float> lora_t_;            // A^T [n_in][rank] and B^T [rank][n_out] at A's and B's offsets

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -54,20 +55,72 @@ Trainer::Trainer(TrainModel& model, LoraWeights* lora, const GgufFile& vocab, Tr
   }
 }
 
-void Trainer::set_qat(QatModel* qat) {
-  if (qat != nullptr && lora_ != nullptr) fail("QAT trains the model's own weights, not an adapter");
+void Trainer::set_qat(QatModel* qat, LoraMerge* merge) {
+  if (lora_ == nullptr) {
+    if (merge != nullptr) fail("QAT: a merged adapter without an adapter to train");
+    qat_ = qat;
+    return;
+  }
+  if (qat == nullptr) {  // back to plain LoRA on the frozen base
+    qat_ = nullptr;
+    merge_ = nullptr;
+    model_grads_.clear();
+    fb_.set_trained_weights({});
+    fb_.set_lora(lora_);
+    fb_.prepare(model_);
+    return;
+  }
+  if (merge == nullptr) fail("QAT of an adapter runs on the base with the adapter merged in: give its LoraMerge");
+  if (lora_->dropout > 0.0f)
+    fail("QAT of a LoRA fine-tune merges the adapter into the weights, where dropout on its input has no place "
+         "(give --dropout 0; it was ", lora_->dropout, ")");
+  if (qat->quantized().params.size() != model_.params.size())
+    fail("QAT of an adapter: the quantizer was made for another model (", qat->quantized().params.size(),
+         " tensors, the base has ", model_.params.size(), ")");
+  // The backward needs dW of the adapted matrices, and with LSQ of every matrix whose scales are
+  // learned (their gradient comes from dL/dW_q); the rest of the base stays without gradients.
+  std::vector<int64_t> trained = merge->adapted_offsets();
+  for (size_t i = 0; i < model_.params.size(); ++i)
+    if (qat->scale_offset(i) >= 0) trained.push_back(model_.params[i].offset);
+  fb_.set_lora(nullptr);
+  fb_.set_trained_weights(std::move(trained));
+  model_grads_.assign(size_t(model_.n_params()), 0.0f);
   qat_ = qat;
+  merge_ = merge;
+  prepare();  // the forward's weights (and its FLOP count) for the quantized merged model
+}
+
+const TrainModel& Trainer::qat_latent() {
+  if (merge_ == nullptr) return model_;
+  merge_->update();
+  return merge_->merged();
 }
 
 void Trainer::prepare() {
-  if (lora_ != nullptr) {
-    fb_.prepare_lora();
-  } else if (qat_ != nullptr) {
-    qat_->update(model_);  // W_q from the latent weights the optimizer just changed
+  if (qat_ != nullptr) {
+    qat_->update(qat_latent());  // W_q from the latent weights (or adapter) the optimizer just changed
     fb_.prepare(qat_->quantized());
+  } else if (lora_ != nullptr) {
+    fb_.prepare_lora();
   } else {
     fb_.prepare(model_);
   }
+}
+
+void Trainer::finish_gradients(float* g) {
+  if (qat_ != nullptr) qat_->straight_through(g);
+  if (merge_ != nullptr) merge_->backward(g, grads_.data());
+}
+
+double Trainer::gradient(const int32_t* windows, uint64_t dropout_seed, float* g) {
+  prepare();
+  float* mg = micro_batch_grads();
+  std::fill(mg, mg + (merge_ != nullptr ? model_grads_.size() : grads_.size()), 0.0f);
+  fb_.set_dropout_seed(dropout_seed);
+  const double loss = fb_.forward_backward(forward_model(), windows, mg, 1.0f, loss_ ? &loss_ : nullptr);
+  finish_gradients(mg);
+  std::copy(grads_.begin(), grads_.end(), g);
+  return loss;
 }
 
 void Trainer::resume(const GgufFile& st, int64_t model_step) {
@@ -120,7 +173,7 @@ void Trainer::resume(const GgufFile& st, int64_t model_step) {
       std::memcpy(dst->data(), t->data, size_t(n) * sizeof(float));
     }
     qat_->set_log_scales(log_scales);
-    qat_->update(model_);
+    qat_->update(qat_latent());
   }
   step_ = step;
   last_checkpoint_step_ = step;
@@ -157,6 +210,7 @@ void Trainer::save_checkpoint() {
     w.add_tensor("qat.scales.adam_m", DType::F32, {n}, qat_->scale_optimizer().m().data(), uint64_t(n) * 4);
     w.add_tensor("qat.scales.adam_v", DType::F32, {n}, qat_->scale_optimizer().v().data(), uint64_t(n) * 4);
   }
+  if (checkpoint_extra_) checkpoint_extra_(w);
   w.write(optimizer_state_path(cfg_.out_path));
   if (lora_ != nullptr) {
     std::vector<std::pair<std::string, GgufValue>> keys = adapter_keys_;
@@ -201,6 +255,8 @@ TrainResult Trainer::run(WindowSampler& data, WindowSampler* val, const std::fun
     if (cfg_.stop_after > 0 && run_steps >= cfg_.stop_after) break;
     const int64_t t0 = now_ns();
     prepare();
+    float* g = micro_batch_grads();
+    if (merge_ != nullptr) std::fill(model_grads_.begin(), model_grads_.end(), 0.0f);
     std::fill(grads_.begin(), grads_.end(), 0.0f);
     double loss = 0.0;
     for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
@@ -208,9 +264,9 @@ TrainResult Trainer::run(WindowSampler& data, WindowSampler* val, const std::fun
       data.batch(m, cfg_.n_seq, batch_.data());
       fb_.set_dropout_seed(mix_seed(cfg_.seed, 7, uint64_t(m)));  // LoRA dropout: a function of (seed, micro-batch)
       if (before_batch_) before_batch_(batch_.data(), cfg_.n_seq, cfg_.n_ctx);
-      loss += fb_.forward_backward(forward_model(), batch_.data(), grads_.data(), micro_scale, loss_ ? &loss_ : nullptr);
+      loss += fb_.forward_backward(forward_model(), batch_.data(), g, micro_scale, loss_ ? &loss_ : nullptr);
     }
-    if (qat_ != nullptr) qat_->straight_through(grads_.data());
+    finish_gradients(g);
     loss /= double(cfg_.grad_accum);
     const double norm = global_norm(grads_.data(), int64_t(grads_.size()));
     if (!std::isfinite(loss) || !std::isfinite(norm)) {

@@ -24,6 +24,7 @@
 #include "train/model.h"
 #include "train/optimizer.h"
 #include "train/qat.h"
+#include "train/qat_lora.h"
 
 namespace tern {
 class ThreadPool;
@@ -86,9 +87,26 @@ class Trainer {
   // Quantization-aware training from now on (nullptr: off): every forward and validation runs on
   // qat->quantized(), the gradients pass back to the model's latent weights through the clipped
   // straight-through estimator, and the checkpoints keep the latent weights (so --resume continues
-  // the run). Not with an adapter. `qat` must outlive the trainer's runs.
-  void set_qat(QatModel* qat);
+  // the run). `qat` must outlive the trainer's runs.
+  // With an adapter (QAT of a LoRA fine-tune, train/qat_lora.h), `qat` quantizes merge->merged()
+  // (the base with the adapter merged in) and `merge` is required: the forward runs the quantized
+  // merged model and the straight-through gradient reaches A and B by the chain rule. The
+  // adapter's dropout must be 0 (merged into the weights, its input is the layer's).
+  void set_qat(QatModel* qat, LoraMerge* merge = nullptr);
   QatModel* qat() const { return qat_; }
+  // The model QAT quantizes, up to date: the model itself, or the merged one (brought up to the
+  // adapter's current values first).
+  const TrainModel& qat_latent();
+
+  // More run state for OUT.optim (a distillation projection and its moments): called by every
+  // save_checkpoint with the writer before it writes; what it adds must stay alive until then.
+  void set_checkpoint_extra(std::function<void(GgufWriter&)> f) { checkpoint_extra_ = std::move(f); }
+
+  // d(loss)/d(trainable parameters) of one micro-batch at the current weights (what a step with
+  // grad_accum 1 uses: under QAT through the straight-through estimator, and for QAT of an
+  // adapter the chain rule to A and B) into g (n_trainable(), overwritten); dropout from
+  // dropout_seed. Returns the loss.
+  double gradient(const int32_t* windows, uint64_t dropout_seed, float* g);
 
   // Custom loss on the logits (distillation); called for each micro-batch after before_batch.
   void set_loss(LossFn loss) { loss_ = std::move(loss); }
@@ -119,6 +137,10 @@ class Trainer {
   Trainer(TrainModel& model, LoraWeights* lora, const GgufFile& vocab, TrainConfig cfg, ThreadPool* pool,
           std::vector<std::pair<std::string, GgufValue>> adapter_keys);
   void prepare();  // the forward's copies of what changed (every weight, or the adapter's)
+  // After a step's micro-batches: the straight-through estimator and, for QAT of an adapter, the
+  // chain rule from the merged weights' gradient (model_grads_) to the adapter's (grads_).
+  void finish_gradients(float* g);
+  float* micro_batch_grads() { return merge_ != nullptr ? model_grads_.data() : grads_.data(); }
   // The model the forward runs: the fake-quantized twin under QAT, else the model.
   const TrainModel& forward_model() const { return qat_ ? qat_->quantized() : model_; }
 
@@ -136,6 +158,9 @@ class Trainer {
   int64_t n_frozen_ = 0;  // keep_zeros: matrix entries held at 0
   LossFn loss_;
   QatModel* qat_ = nullptr;
+  LoraMerge* merge_ = nullptr;     // QAT of an adapter: the merged model
+  std::vector<float> model_grads_;  // QAT of an adapter: d(loss)/d(merged weights)
+  std::function<void(GgufWriter&)> checkpoint_extra_;
   std::function<void(const int32_t*, int64_t, int64_t)> before_batch_;
   std::vector<std::pair<std::string, GgufValue>> adapter_keys_;
 };

@@ -161,9 +161,10 @@ void check_weights(const Weights& w, const Case& c, ThreadPool& pool, uint32_t s
   // Compares a variant's y with the oracle and (but for the reference kernels' own) with theirs.
   // Float weights: one FMA per element in k order on every variant (kernels/matmul.h), so the
   // reference kernels' bits exactly, but for the BF16 dot.
-  const auto check = [&](const std::vector<float>& y, bool is_ref, Isa isa) {
+  // exact_ref: a variant that gives the reference kernels' bits (TQ1_0 / TQ2_0 interleaved on AVX-512).
+  const auto check = [&](const std::vector<float>& y, bool is_ref, Isa isa, bool exact_ref = false) {
     const bool dot = isa_bf16_dot(isa, c.type, c.n_in);
-    const bool exact = (dtype_is_float(c.type) && !dot) || is_arm(isa);
+    const bool exact = (dtype_is_float(c.type) && !dot) || is_arm(isa) || exact_ref;
     int n_bad = 0;
     for (int64_t t = 0; t < c.n_tokens; ++t) {
       for (int64_t o = 0; o < ldy; ++o) {
@@ -198,7 +199,8 @@ void check_weights(const Weights& w, const Case& c, ThreadPool& pool, uint32_t s
     if (!ok) return;
   }
   // As models load them for the SIMD variants where those read them so (Q4_0, Q8_0, Q4_K, the
-  // float types; Q6_K for AVX2; only the float types for ARM): interleaved by 16 rows.
+  // float types; Q6_K for AVX2; Q2_K, Q3_K, TQ1_0, TQ2_0 for AVX-512; only the float types for
+  // ARM): interleaved by 16 rows.
   bool any_interleaved = false;
   for (Isa isa : kAllIsas) any_interleaved = any_interleaved || interleave16_for(isa, w.view());
   if (any_interleaved) {
@@ -214,7 +216,8 @@ void check_weights(const Weights& w, const Case& c, ThreadPool& pool, uint32_t s
                                         << " threads " << pool.size());
       std::vector<float> y(size_t(ldy * c.n_tokens), NAN);
       matmul_isa(isa, wi, x.data(), ldx, c.n_tokens, y.data(), ldy, pool);
-      if (!check(y, false, isa)) return;
+      // TQ1_0 / TQ2_0's interleaved tiles: exact integer sums, then the reference's float steps
+      if (!check(y, false, isa, c.type == DType::TQ1_0 || c.type == DType::TQ2_0)) return;
     }
   }
 }
@@ -426,7 +429,8 @@ TEST(KernelsDispatch, Q32ResultsDoNotDependOnTheBatchFromTwoTokens) {
 TEST(KernelsDispatch, InterleavingInPiecesOfGroupsEqualsTheWhole) {
   uint32_t seed = 1700;
   for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4, DType::F16, DType::BF16, DType::F32}) {
+                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4, DType::TQ1_0, DType::TQ2_0, DType::F16,
+                     DType::BF16, DType::F32}) {
     const bool is_float = type == DType::F16 || type == DType::BF16 || type == DType::F32;
     const int64_t n_in = 512, n_out = is_float ? 16 * 7 + 5 : 16 * 7;
     SCOPED_TRACE(dtype_name(type));
@@ -445,12 +449,46 @@ TEST(KernelsDispatch, InterleavingInPiecesOfGroupsEqualsTheWhole) {
   }
 }
 
+// deinterleave16_row inverts interleave16 byte for byte (what matmul_ref and dequantize_row read
+// interleaved weights through): every row of every interleavable type comes back as stored, on
+// the quantizer's blocks and, for TQ1_0 / TQ2_0 (whose layout only moves bytes), on random bytes.
+TEST(KernelsDispatch, InterleaveRoundTripsEveryRow) {
+  uint32_t seed = 1750;
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4, DType::TQ1_0, DType::TQ2_0, DType::F16,
+                     DType::BF16, DType::F32})
+    for (bool random_bytes : {false, true}) {
+      const bool ternary = type == DType::TQ1_0 || type == DType::TQ2_0;
+      if (random_bytes && !ternary) continue;
+      SCOPED_TRACE(::testing::Message() << dtype_name(type) << (random_bytes ? " random bytes" : ""));
+      const bool is_float = type == DType::F16 || type == DType::BF16 || type == DType::F32;
+      const int64_t n_in = 512, n_out = is_float ? 16 * 3 + 5 : 16 * 3;
+      Weights w = make_weights(type, n_in, n_out, seed++);
+      if (random_bytes) {
+        std::mt19937 rng(seed++);
+        for (auto& byte : w.data) byte = uint8_t(rng());
+      }
+      std::vector<uint8_t> packed(w.data.size());
+      interleave16(w.view(), packed.data());
+      WeightView wi = w.view();
+      wi.data = packed.data();
+      wi.interleaved16 = true;
+      const int64_t rb = w.view().row_bytes();
+      std::vector<uint8_t> row(static_cast<size_t>(rb));
+      for (int64_t r = 0; r < n_out; ++r) {
+        deinterleave16_row(wi, r, row.data());
+        ASSERT_TRUE(std::equal(row.begin(), row.end(), w.data.begin() + r * rb)) << "row " << r;
+      }
+    }
+}
+
 // Float rows interleaved per 16-row group and element (kernels/matmul.h) give the bits of the rows as stored on either
 // ISA (the same FMAs in the same order), for rows ranges that start anywhere as well. Q4_0 /
 // Q8_0 rows interleaved by 16 give the bits of the rows as stored on AVX-512 (the K-quants' and
 // Q4_1 / Q5_0 / Q5_1 / MXFP4's interleaved tiles differ from their stored rows' in float order:
 // KernelsVsReference checks them against the reference kernels, and here the AVX2 and AVX-512
-// tiles against each other; Q6_K is interleaved for AVX2 only): at two tokens and more those of the row-lane / token-lane tiles, for one token those of
+// tiles against each other; Q6_K is interleaved for AVX2 only; TQ1_0 / TQ2_0 for AVX-512 only,
+// whose tiles give the reference kernels' bits): at two tokens and more those of the row-lane / token-lane tiles, for one token those of
 // the same token in a batch of two. The AVX2 row-lane tiles on the interleaved rows compute the
 // same exact integer block sums and the same float operations, so the same bits as well; and
 // their results do not depend on the batch (one token alone equals the same token in a batch).
@@ -463,14 +501,17 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 1300;
   for (DType type : {DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4, DType::F16, DType::BF16, DType::F32})
+                     DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4, DType::TQ1_0, DType::TQ2_0, DType::F16,
+                     DType::BF16, DType::F32})
   for (int64_t n_in : {40, 64, 512, 4096 + 32})
     for (int64_t n_out : {16, 48, 208}) {
+      // TQ1_0 / TQ2_0 (interleaved for AVX-512 only): the reference kernels' bits on the stored rows
+      const bool ternary = type == DType::TQ1_0 || type == DType::TQ2_0;
       const bool k_quant = type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K ||
-                           type == DType::Q6_K;
+                           type == DType::Q6_K || ternary;
       // interleaved tiles whose float steps differ from the stored rows' (checked against the
       // reference kernels in KernelsVsReference), equal between AVX2 and AVX-512
-      const bool cross_isa = k_quant || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 ||
+      const bool cross_isa = (k_quant && !ternary) || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 ||
                              type == DType::MXFP4;
       const bool is_float = type == DType::F16 || type == DType::BF16 || type == DType::F32;
       if (k_quant && n_in % kQK_K != 0) continue;
@@ -495,7 +536,7 @@ TEST(KernelsDispatch, InterleavedEqualsRowsAsStored) {
         auto x = make_acts(n_in, n_ref, n_in, seed++);
         if (n_tok == 1) std::copy_n(x.begin(), n_in, x.begin() + n_in);
         std::vector<float> rows(size_t(n_out * n_ref)), k_quant_avx2;
-        if (avx512) matmul_isa(Isa::Avx512, w.view(), x.data(), n_in, n_ref, rows.data(), n_out, pool);
+        if (avx512) matmul_isa(ternary ? Isa::Ref : Isa::Avx512, w.view(), x.data(), n_in, n_ref, rows.data(), n_out, pool);
         for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
           if (!isa_supported(isa)) continue;
           SCOPED_TRACE(isa_name(isa));

@@ -17,6 +17,7 @@
 #include "train/distill_hidden.h"
 #include "train/forward_backward.h"
 #include "train/model.h"
+#include "train/trainer.h"
 #include "train_test_util.h"
 
 namespace tern::train {
@@ -276,6 +277,110 @@ TEST(HiddenDistill, StudentGradientMatchesADirectionalFiniteDifference) {
   EXPECT_GT(hd.last_feature(), 0.0);
   EXPECT_GT(hd.last_relation(), 0.0);
   EXPECT_GT(hd.last_attention(), 0.0);
+}
+
+// The feature projections (student width 12, teacher 16) are checkpointed with OUT.optim: 3 + 3
+// steps resume to the losses, student and projections of 6, bit for bit; a run whose projections
+// differ is refused naming the tensor and both shapes.
+TEST(HiddenDistill, ProjectionsResumeBitForBit) {
+  testing::TrainTempDir dir;
+  const GgufFile vocab = GgufFile::open(testing::write_train_vocab(dir));
+  const std::vector<int32_t> tokens = random_windows(1, 400, 300, 17);
+  ModelShape ss = tiny_shape(300), ts = tiny_shape(300);
+  ts.n_embd = 16;
+  ts.n_head = 4;
+  ts.n_head_kv = 2;
+  ts.n_layer = 3;
+  const TrainModel teacher = init_model(ts, 8);
+  ThreadPool pool(2);
+  TrainConfig cfg;
+  cfg.n_seq = 2;
+  cfg.n_ctx = 8;
+  cfg.grad_accum = 2;
+  cfg.steps = 6;
+  cfg.seed = 5;
+  cfg.opt.lr = 1e-2f;
+  cfg.opt.warmup = 1;
+  struct Result {
+    std::vector<double> losses;
+    std::vector<float> student, proj;
+  };
+  auto config = [&](int64_t first_step, std::vector<LayerPair> pairs) {
+    HiddenDistillConfig c;
+    c.feature_weight = 0.5;
+    c.feature_pairs = std::move(pairs);
+    c.opt = cfg.opt;
+    c.opt.total_steps = cfg.steps;
+    c.grad_accum = cfg.grad_accum;
+    c.first_step = first_step;
+    c.seed = cfg.seed;
+    return c;
+  };
+  auto run = [&](const TrainConfig& c, bool resume, Result& out) {
+    TrainModel student = resume ? load_model(GgufFile::open(c.out_path)) : init_model(ss, c.seed);
+    Trainer t(student, vocab, c, &pool);
+    if (resume) t.resume(GgufFile::open(optimizer_state_path(c.out_path)), 3);
+    HiddenDistill hd(config(t.step(), {{0, 1}, {1, 2}}), teacher, ss, c.n_seq, c.n_ctx, &pool);
+    ASSERT_EQ(hd.projection_params().size(), 4u);
+    hd.attach(t.forward_backward());
+    t.set_before_batch([&](const int32_t* w, int64_t, int64_t) { hd.teacher_forward(w); });
+    t.set_checkpoint_extra([&](GgufWriter& w) { hd.save_state(w); });
+    if (resume) hd.restore_state(GgufFile::open(optimizer_state_path(c.out_path)));
+    WindowSampler d(&tokens, c.n_ctx, true, c.seed, "data");
+    t.run(d, nullptr, [&](const StepLog& l) { out.losses.push_back(l.loss); }, nullptr);
+    out.student = student.data;
+    out.proj = hd.projection_data();
+  };
+  Result whole, first, second;
+  cfg.out_path = dir.file("whole.gguf");
+  run(cfg, false, whole);
+  TrainConfig c2 = cfg;
+  c2.out_path = dir.file("part.gguf");
+  c2.stop_after = 3;
+  run(c2, false, first);
+  EXPECT_NE(first.proj, whole.proj);  // the projections moved on after step 3
+  c2.stop_after = 0;
+  run(c2, true, second);
+  ASSERT_EQ(whole.losses.size(), 6u);
+  ASSERT_EQ(first.losses.size() + second.losses.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(i < 3 ? first.losses[i] : second.losses[i - 3], whole.losses[i]) << "step " << i + 1;
+  EXPECT_TRUE(second.student == whole.student);
+  EXPECT_TRUE(second.proj == whole.proj);
+
+  // Other pairs: the checkpoint's projection 1_2 is not this run's, and 1_1 is missing.
+  const GgufFile st = GgufFile::open(optimizer_state_path(cfg.out_path));
+  auto message = [&](std::vector<LayerPair> pairs, const ModelShape& tshape) {
+    HiddenDistill hd(config(6, std::move(pairs)), init_model(tshape, 8), ss, cfg.n_seq, cfg.n_ctx, &pool);
+    try {
+      hd.restore_state(st);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({{0, 1}, {1, 1}}, ts).find("distill.proj.1_2.weight [12, 16] which this run does not have"),
+            std::string::npos) << message({{0, 1}, {1, 1}}, ts);
+  EXPECT_NE(message({{0, 1}}, ts).find("distill.proj.1_2"), std::string::npos);
+  // A wider teacher: the same names, other shapes.
+  ModelShape wide = ts;
+  wide.n_embd = 20;
+  wide.n_head = 5;
+  wide.n_head_kv = 1;
+  EXPECT_NE(message({{0, 1}, {1, 2}}, wide).find("distill.proj.0_1.weight is [12, 16] f32, this run's is [12, 20]"),
+            std::string::npos) << message({{0, 1}, {1, 2}}, wide);
+  // A checkpoint without projections (an older tern's): refused, naming the first one.
+  testing::TrainTempDir d2;
+  GgufWriter w(3);
+  w.set("general.architecture", GgufValue::string("tern-optimizer-state"));
+  w.write(d2.file("old.optim"));
+  HiddenDistill hd(config(6, {{0, 1}, {1, 2}}), teacher, ss, cfg.n_seq, cfg.n_ctx, &pool);
+  try {
+    hd.restore_state(GgufFile::open(d2.file("old.optim")));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no distill.proj.0_1.weight [12, 16]"), std::string::npos) << e.what();
+  }
 }
 
 TEST(HiddenDistill, DefaultPairsAreEvenlySpacedAndEndAtTheLastLayers) {

@@ -148,10 +148,95 @@ void tq_dots(const uint8_t* w, int bits, int group, int64_t n_in, const uint8_t*
   }
 }
 
+// ---- BiLLM -----------------------------------------------------------------------------------
+
+inline float f16_bits_to_f32(uint16_t h) {
+  return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+
+// 16 plane bits (two bytes, column j at bit j % 8 of byte j / 8) as 16 bytes, 0xFF where set.
+inline uint8x16_t bits_to_bytes(const uint8_t* p) {
+  static const uint8_t kBit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  return vtstq_u8(vcombine_u8(vdup_n_u8(p[0]), vdup_n_u8(p[1])), vld1q_u8(kBit));
+}
+
+// Four sums per 32 columns (tern_int.h): non-salient s q_x, its sparse group, and the salient
+// columns' two signs; pairwise widening adds keep them exact.
+template <int G, int NT>
+void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, float* out) {
+  constexpr int64_t kBlockBytes = G / 4 + 8 + G / 32;
+  float acc[NT];
+  for (int i = 0; i < NT; ++i) acc[i] = 0.0f;
+  for (int64_t g = 0; g < n_in / G; ++g) {
+    const uint8_t* blk = w + g * kBlockBytes;
+    uint16_t h[4];
+    std::memcpy(h, blk + G / 4, 8);
+    const float a_c = f16_bits_to_f32(h[0]), a_s = f16_bits_to_f32(h[1]);
+    const float a_1 = f16_bits_to_f32(h[2]), a_2 = f16_bits_to_f32(h[3]);
+    const uint8_t* idx = blk + G / 4 + 8;
+    uint8_t sb[G / 8] = {};  // the salient flags as a plane
+    for (int i = 0; i < G / 32 && idx[i] < G; ++i) sb[idx[i] / 8] |= uint8_t(1u << (idx[i] % 8));
+    uint8x16_t neg[G / 16], sel[G / 16], sal[G / 16];
+    for (int c = 0; c < G / 16; ++c) {
+      neg[c] = bits_to_bytes(blk + 2 * c);
+      sel[c] = bits_to_bytes(blk + G / 8 + 2 * c);
+      sal[c] = bits_to_bytes(sb + 2 * c);
+    }
+    for (int i = 0; i < NT; ++i) {
+      const uint8_t* a = act + i * stride;
+      const auto* xq = reinterpret_cast<const int8_t*>(a) + g * G;
+      const float* dxv = reinterpret_cast<const float*>(a + off_dxv);
+      float pc = 0.0f, pe = 0.0f, p1 = 0.0f, p2 = 0.0f;
+      for (int b = 0; b < G / 32; ++b) {
+        int32x4_t ic = vdupq_n_s32(0), ie = vdupq_n_s32(0), is = vdupq_n_s32(0), ir = vdupq_n_s32(0);
+        for (int c = 2 * b; c < 2 * b + 2; ++c) {
+          const int8x16_t x = vld1q_s8(xq + 16 * c);
+          const int8x16_t nx = vnegq_s8(x);  // |q_x| <= 127: no overflow
+          const int8x16_t sx = vbslq_s8(neg[c], nx, x);
+          const int8x16_t rx = vbslq_s8(sel[c], nx, x);
+          const int8x16_t sal8 = vreinterpretq_s8_u8(sal[c]);
+          const int8x16_t ns = vbicq_s8(sx, sal8);
+          ic = vpadalq_s16(ic, vpaddlq_s8(ns));
+          ie = vpadalq_s16(ie, vpaddlq_s8(vandq_s8(ns, vreinterpretq_s8_u8(sel[c]))));
+          is = vpadalq_s16(is, vpaddlq_s8(vandq_s8(sx, sal8)));
+          ir = vpadalq_s16(ir, vpaddlq_s8(vandq_s8(rx, sal8)));
+        }
+        const int64_t bi = g * G / 32 + b;
+        const float dx = dxv[(bi / 2) * 16 + (bi % 2) * 8];
+        pc += dx * float(vaddvq_s32(ic));
+        pe += dx * float(vaddvq_s32(ie));
+        p1 += dx * float(vaddvq_s32(is));
+        p2 += dx * float(vaddvq_s32(ir));
+      }
+      acc[i] += a_c * pc + (a_s - a_c) * pe + a_1 * p1 + a_2 * p2;
+    }
+  }
+  for (int i = 0; i < NT; ++i) out[i] = acc[i];
+}
+
+template <int G>
+void billm_dots_g(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t n_tok,
+                  float* out) {
+  for (int64_t t = 0; t < n_tok; t += 4) {
+    const uint8_t* a = act + t * stride;
+    switch (n_tok - t >= 4 ? 4 : n_tok - t) {
+      case 4: billm_dots_nt<G, 4>(w, n_in, a, stride, off_dxv, out + t); break;
+      case 3: billm_dots_nt<G, 3>(w, n_in, a, stride, off_dxv, out + t); break;
+      case 2: billm_dots_nt<G, 2>(w, n_in, a, stride, off_dxv, out + t); break;
+      default: billm_dots_nt<G, 1>(w, n_in, a, stride, off_dxv, out + t); break;
+    }
+  }
+}
+
+void billm_dots(const uint8_t* w, int group, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv,
+                int64_t n_tok, float* out) {
+  (group == 64 ? billm_dots_g<64> : billm_dots_g<128>)(w, n_in, act, stride, off_dxv, n_tok, out);
+}
+
 }  // namespace
 
 const TernIntRows& tern_int_rows_neon() {
-  static const TernIntRows t{i8_dots, tq_dots};
+  static const TernIntRows t{i8_dots, tq_dots, billm_dots};
   return t;
 }
 

@@ -104,7 +104,7 @@ void gemm_wide(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 // rowlanes_avx512.cpp. Q4_0 / Q8_0 rows as stored x the tokens of v, in the row-lane tiles.
 void gemm_rowlanes(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 // Weights interleaved by 16 rows (kernels/matmul.h: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
-// Q4_K, Q5_K, MXFP4) x the tokens of v.
+// Q4_K, Q5_K, MXFP4, TQ1_0, TQ2_0) x the tokens of v.
 void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 
 }  // namespace tern::kern::avx512

@@ -1,7 +1,7 @@
 // AVX-512 row-lane tiles (avx512_tiles.h), a weight row per int32 lane of a zmm: Q4_0 / Q8_0
 // rows as stored, for small batches and a batch's tokens after its last full 16-token group; and
-// the tiles of weights interleaved by 16 rows (Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q2_K..Q5_K, MXFP4), which
-// read a group's block in place, for every batch size.
+// the tiles of weights interleaved by 16 rows (Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q2_K..Q5_K, MXFP4,
+// TQ1_0, TQ2_0), which read a group's block in place, for every batch size.
 //
 // Row-lane tiles for Q4_0 / Q8_0, 16 weight rows per zmm. The token-lane tiles
 // (fused_avx512.cpp) broadcast each 4-byte weight group to 16 token lanes and must
@@ -537,6 +537,187 @@ void gemm_interleaved_q23_k(const GemmArgs& a, const RowsView& v, int64_t r0, in
       });
 }
 
+// TQ2_0 and TQ1_0 interleaved by 16 rows (kernels/matmul.h: the rows' f16 d at 0, then the
+// block's quant bytes 4 at a time, piece p at 32 + 64p), a row per lane. The weights as their
+// unsigned codes c = t + 1 against Q8_K's int8 activations in vpdpbusd; a super-block's integer
+// sum is sum c x - sum x, exact, the token's sum x from its 16 bsums. Then the reference's float
+// steps, acc + cvt(S) * (d * dx) without an fma (kernels/ref: dot_tq1_0 / dot_tq2_0), so the
+// reference's bits for every batch size and row range.
+constexpr int64_t kGroupBlkTQ1 = 16 * int64_t(sizeof(BlockTQ1_0));
+constexpr int64_t kGroupBlkTQ2 = 16 * int64_t(sizeof(BlockTQ2_0));
+
+// -(sum of a token's 256 activations of a super-block), from its 16 bsums.
+inline int32_t tq_neg_sum(const int16_t* bs) {
+  int32_t s = 0;
+  for (int j = 0; j < 16; ++j) s -= bs[j];
+  return s;
+}
+
+// The float step of the reference, per token: acc + cvt(S) * (d * dx), rounded twice. The
+// product by an explicitly rounded multiply (round to nearest, MXCSR's mode): GCC contracts a
+// plain mul and add of intrinsics into an fma here, as it may in these translation units, not
+// in the baseline reference.
+template <int TC, class ActP>
+inline void tq_scale(__m512 (&acc)[TC], const __m512i (&S)[TC], __m512 dw, const ActP& x, int64_t sb) {
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int i = 0; i < TC; ++i) {
+    const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[i][sb]));
+    acc[i] = _mm512_add_ps(acc[i], _mm512_mul_round_ps(_mm512_cvtepi32_ps(S[i]), dd, kNearest));
+  }
+}
+
+// TQ2_0: piece p holds qs bytes 4p..4p+3 (h = p / 8, m = 4 (p % 8)..), whose 2-bit field l is the
+// code of elements 128h + 32l + m... Up to 4 tokens (decode, small batches) each field is masked
+// in place, not shifted down (one vpandd where a shift and a mask take two): its codes times 4^l,
+// summed in a chain of its own and divided out exactly (an arithmetic shift of a multiple of 4^l)
+// at the super-block's end; the 4 chains per token also hide vpdpbusd's latency. From 5 tokens
+// on the tokens' own chains do that, and the fields are shifted down once for all of them.
+template <int TC>
+__attribute__((noinline)) void rowlane_tq2_0_tile(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep,
+                                                  const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
+  constexpr bool kInPlace = TC <= 4;
+  constexpr int kChains = kInPlace ? 4 : 1;
+  const ActPtrs<TC> x(v, t);
+  __m512 acc[TC];
+  for (auto& e : acc) e = _mm512_setzero_ps();
+  const __m512i m3 = _mm512_set1_epi8(3);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = group + sb * kGroupBlkTQ2;
+    if (pf) prefetch_step<int(kGroupBlkTQ2)>(pf + sb * kGroupBlkTQ2);
+    __m512i S[TC][kChains];
+    for (int i = 0; i < TC; ++i) {
+      S[i][0] = _mm512_set1_epi32(tq_neg_sum(x.bsums(i) + 16 * sb));
+      for (int c = 1; c < kChains; ++c) S[i][c] = _mm512_setzero_si512();
+    }
+    const int8_t* xs[TC];
+    for (int i = 0; i < TC; ++i) xs[i] = x.q[i] + kQK_K * sb;
+#pragma GCC unroll 16
+    for (int p = 0; p < 16; ++p) {
+      const __m512i d = _mm512_loadu_si512(blk + 32 + 64 * p);
+      const int e0 = 128 * (p / 8) + 4 * (p % 8);
+      for (int l = 0; l < 4; ++l) {
+        // 16-bit shifts: every bit kept is masked to its own byte afterwards
+        const __m512i q = kInPlace ? _mm512_and_si512(d, _mm512_set1_epi8(char(3 << (2 * l))))
+                                   : _mm512_and_si512(l == 0 ? d : _mm512_srli_epi16(d, unsigned(2 * l)), m3);
+        for (int i = 0; i < TC; ++i) {
+          int32_t xk;
+          std::memcpy(&xk, xs[i] + e0 + 32 * l, 4);
+          __m512i& s = S[i][kInPlace ? l : 0];
+          s = _mm512_dpbusd_epi32(s, q, _mm512_set1_epi32(xk));
+        }
+      }
+    }
+    __m512i tot[TC];
+    for (int i = 0; i < TC; ++i) {
+      tot[i] = S[i][0];
+      for (int c = 1; c < kChains; ++c) tot[i] = _mm512_add_epi32(tot[i], _mm512_srai_epi32(S[i][c], unsigned(2 * c)));
+    }
+    tq_scale<TC>(acc, tot, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk))), x, sb);
+  }
+  for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+}
+
+// TQ1_0: trit n of a byte b has the code c_n = floor(3 q_n / 256), q_n = b 3^n mod 256
+// (quant_traits.h). Piece p's bytes (p < 8: qs 4p.., 8..11: qs 32 + 4(p - 8).., 12: qh) hold trit n
+// of elements 32n + 4p.., 160 + 16n + 4(p - 8).. and 240 + 4n.. (qh: trits 0..3, its fifth trit
+// is no element). Two ways to the codes' dot with x, by token count:
+//  - up to 3 tokens (decode, small batches), without decoding: 3 q_n = 256 c_n + q_(n+1), so
+//    sum c_n x = (3 sum q_n x - sum q_(n+1) x) / 256 exactly, with q_(n+1) = q_n + q_n + q_n in
+//    wrapping byte adds: per trit vector two byte adds and two vpdpbusd (A against q_n, B against
+//    q_(n+1)), where decoding the codes takes 6 operations. B starts at 256 sum x, so that
+//    (3A - B) / 256 is the super-block's sum c x - sum x. Bounds: |A|, |B| <= 65 * 4 * 255 * 128 +
+//    2^23 < 2^24. Two chains per token, split by piece kChains ways to hide vpdpbusd's latency.
+//  - from 4 tokens on, the codes once for all of them: q_n of the even and the odd bytes apart in
+//    16-bit lanes (l, h: the byte in the low half), 3 q_n by vpmullw, whose bits 8..9 are c_n and
+//    low byte q_(n+1); the odd bytes' codes are then in place (bits 8..15), the even ones' shifted
+//    down: 6 operations per trit vector and one vpdpbusd per token, one chain per token.
+// The decode from 4 tokens on against the adds at every size, bench_matmul (2048 x 5632, 2
+// threads, 3 alternating pairs on a shared Xeon): 128 tokens 209 / 227 / 240 -> 215 / 265 / 261
+// GFLOP/s, 8 tokens 501 / 254 / 255 -> 542 / 289 / 251.
+template <int TC>
+__attribute__((noinline)) void rowlane_tq1_0_tile(const RowsView& v, const uint8_t* group, int64_t nsb, __mmask16 keep,
+                                                  const uint8_t* pf, int64_t t, float* y, int64_t ldy) {
+  constexpr bool kDecode = TC >= 4;
+  constexpr int kChains = TC == 1 ? 4 : TC == 2 ? 2 : 1;
+  const ActPtrs<TC> x(v, t);
+  __m512 acc[TC];
+  for (auto& e : acc) e = _mm512_setzero_ps();
+  const __m512i low8 = _mm512_set1_epi16(0x00FF), high8 = _mm512_set1_epi16(short(0xFF00)), three = _mm512_set1_epi16(3);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = group + sb * kGroupBlkTQ1;
+    if (pf) prefetch_step<int(kGroupBlkTQ1)>(pf + sb * kGroupBlkTQ1);
+    // kDecode: A[i][0] the token's sum c x - sum x; else A and B as above
+    __m512i A[TC][kChains], B[TC][kChains];
+    for (int i = 0; i < TC; ++i)
+      for (int c = 0; c < kChains; ++c) {
+        const int32_t neg_sum = c == 0 ? tq_neg_sum(x.bsums(i) + 16 * sb) : 0;
+        A[i][c] = kDecode ? _mm512_set1_epi32(neg_sum) : _mm512_setzero_si512();
+        B[i][c] = _mm512_set1_epi32(-256 * neg_sum);
+      }
+    const int8_t* xs[TC];
+    for (int i = 0; i < TC; ++i) xs[i] = x.q[i] + kQK_K * sb;
+#pragma GCC unroll 13
+    for (int p = 0; p < 13; ++p) {
+      __m512i q = _mm512_loadu_si512(blk + 32 + 64 * p);
+      __m512i l = _mm512_and_si512(q, low8), h = _mm512_srli_epi16(q, 8);
+      const int n_trits = p < 12 ? 5 : 4;
+      for (int n = 0; n < n_trits; ++n) {
+        const int e = p < 8 ? 32 * n + 4 * p : p < 12 ? 160 + 16 * n + 4 * (p - 8) : 240 + 4 * n;
+        if constexpr (kDecode) {
+          const __m512i tl = _mm512_mullo_epi16(l, three), th = _mm512_mullo_epi16(h, three);
+          const __m512i codes = _mm512_ternarylogic_epi32(th, high8, _mm512_srli_epi16(tl, 8), 0xEA);  // (th & high8) | tl >> 8
+          l = _mm512_and_si512(tl, low8);
+          h = _mm512_and_si512(th, low8);
+          for (int i = 0; i < TC; ++i) {
+            int32_t xk;
+            std::memcpy(&xk, xs[i] + e, 4);
+            A[i][0] = _mm512_dpbusd_epi32(A[i][0], codes, _mm512_set1_epi32(xk));
+          }
+        } else {
+          const __m512i q_next = _mm512_add_epi8(_mm512_add_epi8(q, q), q);
+          for (int i = 0; i < TC; ++i) {
+            int32_t xk;
+            std::memcpy(&xk, xs[i] + e, 4);
+            const __m512i xb = _mm512_set1_epi32(xk);
+            A[i][p % kChains] = _mm512_dpbusd_epi32(A[i][p % kChains], q, xb);
+            B[i][p % kChains] = _mm512_dpbusd_epi32(B[i][p % kChains], q_next, xb);
+          }
+          q = q_next;
+        }
+      }
+    }
+    __m512i tot[TC];
+    for (int i = 0; i < TC; ++i) {
+      if constexpr (kDecode) {
+        tot[i] = A[i][0];
+        continue;
+      }
+      __m512i a = A[i][0], b = B[i][0];
+      for (int c = 1; c < kChains; ++c) {
+        a = _mm512_add_epi32(a, A[i][c]);
+        b = _mm512_add_epi32(b, B[i][c]);
+      }
+      tot[i] = _mm512_srai_epi32(_mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(a, a), a), b), 8);
+    }
+    tq_scale<TC>(acc, tot, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk))), x, sb);
+  }
+  for (int i = 0; i < TC; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+}
+
+template <DType kType>
+void gemm_interleaved_tq(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  const int64_t nsb = a.n_in / kQK_K;
+  constexpr bool kTq1 = kType == DType::TQ1_0;
+  for_each_interleaved_tile<8>(
+      a, v, r0, r1, nsb * (kTq1 ? kGroupBlkTQ1 : kGroupBlkTQ2),
+      [&](const uint8_t* group, int64_t t, int64_t n, int lo, int hi, const uint8_t* pf, float* y) {
+        tokens_tile<8>(n, [&]<int TC>() {
+          if constexpr (kTq1) rowlane_tq1_0_tile<TC>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, y, a.ldy);
+          else rowlane_tq2_0_tile<TC>(v, group, nsb, __mmask16(rows_mask(lo, hi)), pf, t, y, a.ldy);
+        });
+      });
+}
+
 }  // namespace
 
 void gemm_rowlanes(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
@@ -547,6 +728,8 @@ void gemm_rowlanes(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1)
 void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
   if (a.type == DType::Q2_K) return gemm_interleaved_q23_k<false>(a, v, r0, r1);
   if (a.type == DType::Q3_K) return gemm_interleaved_q23_k<true>(a, v, r0, r1);
+  if (a.type == DType::TQ1_0) return gemm_interleaved_tq<DType::TQ1_0>(a, v, r0, r1);
+  if (a.type == DType::TQ2_0) return gemm_interleaved_tq<DType::TQ2_0>(a, v, r0, r1);
   if (a.type == DType::Q4_1) return gemm_interleaved_q32x<DType::Q4_1>(a, v, r0, r1);
   if (a.type == DType::Q5_0) return gemm_interleaved_q32x<DType::Q5_0>(a, v, r0, r1);
   if (a.type == DType::Q5_1) return gemm_interleaved_q32x<DType::Q5_1>(a, v, r0, r1);

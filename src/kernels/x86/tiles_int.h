@@ -112,13 +112,24 @@ struct ActPtrs {
 // rows [lo, hi) of the group (rows [r0, r1) may start and end inside one: its other rows are
 // computed, not stored), y at (token t, the group's row 0). Token blocks whose activations
 // (~256 KB) stay in L2 while the rows pass over them.
-// A lone token (decode) streams the groups without software prefetch (pf null): a thread's
-// groups are one contiguous stream, which the hardware prefetchers follow, and prefetching two
-// groups ahead cost bandwidth. Side by side on 2 threads (AVX-512) in minutes when the probe
-// read 45-50 GB/s: GEMV 45 vs 38.5 GB/s (Q8_0) and 41.6 vs 37.6 (Q4_0), medians of 5; TinyLlama
-// tg32 59-77 vs 53-58 tok/s (Q4_0) and 32-44 vs 28-32 (Q8_0); equal when bandwidth is scarce. A
+// A lone token (decode) on AMD streams the groups without software prefetch (pf null): a
+// thread's groups are one contiguous stream, which the hardware prefetchers follow, and
+// prefetching two groups ahead cost bandwidth. Side by side on 2 threads (AVX-512, Zen 4) in
+// minutes when the probe read 45-50 GB/s: GEMV 45 vs 38.5 GB/s (Q8_0) and 41.6 vs 37.6 (Q4_0),
+// medians of 5; TinyLlama tg32 59-77 vs 53-58 tok/s (Q4_0) and 32-44 vs 28-32 (Q8_0); equal when
+// bandwidth is scarce. Intel cores are the other way round: without the prefetch a core's
+// stream had too few misses in flight. bench_matmul --sweep (TinyLlama's decode weights, medians
+// of alternating sweeps, a Xeon with AVX-512 VNNI, busy with 2 compilers): 1 thread, 8 layers,
+// TQ2_0 8.5 -> 12.9 and 7.7 -> 12.5 GB/s, Q4_0 8.8 -> 14.0 and 7.0 -> 13.7; 2 threads, 22 layers,
+// TQ2_0 6.2 -> 9.6, Q4_0 7.3 -> 10.4 (the stored rows' prefetching wide tiles: 10.0 / 9.6);
+// TinyLlama Q4_0 tg32 7.3 / 7.8 / 8.0 -> 10.3 / 11.1 / 11.3 tok/s, on AVX2 (TERN_FORCE_ISA=avx2)
+// 6.2 / 6.5 -> 10.1 / 9.3 (docs/performance.md, ternary types). A
 // batch does more work per byte and prefetches two groups on while its first token tile reads
 // this one: without it, 16 sequences decoding together (bench-serve C=16) ran 12% slower.
+inline bool decode_prefetch() {
+  static const bool intel = __builtin_cpu_is("intel");
+  return intel;
+}
 template <int TM, class Fn>
 void for_each_interleaved_tile(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1, int64_t group_bytes,
                                Fn&& fn) {
@@ -129,7 +140,7 @@ void for_each_interleaved_tile(const GemmArgs& a, const RowsView& v, int64_t r0,
     for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
       const uint8_t* group = a.w + g * group_bytes;
       const int lo = r0 > g * 16 ? int(r0 - g * 16) : 0, hi = r1 < g * 16 + 16 ? int(r1 - g * 16) : 16;
-      const uint8_t* pf = a.n_tokens > 1 ? group + 2 * group_bytes : nullptr;
+      const uint8_t* pf = a.n_tokens > 1 || decode_prefetch() ? group + 2 * group_bytes : nullptr;
       for (int64_t t = t0; t < t1; t += TM)
         fn(group, t, t1 - t < TM ? t1 - t : TM, lo, hi, t == t0 ? pf : nullptr, a.y + t * a.ldy + g * 16);
     }
