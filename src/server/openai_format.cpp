@@ -140,6 +140,7 @@ json completion_response(const ResponseMeta& meta, const std::vector<ChoiceResul
     }
     j["timings"] = timings_json(m);
   }
+  if (!meta.prompt_compression.is_null()) j["prompt_compression"] = meta.prompt_compression;
   return j;
 }
 
@@ -172,6 +173,7 @@ json finish_chunk(const ResponseMeta& meta, int index, FinishReason reason, bool
                                  {"finish_reason", openai_finish_reason(reason)}}});
   if (include_usage) j["usage"] = nullptr;
   if (meta.timings && metrics) j["timings"] = timings_json(*metrics);
+  if (!meta.prompt_compression.is_null()) j["prompt_compression"] = meta.prompt_compression;
   return j;
 }
 

@@ -24,6 +24,9 @@ struct ResponseMeta {
   // file, the K/V type), so a client can tell when the same seed may give another answer.
   std::string system_fingerprint;
   bool timings = true;  // llama.cpp's "timings" object on responses and final stream chunks
+  // The report of the (first) prompt's compression, on responses and final stream chunks; null
+  // when the prompt was not compressed.
+  nlohmann::json prompt_compression;
 };
 
 struct Usage {

@@ -5,6 +5,7 @@
 #include <limits>
 #include <set>
 
+#include "prompt/compress.h"
 #include "server/api_error.h"
 #include "server/json_field.h"
 
@@ -558,6 +559,27 @@ OpenAiRequest parse_openai_json(const ojson& j, ApiKind kind, const ParseLimits&
     } catch (const Error& e) {
       bad_request("kv_policy", "'kv_policy': ", e.what());
     }
+  }
+
+  if (const ojson* v = field(j, "prompt_compression")) {
+    if (!v->is_object()) wrong_type("prompt_compression", "an object", *v);
+    PromptCompressionRequest pc;
+    for (const auto& [key, value] : v->items()) {
+      if (key == "ratio") pc.ratio = get_number(value, "prompt_compression.ratio", 1.0, 1e6);
+      else if (key == "method") pc.method = get_string(value, "prompt_compression.method");
+      else if (key == "unit") pc.unit = get_string(value, "prompt_compression.unit");
+      else if (key == "keep_numbers") pc.keep_numbers = get_bool(value, "prompt_compression.keep_numbers");
+      else if (key == "keep_names") pc.keep_names = get_bool(value, "prompt_compression.keep_names");
+      else
+        bad_request("prompt_compression", "'prompt_compression' has an unknown field '", key,
+                    "' (ratio, method, unit, keep_numbers, keep_names).");
+    }
+    if (!prompt::method_from_name(pc.method))
+      bad_request("prompt_compression", "'prompt_compression.method' must be one of ", prompt::method_names(), ", not '",
+                  pc.method, "'.");
+    if (!prompt::unit_from_name(pc.unit))
+      bad_request("prompt_compression", "'prompt_compression.unit' must be token, word or sentence, not '", pc.unit, "'.");
+    r.prompt_compression = pc;
   }
 
   // {"token id": bias}: the ids are checked against the vocabulary by the server.

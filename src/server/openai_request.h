@@ -67,6 +67,16 @@ struct ResponseFormat {
   bool strict = false;            // json_schema.strict
 };
 
+// "prompt_compression": what a request asks of prompt compression (validated: a ratio >= 1,
+// a known method and unit).
+struct PromptCompressionRequest {
+  double ratio = 2.0;
+  std::string method = "llmlingua";
+  std::string unit = "word";
+  bool keep_numbers = false;
+  bool keep_names = false;
+};
+
 // One prompt of /v1/completions: text, or token ids given directly.
 struct Prompt {
   bool is_tokens = false;
@@ -113,6 +123,11 @@ struct OpenAiRequest {
   // vLLM: keep only the last N prompt tokens (N >= 1); -1 keeps the last (context) tokens the
   // model can take. Absent: no truncation (too long a prompt is a 400).
   std::optional<int64_t> truncate_prompt_tokens;
+
+  // Extension: compress the prompt before the model sees it (docs/data-level.md):
+  // {"ratio": R, "method": "llmlingua", "unit": "word", "keep_numbers": false, "keep_names": false}.
+  // The server needs a scorer (tern serve --scorer, or its model's own file).
+  std::optional<PromptCompressionRequest> prompt_compression;
 };
 
 struct ParseLimits {

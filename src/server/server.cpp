@@ -372,6 +372,42 @@ struct Server::Impl {
     // is the client's 400, whatever else the request holds.
     const std::shared_ptr<const TokenConstraint> constraint = m.structured->constraint_for(r, m.chat_template.tool_format);
 
+    // Prompt compression (the request's, or the server's default): a chat's user and system
+    // messages are compressed one by one, before the template renders them (its markup stays
+    // whole); a completion's prompts after tokenizing, below.
+    std::optional<prompt::CompressOptions> compress;
+    prompt::PromptOptions compress_popts;
+    if (const auto& pc = r.prompt_compression ? r.prompt_compression : cfg.default_prompt_compression) {
+      if (!cfg.prompt_compressor)
+        bad_request("prompt_compression", "this server has no scorer for prompt compression (start it with --scorer FILE "
+                    "or --compress-prompt R).");
+      compress.emplace();
+      compress->ratio = pc->ratio;
+      compress->method = *prompt::method_from_name(pc->method);
+      compress->unit = *prompt::unit_from_name(pc->unit);
+      compress_popts = {pc->keep_numbers, pc->keep_names, true};
+    }
+    nlohmann::json compression_report;
+    const auto add_report = [&](const nlohmann::json& rep) {
+      if (compression_report.is_null()) {
+        compression_report = rep;
+        return;
+      }
+      for (const char* k : {"tokens", "kept_tokens", "tokens_saved", "scorer_tokens"})
+        compression_report[k] = compression_report[k].get<int64_t>() + rep[k].get<int64_t>();
+      compression_report["scorer_ms"] = compression_report["scorer_ms"].get<double>() + rep["scorer_ms"].get<double>();
+      const int64_t kept = compression_report["kept_tokens"];
+      compression_report["ratio_achieved"] = kept > 0 ? compression_report["tokens"].get<double>() / double(kept) : 0.0;
+    };
+    if (compress && kind == ApiKind::Chat) {
+      for (ChatMessage& msg : r.messages) {
+        if ((msg.role != "user" && msg.role != "system") || msg.content.empty()) continue;
+        CompressedIds c = cfg.prompt_compressor->compress(tok, m.id, {}, msg.content, false, *compress, compress_popts);
+        msg.content = std::move(c.text);
+        add_report(c.report);
+      }
+    }
+
     std::vector<std::vector<int32_t>> prompts;
     if (kind == ApiKind::Chat) {
       // The template's markers are special tokens, the messages' contents only text: a message
@@ -398,6 +434,15 @@ struct Server::Impl {
       }
     }
 
+    if (compress && kind != ApiKind::Chat) {
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const std::string& text = r.prompts[i].is_tokens ? std::string() : r.prompts[i].text;
+        CompressedIds c = cfg.prompt_compressor->compress(tok, m.id, prompts[i], text, true, *compress, compress_popts);
+        prompts[i] = std::move(c.ids);
+        add_report(c.report);
+      }
+    }
+    job->meta.prompt_compression = std::move(compression_report);
     const int64_t n_ctx = m.backend->n_ctx();
     if (r.truncate_prompt_tokens) {
       // vLLM's left truncation: the last N tokens of the prompt (-1: as many as the context

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "server/metrics.h"
 #include "server/model_provider.h"
 #include "server/openai_request.h"
+#include "server/prompt_compressor.h"
 
 namespace tern::server {
 
@@ -75,6 +77,11 @@ struct ServerConfig {
   // The /admin/ routes (POST /admin/swap_base): "Authorization: Bearer ADMIN_KEY" required, the
   // API key does not open them. Empty: they answer 403 (off).
   std::string admin_key;
+  // Prompt compression (docs/data-level.md): the scorer (null: a request asking for compression
+  // gets a 400), and what every request that does not ask gets (--compress-prompt R; none when
+  // unset).
+  std::shared_ptr<PromptCompressor> prompt_compressor;
+  std::optional<PromptCompressionRequest> default_prompt_compression;
 };
 
 class Server {

@@ -27,10 +27,14 @@
 #include "kernels/matmul.h"
 #include "models/hparams.h"
 #include "models/model.h"
+#include "prompt/session_scorer.h"
+#include "runtime/session.h"
 #include "tools/cli_util.h"
 #include "tools/latency_args.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
+#include "tools/progress.h"
+#include "tools/prompt_compression.h"
 #include "tools/serve_models.h"
 #include "tools/spec_args.h"
 
@@ -93,6 +97,7 @@ struct Record {
   int64_t n_prompt = 0, n_generated = 0, n_cached = 0;
   int64_t n_drafted = 0, n_accepted = 0, n_spec_steps = 0;
   double ttft_ms = 0, e2e_ms = 0, queue_ms = 0;
+  double compress_ms = 0;  // --compress-prompt: the scorer's time for this prompt (in ttft_ms and e2e_ms)
   std::vector<double> tbt_ms;
   FinishReason reason = FinishReason::None;
   bool done = false;
@@ -110,6 +115,9 @@ struct Workload {
   std::vector<LoraSet> lora_sets;      // requests rotate over them (empty set: the base's turn)
   GoodputSlo slo;
   bool slo_from_engine = false;        // tpot from the engine's TBT target (no --goodput given)
+  // --compress-prompt: each prompt's compression time, added to its TTFT and latency (a server
+  // compresses a prompt before the engine sees it).
+  std::vector<double> compress_ms;
 };
 
 // The figures of one run.
@@ -173,6 +181,7 @@ RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, s
            (w.request_rate <= 0 || w.arrival_s[size_t(next)] <= elapsed_s)) {
       const size_t i = size_t(next);
       records[i].n_prompt = int64_t(w.prompts[i].size());
+      records[i].compress_ms = w.compress_ms.empty() ? 0.0 : w.compress_ms[i];
       RequestParams params = make_params(w, w.prompts[i], w.max_tokens, uint64_t(w.seed) + i);
       params.lora = lora_of(i);
       const uint64_t id = engine.add_request(
@@ -183,8 +192,8 @@ RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, s
             r.reason = o.finish_reason;
             r.n_generated = o.metrics.n_generated;
             r.n_cached = o.metrics.n_cached_prompt;
-            r.ttft_ms = o.metrics.ttft_ms;
-            r.e2e_ms = o.metrics.e2e_ms;
+            r.ttft_ms = o.metrics.ttft_ms + r.compress_ms;
+            r.e2e_ms = o.metrics.e2e_ms + r.compress_ms;
             r.queue_ms = o.metrics.queue_ms;
             r.tbt_ms = o.metrics.tbt_ms;
             r.n_drafted = o.metrics.n_drafted;
@@ -350,7 +359,18 @@ int cmd_bench_serve(int argc, char** argv) {
                  "N:RANK: N random adapters of rank RANK on every attention and FFN matrix (seeded, F16 as llama.cpp's "
                  "converter writes them), as --lora");
   app.add_flag("--lora-with-base", lora_with_base, "the base model takes a turn in the round robin too");
+  double compress_ratio = 0;
+  std::string scorer_path;
+  PromptCompressArgs compress_args;
+  app.add_option("--compress-prompt", compress_ratio,
+                 "compress every prompt to about 1/R of its tokens first (the scorer's time is added to each "
+                 "request's TTFT and latency; docs/data-level.md)");
+  app.add_option("--scorer", scorer_path, "with --compress-prompt: the scorer model (default: -m itself)");
+  compress_args.add_to(app, "--compress-method");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  const bool compress = app.count("--compress-prompt") > 0;
+  const prompt::CompressOptions compress_opts = compress_args.options(compress ? compress_ratio : 2.0);
+  if (!compress && !scorer_path.empty()) fail("--scorer goes with --compress-prompt R");
   (void)active_isa();  // a bad TERN_FORCE_ISA is a usage error, before loading anything
   ecfg.kv_memory_bytes = kv_memory.empty() ? 0 : parse_memory_size(kv_memory);
   ecfg.kv_type = kv_type_from_name(kv_type);
@@ -446,6 +466,45 @@ int cmd_bench_serve(int argc, char** argv) {
       while (int64_t(ids.size()) < len) ids.push_back(lo + int32_t(rng() % uint64_t(hi - lo)));
       prompts.push_back(std::move(ids));
     }
+  }
+
+  // Prompt compression, before the clock starts: each prompt's scorer time is charged to its
+  // request.
+  nlohmann::json compression_json;
+  if (compress) {
+    const std::string spath = scorer_path.empty() ? model_path : scorer_path;
+    auto sfile = open_model_file(spath);
+    const auto stok = Tokenizer::from_gguf(*sfile);
+    check_same_vocabulary(*stok, spath, *tok, model_path);
+    SessionConfig scfg;
+    scfg.n_threads = ecfg.n_threads;
+    scfg.n_ctx = std::min(read_hparams(*sfile).n_ctx_train, prompt_cap + 8);
+    Session scorer_session(sfile, scfg);
+    prompt::SessionScorer scorer(scorer_session);
+    int64_t n_before = 0, n_after = 0;
+    Progress progress("compress", num_prompts, !json);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int64_t t0 = now_ns();
+      const prompt::PromptTokens p = prompt::prompt_from_ids(*stok, prompts[i], compress_args.prompt_options());
+      scorer_session.reset();
+      const prompt::CompressResult r = prompt::compress(p, scorer, compress_opts);
+      n_before += int64_t(prompts[i].size());
+      prompts[i] = prompt::kept_ids(p, r.keep);
+      n_after += int64_t(prompts[i].size());
+      w.compress_ms.push_back(double(now_ns() - t0) / 1e6);
+      progress.update(int64_t(i) + 1);
+    }
+    progress.finish();
+    compression_json = {{"method", prompt::method_name(compress_opts.method)},
+                        {"ratio", compress_opts.ratio},
+                        {"scorer", spath},
+                        {"prompt_tokens_before", n_before},
+                        {"prompt_tokens_after", n_after},
+                        {"scorer_ms_mean", mean(w.compress_ms)}};
+    if (!json)
+      std::printf("prompt compression: %s %gx by %s: %lld -> %lld prompt tokens, %.2f ms per prompt (in each TTFT)\n",
+                  prompt::method_name(compress_opts.method), compress_opts.ratio, spath.c_str(), (long long)n_before,
+                  (long long)n_after, mean(w.compress_ms));
   }
 
   // Arrival times (open loop): exponential gaps at request_rate.
@@ -561,6 +620,7 @@ int cmd_bench_serve(int argc, char** argv) {
     j["kv_blocks_total"] = m.kv_blocks_total;
     j["kv_block_size"] = kv_block_size;
     j["kv_bytes_per_token"] = kv_per_token;
+    j["prompt_compression"] = compression_json;
     j["state_bytes_per_sequence"] = state_per_seq;
     j["kv_used_bytes_peak"] = st.kv_used_peak * block_bytes;
     j["kv_waste_pct"] = st.waste_pct;

@@ -26,6 +26,7 @@
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/kv_compare.h"
+#include "tools/prompt_compare.h"
 #include "tools/llm_pruner.h"
 #include "tools/model_args.h"
 #include "tools/progress.h"
@@ -146,7 +147,39 @@ int cmd_compare(int argc, char** argv) {
   app.add_flag("--json", json, "print the table as a JSON array (one object per method or --kv entry)");
   app.add_option("--json-out", json_out, "also write the JSON array to this file");
   app.add_option("--chart", chart, "write an SVG chart: perplexity vs weight memory, marker area = tg tok/s");
+  PromptCompareOptions po;
+  std::string prompt_ratios, prompt_methods;
+  app.add_option("--prompt-compression", prompt_ratios,
+                 "compare prompt compression instead of weight methods: ratios, e.g. 1,2,4,8 (1: the whole prompt); "
+                 "the target's perplexity of each --ppl-file paragraph's ending given its compressed beginning, and TTFT");
+  app.add_option("--scorer", po.scorer, "with --prompt-compression: the scorer model (default: -m itself; same vocabulary)");
+  app.add_option("--prompt-methods", prompt_methods,
+                 "with --prompt-compression: comma-separated methods (default selective-context,llmlingua,random,tail)");
+  app.add_option("--stories", po.max_stories, "with --prompt-compression: paragraphs scored (default 200)");
+  app.add_option("--lead-tokens", po.lead_tokens,
+                 "with --prompt-compression: the paragraphs before each, up to this many tokens, lead its prompt "
+                 "(default 150; 0: the paragraph alone)");
+  po.cargs.add_to(app, "");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (app.count("--prompt-compression") > 0) {
+    for (const char* opt : {"--methods", "--kv", "--calib", "--calib-tokens", "--speed-only", "--out-dir", "--ppl-chunks"})
+      if (app.count(opt) > 0) fail(opt, " is not for --prompt-compression (which compares prompt compression methods)");
+    po.ratios = parse_ratio_list(prompt_ratios);
+    for (size_t pos = 0; !prompt_methods.empty() && pos <= prompt_methods.size();) {
+      const size_t end = std::min(prompt_methods.find(',', pos), prompt_methods.size());
+      po.methods.push_back(prompt_methods.substr(pos, end - pos));
+      pos = end + 1;
+    }
+    po.target = model;
+    po.text_file = ppl_file;
+    po.threads = threads;
+    po.json = json;
+    po.json_out = json_out;
+    po.chart = chart;
+    return run_prompt_compare(po);
+  }
+  for (const char* opt : {"--scorer", "--prompt-methods", "--stories", "--lead-tokens"})
+    if (app.count(opt) > 0) fail(opt, " goes with --prompt-compression");
   if (app.count("--kv") > 0) {
     // The model as it is, under each K/V configuration: the methods' options mean nothing here.
     for (const char* opt : {"--methods", "--calib", "--calib-tokens", "--speed-only", "--threshold", "--alpha",

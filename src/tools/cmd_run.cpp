@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "core/error.h"
@@ -20,6 +21,7 @@
 #include "tools/commands.h"
 #include "tools/constraint_args.h"
 #include "tools/model_args.h"
+#include "tools/prompt_compression.h"
 #include "tools/spec_args.h"
 
 namespace tern {
@@ -99,7 +101,18 @@ int cmd_run(int argc, char** argv) {
   add_chat_flags(app, chat, " (with -i)");
   SpecArgs spec_args;
   add_spec_options(app, spec_args);
+  double compress_ratio = 0;
+  std::string scorer_path;
+  PromptCompressArgs compress_args;
+  app.add_option("--compress-prompt", compress_ratio,
+                 "compress the prompt first, keeping about 1/R of its tokens (docs/data-level.md); TTFT then includes it");
+  app.add_option("--scorer", scorer_path, "with --compress-prompt: the scorer model (default: -m itself; same vocabulary)");
+  compress_args.add_to(app, "--compress-method");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  const bool compress = app.count("--compress-prompt") > 0;
+  const prompt::CompressOptions compress_opts = compress_args.options(compress ? compress_ratio : 2.0);
+  if (!compress && !scorer_path.empty()) fail("--scorer goes with --compress-prompt R");
+  if (compress && interactive) fail("--compress-prompt is for one prompt, not -i");
   opts.spec = spec_config_from_args(spec_args);  // a bad flag fails before anything loads
   if (!prompt_file.empty()) {
     if (!prompt.empty()) fail("give either --prompt or --file, not both");
@@ -137,6 +150,27 @@ int cmd_run(int argc, char** argv) {
     opts.draft = draft.get();
   }
   opts.constraint = cargs.build(tok);
+  std::optional<CompressedPrompt> compressed;
+  if (compress) {
+    if (scorer_path.empty()) {
+      compressed = compress_with_session(*ls.session, tok, {"", prompt, ""}, compress_opts, compress_args.prompt_options());
+      ls.session->reset();
+    } else {
+      ModelArgs sargs = margs;
+      sargs.model = scorer_path;
+      sargs.lora.clear();
+      sargs.layout = {};
+      auto sfile = open_model_file(scorer_path);
+      const auto stok = Tokenizer::from_gguf(*sfile);
+      check_same_vocabulary(*stok, scorer_path, tok, margs.model);
+      if (!sargs.ctx_given()) sargs.ctx = std::max<int64_t>(64, int64_t(stok->encode(prompt, true, true).size()) + 8);
+      LoadedSession scorer = open_session(sargs, sfile);
+      compressed = compress_with_session(*scorer.session, *scorer.tokenizer, {"", prompt, ""}, compress_opts,
+                                         compress_args.prompt_options());
+    }
+    prompt = compressed->text;
+    if (!json) std::fprintf(stderr, "tern run: compress-prompt: %s\n", compressed->summary(compress_opts).c_str());
+  }
   std::vector<int32_t> prompt_ids = tok.encode(prompt, tok.add_bos_default() && !no_bos, parse_special);
   if (prompt_ids.empty()) fail("the prompt is empty and the model adds no BOS: give a prompt");
 
@@ -191,6 +225,10 @@ int cmd_run(int argc, char** argv) {
                     {"kv_type", kv_type_name(ls.session->kv_type())},
                     {"peak_rss_bytes", rss},          {"threads", ls.session->pool().size()},
                     {"isa", active_isa()}};
+    if (compressed) {
+      j["prompt_compression"] = compressed->report(compress_opts);
+      j["metrics"]["ttft_ms_with_compression"] = m.ttft_ms + compressed->scorer_ms;
+    }
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return exit_code;
   }
@@ -217,6 +255,9 @@ int cmd_run(int argc, char** argv) {
                              format_bytes(kv_bytes), " (", ls.session->n_ctx(), " tokens, ", kv_type_name(ls.session->kv_type()),
                              ", ", format_bytes(kv_per_token), " per token)\n").c_str(),
                format_bytes(rss).c_str());
+  if (compressed)
+    std::fprintf(stderr, "%-20s%10.2f ms (TTFT with it: %.2f ms)\n", "prompt compression", compressed->scorer_ms,
+                 m.ttft_ms + compressed->scorer_ms);
   if (opts.spec.source != DraftSource::None)
     std::fprintf(stderr, "%-20s%10.1f %% of %lld drafts accepted, %.2f tokens per target step, drafting %.1f ms\n",
                  str_cat("speculative (", draft_source_name(opts.spec.source), ")").c_str(), 100.0 * m.acceptance_rate,

@@ -28,6 +28,7 @@
 #include "tools/commands.h"
 #include "tools/replica_router.h"
 #include "tools/model_args.h"
+#include "tools/prompt_compression.h"
 #include "tools/serve_models.h"
 #include "tools/spec_args.h"
 
@@ -294,6 +295,16 @@ int cmd_serve(int argc, char** argv) {
                  "served its prompt prefix (docs/distributed.md)")
       ->check(CLI::Range(1, 256));
   app.add_option("--replica", router.remote, "data parallelism: also route to this server (http://HOST:PORT), repeatable");
+  double compress_ratio = 0;
+  std::string scorer_path;
+  PromptCompressArgs compress_args;
+  app.add_option("--compress-prompt", compress_ratio,
+                 "compress every request's prompt to about 1/R of its tokens unless the request asks otherwise "
+                 "(\"prompt_compression\": {...}; docs/data-level.md)");
+  app.add_option("--scorer", scorer_path,
+                 "the scorer model of prompt compression (default with --compress-prompt: the model itself, loaded a "
+                 "second time; same vocabulary as the served models)");
+  compress_args.add_to(app, "--compress-method");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   if (router.replicas > 0 || !router.remote.empty()) {
     router.host = scfg.host;
@@ -319,6 +330,33 @@ int cmd_serve(int argc, char** argv) {
     throw Error("LoRA adapters (--lora, --allow-lora-updates) run on one base model: tern serve -m BASE --lora NAME=FILE");
   if (!single && !alias.empty())
     throw Error("--alias names one model: with several, name them -m NAME=FILE or by aliases in models.json");
+
+  if (app.count("--compress-prompt") > 0) {
+    (void)compress_args.options(compress_ratio);  // a bad ratio, method or unit before anything loads
+    server::PromptCompressionRequest d;
+    d.ratio = compress_ratio;
+    d.method = compress_args.method;
+    d.unit = compress_args.unit;
+    d.keep_numbers = compress_args.keep_numbers;
+    d.keep_names = compress_args.keep_names;
+    scfg.default_prompt_compression = d;
+    if (scorer_path.empty()) {
+      if (!single) throw Error("--compress-prompt with several models needs --scorer FILE (a model of their vocabulary)");
+      scorer_path = margs.model;
+    }
+  }
+  if (!scorer_path.empty()) {
+    auto sfile = open_model_file(scorer_path);
+    // The longest prompt it may score: the served context (or the scorer's own, if shorter).
+    const int64_t scorer_ctx = std::min<int64_t>(margs.ctx > 0 ? margs.ctx : read_hparams(*sfile).n_ctx_train,
+                                                 read_hparams(*sfile).n_ctx_train);
+    scfg.prompt_compressor = std::make_shared<server::PromptCompressor>(sfile, scorer_path, margs.threads, scorer_ctx);
+    std::fprintf(stderr, "tern serve: prompt compression scorer %s (context %lld)%s\n", scorer_path.c_str(),
+                 static_cast<long long>(scorer_ctx),
+                 scfg.default_prompt_compression
+                     ? str_cat(", every prompt compressed ", compress_ratio, "x by ", compress_args.method).c_str()
+                     : "");
+  }
 
   sigset_t signals = block_stop_signals();
 

@@ -18,6 +18,7 @@ const std::vector<Command>& commands();
 int cmd_run(int argc, char** argv);
 int cmd_chat(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
+int cmd_compress_prompt(int argc, char** argv);
 int cmd_vocab(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 int cmd_convert(int argc, char** argv);

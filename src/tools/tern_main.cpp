@@ -16,6 +16,8 @@ const std::vector<Command>& commands() {
       {"run", "generate text from a prompt and report TTFT/TBT/throughput/memory", cmd_run},
       {"chat", "chat with a model in the terminal through its chat template (/save, /load)", cmd_chat},
       {"tokenize", "print the token ids of a text", cmd_tokenize},
+      {"compress-prompt", "shorten a prompt by a scorer model's token information (Selective Context, LLMLingua)",
+       cmd_compress_prompt},
       {"vocab", "write a vocabulary-only GGUF from a Hugging Face tokenizer.json", cmd_vocab},
       {"inspect", "print a GGUF file's metadata, hyper-parameters and tensors", cmd_inspect},
       {"convert", "convert a llama2.c checkpoint + tokenizer to GGUF", cmd_convert},

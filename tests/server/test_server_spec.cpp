@@ -23,6 +23,7 @@
 #include "models/model.h"
 #include "server/backend.h"
 #include "server/server.h"
+#include "server/serve_process.h"
 #include "test_util.h"
 
 using namespace tern;
@@ -69,58 +70,6 @@ struct InProcess {
   std::unique_ptr<EngineBackend> backend;
   std::unique_ptr<Server> server;
   std::unique_ptr<httplib::Client> client;
-};
-
-// `tern serve ARGS --port 0 -t 1 -c 256` as a child process; stderr goes to a file.
-class ServeProcess {
- public:
-  explicit ServeProcess(const std::vector<std::string>& extra) {
-    const std::string dir = make_temp_dir("tern_serve_spec");
-    log_ = dir + "/serve.log";
-    std::vector<std::string> args = {TERN_BINARY, "serve"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    for (const char* a : {"--port", "0", "-t", "1", "-c", "256"}) args.push_back(a);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      if (!std::freopen(log_.c_str(), "w", stderr)) std::_Exit(126);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      std::_Exit(127);
-    }
-    const auto give_up = std::chrono::steady_clock::now() + 60s;
-    const std::regex listening("listening on http://127\\.0\\.0\\.1:([0-9]+)");
-    while (std::chrono::steady_clock::now() < give_up) {
-      std::smatch m;
-      const std::string text = log();
-      if (std::regex_search(text, m, listening)) {
-        port_ = std::stoi(m[1]);
-        return;
-      }
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return;
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-  }
-  ~ServeProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
-    }
-    remove_temp_dir(std::filesystem::path(log_).parent_path().string());
-  }
-  int port() const { return port_; }
-  std::string log() const { return read_file_bytes(log_); }
-
- private:
-  std::string log_;
-  pid_t pid_ = -1;
-  int port_ = -1;
 };
 
 json post(httplib::Client& c, const std::string& path, const json& body, int want = 200) {
