@@ -359,18 +359,15 @@ int cmd_bench_serve(int argc, char** argv) {
                  "N:RANK: N random adapters of rank RANK on every attention and FFN matrix (seeded, F16 as llama.cpp's "
                  "converter writes them), as --lora");
   app.add_flag("--lora-with-base", lora_with_base, "the base model takes a turn in the round robin too");
-  double compress_ratio = 0;
-  std::string scorer_path;
   PromptCompressArgs compress_args;
-  app.add_option("--compress-prompt", compress_ratio,
-                 "compress every prompt to about 1/R of its tokens first (the scorer's time is added to each "
-                 "request's TTFT and latency; docs/data-level.md)");
-  app.add_option("--scorer", scorer_path, "with --compress-prompt: the scorer model (default: -m itself)");
-  compress_args.add_to(app, "--compress-method");
+  compress_args.add_command_options(app,
+                                    "compress every prompt to about 1/R of its tokens first (the scorer's time is added "
+                                    "to each request's TTFT and latency)",
+                                    "with --compress-prompt; default: -m itself");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
-  const bool compress = app.count("--compress-prompt") > 0;
-  const prompt::CompressOptions compress_opts = compress_args.options(compress ? compress_ratio : 2.0);
-  if (!compress && !scorer_path.empty()) fail("--scorer goes with --compress-prompt R");
+  const bool compress = compress_args.given(app);
+  const prompt::CompressOptions compress_opts = compress_args.options(compress ? compress_args.ratio : 2.0);
+  const std::string& scorer_path = compress_args.scorer;
   (void)active_isa();  // a bad TERN_FORCE_ISA is a usage error, before loading anything
   ecfg.kv_memory_bytes = kv_memory.empty() ? 0 : parse_memory_size(kv_memory);
   ecfg.kv_type = kv_type_from_name(kv_type);

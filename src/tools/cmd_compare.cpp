@@ -106,7 +106,8 @@ int cmd_compare(int argc, char** argv) {
                  "llm.int8, smoothquant-w8a8); known: " + known +
                      ", pruning: magnitude|wanda|sparsegpt[-owl]-<sparsity> (wanda-50, sparsegpt-2:4), and "
                      "quantization-aware training: qat-<type> and, with learned scales, qat-lsq-<type> (qat-q4_0, "
-                     "qat-q2_k, qat-ternary, qat-lsq-q4_0; on --recover-data)");
+                     "qat-q2_k, qat-ternary, qat-lsq-q4_0; on --recover-data), and distillation into a half-depth "
+                     "student: kd-ce, kd-response, kd-feature, kd-relation (on --recover-data)");
   std::string kv_arg;
   int64_t kv_long = 0;
   app.add_option("--kv", kv_arg,
@@ -263,6 +264,10 @@ int cmd_compare(int argc, char** argv) {
   };
   bool need_training_text = false;
   for (const auto& full : methods) {
+    if (kd_loss_of(full)) {
+      need_training_text = true;
+      continue;
+    }
     if (const std::string qt = qat_type_of(full); !qt.empty()) {
       (void)parse_qat_type(qt);  // throws for an unknown type
       need_training_text = true;
@@ -289,7 +294,7 @@ int cmd_compare(int argc, char** argv) {
     if (!ppl_file.empty() && fs::equivalent(recover.data, ppl_file, ec))
       fail("--recover-data is the perplexity text ", ppl_file, ": fine-tuning on it would flatter the +recover rows");
   } else if (!recover.data.empty()) {
-    fail("--recover-data is for +recover and qat- methods (e.g. wanda-50+recover, qat-q4_0)");
+    fail("--recover-data is for +recover, qat- and kd- methods (e.g. wanda-50+recover, qat-q4_0, kd-feature)");
   }
   if (copts.n_tokens < 0) copts.n_tokens = speed_only ? 256 : 4096;
   mopts.search = !speed_only;
@@ -350,14 +355,25 @@ int cmd_compare(int argc, char** argv) {
   for (size_t mi = 0; mi < methods.size(); ++mi) {
     const auto [m, rec] = base_of(methods[mi]);
     const std::string qat_type = qat_type_of(m);
-    const MethodInfo* info = qat_type.empty() ? &find_method(m) : nullptr;
+    const std::optional<std::string> kd_loss = kd_loss_of(m);
+    const MethodInfo* info = qat_type.empty() && !kd_loss ? &find_method(m) : nullptr;
     CompareRow row;
     row.method = methods[mi];
     try {
     const std::string out = (dir / (stem + "-" + methods[mi] + ".gguf")).string();
     mopts.progress = draw(str_cat(info ? info->name : methods[mi].c_str(), " (", mi + 1, "/", methods.size(), ")"));
     MethodReport rep;
-    if (!qat_type.empty()) {
+    if (kd_loss) {
+      if (!json) std::fprintf(stderr, "%s: distilling a half-depth student (%lld tokens)\n", methods[mi].c_str(),
+                              static_cast<long long>(recover.tokens));
+      const int64_t t_kd = now_ns();
+      kd_from_source(model, *kd_loss, out, recover);
+      rep = report_of_file(out);
+      rep.notes.push_back(str_cat("knowledge distillation: a student of half the layers trained from scratch on ",
+                                  recover.tokens, " tokens of ", recover.data, ", loss ",
+                                  kd_loss->empty() ? std::string("cross-entropy only") : *kd_loss));
+      rep.seconds = double(now_ns() - t_kd) / 1e9;
+    } else if (!qat_type.empty()) {
       if (!json) std::fprintf(stderr, "%s: training (%lld tokens)\n", methods[mi].c_str(), static_cast<long long>(recover.tokens));
       const int64_t t_qat = now_ns();
       qat_from_source(model, qat_type, m.rfind("qat-lsq-", 0) == 0, out, recover);

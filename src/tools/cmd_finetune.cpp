@@ -208,19 +208,8 @@ int cmd_finetune(int argc, char** argv) {
     w.set("general.architecture", GgufValue::string("tern-gradients"));
     for (const auto& p : lora.params) w.add_tensor(p.name, DType::F32, p.ne, g.data() + p.offset, uint64_t(p.size) * 4);
     if (qat) {
-      const train::TrainModel& fm = s.qat->quantized();
+      add_qat_dump_tensors(w, *s.qat);
       const train::TrainModel& merged = s.merge->merged();
-      for (size_t i = 0; i < fm.params.size(); ++i) {
-        if (s.qat->types()[i] == DType::F32) continue;
-        const auto& p = fm.params[i];
-        w.add_tensor(p.name + ".qat_weight", DType::F32, p.ne, fm.data.data() + p.offset, uint64_t(p.size) * 4);
-        if (const int64_t so = s.qat->scale_offset(i); so >= 0) {
-          const int64_t n_blocks = s.qat->scale_count(i);
-          w.add_tensor(p.name + ".qat_scale", DType::F32, {n_blocks}, s.qat->scales().data() + so, uint64_t(n_blocks) * 4);
-          w.add_tensor(p.name + ".qat_scale_grad", DType::F32, {n_blocks}, s.qat->scale_grads().data() + so,
-                       uint64_t(n_blocks) * 4);
-        }
-      }
       for (const train::LoraSlot& sl : lora.slots) {
         const train::ParamInfo* p = merged.find(sl.target);
         w.add_tensor(sl.target + ".qat_merged", DType::F32, p->ne, merged.data.data() + p->offset, uint64_t(p->size) * 4);

@@ -101,17 +101,13 @@ int cmd_run(int argc, char** argv) {
   add_chat_flags(app, chat, " (with -i)");
   SpecArgs spec_args;
   add_spec_options(app, spec_args);
-  double compress_ratio = 0;
-  std::string scorer_path;
   PromptCompressArgs compress_args;
-  app.add_option("--compress-prompt", compress_ratio,
-                 "compress the prompt first, keeping about 1/R of its tokens (docs/data-level.md); TTFT then includes it");
-  app.add_option("--scorer", scorer_path, "with --compress-prompt: the scorer model (default: -m itself; same vocabulary)");
-  compress_args.add_to(app, "--compress-method");
+  compress_args.add_command_options(app, "compress the prompt first, keeping about 1/R of its tokens; TTFT then includes it",
+                                    "with --compress-prompt; default: -m itself");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
-  const bool compress = app.count("--compress-prompt") > 0;
-  const prompt::CompressOptions compress_opts = compress_args.options(compress ? compress_ratio : 2.0);
-  if (!compress && !scorer_path.empty()) fail("--scorer goes with --compress-prompt R");
+  const bool compress = compress_args.given(app);
+  const prompt::CompressOptions compress_opts = compress_args.options(compress ? compress_args.ratio : 2.0);
+  const std::string& scorer_path = compress_args.scorer;
   if (compress && interactive) fail("--compress-prompt is for one prompt, not -i");
   opts.spec = spec_config_from_args(spec_args);  // a bad flag fails before anything loads
   if (!prompt_file.empty()) {

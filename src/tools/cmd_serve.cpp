@@ -295,17 +295,15 @@ int cmd_serve(int argc, char** argv) {
                  "served its prompt prefix (docs/distributed.md)")
       ->check(CLI::Range(1, 256));
   app.add_option("--replica", router.remote, "data parallelism: also route to this server (http://HOST:PORT), repeatable");
-  double compress_ratio = 0;
-  std::string scorer_path;
   PromptCompressArgs compress_args;
-  app.add_option("--compress-prompt", compress_ratio,
-                 "compress every request's prompt to about 1/R of its tokens unless the request asks otherwise "
-                 "(\"prompt_compression\": {...}; docs/data-level.md)");
-  app.add_option("--scorer", scorer_path,
-                 "the scorer model of prompt compression (default with --compress-prompt: the model itself, loaded a "
-                 "second time; same vocabulary as the served models)");
-  compress_args.add_to(app, "--compress-method");
+  compress_args.add_command_options(app,
+                                    "compress every request's prompt to about 1/R of its tokens unless the request "
+                                    "asks otherwise (\"prompt_compression\": {...})",
+                                    "default: the model itself, loaded a second time; without --compress-prompt it "
+                                    "serves the requests that ask");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  const double compress_ratio = compress_args.ratio;
+  std::string scorer_path = compress_args.scorer;
   if (router.replicas > 0 || !router.remote.empty()) {
     router.host = scfg.host;
     router.port = scfg.port;

@@ -41,19 +41,7 @@ int cmd_train(int argc, char** argv) {
     w.set("general.architecture", GgufValue::string("tern-gradients"));
     for (const auto& p : s.model.params)
       w.add_tensor(p.name, DType::F32, p.ne, g.data() + p.offset, uint64_t(p.size) * 4);
-    if (s.qat)
-      for (size_t i = 0; i < s.model.params.size(); ++i)
-        if (s.qat->types()[i] != DType::F32) {
-          const auto& p = s.model.params[i];
-          w.add_tensor(p.name + ".qat_weight", DType::F32, p.ne, fm.data.data() + p.offset, uint64_t(p.size) * 4);
-          // LSQ: the block scales (f32, before their f16 rounding) and their gradient.
-          if (const int64_t so = s.qat->scale_offset(i); so >= 0) {
-            const int64_t n_blocks = s.qat->scale_count(i);
-            w.add_tensor(p.name + ".qat_scale", DType::F32, {n_blocks}, s.qat->scales().data() + so, uint64_t(n_blocks) * 4);
-            w.add_tensor(p.name + ".qat_scale_grad", DType::F32, {n_blocks}, s.qat->scale_grads().data() + so,
-                         uint64_t(n_blocks) * 4);
-          }
-        }
+    if (s.qat) add_qat_dump_tensors(w, *s.qat);
     w.add_tensor("train.loss", DType::F32, {1}, &loss, 4);
     w.write(dump_grads);
     std::fprintf(stderr, "tern train: loss %.6f; gradients of %lld parameters written to %s\n", double(loss),

@@ -24,6 +24,18 @@ void PromptCompressArgs::add_to(CLI::App& app, const std::string& method_flag) {
   app.add_flag("--keep-names", keep_names, "never drop a capitalized word inside a sentence");
 }
 
+void PromptCompressArgs::add_command_options(CLI::App& app, const std::string& ratio_help, const std::string& scorer_help) {
+  app.add_option("--compress-prompt", ratio, ratio_help + " (docs/data-level.md)");
+  app.add_option("--scorer", scorer, "the scorer model of prompt compression, of the target's vocabulary (" + scorer_help + ")");
+  add_to(app, "--compress-method");
+}
+
+bool PromptCompressArgs::given(const CLI::App& app) const {
+  const bool on = app.count("--compress-prompt") > 0;
+  if (!on && !scorer.empty()) fail("--scorer goes with --compress-prompt R");
+  return on;
+}
+
 prompt::CompressOptions PromptCompressArgs::options(double ratio) const {
   prompt::CompressOptions o;
   (void)prompt::token_budget(1, ratio);

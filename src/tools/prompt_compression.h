@@ -17,6 +17,8 @@ class Tokenizer;
 // --compress-method, --compress-unit, --coarse-factor, --compress-segment, --keep-numbers,
 // --keep-names (their names carry "compress" where a command has other options of that name).
 struct PromptCompressArgs {
+  double ratio = 0;     // --compress-prompt R (commands that run a model: add_command_options)
+  std::string scorer;   // --scorer FILE
   std::string method = "llmlingua";
   std::string unit = "word";
   double coarse_factor = 2.0;
@@ -26,6 +28,12 @@ struct PromptCompressArgs {
   bool keep_names = false;
   // method_flag: the name of the method option ("": none, the command lists methods itself).
   void add_to(CLI::App& app, const std::string& method_flag = "--method");
+  // What `run`, `serve` and `bench-serve` add: --compress-prompt R (ratio_help says what it does
+  // there), --scorer FILE (scorer_help: its default) and add_to's options with --compress-method.
+  void add_command_options(CLI::App& app, const std::string& ratio_help, const std::string& scorer_help);
+  // Whether --compress-prompt was given (after parsing), and --scorer was not given without it
+  // (tern::Error).
+  bool given(const CLI::App& app) const;
   // Throws tern::Error naming the flag for an unknown method or unit, or a bad ratio.
   prompt::CompressOptions options(double ratio) const;
   prompt::PromptOptions prompt_options() const { return {keep_numbers, keep_names, true}; }

@@ -9,6 +9,8 @@
 
 #include "core/error.h"
 #include "core/read_file.h"
+#include "models/hparams.h"
+#include "models/model.h"
 #include "tools/kv_compare.h"
 
 namespace tern {
@@ -57,6 +59,42 @@ void qat_from_source(const std::string& src, const std::string& qat_type, bool l
   fs::remove(latent + ".optim", ec);
   if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
     fail("quantization-aware training (tern distill --qat ", qat_type, " of ", src, ") failed; its message is above");
+}
+
+std::optional<std::string> kd_loss_of(const std::string& method) {
+  // The table of kd rows: the response-based loss alone, then each family added to it.
+  static const std::pair<const char*, const char*> kRows[] = {
+      {"kd-ce", ""},
+      {"kd-response", "response=1"},
+      {"kd-feature", "response=1,feature=0.5"},
+      {"kd-relation", "response=1,relation=0.5"},
+  };
+  for (const auto& [name, loss] : kRows)
+    if (method == name) return std::string(loss);
+  return std::nullopt;
+}
+
+void kd_from_source(const std::string& src, const std::string& loss_spec, const std::string& out,
+                    const RecoverOptions& opts) {
+  check_recover_options(opts);
+  namespace fs = std::filesystem;
+  const HParams hp = read_hparams(*open_model_file(src));
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const auto q = compare_shell_quote;
+  const int64_t ctx = std::min<int64_t>(256, hp.n_ctx_train);
+  const std::string loss = loss_spec.empty() ? " --kd none --hard-weight 1" : " --loss " + loss_spec;
+  const std::string cmd = q(self) + " distill --teacher " + q(src) + " --vocab-from " + q(src) + " --n-embd " +
+                          std::to_string(hp.n_embd) + " --n-layer " + std::to_string((hp.n_layer + 1) / 2) +
+                          " --n-head " + std::to_string(hp.n_head) + " --n-head-kv " + std::to_string(hp.n_head_kv) +
+                          " --n-ff " + std::to_string(hp.n_ff) + " --ctx " + std::to_string(ctx) + loss + " --data " +
+                          q(opts.data) + " --tokens " + std::to_string(opts.tokens) + " --lr " + str_cat(opts.lr) +
+                          " -t " + std::to_string(opts.threads) + " -o " + q(out) + (opts.quiet ? " -q >/dev/null" : " >&2");
+  std::fflush(stdout);
+  const int status = std::system(cmd.c_str());
+  std::error_code ec;
+  fs::remove(out + ".optim", ec);
+  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fail("distillation (tern distill of a half-depth student from ", src, ") failed; its message is above");
 }
 
 }  // namespace tern

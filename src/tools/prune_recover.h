@@ -5,6 +5,7 @@
 // It runs as a child `tern distill` process: training allocates its own model, optimizer state
 // and thread pool, all gone when it ends.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace tern {
@@ -29,6 +30,20 @@ void recover_pruned(const std::string& dense, const std::string& pruned, const s
 // the latent f32 checkpoint and its optimizer state are removed. Throws tern::Error when it fails.
 void qat_from_source(const std::string& src, const std::string& qat_type, bool lsq, const std::string& out,
                      const RecoverOptions& opts);
+
+// Knowledge distillation as a compression method (`tern compare`'s kd-TERMS rows): a student of
+// the source's widths with half its layers (rounded up), trained from scratch on opts.data by
+// `tern distill --teacher SRC` with the loss `loss_spec` (tern distill --loss: "response=1",
+// "response=1,feature=0.5", ...), written to `out` as f32; its optimizer state is removed. The
+// source must be a Llama-family model (the feature and relation terms run the teacher's forward
+// in training). Throws tern::Error when the child fails.
+void kd_from_source(const std::string& src, const std::string& loss_spec, const std::string& out,
+                    const RecoverOptions& opts);
+
+// The --loss spec of a kd row: "kd-response" -> "response=1", "kd-feature" ->
+// "response=1,feature=0.5", "kd-relation" -> "response=1,relation=0.5", "kd-ce" -> CE only ("" and
+// --kd none); nullopt for other names.
+std::optional<std::string> kd_loss_of(const std::string& method);
 
 // Throws unless opts can run (data readable, tokens > 0, lr > 0).
 void check_recover_options(const RecoverOptions& opts);

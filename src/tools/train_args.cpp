@@ -378,4 +378,19 @@ int run_training(TrainSetup& s, const TrainArgs& a, const std::string& cmd) {
   return 0;
 }
 
+void add_qat_dump_tensors(GgufWriter& w, const train::QatModel& qat) {
+  const train::TrainModel& fm = qat.quantized();
+  for (size_t i = 0; i < fm.params.size(); ++i) {
+    if (qat.types()[i] == DType::F32) continue;
+    const auto& p = fm.params[i];
+    w.add_tensor(p.name + ".qat_weight", DType::F32, p.ne, fm.data.data() + p.offset, uint64_t(p.size) * 4);
+    if (const int64_t so = qat.scale_offset(i); so >= 0) {
+      const int64_t n_blocks = qat.scale_count(i);
+      w.add_tensor(p.name + ".qat_scale", DType::F32, {n_blocks}, qat.scales().data() + so, uint64_t(n_blocks) * 4);
+      w.add_tensor(p.name + ".qat_scale_grad", DType::F32, {n_blocks}, qat.scale_grads().data() + so,
+                   uint64_t(n_blocks) * 4);
+    }
+  }
+}
+
 }  // namespace tern

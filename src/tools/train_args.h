@@ -46,6 +46,10 @@ void check_qat_options(TrainArgs& a, const std::string& cmd, const std::vector<s
 // its fake-quantized twin.
 std::unique_ptr<train::QatModel> make_qat_model(const train::TrainModel& latent, const TrainArgs& a,
                                                 const std::string& cmd, ThreadPool* pool);
+// --dump-grads under --qat: each quantized tensor's forward weights as NAME.qat_weight and, with
+// LSQ, its block scales (f32, before their f16 rounding) and their gradient as NAME.qat_scale and
+// NAME.qat_scale_grad. `w` refers to qat's data: write it while qat lives.
+void add_qat_dump_tensors(GgufWriter& w, const train::QatModel& qat);
 
 // What the options of the optimizer, the schedule, the data order, validation, checkpoints and
 // output that every training command has (tern train, distill, finetune) apply to, in their help.

@@ -15,6 +15,7 @@ inline const std::string kTern = TERN_BINARY;
 
 inline std::string stories() { return shared_path("models/stories260K.gguf"); }
 inline std::string tinystories_val() { return shared_path("data/tinystories/tinystories_val.txt"); }
+inline std::string tinystories_train() { return shared_path("data/tinystories/tinystories_train_prefix_4M.txt"); }
 
 // A path in a per-process scratch folder (tests of one binary run in one process).
 inline std::string temp_path(const std::string& name) {

@@ -15,35 +15,19 @@
 #include "compress/calibrate.h"
 #include "compress/linalg.h"
 #include "compress/methods.h"
+#include "calib_test_util.h"
 #include "compress_test_util.h"
 #include "core/fp16.h"
 #include "gguf/gguf.h"
 #include "models/model.h"
 #include "quant/quant_billm.h"
 #include "quant/quant_traits.h"
+#include "quant_test_util.h"
 
 namespace tern {
 namespace {
 
 using namespace tern::testing;
-
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-// Laplace-like heavy tails (a normal times an exponential): where a split helps.
-std::vector<float> heavy(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd;
-  std::exponential_distribution<float> ed(1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng) * ed(rng) * ed(rng);
-  return v;
-}
 
 double sq_err(const float* a, const float* b, int64_t n) {
   double e = 0;
@@ -227,13 +211,6 @@ Inputs correlated_inputs(int64_t n_t, int64_t n_in, uint64_t seed) {
   return in;
 }
 
-std::vector<float> decode_rows(DType t, const std::vector<uint8_t>& bytes, int64_t n_out, int64_t n_in) {
-  std::vector<float> v(size_t(n_out * n_in));
-  const int64_t rb = dtype_row_bytes(t, n_in);
-  for (int64_t o = 0; o < n_out; ++o) billm_decode(billm_format(t), bytes.data() + o * rb, v.data() + o * n_in, n_in);
-  return v;
-}
-
 // BiLLM's objective is the layer's output error on the calibration inputs: below the
 // calibration-free encoder of the same format, itself below plain sign binarization; BiLLM's
 // structured variant (the salient columns shared by a block's rows) between sign and the default.
@@ -247,11 +224,11 @@ TEST(BillmAlgorithm, HessianPassLowersOutputError) {
     BillmOptions bo;
     bo.group = g;
     BillmStats st;
-    const auto q = decode_rows(t, billm_quantize(w.data(), n_out, n_in, in.h, bo, pool, &st), n_out, n_in);
+    const auto q = billm_decode_rows(t, billm_quantize(w.data(), n_out, n_in, in.h, bo, pool, &st), n_out, n_in);
     bo.shared_salient = true;
-    const auto qs = decode_rows(t, billm_quantize(w.data(), n_out, n_in, in.h, bo, pool), n_out, n_in);
-    const auto r = decode_rows(t, billm_encode_rows_rtn(w.data(), n_out, n_in, g, pool), n_out, n_in);
-    const auto s = decode_rows(t, billm_encode_rows_sign(w.data(), n_out, n_in, g, pool), n_out, n_in);
+    const auto qs = billm_decode_rows(t, billm_quantize(w.data(), n_out, n_in, in.h, bo, pool), n_out, n_in);
+    const auto r = billm_decode_rows(t, billm_encode_rows_rtn(w.data(), n_out, n_in, g, pool), n_out, n_in);
+    const auto s = billm_decode_rows(t, billm_encode_rows_sign(w.data(), n_out, n_in, g, pool), n_out, n_in);
     const double eb = output_error_gram(w.data(), q.data(), n_out, n_in, in.h, pool);
     const double ebs = output_error_gram(w.data(), qs.data(), n_out, n_in, in.h, pool);
     const double er = output_error_gram(w.data(), r.data(), n_out, n_in, in.h, pool);
@@ -285,27 +262,7 @@ TEST(BillmAlgorithm, RtnSalientSearchNeverWorseThanNone) {
 
 // ---- models ----------------------------------------------------------------------------------
 
-class StoriesBillm : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(stories()) || !std::filesystem::exists(tinystories_val())) return;
-    CalibOptions co;
-    co.text_file = tinystories_val();
-    co.n_tokens = 1024;
-    co.hessian = true;
-    calib_ = new CalibStats(calibrate(open_model_file(stories()), co));
-  }
-  static void TearDownTestSuite() {
-    delete calib_;
-    calib_ = nullptr;
-  }
-  void SetUp() override {
-    TERN_REQUIRE_SHARED("models/stories260K.gguf");
-    TERN_REQUIRE_SHARED("data/tinystories/tinystories_val.txt");
-  }
-  static CalibStats* calib_;
-};
-CalibStats* StoriesBillm::calib_ = nullptr;
+class StoriesBillm : public StoriesCalibrated<1024> {};
 
 // The acceptance row: BiLLM below plain sign binarization at the same bytes (same format, same
 // fallbacks), and below its own calibration-free encoder.

@@ -13,6 +13,7 @@
 #include "compress/linalg.h"
 #include "compress/methods.h"
 #include "core/error.h"
+#include "calib_test_util.h"
 #include "compress_test_util.h"
 #include "gguf/gguf.h"
 #include "models/model.h"
@@ -23,27 +24,7 @@ namespace {
 
 using namespace tern::testing;
 
-class StoriesMethods : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(stories()) || !std::filesystem::exists(tinystories_val())) return;
-    CalibOptions co;
-    co.text_file = tinystories_val();
-    co.n_tokens = 4096;
-    co.hessian = true;
-    calib_ = new CalibStats(calibrate(open_model_file(stories()), co));
-  }
-  static void TearDownTestSuite() {
-    delete calib_;
-    calib_ = nullptr;
-  }
-  void SetUp() override {
-    TERN_REQUIRE_SHARED("models/stories260K.gguf");
-    TERN_REQUIRE_SHARED("data/tinystories/tinystories_val.txt");
-  }
-  static CalibStats* calib_;
-};
-CalibStats* StoriesMethods::calib_ = nullptr;
+class StoriesMethods : public StoriesCalibrated<4096> {};
 
 const char* kLinears[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -512,17 +513,45 @@ TEST(PruneStories, BadInputIsAClearError) {
            {"--methods q8_0+recover", "+recover follows a pruning method"},
            {"--methods wanda-50+recover", "--recover-data"},
            {"--methods wanda-50+recover --recover-data " + testing::tinystories_val(), "perplexity text"},
-           {"--methods wanda-50 --recover-data " + testing::tinystories_val(), "for +recover and qat- methods"},
+           {"--methods wanda-50 --recover-data " + testing::tinystories_val(), "for +recover, qat- and kd- methods"},
            {"--methods wanda-2:5", "groups of 5"},
            // qat-TYPE: a type tern quantizes to, and a training text.
            {"--methods qat-q9_9", "--qat: unknown type 'q9_9'"},
-           {"--methods qat-q4_0", "--recover-data"}}) {
+           {"--methods qat-q4_0", "--recover-data"},
+           // kd-TERMS: a training text too.
+           {"--methods kd-feature", "--recover-data"},
+           {"--methods kd-magic", "unknown method 'kd-magic'"}}) {
     std::string o, e;
     const int rc = run_command(kTern + " compare -m " + model + " --ppl-file " + testing::tinystories_val() + " " + args,
                                &o, &e);
     EXPECT_NE(rc, 0) << args;
     EXPECT_NE((o + e).find(expect), std::string::npos) << args << "\n" << o << e;
   }
+}
+
+// tern compare's distillation rows: a half-depth student of the source trained from scratch with
+// each loss family on --recover-data, stored in f32 (fewer bytes than the source's f32: half the
+// layers), its perplexity measured like any other row's.
+TEST(CompareKd, RowsAreHalfDepthStudentsOfEachLoss) {
+  if (!std::filesystem::exists(testing::stories())) GTEST_SKIP() << "../shared not present";
+  const std::string json_out = temp_path("kd_rows.json");
+  std::string o, e;
+  const int rc = run_command(kTern + " compare -m " + testing::stories() + " --methods f32,kd-ce,kd-feature,kd-relation" +
+                                 " --recover-data " + testing::tinystories_train() + " --recover-tokens 4096 --ppl-file " +
+                                 testing::tinystories_val() + " --ctx 128 --ppl-chunks 2 --gen-tokens 4 --prompt-tokens 8 -t 2" +
+                                 " --json-out " + json_out,
+                             &o, &e);
+  ASSERT_EQ(rc, 0) << o << e;
+  const auto rows = nlohmann::json::parse(testing::read_file_bytes(json_out));
+  ASSERT_EQ(rows.size(), 4u) << rows.dump();
+  const double f32_bytes = rows[0]["weight_bytes"].get<double>();
+  for (size_t i = 1; i < rows.size(); ++i) {
+    EXPECT_FALSE(rows[i].contains("error")) << rows[i].dump();
+    EXPECT_LT(rows[i]["weight_bytes"].get<double>(), f32_bytes) << rows[i].dump();
+    EXPECT_TRUE(std::isfinite(rows[i]["ppl"].get<double>())) << rows[i].dump();
+  }
+  EXPECT_NE(rows[2].dump().find("feature=0.5"), std::string::npos) << rows[2].dump();
+  std::filesystem::remove(json_out);
 }
 
 }  // namespace

@@ -10,24 +10,12 @@
 #include "quant/quant_tern.h"
 #include "kernels/tern_int.h"
 #include "core/fp16.h"
+#include "quant_test_util.h"
 
 namespace tern {
 namespace {
 
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-std::vector<Isa> variants() {
-  std::vector<Isa> v;
-  for (Isa isa : kAllIsas)
-    if (isa_supported(isa)) v.push_back(isa);
-  return v;
-}
+using namespace tern::testing;
 
 struct Encoded {
   std::vector<uint8_t> bytes;
@@ -95,7 +83,7 @@ TEST_P(TernIntKernel, MatchesFloatReferenceOverRaggedShapes) {
       const Encoded e = encode(c.type, w, c.n_in, n_out, cols);
       const WeightView wv{c.type, c.n_in, n_out, e.bytes.data()};
       std::vector<float> y_ref_isa;
-      for (Isa isa : variants()) {
+      for (Isa isa : supported_isas()) {
         // Output rows padded (ldy > n_out) to check strides.
         const int64_t ldy = n_out + 3;
         std::vector<float> y(size_t(ldy * n_tok), -7.0f);
@@ -155,7 +143,7 @@ TEST(LlmInt8, AllColumnsIn16BitEqualsFloatUpTo16BitRounding) {
     for (size_t i = 0; i < wo.size(); ++i) wo[i] = f32_to_fp16(w[i]);
     std::vector<int8_t> wi8(size_t(n_in * n_out), 99);  // ignored: every column is 16-bit
     std::vector<float> dw(size_t(n_out), 0.5f);
-    for (Isa isa : variants()) {
+    for (Isa isa : supported_isas()) {
       std::vector<float> y(static_cast<size_t>(n_out * n_tok));
       llm_int8_matmul(isa, wi8.data(), dw.data(), cols.data(), n_in, wo.data(), n_in, n_out, x.data(), n_in, n_tok,
                       y.data(), n_out, pool);

@@ -13,41 +13,12 @@
 #include "kernels/matmul.h"
 #include "kernels/tern_int.h"
 #include "quant/quant_billm.h"
+#include "quant_test_util.h"
 
 namespace tern {
 namespace {
 
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-// Heavy tails (a normal times two exponentials), so that the encoder picks salient columns.
-std::vector<float> heavy(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd;
-  std::exponential_distribution<float> ed(1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng) * ed(rng) * ed(rng);
-  return v;
-}
-
-std::vector<float> decode_rows(DType t, const std::vector<uint8_t>& bytes, int64_t n_out, int64_t n_in) {
-  std::vector<float> v(size_t(n_out * n_in));
-  const int64_t rb = dtype_row_bytes(t, n_in);
-  for (int64_t o = 0; o < n_out; ++o) billm_decode(billm_format(t), bytes.data() + o * rb, v.data() + o * n_in, n_in);
-  return v;
-}
-
-std::vector<Isa> variants() {
-  std::vector<Isa> v;
-  for (Isa isa : kAllIsas)
-    if (isa_supported(isa)) v.push_back(isa);
-  return v;
-}
+using namespace tern::testing;
 
 // Every variant against the float product of the stored weights (bounded by the int8 rounding
 // of the activations per 32 columns) and against the reference variant (float order only).
@@ -64,7 +35,7 @@ TEST(BillmKernel, EveryVariantMatchesReferenceAndFloat) {
       const int64_t rb = dtype_row_bytes(t, n_in);
       std::vector<uint8_t> bytes(static_cast<size_t>(n_out * rb));
       for (int64_t o = 0; o < n_out; ++o) billm_encode_rtn(billm_format(t), w.data() + o * n_in, n_in, bytes.data() + o * rb);
-      const std::vector<float> deq = decode_rows(t, bytes, n_out, n_in);
+      const std::vector<float> deq = billm_decode_rows(t, bytes, n_out, n_in);
       int64_t n_sal = 0;
       for (int64_t o = 0; o < n_out; ++o)
         for (int64_t b = 0; b < n_in / g; ++b) {
@@ -92,7 +63,7 @@ TEST(BillmKernel, EveryVariantMatchesReferenceAndFloat) {
                 << dtype_name(t) << " n_in " << n_in << " token " << tk << " row " << o;
           }
         }
-        for (Isa isa : variants()) {
+        for (Isa isa : supported_isas()) {
           std::vector<float> y(size_t(n_tok * n_out));
           tern_int_matmul(isa, wv, x.data(), n_in, n_tok, y.data(), n_out, pool);
           for (size_t i = 0; i < y.size(); ++i)

@@ -34,7 +34,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -49,12 +48,9 @@ except ImportError as e:
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import train_torch_ref as R  # noqa: E402
+from train_torch_ref import KIND_TENSOR, MODEL, TERN, VAL, run  # noqa: E402
 from gguf_np import read_gguf  # noqa: E402
 
-SHARED = os.environ.get("TERN_SHARED_DIR", os.path.join(HERE, "../../../shared"))
-TERN = os.environ.get("TERN_BINARY", "tern")
-MODEL = os.path.join(SHARED, "models/stories260K.gguf")
-VAL = os.path.join(SHARED, "data/tinystories/tinystories_val.txt")
 N_DOCS = 120
 THREADS = "2"
 
@@ -63,16 +59,6 @@ LOSS_TOL = 1e-4
 CURVE_TOL = 1e-3
 GNORM_TOL = 1e-2
 FINAL_TOL = 1e-2
-
-KIND_TENSOR = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
-               "up": "ffn_up", "down": "ffn_down"}
-
-
-def run(cmd, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return r
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,9 +138,7 @@ def load_base(path, dtype):
 # data
 
 def write_text(path):
-    docs = R.split_documents(open(VAL, "rb").read())[:N_DOCS]
-    with open(path, "wb") as f:
-        f.write(b"\n\n".join(docs) + b"\n")
+    R.write_docs(path, N_DOCS)
 
 
 def write_jsonl(path):
@@ -199,12 +183,7 @@ def check_grads(label, model, data, targets, rank, alpha, T, B, d, windows_from_
     n_scored = int((mb[:, 1:] >= 0).sum())
     print(f"[grads {label}] {hp}; targets {targets}, rank {rank}, alpha {alpha}; batch {B} x {T}, "
           f"{n_scored} scored targets; {len(L)} adapted tensors")
-    fails = 0
-    tl = float(np.asarray(tg["train.loss"]).reshape(-1)[0])
-    rel = abs(tl - loss) / abs(loss)
-    ok = rel <= LOSS_TOL
-    fails += not ok
-    print(f"{'ok  ' if ok else 'FAIL'} [grads {label}] loss tern {tl:.8f} torch {loss:.8f} rel {rel:.3g}")
+    fails = R.check_dump_loss(f"grads {label}", tg, loss, LOSS_TOL)
     want = {}
     for base, (A, Bm) in L.items():
         want[base + ".lora_a"] = A.grad
@@ -335,16 +314,9 @@ def main():
     ap.add_argument("--only", choices=["grads", "curve"])
     ap.add_argument("--keep", help="work in this directory and keep its files")
     a = ap.parse_args()
-    if not os.path.exists(MODEL) or not os.path.exists(VAL):
-        print(f"SKIP: missing {MODEL} or {VAL}")
-        return 77
-    try:
-        h = subprocess.run([TERN, "finetune", "--help"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        print(f"SKIP: cannot run {TERN}: {e}")
-        return 77
-    if h.returncode != 0:
-        print(f"SKIP: `{TERN} finetune --help` failed (no finetune command)")
+    skip = R.skip_reason("finetune")
+    if skip:
+        print(f"SKIP: {skip}")
         return 77
     torch.set_num_threads(1)
     d = a.keep or tempfile.mkdtemp(prefix="tern_lora_oracle_")

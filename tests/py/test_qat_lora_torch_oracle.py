@@ -29,10 +29,7 @@ Exit:  0 passed, 1 failed, 77 skipped (no torch, no ../shared model, or no `tern
 """
 import argparse
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 try:
     import numpy as np
@@ -43,30 +40,14 @@ except ImportError as e:
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import test_qat_torch_oracle as Q  # noqa: E402  (its numpy quantizers)
+import test_qat_torch_oracle as Q  # noqa: E402  (its numpy quantizers and fresh model)
 import train_torch_ref as R  # noqa: E402
 from gguf_np import read_gguf, tensor_types  # noqa: E402
+from test_qat_torch_oracle import GRAD_TOL, LOSS_TOL, THREADS, B, T  # noqa: E402  (T: Q.make_init's context)
+from train_torch_ref import KIND_TENSOR, TERN, run  # noqa: E402
 
-SHARED = os.environ.get("TERN_SHARED_DIR", os.path.join(HERE, "../../../shared"))
-TERN = os.environ.get("TERN_BINARY", "tern")
-MODEL = os.path.join(SHARED, "models/stories260K.gguf")
-VAL = os.path.join(SHARED, "data/tinystories/tinystories_val.txt")
-THREADS = "2"
-T, B = 32, 3
 RANK, ALPHA = 4, 8.0
-GRAD_TOL = 1e-4
-LOSS_TOL = 1e-4
 MERGE_TOL = 1e-6
-
-KIND_TENSOR = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
-               "up": "ffn_up", "down": "ffn_down"}
-
-
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return r
 
 
 def target_names(targets, n_layer):
@@ -170,11 +151,7 @@ def check(label, qat, lsq, targets, init, data, d):
         return fails + 1
     loss = R.loss_fn(hp, Pq, mb)
     loss.backward()
-    tl = float(np.asarray(tg["train.loss"]).reshape(-1)[0])
-    rel = abs(tl - loss.item()) / abs(loss.item())
-    ok = rel <= LOSS_TOL
-    fails += not ok
-    print(f"{'ok  ' if ok else 'FAIL'} [{label}] loss tern {tl:.8f} torch {loss.item():.8f} rel {rel:.3g}")
+    fails += R.check_dump_loss(label, tg, loss.item(), LOSS_TOL)
     worst = 0.0
     for n, (A, Bm) in leaves.items():
         for suffix, leaf in ((".lora_a", A), (".lora_b", Bm)):
@@ -223,33 +200,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--keep", help="keep the work files here")
     args = ap.parse_args()
-    if not os.path.exists(MODEL) or not os.path.exists(VAL):
-        print(f"SKIP: {MODEL} or {VAL} missing")
+    skip = R.skip_reason("finetune")
+    if skip:
+        print(f"SKIP: {skip}")
         return 77
-    if shutil.which(TERN) is None and not os.path.exists(TERN):
-        print(f"SKIP: no tern binary at {TERN}")
-        return 77
-    d = args.keep or tempfile.mkdtemp(prefix="tern_qat_lora_")
-    os.makedirs(d, exist_ok=True)
-    fails = 0
-    try:
-        data = os.path.join(d, "data.txt")
-        docs = R.split_documents(open(VAL, "rb").read())[:60]
-        with open(data, "wb") as f:
-            f.write(b"\n\n".join(docs) + b"\n")
-        init = os.path.join(d, "init.gguf")
-        run([TERN, "train", "--vocab-from", MODEL, "--n-embd", "256", "--n-layer", "2", "--n-head", "4",
-             "--n-head-kv", "2", "--n-ff", "512", "--ctx", str(T), "--steps", "0", "--seed", "7", "-t", THREADS,
-             "--data", data, "-o", init, "-q"])
-        for label, qat, lsq, targets in (("q4_0", "q4_0", False, "q,k,v,o,gate,up,down"),
-                                         ("q8_0", "q8_0", False, "q,v,down,output"),
-                                         ("lsq-q4_0", "q4_0", True, "q,k,v,o,gate,up,down")):
-            fails += check(label, qat, lsq, targets, init, data, d)
-    finally:
-        if not args.keep:
-            shutil.rmtree(d, ignore_errors=True)
-    print("PASS" if fails == 0 else f"FAILED: {fails}")
-    return 0 if fails == 0 else 1
+
+    def body(d):
+        data, init = Q.make_init(d, 2)
+        return sum(check(label, qat, lsq, targets, init, data, d)
+                   for label, qat, lsq, targets in (("q4_0", "q4_0", False, "q,k,v,o,gate,up,down"),
+                                                    ("q8_0", "q8_0", False, "q,v,down,output"),
+                                                    ("lsq-q4_0", "q4_0", True, "q,k,v,o,gate,up,down")))
+    return R.run_in_workdir(args.keep, "tern_qat_lora_", body)
 
 
 if __name__ == "__main__":

@@ -35,10 +35,7 @@ Exit:  0 passed, 1 failed, 77 skipped (no torch, no ../shared model, or no `tern
 """
 import argparse
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 try:
     import numpy as np
@@ -50,23 +47,13 @@ except ImportError as e:
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import train_torch_ref as R  # noqa: E402
+from train_torch_ref import TERN, run  # noqa: E402
 from gguf_np import read_gguf  # noqa: E402
 
-SHARED = os.environ.get("TERN_SHARED_DIR", os.path.join(HERE, "../../../shared"))
-TERN = os.environ.get("TERN_BINARY", "tern")
-MODEL = os.path.join(SHARED, "models/stories260K.gguf")
-VAL = os.path.join(SHARED, "data/tinystories/tinystories_val.txt")
 THREADS = "2"
 T, B = 32, 3
 GRAD_TOL = 1e-4
 LOSS_TOL = 1e-4
-
-
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return r
 
 
 def f16(x):
@@ -170,11 +157,7 @@ def check(qat, init, data, d):
             P[n].copy_(torch.tensor(wt, dtype=torch.float64))
     windows = R.make_windows(R.token_stream(TERN, init, open(data, "rb").read()), T)
     loss, G = R.grads(hp, P, R.micro_batch(windows, 0, B))
-    tl = float(np.asarray(tg["train.loss"]).reshape(-1)[0])
-    rel = abs(tl - loss) / abs(loss)
-    ok = rel <= LOSS_TOL
-    fails += not ok
-    print(f"{'ok  ' if ok else 'FAIL'} [{qat}] loss tern {tl:.8f} torch {loss:.8f} rel {rel:.3g}")
+    fails += R.check_dump_loss(qat, tg, loss, LOSS_TOL)
     worst = 0.0
     for n, g in G.items():
         gt = g.numpy()
@@ -269,11 +252,7 @@ def check_lsq(qat, init, data, d):
     windows = R.make_windows(R.token_stream(TERN, init, open(data, "rb").read()), T)
     loss = R.loss_fn(hp, Pq, R.micro_batch(windows, 0, B))
     loss.backward()
-    tl = float(np.asarray(tg["train.loss"]).reshape(-1)[0])
-    rel = abs(tl - loss.item()) / abs(loss.item())
-    ok = rel <= LOSS_TOL
-    fails += not ok
-    print(f"{'ok  ' if ok else 'FAIL'} [lsq {qat}] loss tern {tl:.8f} torch {loss.item():.8f} rel {rel:.3g}")
+    fails += R.check_dump_loss(f"lsq {qat}", tg, loss.item(), LOSS_TOL)
     g_scale = 1.0 / np.sqrt(group * qmax)
     worst_w = worst_s = 0.0
     for n, (wl, sl, _) in lsq_leaves.items():
@@ -325,36 +304,34 @@ def check_lsq(qat, init, data, d):
     return fails
 
 
+def make_init(d, n_layer):
+    """The oracles' data (60 documents) and fresh model (n_embd 256, N_LAYER layers, 4 heads, 2 kv
+    heads, n_ff 512, stories260K's vocabulary: rows that fit every block size) in d -> (data, init)."""
+    data = os.path.join(d, "data.txt")
+    R.write_docs(data, 60)
+    init = os.path.join(d, "init.gguf")
+    run([TERN, "train", "--vocab-from", R.MODEL, "--n-embd", "256", "--n-layer", str(n_layer), "--n-head", "4",
+         "--n-head-kv", "2", "--n-ff", "512", "--ctx", str(T), "--steps", "0", "--seed", "7", "-t", THREADS,
+         "--data", data, "-o", init, "-q"])
+    return data, init
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--keep", help="keep the work files here")
     ap.add_argument("--only", help="comma-separated subset of q8_0,q4_0,ternary,lsq-q4_0,lsq-ternary")
     args = ap.parse_args()
-    if not os.path.exists(MODEL) or not os.path.exists(VAL):
-        print(f"SKIP: {MODEL} or {VAL} missing")
+    skip = R.skip_reason("train")
+    if skip:
+        print(f"SKIP: {skip}")
         return 77
-    if shutil.which(TERN) is None and not os.path.exists(TERN):
-        print(f"SKIP: no tern binary at {TERN}")
-        return 77
-    d = args.keep or tempfile.mkdtemp(prefix="tern_qat_")
-    os.makedirs(d, exist_ok=True)
-    try:
-        data = os.path.join(d, "data.txt")
-        docs = R.split_documents(open(VAL, "rb").read())[:60]
-        with open(data, "wb") as f:
-            f.write(b"\n\n".join(docs) + b"\n")
-        init = os.path.join(d, "init.gguf")
-        run([TERN, "train", "--vocab-from", MODEL, "--n-embd", "256", "--n-layer", "1", "--n-head", "4",
-             "--n-head-kv", "2", "--n-ff", "512", "--ctx", str(T), "--steps", "0", "--seed", "7", "-t", THREADS,
-             "--data", data, "-o", init, "-q"])
-        types = args.only.split(",") if args.only else ["q8_0", "q4_0", "ternary", "lsq-q4_0", "lsq-ternary"]
-        fails = sum(check_lsq(q[4:], init, data, d) if q.startswith("lsq-") else check(q, init, data, d)
-                    for q in types)
-    finally:
-        if not args.keep:
-            shutil.rmtree(d, ignore_errors=True)
-    print("PASS" if fails == 0 else f"FAILED: {fails}")
-    return 0 if fails == 0 else 1
+    types = args.only.split(",") if args.only else ["q8_0", "q4_0", "ternary", "lsq-q4_0", "lsq-ternary"]
+
+    def body(d):
+        data, init = make_init(d, 1)
+        return sum(check_lsq(q[4:], init, data, d) if q.startswith("lsq-") else check(q, init, data, d)
+                   for q in types)
+    return R.run_in_workdir(args.keep, "tern_qat_", body)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -48,12 +47,9 @@ except ImportError as e:
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import train_torch_ref as R  # noqa: E402
+from train_torch_ref import MODEL, TERN, run  # noqa: E402
 from gguf_np import read_gguf  # noqa: E402
 
-SHARED = os.environ.get("TERN_SHARED_DIR", os.path.join(HERE, "../../../shared"))
-TERN = os.environ.get("TERN_BINARY", "tern")
-MODEL = os.path.join(SHARED, "models/stories260K.gguf")
-VAL = os.path.join(SHARED, "data/tinystories/tinystories_val.txt")
 N_DOCS = 120  # blank-line-separated paragraphs: about 40 stories
 THREADS = "2"
 
@@ -64,17 +60,8 @@ GNORM_TOL = 1e-2
 FINAL_TOL = 1e-2
 
 
-def run(cmd, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return r
-
-
 def write_data(path):
-    docs = R.split_documents(open(VAL, "rb").read())[:N_DOCS]
-    with open(path, "wb") as f:
-        f.write(b"\n\n".join(docs) + b"\n")
+    R.write_docs(path, N_DOCS)
 
 
 def windows_for(model, data, T):
@@ -97,11 +84,7 @@ def check_grads(label, model, data, T, B, d):
         print(f"FAIL [grads {label}] no train.loss tensor in {out}")
         fails += 1
     else:
-        tl = float(np.asarray(tg["train.loss"]).reshape(-1)[0])
-        rel = abs(tl - loss) / abs(loss)
-        ok = rel <= LOSS_TOL_A
-        fails += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} [grads {label}] loss tern {tl:.8f} torch {loss:.8f} rel {rel:.3g}")
+        fails += R.check_dump_loss(f"grads {label}", tg, loss, LOSS_TOL_A)
     extra = sorted(set(tg) - set(G) - {"train.loss"})
     missing = sorted(set(G) - set(tg))
     if extra or missing:
@@ -314,16 +297,9 @@ def main():
     ap.add_argument("--keep", help="work in this directory and keep its files")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     a = ap.parse_args()
-    if not os.path.exists(MODEL) or not os.path.exists(VAL):
-        print(f"SKIP: missing {MODEL} or {VAL}")
-        return 77
-    try:
-        h = subprocess.run([TERN, "train", "--help"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        print(f"SKIP: cannot run {TERN}: {e}")
-        return 77
-    if h.returncode != 0:
-        print(f"SKIP: `{TERN} train --help` failed (no train command yet)")
+    skip = R.skip_reason("train")
+    if skip:
+        print(f"SKIP: {skip}")
         return 77
     torch.set_num_threads(1)  # robust on a loaded 2-core machine (OpenMP spinning); tern gets -t 2
     d = a.keep or tempfile.mkdtemp(prefix="tern_train_oracle_")

@@ -23,6 +23,7 @@ Self-checks:  /usr/bin/python3 tests/py/train_torch_ref.py [--tern build/release
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -306,6 +307,71 @@ def micro_batch(windows, m, B):
     """--no-shuffle order: micro-batch m holds windows (m*B + b) % n_windows."""
     n = windows.shape[0]
     return windows[[(m * B + b) % n for b in range(B)]]
+
+
+# ----------------------------------------------------------------------------------------------
+# what the oracles (tests/py/test_*_torch_oracle.py) share: paths, running tern, data, skipping
+
+SHARED = os.environ.get("TERN_SHARED_DIR", os.path.join(HERE, "../../../shared"))
+TERN = os.environ.get("TERN_BINARY", "tern")
+MODEL = os.path.join(SHARED, "models/stories260K.gguf")
+VAL = os.path.join(SHARED, "data/tinystories/tinystories_val.txt")
+
+# `--targets` kinds -> the per-layer tensor names they adapt
+KIND_TENSOR = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
+               "up": "ffn_up", "down": "ffn_down"}
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r
+
+
+def write_docs(path, n_docs):
+    """The first n_docs blank-line-separated documents of VAL, blank-line-separated, into path."""
+    docs = split_documents(open(VAL, "rb").read())[:n_docs]
+    with open(path, "wb") as f:
+        f.write(b"\n\n".join(docs) + b"\n")
+
+
+def skip_reason(command):
+    """Why an oracle of `tern COMMAND` must skip (no ../shared model or data, no tern, no such
+    command), or None."""
+    if not os.path.exists(MODEL) or not os.path.exists(VAL):
+        return f"missing {MODEL} or {VAL}"
+    try:
+        h = subprocess.run([TERN, command, "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot run {TERN}: {e}"
+    if h.returncode != 0:
+        return f"`{TERN} {command} --help` failed (no {command} command)"
+    return None
+
+
+def check_dump_loss(tag, tg, loss, tol):
+    """tern's train.loss in the --dump-grads file tg against torch's loss (a float), printed with
+    `tag`: -> failures (0 or 1, beyond `tol` relative)."""
+    tl = float(np.asarray(tg["train.loss"]).reshape(-1)[0])
+    rel = abs(tl - loss) / abs(loss)
+    ok = rel <= tol
+    print(f"{'ok  ' if ok else 'FAIL'} [{tag}] loss tern {tl:.8f} torch {loss:.8f} rel {rel:.3g}")
+    return int(not ok)
+
+
+def run_in_workdir(keep, prefix, body):
+    """body(d) -> failures, in `keep` or else a fresh temporary directory (removed after); prints
+    PASS or FAILED: N -> the exit code (0 or 1)."""
+    d = keep or tempfile.mkdtemp(prefix=prefix)
+    os.makedirs(d, exist_ok=True)
+    try:
+        fails = body(d)
+    finally:
+        if not keep:
+            shutil.rmtree(d, ignore_errors=True)
+    print("PASS" if fails == 0 else f"FAILED: {fails}")
+    return 0 if fails == 0 else 1
 
 
 # ----------------------------------------------------------------------------------------------

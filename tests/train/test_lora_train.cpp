@@ -33,6 +33,7 @@ namespace fs = std::filesystem;
 const std::vector<LoraKind> kAllKinds = {LoraKind::Q,    LoraKind::K,  LoraKind::V,    LoraKind::O,
                                          LoraKind::Gate, LoraKind::Up, LoraKind::Down, LoraKind::Output};
 
+using tern::testing::json_lines;
 using tern::testing::random_windows;
 using tern::testing::test_model;
 using tern::testing::tiny_shape;
@@ -241,36 +242,11 @@ TEST(LoraTrain, TableAndErrors) {
   EXPECT_NE(err([&] { make_lora(s, {LoraKind::Output}, 2, 1.0f); }).find("tied"), std::string::npos);
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("tern_lora_test_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string write_vocab(const TempDir& dir) {
-  GgufWriter w(3);
-  add_generated_vocab(w, 300);
-  const std::string p = dir.file("vocab.gguf");
-  w.write(p);
-  return p;
-}
+using TempDir = testing::TrainTempDir;
+using testing::write_train_text;
+using testing::write_train_vocab;
 
 const char* kWords[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "home", "big", "red"};
-
-std::string write_text(const TempDir& dir, const std::string& name, int n_docs, uint32_t seed) {
-  std::ofstream out(dir.file(name));
-  std::mt19937 rng(seed);
-  for (int d = 0; d < n_docs; ++d) {
-    for (int i = 0; i < 30; ++i) out << kWords[rng() % 12] << (i % 10 == 9 ? ".\n" : " ");
-    out << "\n\n";
-  }
-  return dir.file(name);
-}
 
 // Prompt "X Y Z" -> completion: the same words reversed (a rule the adapter can learn).
 std::string write_jsonl(const TempDir& dir, const std::string& name, int n, uint32_t seed) {
@@ -323,7 +299,7 @@ TEST(LoraData, ExamplesArePackedWholeWithOnlyTheCompletionScored) {
 
 TEST(LoraData, PromptIsTheCommonPrefixOfTheTokenizations) {
   TempDir dir;
-  const GgufFile vocab = GgufFile::open(write_vocab(dir));
+  const GgufFile vocab = GgufFile::open(write_train_vocab(dir));
   const auto tok = Tokenizer::from_gguf(vocab);
   const Example ex = make_example(*tok, "the cat =", " mat sat", true);
   const std::vector<int32_t> p = tok->encode("the cat =", true, false);
@@ -338,7 +314,7 @@ TEST(LoraData, PromptIsTheCommonPrefixOfTheTokenizations) {
 
 TEST(LoraData, BadJsonlNamesTheFileAndLine) {
   TempDir dir;
-  const GgufFile vocab = GgufFile::open(write_vocab(dir));
+  const GgufFile vocab = GgufFile::open(write_train_vocab(dir));
   const auto tok = Tokenizer::from_gguf(vocab);
   struct Case {
     std::string text, expect;
@@ -376,9 +352,9 @@ TEST(LoraData, BadJsonlNamesTheFileAndLine) {
 // dropout and gradient accumulation, so the masks and data order must follow the step).
 TEST(LoraTrain, ResumeContinuesTheRunBitForBit) {
   TempDir dir;
-  const GgufFile vocab = GgufFile::open(write_vocab(dir));
+  const GgufFile vocab = GgufFile::open(write_train_vocab(dir));
   const auto tok = Tokenizer::from_gguf(vocab);
-  const TokenStream data = tokenize_text(testing::read_file_bytes(write_text(dir, "data.txt", 12, 12)), *tok, false);
+  const TokenStream data = tokenize_text(testing::read_file_bytes(write_train_text(dir, "data.txt", 12, 12)), *tok, false);
   ModelShape s = tiny_shape(tok->n_vocab());
   s.n_embd = 16;
   s.n_head = 4;
@@ -387,13 +363,7 @@ TEST(LoraTrain, ResumeContinuesTheRunBitForBit) {
   s.n_ctx_train = 16;
   TrainModel base = init_model(s, 1);
   const std::vector<float> base_before = base.data;
-  TrainConfig cfg;
-  cfg.n_seq = 2;
-  cfg.n_ctx = 16;
-  cfg.grad_accum = 2;
-  cfg.steps = 8;
-  cfg.seed = 3;
-  cfg.opt.lr = 1e-2f;
+  TrainConfig cfg = testing::resume_test_config(1e-2f);
   cfg.opt.min_lr = 1e-3f;
   cfg.opt.warmup = 2;
   cfg.opt.weight_decay = 0.01f;
@@ -457,29 +427,16 @@ class FinetuneCli : public ::testing::Test {
   TempDir dir;
   std::string base, data, val, jsonl, jsonl_val;
   void SetUp() override {
-    const GgufFile vocab = GgufFile::open(write_vocab(dir));
-    ModelShape s = tiny_shape(300);
-    s.n_embd = 32;
-    s.n_head = 4;
-    s.n_head_kv = 2;
-    s.n_ff = 64;
-    s.n_ctx_train = 64;
+    const GgufFile vocab = GgufFile::open(write_train_vocab(dir));
     base = dir.file("base.gguf");
-    save_model(init_model(s, 2), vocab, base);
-    data = write_text(dir, "data.txt", 20, 1);
-    val = write_text(dir, "val.txt", 6, 2);
+    save_model(init_model(testing::shape32(300), 2), vocab, base);
+    data = write_train_text(dir, "data.txt", 20, 1);
+    val = write_train_text(dir, "val.txt", 6, 2);
     jsonl = write_jsonl(dir, "train.jsonl", 200, 3);
     jsonl_val = write_jsonl(dir, "val.jsonl", 40, 4);
   }
   int finetune(const std::string& args, std::string* out, std::string* err) {
     return testing::run_command(std::string(TERN_BINARY) + " finetune " + args, out, err);
-  }
-  static std::vector<nlohmann::json> json_lines(const std::string& out) {
-    std::vector<nlohmann::json> v;
-    std::istringstream lines(out);
-    for (std::string line; std::getline(lines, line);)
-      if (!line.empty() && line[0] == '{') v.push_back(nlohmann::json::parse(line));
-    return v;
   }
 };
 
@@ -525,16 +482,10 @@ TEST_F(FinetuneCli, ResumeContinuesTheRunBitForBit) {
   std::string out, err;
   const std::string common = "--lora -m " + base + " --data " + jsonl + " --rank 4 --alpha 4 --dropout 0.1 --steps 6 "
                              "--lr 1e-2 --ctx 32 --batch 2 --grad-accum 2 -t 2 --json -q ";
-  ASSERT_EQ(finetune(common + "-o " + dir.file("whole.gguf"), &out, &err), 0) << err;
-  const auto whole = json_lines(out);
-  ASSERT_EQ(finetune(common + "--stop-after 3 -o " + dir.file("part.gguf"), &out, &err), 0) << err;
-  ASSERT_EQ(finetune(common + "--resume -o " + dir.file("part.gguf"), &out, &err), 0) << err;
-  const auto second = json_lines(out);
   std::vector<double> a, b;
-  for (const auto& j : whole)
-    if (j.contains("step") && j["step"].get<int>() > 3) a.push_back(j["loss"].get<double>());
-  for (const auto& j : second)
-    if (j.contains("step")) b.push_back(j["loss"].get<double>());
+  ASSERT_NO_FATAL_FAILURE(testing::run_whole_and_resumed(
+      [&](const std::string& args, std::string* o, std::string* e) { return finetune(args, o, e); }, common, dir, &a,
+      &b));
   EXPECT_EQ(a, b);
   const auto x = LoraAdapter::load(dir.file("whole.gguf")), y = LoraAdapter::load(dir.file("part.gguf"));
   ASSERT_EQ(x->pairs().size(), y->pairs().size());

@@ -33,24 +33,10 @@ std::vector<float> random_row(int64_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-ModelShape qat_shape(int64_t n_vocab) {
-  ModelShape s;
-  s.n_vocab = n_vocab;
-  s.n_embd = 32;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.n_head_kv = 2;
-  s.n_ff = 64;
-  s.n_ctx_train = 16;
-  return s;
-}
+// The 32-wide model at 16 tokens of context.
+ModelShape qat_shape(int64_t n_vocab) { return testing::shape32(n_vocab, 16); }
 
-// Every matrix in `type`, the norms f32.
-std::vector<DType> all_matrices(const TrainModel& m, DType type) {
-  std::vector<DType> t;
-  for (const ParamInfo& p : m.params) t.push_back(p.ne.size() == 2 ? type : DType::F32);
-  return t;
-}
+using testing::all_matrices;
 
 TEST(Qat, ForwardWeightsAreTheCodecsRoundTripBitForBit) {
   for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q2_K, DType::Q3_K, DType::Q4_K,

@@ -34,17 +34,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-ModelShape shape32(int64_t n_vocab) {
-  ModelShape s;
-  s.n_vocab = n_vocab;
-  s.n_embd = 32;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.n_head_kv = 2;
-  s.n_ff = 64;
-  s.n_ctx_train = 64;
-  return s;
-}
+using testing::all_matrices;
+using testing::json_lines;
+using testing::shape32;
 
 const std::vector<LoraKind> kAllKinds = {LoraKind::Q,    LoraKind::K,  LoraKind::V,    LoraKind::O,
                                          LoraKind::Gate, LoraKind::Up, LoraKind::Down, LoraKind::Output};
@@ -55,13 +47,6 @@ LoraWeights random_lora(const ModelShape& s, int64_t rank, float alpha, uint32_t
   std::normal_distribution<float> d(0.0f, 0.3f);
   for (float& v : l.data) v = d(rng);
   return l;
-}
-
-// Every matrix in `type`, the norms f32.
-std::vector<DType> all_matrices(const TrainModel& m, DType type) {
-  std::vector<DType> t;
-  for (const ParamInfo& p : m.params) t.push_back(p.ne.size() == 2 ? type : DType::F32);
-  return t;
 }
 
 TEST(QatLora, MergeAndChainRuleAreTheAdaptersProducts) {
@@ -173,13 +158,7 @@ struct QatLoraRun {
 TEST(QatLora, TrainsTheQuantizedMergedModelAndResumesBitForBitUnderTheSameQuantizerOnly) {
   QatLoraRun r;
   const std::vector<float> base_before = r.base.data;
-  TrainConfig cfg;
-  cfg.n_seq = 2;
-  cfg.n_ctx = 16;
-  cfg.grad_accum = 2;
-  cfg.steps = 8;
-  cfg.seed = 3;
-  cfg.opt.lr = 2e-2f;
+  TrainConfig cfg = testing::resume_test_config(2e-2f);
   cfg.opt.warmup = 1;
   cfg.opt.weight_decay = 0.0f;
   ThreadPool pool(2);
@@ -304,13 +283,6 @@ class FinetuneQatCli : public ::testing::Test {
   int finetune(const std::string& args, std::string* out, std::string* err) {
     return testing::run_command(std::string(TERN_BINARY) + " finetune --lora " + args, out, err);
   }
-  static std::vector<nlohmann::json> json_lines(const std::string& out) {
-    std::vector<nlohmann::json> v;
-    std::istringstream lines(out);
-    for (std::string line; std::getline(lines, line);)
-      if (!line.empty() && line[0] == '{') v.push_back(nlohmann::json::parse(line));
-    return v;
-  }
 };
 
 TEST_F(FinetuneQatCli, TrainsAndTheExportDecodesToTheForwardsWeightsBitForBit) {
@@ -375,16 +347,10 @@ TEST_F(FinetuneQatCli, ResumeContinuesTheRunAndTheExportBitForBit) {
   std::string out, err;
   const std::string common = "-m " + base + " --data " + data + " --qat q4_0 --qat-lsq --rank 4 --alpha 4 --steps 6 "
                              "--lr 1e-2 --ctx 32 --batch 2 --grad-accum 2 -t 2 --json -q ";
-  ASSERT_EQ(finetune(common + "-o " + dir.file("whole.gguf"), &out, &err), 0) << err;
-  const auto whole = json_lines(out);
-  ASSERT_EQ(finetune(common + "--stop-after 3 -o " + dir.file("part.gguf"), &out, &err), 0) << err;
-  ASSERT_EQ(finetune(common + "--resume -o " + dir.file("part.gguf"), &out, &err), 0) << err;
-  const auto second = json_lines(out);
   std::vector<double> a, b;
-  for (const auto& j : whole)
-    if (j.contains("step") && j["step"].get<int>() > 3) a.push_back(j["loss"].get<double>());
-  for (const auto& j : second)
-    if (j.contains("step")) b.push_back(j["loss"].get<double>());
+  ASSERT_NO_FATAL_FAILURE(testing::run_whole_and_resumed(
+      [&](const std::string& args, std::string* o, std::string* e) { return finetune(args, o, e); }, common, dir, &a,
+      &b));
   EXPECT_EQ(a.size(), 3u);
   EXPECT_EQ(a, b);
   // The exports (with the base's metadata) are the same bytes.

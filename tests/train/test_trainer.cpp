@@ -214,13 +214,7 @@ TEST(Trainer, ResumeContinuesTheRunBitForBit) {
   s.n_head_kv = 2;
   s.n_ff = 24;
   s.n_ctx_train = 16;
-  TrainConfig cfg;
-  cfg.n_seq = 2;
-  cfg.n_ctx = 16;
-  cfg.grad_accum = 2;
-  cfg.steps = 8;
-  cfg.seed = 3;
-  cfg.opt.lr = 1e-2f;
+  TrainConfig cfg = testing::resume_test_config(1e-2f);
   cfg.opt.min_lr = 1e-3f;
   cfg.opt.warmup = 2;
   ThreadPool pool(2);

@@ -1,32 +1,74 @@
 #pragma once
 // What the training tests share: a tiny model shape, random token windows, and a model whose
 // weights are large enough that every gradient is far from zero.
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "gguf/gguf.h"
 #include "models/synth.h"
 #include "train/model.h"
+#include "train/trainer.h"
 
 namespace tern::testing {
 
-inline train::ModelShape tiny_shape(int64_t n_vocab = 11) {
+inline train::ModelShape model_shape(int64_t n_vocab, int64_t n_embd, int64_t n_layer, int64_t n_head,
+                                     int64_t n_head_kv, int64_t n_ff, int64_t n_ctx_train) {
   train::ModelShape s;
   s.n_vocab = n_vocab;
-  s.n_embd = 12;
-  s.n_layer = 2;
-  s.n_head = 3;
-  s.n_head_kv = 1;
-  s.n_ff = 20;
-  s.n_ctx_train = 8;
+  s.n_embd = n_embd;
+  s.n_layer = n_layer;
+  s.n_head = n_head;
+  s.n_head_kv = n_head_kv;
+  s.n_ff = n_ff;
+  s.n_ctx_train = n_ctx_train;
   return s;
+}
+
+inline train::ModelShape tiny_shape(int64_t n_vocab = 11) { return model_shape(n_vocab, 12, 2, 3, 1, 20, 8); }
+
+// The 32-wide model of the QAT and LoRA tests (2 layers, 4 heads, 2 kv heads, n_ff 64): its
+// rows fit 32-weight blocks.
+inline train::ModelShape shape32(int64_t n_vocab, int64_t n_ctx_train = 64) {
+  return model_shape(n_vocab, 32, 2, 4, 2, 64, n_ctx_train);
+}
+
+// Every matrix in `type`, the norms f32.
+inline std::vector<DType> all_matrices(const train::TrainModel& m, DType type) {
+  std::vector<DType> t;
+  for (const train::ParamInfo& p : m.params) t.push_back(p.ne.size() == 2 ? type : DType::F32);
+  return t;
+}
+
+// The resume tests' run: 8 steps of 2 sequences of 16 tokens, 2 micro-batches a step, seed 3.
+inline train::TrainConfig resume_test_config(float lr) {
+  train::TrainConfig cfg;
+  cfg.n_seq = 2;
+  cfg.n_ctx = 16;
+  cfg.grad_accum = 2;
+  cfg.steps = 8;
+  cfg.seed = 3;
+  cfg.opt.lr = lr;
+  return cfg;
+}
+
+// The JSON objects among a command's output lines (`--json`).
+inline std::vector<nlohmann::json> json_lines(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '{') v.push_back(nlohmann::json::parse(line));
+  return v;
 }
 
 inline std::vector<int32_t> random_windows(int64_t n_seq, int64_t n_ctx, int64_t n_vocab, uint32_t seed) {
@@ -99,6 +141,28 @@ inline std::string write_train_text(const TrainTempDir& dir, const std::string& 
     out << "\n\n";
   }
   return dir.file(name);
+}
+
+// The losses of a --json run's steps after `after_step`.
+inline std::vector<double> step_losses(const std::vector<nlohmann::json>& lines, int after_step = -1) {
+  std::vector<double> v;
+  for (const auto& j : lines)
+    if (j.contains("step") && j["step"].get<int>() > after_step) v.push_back(j["loss"].get<double>());
+  return v;
+}
+
+// The resume tests of a training command: run(args, &out, &err) must exit 0 with `common` (which
+// holds --json) and -o DIR/whole.gguf, then with --stop-after 3 and -o DIR/part.gguf, then with
+// --resume of part.gguf. *whole: the whole run's losses of steps 4 on; *resumed: the resumed run's.
+template <class Run>
+void run_whole_and_resumed(Run&& run, const std::string& common, const TrainTempDir& dir, std::vector<double>* whole,
+                           std::vector<double>* resumed) {
+  std::string out, err;
+  ASSERT_EQ(run(common + "-o " + dir.file("whole.gguf"), &out, &err), 0) << err;
+  *whole = step_losses(json_lines(out), 3);
+  ASSERT_EQ(run(common + "--stop-after 3 -o " + dir.file("part.gguf"), &out, &err), 0) << err;
+  ASSERT_EQ(run(common + "--resume -o " + dir.file("part.gguf"), &out, &err), 0) << err;
+  *resumed = step_losses(json_lines(out));
 }
 
 }  // namespace tern::testing

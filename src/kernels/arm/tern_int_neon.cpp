@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/tern_int.h"
+#include "kernels/tern_int_rows.h"
 #include "quant/quant_tern.h"
 
 namespace tern::kern {
@@ -43,15 +44,9 @@ void i8_dots_nt(const int8_t* w, int64_t n_in, const uint8_t* xu, int64_t stride
 }
 
 void i8_dots(const int8_t* w, int64_t n_in, const uint8_t* xu, int64_t stride, int64_t n_tok, int32_t* out) {
-  for (int64_t t = 0; t < n_tok; t += 4) {
-    const uint8_t* x = xu + t * stride;
-    switch (n_tok - t >= 4 ? 4 : n_tok - t) {
-      case 4: i8_dots_nt<4>(w, n_in, x, stride, out + t); break;
-      case 3: i8_dots_nt<3>(w, n_in, x, stride, out + t); break;
-      case 2: i8_dots_nt<2>(w, n_in, x, stride, out + t); break;
-      default: i8_dots_nt<1>(w, n_in, x, stride, out + t); break;
-    }
-  }
+  by_four_tokens(n_tok, [&](auto nt, int64_t t) {
+    i8_dots_nt<decltype(nt)::value>(w, n_in, xu + t * stride, stride, out + t);
+  });
 }
 
 // One TQ group's quants as G/16 vectors of 16 u8 values (element order).
@@ -121,15 +116,9 @@ void tq_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stri
 template <int BITS, int G>
 void tq_dots_bg(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs,
                 int64_t n_tok, float* out) {
-  for (int64_t t = 0; t < n_tok; t += 4) {
-    const uint8_t* a = act + t * stride;
-    switch (n_tok - t >= 4 ? 4 : n_tok - t) {
-      case 4: tq_dots_nt<BITS, G, 4>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-      case 3: tq_dots_nt<BITS, G, 3>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-      case 2: tq_dots_nt<BITS, G, 2>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-      default: tq_dots_nt<BITS, G, 1>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-    }
-  }
+  by_four_tokens(n_tok, [&](auto nt, int64_t t) {
+    tq_dots_nt<BITS, G, decltype(nt)::value>(w, n_in, act + t * stride, stride, off_dxv, off_xs, out + t);
+  });
 }
 
 void tq_dots(const uint8_t* w, int bits, int group, int64_t n_in, const uint8_t* act, int64_t stride,
@@ -164,23 +153,15 @@ inline uint8x16_t bits_to_bytes(const uint8_t* p) {
 // columns' two signs; pairwise widening adds keep them exact.
 template <int G, int NT>
 void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, float* out) {
-  constexpr int64_t kBlockBytes = G / 4 + 8 + G / 32;
   float acc[NT];
   for (int i = 0; i < NT; ++i) acc[i] = 0.0f;
   for (int64_t g = 0; g < n_in / G; ++g) {
-    const uint8_t* blk = w + g * kBlockBytes;
-    uint16_t h[4];
-    std::memcpy(h, blk + G / 4, 8);
-    const float a_c = f16_bits_to_f32(h[0]), a_s = f16_bits_to_f32(h[1]);
-    const float a_1 = f16_bits_to_f32(h[2]), a_2 = f16_bits_to_f32(h[3]);
-    const uint8_t* idx = blk + G / 4 + 8;
-    uint8_t sb[G / 8] = {};  // the salient flags as a plane
-    for (int i = 0; i < G / 32 && idx[i] < G; ++i) sb[idx[i] / 8] |= uint8_t(1u << (idx[i] % 8));
+    const auto bw = billm_words<G, uint8_t>(w + g * kBillmBlockBytes<G>, f16_bits_to_f32);
     uint8x16_t neg[G / 16], sel[G / 16], sal[G / 16];
     for (int c = 0; c < G / 16; ++c) {
-      neg[c] = bits_to_bytes(blk + 2 * c);
-      sel[c] = bits_to_bytes(blk + G / 8 + 2 * c);
-      sal[c] = bits_to_bytes(sb + 2 * c);
+      neg[c] = bits_to_bytes(bw.sgn + 2 * c);
+      sel[c] = bits_to_bytes(bw.sel + 2 * c);
+      sal[c] = bits_to_bytes(bw.sal + 2 * c);
     }
     for (int i = 0; i < NT; ++i) {
       const uint8_t* a = act + i * stride;
@@ -208,29 +189,10 @@ void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t s
         p1 += dx * float(vaddvq_s32(is));
         p2 += dx * float(vaddvq_s32(ir));
       }
-      acc[i] += a_c * pc + (a_s - a_c) * pe + a_1 * p1 + a_2 * p2;
+      acc[i] += bw.a_c * pc + (bw.a_s - bw.a_c) * pe + bw.a_1 * p1 + bw.a_2 * p2;
     }
   }
   for (int i = 0; i < NT; ++i) out[i] = acc[i];
-}
-
-template <int G>
-void billm_dots_g(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t n_tok,
-                  float* out) {
-  for (int64_t t = 0; t < n_tok; t += 4) {
-    const uint8_t* a = act + t * stride;
-    switch (n_tok - t >= 4 ? 4 : n_tok - t) {
-      case 4: billm_dots_nt<G, 4>(w, n_in, a, stride, off_dxv, out + t); break;
-      case 3: billm_dots_nt<G, 3>(w, n_in, a, stride, off_dxv, out + t); break;
-      case 2: billm_dots_nt<G, 2>(w, n_in, a, stride, off_dxv, out + t); break;
-      default: billm_dots_nt<G, 1>(w, n_in, a, stride, off_dxv, out + t); break;
-    }
-  }
-}
-
-void billm_dots(const uint8_t* w, int group, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv,
-                int64_t n_tok, float* out) {
-  (group == 64 ? billm_dots_g<64> : billm_dots_g<128>)(w, n_in, act, stride, off_dxv, n_tok, out);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/tern_int.h"
+#include "kernels/tern_int_rows.h"
 #include "quant/quant_tern.h"
 
 namespace tern::kern {
@@ -63,15 +64,9 @@ void i8_dots_nt(const int8_t* w, int64_t n_in, const uint8_t* xu, int64_t stride
 }
 
 void i8_dots(const int8_t* w, int64_t n_in, const uint8_t* xu, int64_t stride, int64_t n_tok, int32_t* out) {
-  for (int64_t t = 0; t < n_tok; t += 4) {
-    const uint8_t* x = xu + t * stride;
-    switch (n_tok - t >= 4 ? 4 : n_tok - t) {
-      case 4: i8_dots_nt<4>(w, n_in, x, stride, out + t); break;
-      case 3: i8_dots_nt<3>(w, n_in, x, stride, out + t); break;
-      case 2: i8_dots_nt<2>(w, n_in, x, stride, out + t); break;
-      default: i8_dots_nt<1>(w, n_in, x, stride, out + t); break;
-    }
-  }
+  by_four_tokens(n_tok, [&](auto nt, int64_t t) {
+    i8_dots_nt<decltype(nt)::value>(w, n_in, xu + t * stride, stride, out + t);
+  });
 }
 
 // One TQ group's quants as G/32 vectors of 32 u8 values (element order).
@@ -139,15 +134,9 @@ void tq_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stri
 template <int BITS, int G>
 void tq_dots_bg(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs,
                 int64_t n_tok, float* out) {
-  for (int64_t t = 0; t < n_tok; t += 4) {
-    const uint8_t* a = act + t * stride;
-    switch (n_tok - t >= 4 ? 4 : n_tok - t) {
-      case 4: tq_dots_nt<BITS, G, 4>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-      case 3: tq_dots_nt<BITS, G, 3>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-      case 2: tq_dots_nt<BITS, G, 2>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-      default: tq_dots_nt<BITS, G, 1>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-    }
-  }
+  by_four_tokens(n_tok, [&](auto nt, int64_t t) {
+    tq_dots_nt<BITS, G, decltype(nt)::value>(w, n_in, act + t * stride, stride, off_dxv, off_xs, out + t);
+  });
 }
 
 void tq_dots(const uint8_t* w, int bits, int group, int64_t n_in, const uint8_t* act, int64_t stride,
@@ -178,42 +167,27 @@ inline __m256i bits_to_bytes(uint32_t bits) {
   return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
-// The salient flags of a block as one bit per column (bit j % 32 of word j / 32), from its list.
-template <int G>
-inline void salient_bits(const uint8_t* idx, uint32_t* bits) {
-  for (int c = 0; c < G / 32; ++c) bits[c] = 0;
-  for (int i = 0; i < G / 32 && idx[i] < G; ++i) bits[idx[i] / 32] |= 1u << (idx[i] % 32);
-}
-
 // Sum of each 4 consecutive signed bytes (|v| <= 127) into 8 int32 lanes.
 inline __m256i sum_s8(__m256i v) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
 }
 
+inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
 template <int G, int NT>
 void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, float* out) {
-  constexpr int64_t kBlockBytes = G / 4 + 8 + G / 32;
   __m256 acc[NT];
   for (int i = 0; i < NT; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t g = 0; g < n_in / G; ++g) {
-    const uint8_t* blk = w + g * kBlockBytes;
-    uint16_t h[4];
-    std::memcpy(h, blk + G / 4, 8);
-    const float a_c = _cvtsh_ss(h[0]), a_s = _cvtsh_ss(h[1]), a_1 = _cvtsh_ss(h[2]), a_2 = _cvtsh_ss(h[3]);
-    const bool any_salient = blk[G / 4 + 8] != 0xFF;
-    uint32_t sb[G / 32];
-    salient_bits<G>(blk + G / 4 + 8, sb);
+    const auto bw = billm_words<G, uint32_t>(w + g * kBillmBlockBytes<G>, f16_to_f32);
     __m256i neg[G / 32], sel[G / 32], sal[G / 32];
     for (int c = 0; c < G / 32; ++c) {
-      uint32_t bs, be;
-      std::memcpy(&bs, blk + 4 * c, 4);
-      std::memcpy(&be, blk + G / 8 + 4 * c, 4);
-      neg[c] = bits_to_bytes(bs);
-      sel[c] = bits_to_bytes(be);
-      sal[c] = bits_to_bytes(sb[c]);
+      neg[c] = bits_to_bytes(bw.sgn[c]);
+      sel[c] = bits_to_bytes(bw.sel[c]);
+      sal[c] = bits_to_bytes(bw.sal[c]);
     }
-    const __m256 vc = _mm256_set1_ps(a_c), ve = _mm256_set1_ps(a_s - a_c);
-    const __m256 v1 = _mm256_set1_ps(a_1), v2 = _mm256_set1_ps(a_2);
+    const __m256 vc = _mm256_set1_ps(bw.a_c), ve = _mm256_set1_ps(bw.a_s - bw.a_c);
+    const __m256 v1 = _mm256_set1_ps(bw.a_1), v2 = _mm256_set1_ps(bw.a_2);
     for (int i = 0; i < NT; ++i) {
       const uint8_t* a = act + i * stride;
       const float* dxv = reinterpret_cast<const float*>(a + off_dxv);
@@ -227,7 +201,7 @@ void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t s
         const __m256i ns = _mm256_andnot_si256(sal[c], sx);
         pc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_s8(ns)), dx, pc);
         pe = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_s8(_mm256_and_si256(ns, sel[c]))), dx, pe);
-        if (any_salient) {  // most rows' blocks list some; the branch is per block, not per column
+        if (bw.any_salient) {  // most rows' blocks list some; the branch is per block, not per column
           const __m256i rx = _mm256_sub_epi8(_mm256_xor_si256(x, sel[c]), sel[c]);
           p1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_s8(_mm256_and_si256(sx, sal[c]))), dx, p1);
           p2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_s8(_mm256_and_si256(rx, sal[c]))), dx, p2);
@@ -238,25 +212,6 @@ void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t s
     }
   }
   for (int i = 0; i < NT; ++i) out[i] = hsum_ps(acc[i]);
-}
-
-template <int G>
-void billm_dots_g(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t n_tok,
-                  float* out) {
-  for (int64_t t = 0; t < n_tok; t += 4) {
-    const uint8_t* a = act + t * stride;
-    switch (n_tok - t >= 4 ? 4 : n_tok - t) {
-      case 4: billm_dots_nt<G, 4>(w, n_in, a, stride, off_dxv, out + t); break;
-      case 3: billm_dots_nt<G, 3>(w, n_in, a, stride, off_dxv, out + t); break;
-      case 2: billm_dots_nt<G, 2>(w, n_in, a, stride, off_dxv, out + t); break;
-      default: billm_dots_nt<G, 1>(w, n_in, a, stride, off_dxv, out + t); break;
-    }
-  }
-}
-
-void billm_dots(const uint8_t* w, int group, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv,
-                int64_t n_tok, float* out) {
-  (group == 64 ? billm_dots_g<64> : billm_dots_g<128>)(w, n_in, act, stride, off_dxv, n_tok, out);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "kernels/tern_int.h"
+#include "kernels/tern_int_rows.h"
 
 namespace tern::kern {
 namespace {
@@ -42,15 +43,9 @@ void i8_dots_nt(const int8_t* w, int64_t n_in, const uint8_t* xu, int64_t stride
 }
 
 void i8_dots(const int8_t* w, int64_t n_in, const uint8_t* xu, int64_t stride, int64_t n_tok, int32_t* out) {
-  for (int64_t t = 0; t < n_tok; t += 4) {
-    const uint8_t* x = xu + t * stride;
-    switch (n_tok - t >= 4 ? 4 : n_tok - t) {
-      case 4: i8_dots_nt<4>(w, n_in, x, stride, out + t); break;
-      case 3: i8_dots_nt<3>(w, n_in, x, stride, out + t); break;
-      case 2: i8_dots_nt<2>(w, n_in, x, stride, out + t); break;
-      default: i8_dots_nt<1>(w, n_in, x, stride, out + t); break;
-    }
-  }
+  by_four_tokens(n_tok, [&](auto nt, int64_t t) {
+    i8_dots_nt<decltype(nt)::value>(w, n_in, xu + t * stride, stride, out + t);
+  });
 }
 
 // Unpacks one TQ group into G/64 vectors of u8 values (element order).
@@ -124,15 +119,9 @@ void tq_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stri
 template <int BITS, int G>
 void tq_dots_bg(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs,
                 int64_t n_tok, float* out) {
-  for (int64_t t = 0; t < n_tok; t += 4) {
-    const uint8_t* a = act + t * stride;
-    switch (n_tok - t >= 4 ? 4 : n_tok - t) {
-      case 4: tq_dots_nt<BITS, G, 4>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-      case 3: tq_dots_nt<BITS, G, 3>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-      case 2: tq_dots_nt<BITS, G, 2>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-      default: tq_dots_nt<BITS, G, 1>(w, n_in, a, stride, off_dxv, off_xs, out + t); break;
-    }
-  }
+  by_four_tokens(n_tok, [&](auto nt, int64_t t) {
+    tq_dots_nt<BITS, G, decltype(nt)::value>(w, n_in, act + t * stride, stride, off_dxv, off_xs, out + t);
+  });
 }
 
 void tq_dots(const uint8_t* w, int bits, int group, int64_t n_in, const uint8_t* act, int64_t stride,
@@ -153,39 +142,30 @@ void tq_dots(const uint8_t* w, int bits, int group, int64_t n_in, const uint8_t*
 
 // ---- BiLLM -----------------------------------------------------------------------------------
 
+inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
 // 64 columns per step: the plane bits are AVX-512BW's byte masks directly (negate where the sign
 // bit is set, keep where a flag is), and vpdpbusd with a u8 vector of ones sums each 32-block into
 // lanes 0-7 / 8-15, the lanes dxv scales. Four sums (tern_int.h): non-salient, its sparse group,
 // and the salient columns' two signs.
 template <int G, int NT>
 void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, float* out) {
-  constexpr int64_t kBlockBytes = G / 4 + 8 + G / 32;
   const __m512i ones = _mm512_set1_epi8(1);
   const __m512i zero = _mm512_setzero_si512();
   __m512 acc[NT];
   for (int i = 0; i < NT; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < n_in / G; ++g) {
-    const uint8_t* blk = w + g * kBlockBytes;
-    uint16_t h[4];
-    std::memcpy(h, blk + G / 4, 8);
-    const float a_c = _cvtsh_ss(h[0]), a_s = _cvtsh_ss(h[1]), a_1 = _cvtsh_ss(h[2]), a_2 = _cvtsh_ss(h[3]);
-    const uint8_t* idx = blk + G / 4 + 8;
-    const bool any_salient = idx[0] != 0xFF;
-    uint64_t sb[G / 64] = {};
-    for (int i = 0; i < G / 32 && idx[i] < G; ++i) sb[idx[i] / 64] |= 1ull << (idx[i] % 64);
+    const auto bw = billm_words<G, uint64_t>(w + g * kBillmBlockBytes<G>, f16_to_f32);
     __mmask64 neg[G / 64], sel[G / 64], sal[G / 64], ns[G / 64], nse[G / 64];
     for (int c = 0; c < G / 64; ++c) {
-      uint64_t bs, be;
-      std::memcpy(&bs, blk + 8 * c, 8);
-      std::memcpy(&be, blk + G / 8 + 8 * c, 8);
-      neg[c] = _cvtu64_mask64(bs);
-      sel[c] = _cvtu64_mask64(be);
-      sal[c] = _cvtu64_mask64(sb[c]);
-      ns[c] = _cvtu64_mask64(~sb[c]);
-      nse[c] = _cvtu64_mask64(be & ~sb[c]);
+      neg[c] = _cvtu64_mask64(bw.sgn[c]);
+      sel[c] = _cvtu64_mask64(bw.sel[c]);
+      sal[c] = _cvtu64_mask64(bw.sal[c]);
+      ns[c] = _cvtu64_mask64(~bw.sal[c]);
+      nse[c] = _cvtu64_mask64(bw.sel[c] & ~bw.sal[c]);
     }
-    const __m512 vc = _mm512_set1_ps(a_c), ve = _mm512_set1_ps(a_s - a_c);
-    const __m512 v1 = _mm512_set1_ps(a_1), v2 = _mm512_set1_ps(a_2);
+    const __m512 vc = _mm512_set1_ps(bw.a_c), ve = _mm512_set1_ps(bw.a_s - bw.a_c);
+    const __m512 v1 = _mm512_set1_ps(bw.a_1), v2 = _mm512_set1_ps(bw.a_2);
     for (int i = 0; i < NT; ++i) {
       const uint8_t* a = act + i * stride;
       const float* dxv = reinterpret_cast<const float*>(a + off_dxv);
@@ -196,7 +176,7 @@ void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t s
         const __m512i sx = _mm512_mask_sub_epi8(x, neg[c], zero, x);
         pc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, ones, _mm512_maskz_mov_epi8(ns[c], sx))), dx, pc);
         pe = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, ones, _mm512_maskz_mov_epi8(nse[c], sx))), dx, pe);
-        if (any_salient) {
+        if (bw.any_salient) {
           const __m512i rx = _mm512_mask_sub_epi8(x, sel[c], zero, x);
           p1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, ones, _mm512_maskz_mov_epi8(sal[c], sx))), dx, p1);
           p2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, ones, _mm512_maskz_mov_epi8(sal[c], rx))), dx, p2);
@@ -207,25 +187,6 @@ void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t s
     }
   }
   for (int i = 0; i < NT; ++i) out[i] = _mm512_reduce_add_ps(acc[i]);
-}
-
-template <int G>
-void billm_dots_g(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t n_tok,
-                  float* out) {
-  for (int64_t t = 0; t < n_tok; t += 4) {
-    const uint8_t* a = act + t * stride;
-    switch (n_tok - t >= 4 ? 4 : n_tok - t) {
-      case 4: billm_dots_nt<G, 4>(w, n_in, a, stride, off_dxv, out + t); break;
-      case 3: billm_dots_nt<G, 3>(w, n_in, a, stride, off_dxv, out + t); break;
-      case 2: billm_dots_nt<G, 2>(w, n_in, a, stride, off_dxv, out + t); break;
-      default: billm_dots_nt<G, 1>(w, n_in, a, stride, off_dxv, out + t); break;
-    }
-  }
-}
-
-void billm_dots(const uint8_t* w, int group, int64_t n_in, const uint8_t* act, int64_t stride, int64_t off_dxv,
-                int64_t n_tok, float* out) {
-  (group == 64 ? billm_dots_g<64> : billm_dots_g<128>)(w, n_in, act, stride, off_dxv, n_tok, out);
 }
 
 }  // namespace
