@@ -14,7 +14,7 @@ namespace tern {
 namespace {
 
 // Collects the statistics as the forward pass reports linear-layer inputs.
-class Collector final : public ForwardObserver {
+class Collector final : public SequenceObserver {
  public:
   Collector(CalibStats& stats, const CalibOptions& opts, ThreadPool& pool, int64_t total_tokens)
       : stats_(stats), opts_(opts), pool_(pool), total_tokens_(total_tokens) {}
@@ -34,7 +34,7 @@ class Collector final : public ForwardObserver {
     accumulate(s, x, n_tokens);
   }
 
-  void begin_sequence(int64_t first_token) { first_token_ = first_token; }
+  void begin_sequence(int64_t first_token) override { first_token_ = first_token; }
 
  private:
   SiteStats& site(const std::string& weight, int64_t n_in) {
@@ -114,15 +114,15 @@ const SiteStats& CalibStats::of(const std::string& weight) const {
   return sites[it->second];
 }
 
-CalibStats calibrate(std::shared_ptr<const GgufFile> model, const CalibOptions& opts) {
-  const int64_t t0 = now_ns();
-  const std::string text = read_file_text(opts.text_file, "calibration text");
+CalibRun run_calibration_text(std::shared_ptr<const GgufFile> model, const CalibOptions& opts,
+                              const ObserverFactory& make_observer) {
+  const std::string text = opts.text_file.empty() ? opts.text : read_file_text(opts.text_file, "calibration text");
   if (opts.n_tokens < 16) fail("--calib-tokens ", opts.n_tokens, " is too few (at least 16)");
 
   const auto tok = Tokenizer::from_gguf(*model);
   const std::vector<int32_t> ids = tok->encode(text, /*add_bos=*/false);
   if (int64_t(ids.size()) < opts.n_tokens)
-    fail("calibration text ", opts.text_file, " is too short: ", ids.size(), " tokens, --calib-tokens asks for ",
+    fail("calibration text ", opts.text_file.empty() ? "(given)" : opts.text_file, " is too short: ", ids.size(), " tokens, --calib-tokens asks for ",
          opts.n_tokens, " (give a longer text or fewer tokens)");
 
   SessionConfig cfg;
@@ -137,10 +137,9 @@ CalibStats calibrate(std::shared_ptr<const GgufFile> model, const CalibOptions& 
   const int64_t per = seq - 1;
   const int64_t start = opts.from_end ? int64_t(ids.size()) - opts.n_tokens : 0;
   const int64_t n_seq = (opts.n_tokens + per - 1) / per;
-  CalibStats stats;
   const int64_t total = opts.n_tokens + n_seq;  // BOS included: every forward token is seen
-  Collector collector(stats, opts, session.pool(), total);
-  session.model().set_observer(&collector);
+  std::unique_ptr<SequenceObserver> observer = make_observer(session.pool(), total);
+  session.model().set_observer(observer.get());
   std::vector<int32_t> chunk;
   int64_t seen = 0;
   for (int64_t s = 0; s < n_seq; ++s) {
@@ -148,14 +147,23 @@ CalibStats calibrate(std::shared_ptr<const GgufFile> model, const CalibOptions& 
     chunk.assign(1, tok->bos_id());
     chunk.insert(chunk.end(), ids.begin() + b, ids.begin() + e);
     session.reset();
-    collector.begin_sequence(seen);
+    observer->begin_sequence(seen);
     session.eval(chunk, /*all_logits=*/false);
     seen += int64_t(chunk.size());
     if (opts.progress) opts.progress(s + 1, n_seq, "calibration");
   }
   session.model().set_observer(nullptr);
-  stats.n_tokens = seen;
-  stats.n_sequences = n_seq;
+  return {seen, n_seq};
+}
+
+CalibStats calibrate(std::shared_ptr<const GgufFile> model, const CalibOptions& opts) {
+  const int64_t t0 = now_ns();
+  CalibStats stats;
+  const CalibRun run = run_calibration_text(model, opts, [&](ThreadPool& pool, int64_t total) {
+    return std::make_unique<Collector>(stats, opts, pool, total);
+  });
+  stats.n_tokens = run.n_tokens;
+  stats.n_sequences = run.n_sequences;
   stats.seconds = double(now_ns() - t0) / 1e9;
   return stats;
 }

@@ -7,6 +7,7 @@
 // Linear layers that read the same input (attn_q/k/v after attn_norm, ffn_gate/up after
 // ffn_norm) share one *site*: its statistics are collected once.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,11 +15,13 @@
 
 #include "compress/quantize.h"
 #include "gguf/gguf.h"
+#include "models/model.h"
 
 namespace tern {
 
 struct CalibOptions {
   std::string text_file;      // calibration text
+  std::string text;           // or the text itself (when text_file is empty)
   int64_t n_tokens = 4096;    // tokens of text to run (an error when the text is shorter)
   int64_t seq_len = 512;      // tokens per calibration sequence (BOS + text), capped by the model
   bool from_end = true;       // take the text's last tokens (disjoint from perplexity chunks)
@@ -57,6 +60,22 @@ struct CalibStats {
   // The site a weight reads; throws when calibration never saw it.
   const SiteStats& of(const std::string& weight) const;
 };
+
+// An observer of linear-layer inputs that is told where each calibration sequence starts.
+class SequenceObserver : public ForwardObserver {
+ public:
+  virtual void begin_sequence(int64_t first_token) { (void)first_token; }  // tokens seen before it
+};
+// Makes the run's observer, given the session's pool and the tokens the run will show it.
+using ObserverFactory = std::function<std::unique_ptr<SequenceObserver>(ThreadPool& pool, int64_t total_tokens)>;
+struct CalibRun {
+  int64_t n_tokens = 0, n_sequences = 0;  // tokens the forward passes saw (BOS included)
+};
+// The calibration run itself, for calibrate() and any other statistics of the model's inputs
+// (activation sparsity): opts' text in sequences of BOS + up to seq_len - 1 tokens through one
+// Session, the observer installed. Throws tern::Error as calibrate() does.
+CalibRun run_calibration_text(std::shared_ptr<const GgufFile> model, const CalibOptions& opts,
+                              const ObserverFactory& make_observer);
 
 // Runs `model` on the calibration text. Throws tern::Error when the text is missing or has
 // fewer than opts.n_tokens tokens.

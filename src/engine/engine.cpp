@@ -126,6 +126,13 @@ struct Engine::Impl {
     int64_t n_pooled = 0;
     std::vector<double> emb_sum;      // [n_embd] Mean: the sum of the rows
     std::vector<float> emb_rows;      // Cls / Last: [n_embd] the row; None: [n_prompt, n_embd]
+    // Prompt log-probabilities (params.prompt_logprobs >= 0): positions [prompt_logprobs_from,
+    // n_scored) are scored, in prompt_lp (a chunked prefill scores its chunks in order; a
+    // recompute after preemption skips what it already scored). Sent once, on completion 0's
+    // first output after the whole prompt is scored.
+    int64_t n_scored = 0;
+    std::vector<GeneratedToken> prompt_lp;
+    bool prompt_lp_sent = false;
   };
 
   struct Pending {
@@ -219,6 +226,9 @@ struct Engine::Impl {
   void emit(Completion& c, int32_t id, const float* row, bool in_sequence = false);
   void pool_hidden(Completion& c, int64_t n_past, int64_t n_tokens, const float* rows);
   void finish_embedding(Completion& c);
+  bool needs_prompt_rows(const Request& r, int64_t n_past, int64_t n_tokens) const;
+  void score_prompt(Completion& c, int64_t n_past, int64_t n_tokens, const float* rows);
+  void attach_prompt_logprobs(Completion& c);
   void finish(Completion& c, FinishReason reason, const std::string& error = {});
   void finish_request(Request& r, FinishReason reason, const std::string& error = {});
   void deliver(Request& r);
@@ -484,9 +494,14 @@ void Engine::Impl::validate(const RequestParams& p) const {
       fail("the input has ", p.prompt_ids.size(), " tokens but the context holds ", n_ctx);
     if (p.n != 1) fail("an embedding request has n = 1, got ", p.n);
     if (p.constraint) fail("an embedding request samples nothing: it takes no constraint");
-  } else if (int64_t(p.prompt_ids.size()) + 1 > n_ctx)
+  } else if (p.prompt_logprobs >= 0 && p.max_tokens == 0) {
+    // A pure scoring request generates nothing: the prompt may fill the context.
+    if (int64_t(p.prompt_ids.size()) > n_ctx)
+      fail("the prompt has ", p.prompt_ids.size(), " tokens but the context holds ", n_ctx);
+  } else if (int64_t(p.prompt_ids.size()) + 1 > n_ctx) {
     fail("the prompt has ", p.prompt_ids.size(), " tokens but the context holds ", n_ctx,
          " (prompt + at least one generated token)");
+  }
   for (size_t i = 0; i < p.prompt_ids.size(); ++i)
     if (p.prompt_ids[i] < 0 || p.prompt_ids[i] >= n_vocab)
       fail("prompt token ", i, " has id ", p.prompt_ids[i], ", outside the vocabulary of ", n_vocab);
@@ -494,6 +509,15 @@ void Engine::Impl::validate(const RequestParams& p) const {
   if (p.n < 1 || p.n > 128) fail("n must be in [1, 128], got ", p.n);
   if (p.n > cfg.max_running) fail("n = ", p.n, " is more than the engine runs at once (", cfg.max_running, ")");
   if (p.n_logprobs < -1 || p.n_logprobs > 20) fail("logprobs must be in [0, 20], got ", p.n_logprobs);
+  if (p.prompt_logprobs < -1 || p.prompt_logprobs > 20)
+    fail("prompt_logprobs must be in [0, 20], got ", p.prompt_logprobs);
+  if (p.prompt_logprobs >= 0) {
+    if (p.embedding.enabled) fail("an embedding request scores nothing: it takes no prompt_logprobs");
+    const int64_t n_prompt = int64_t(p.prompt_ids.size());
+    if (p.prompt_logprobs_from < 1 || p.prompt_logprobs_from > n_prompt)
+      fail("prompt_logprobs_from must be in [1, ", n_prompt, "] (a position of the prompt after its first), got ",
+           p.prompt_logprobs_from);
+  }
   for (const auto& s : p.stop)
     if (s.empty()) fail("a stop string is empty");
   if (p.kv_policy && p.kv_policy->evicts() && p.embedding.enabled)
@@ -507,6 +531,11 @@ void Engine::Impl::validate(const RequestParams& p) const {
       fail("kv policy ", policy.describe(), ": n = ", p.n, " completions share their prompt's blocks, and an ",
            "evicting sequence's blocks are its own (use n = 1)");
     policy.check_fits(n_ctx);
+    // An evicting sequence's prompt attends to what the policy kept, not to the whole prompt:
+    // its scores would not be the model's.
+    if (p.prompt_logprobs >= 0)
+      fail("prompt_logprobs scores each prompt token given the whole prompt before it, and kv policy ",
+           policy.describe(), " evicts: send the request with a policy that keeps every token");
   }
   for (const LoraUse& u : p.lora) {
     if (!u.adapter) fail("a LoRA adapter entry has no adapter");
@@ -566,6 +595,9 @@ void Engine::Impl::admit(Pending& p) {
   if (r->params.max_tokens > 0)
     // (An evicting policy keeps the cache bounded: its requests may run past the context.)
     r->max_new = policy.evicts() ? r->params.max_tokens : std::min(r->max_new, r->params.max_tokens);
+  else if (r->params.max_tokens == 0 && r->params.prompt_logprobs >= 0)
+    r->max_new = 0;  // a pure scoring request
+  r->n_scored = r->params.prompt_logprobs_from;
   r->n_unfinished = r->params.n;
   const SeqId seq = next_seq++;
   auto c = std::make_unique<Completion>(r.get(), 0, r->params.sampling, int32_t(n_vocab), *tok,
@@ -589,6 +621,9 @@ void Engine::Impl::admit(Pending& p) {
   // prompt (its recompute after a preemption too; pool_hidden() skips what it already pooled).
   sched->add(seq, r->params.prompt_ids, r->params.priority, /*prefix_lookup=*/!r->params.embedding.enabled,
              lora_prefix_root(r->params.lora), cap_blocks, max_step);
+  // A scored position needs its previous position's logits: the prefix cache may serve only
+  // the context before the first one.
+  if (r->params.prompt_logprobs >= 0) sched->limit_prefix(seq, r->params.prompt_logprobs_from - 1);
   requests[r->id] = std::move(r);
 }
 
@@ -622,7 +657,8 @@ void Engine::Impl::give_blocks(Completion& c, const ScheduledSeq& e) {
 
 void Engine::Impl::init_speculation(Completion& c) {
   const Request& r = *c.req;
-  c.speculative = cfg.spec.source != DraftSource::None && r.params.speculative && !r.params.embedding.enabled;
+  c.speculative = cfg.spec.source != DraftSource::None && r.params.speculative && !r.params.embedding.enabled &&
+                  r.params.prompt_logprobs < 0;
   if (c.speculative && draft_model && c.sampler.params().temperature > 0) {
     SamplingParams sp = c.sampler.params();
     sp.seed ^= 0x6a09e667f3bcc909ull;  // the draft draws with its own RNG
@@ -759,9 +795,11 @@ bool Engine::Impl::run_step() {
     sb.tokens = sched->tokens(e.id).subspan(size_t(e.n_past), size_t(e.n_tokens));
     if (hidden_off[i] >= 0) sb.hidden = hidden.data() + hidden_off[i] * n_embd;
     sb.slots = std::span<const int32_t>(slot_buf.data() + slot_off[i], slot_off[i + 1] - slot_off[i]);
-    sb.all_logits = e.n_draft > 0;  // a drafted decode: one row per token (the last, then each draft)
-    sb.state_slot = e.state_slot;
     Completion& c = *by_seq.at(e.id);
+    // A drafted decode: one row per token (the last, then each draft); a chunk of a prompt
+    // being scored: one row per position.
+    sb.all_logits = e.n_draft > 0 || needs_prompt_rows(*c.req, e.n_past, e.n_tokens);
+    sb.state_slot = e.state_slot;
     if (c.evicting) c.evicting->begin_step(sb, e.n_past, sb.tokens, *model, *kv_store);
     const LoraSet& lora = c.req->params.lora;
     sb.lora = lora.empty() ? nullptr : &lora;
@@ -853,8 +891,22 @@ bool Engine::Impl::run_step() {
       if (e.sample && by_seq.count(e.id)) finish_embedding(c);
       continue;
     }
+    const float* rows = logits.data() + logit_row[i] * size_t(n_vocab);
+    if (batch[i].all_logits) {
+      // A prompt chunk that is scored; its last row is the one to sample from.
+      score_prompt(*by_seq.at(e.id), e.n_past, e.n_tokens, rows);
+      rows += size_t(e.n_tokens - 1) * size_t(n_vocab);
+      if (!by_seq.count(e.id)) continue;
+    }
     if (!e.sample) continue;
-    on_sampled(e.id, logits.data() + logit_row[i] * size_t(n_vocab));
+    Request& r = *by_seq.at(e.id)->req;
+    if (r.max_new == 0) {
+      // A pure scoring request: its prompt is computed, nothing is generated.
+      by_seq.at(e.id)->ttft_ms = ms_between(r.arrival_ns, now_ns());
+      finish_request(r, FinishReason::Length);
+      continue;
+    }
+    on_sampled(e.id, rows);
   }
   // (The plan is intact: requests finishing above change the scheduler, not its last plan.)
   record_step(plan, ms_between(t_sched, now_ns()));
@@ -971,6 +1023,54 @@ void Engine::Impl::finish_embedding(Completion& c) {
   finish(c, FinishReason::Stop);
 }
 
+// Whether a step computing positions [n_past, n_past + n_tokens) of r's sequence must return
+// every row: the rows of positions [n_scored - 1, n_prompt - 1) score prompt tokens not yet
+// scored (row q: token q + 1).
+bool Engine::Impl::needs_prompt_rows(const Request& r, int64_t n_past, int64_t n_tokens) const {
+  if (r.params.prompt_logprobs < 0) return false;
+  const int64_t first = r.n_scored - 1, end = int64_t(r.params.prompt_ids.size()) - 1;
+  return std::max(first, n_past) < std::min(end, n_past + n_tokens);
+}
+
+// Scores the prompt tokens whose previous positions' logits rows ([n_tokens, n_vocab] of
+// positions [n_past, n_past + n_tokens)) this step computed: the last row of one chunk scores
+// the first token of the next. The logprobs are those of sampled tokens (Sampler::logprob_of,
+// Sampler::top_logprobs) over the raw logits.
+void Engine::Impl::score_prompt(Completion& c, int64_t n_past, int64_t n_tokens, const float* rows) {
+  Request& r = *c.req;
+  const int64_t n_prompt = int64_t(r.params.prompt_ids.size());
+  if (n_past > r.n_scored - 1) {
+    // The logits of positions [n_scored - 1, n_past) were never computed: only a cached prefix
+    // could skip them, and admit() limits it to the context before prompt_logprobs_from.
+    finish_request(r, FinishReason::Error,
+                   str_cat("prompt_logprobs: prompt positions ", r.n_scored, "..", n_past, " were not computed"));
+    return;
+  }
+  const int k = r.params.prompt_logprobs;
+  const int64_t end = std::min(n_prompt, n_past + n_tokens + 1);
+  for (int64_t p = r.n_scored; p < end; ++p) {
+    const float* row = rows + size_t(p - 1 - n_past) * size_t(n_vocab);
+    GeneratedToken gt;
+    gt.id = r.params.prompt_ids[size_t(p)];
+    gt.logprob = Sampler::logprob_of(row, int32_t(n_vocab), gt.id);
+    if (k > 0) gt.top_logprobs = Sampler::top_logprobs(row, int32_t(n_vocab), k);
+    r.prompt_lp.push_back(std::move(gt));
+  }
+  r.n_scored = std::max(r.n_scored, end);
+}
+
+// Puts a request's prompt logprobs into `out`, once: on completion 0's first output after the
+// whole prompt is scored.
+void Engine::Impl::attach_prompt_logprobs(Completion& c) {
+  Request& r = *c.req;
+  if (r.params.prompt_logprobs < 0 || r.prompt_lp_sent || c.index != 0 ||
+      r.n_scored != int64_t(r.params.prompt_ids.size()))
+    return;
+  out.prompt_logprobs = std::move(r.prompt_lp);
+  r.prompt_lp = {};
+  r.prompt_lp_sent = true;
+}
+
 // Samples completion c's next token from its logits row; a constrained completion samples from a
 // copy of the row with the disallowed tokens at -inf (the row itself is shared by the n
 // completions of a prompt and reported unmasked in logprobs) and advances its constraint.
@@ -1031,7 +1131,9 @@ void Engine::Impl::emit(Completion& c, int32_t id, const float* row, bool in_seq
     out.error.clear();
     out.request_id = r.id;
     out.index = c.index;
+    attach_prompt_logprobs(c);
     if (r.on_output) r.on_output(out);
+    out.prompt_logprobs.clear();
     return;
   }
   finish(c, reason);
@@ -1094,6 +1196,7 @@ void Engine::Impl::finish(Completion& c, FinishReason reason, const std::string&
     }
     update_snapshot();
   }
+  attach_prompt_logprobs(c);
   if (r.on_output) {
     try {
       r.on_output(out);
@@ -1103,6 +1206,7 @@ void Engine::Impl::finish(Completion& c, FinishReason reason, const std::string&
   }
   out.tokens.clear();
   out.text.clear();
+  out.prompt_logprobs.clear();
   out.metrics = RequestMetrics{};
   std::vector<float>().swap(out.embedding);  // a Pooling::None output may be large
   retire_if_done(r);

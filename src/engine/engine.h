@@ -125,7 +125,8 @@ struct EmbeddingParams {
 
 struct RequestParams {
   std::vector<int32_t> prompt_ids;   // already tokenized (BOS included if wanted); not empty
-  int64_t max_tokens = 16;           // tokens to generate; clipped to the context
+  int64_t max_tokens = 16;           // tokens to generate; clipped to the context (<= 0: up to
+                                     // it; 0 with prompt_logprobs >= 0: none, see below)
   SamplingParams sampling;
   std::vector<std::string> stop;     // stop strings, trimmed from the text
   bool ignore_eos = false;
@@ -136,6 +137,16 @@ struct RequestParams {
   // Constrained decoding (a grammar, a JSON schema, a forced tool call): the state at the start
   // of the output; each completion samples with its own clone(). Null: unconstrained.
   std::shared_ptr<const TokenConstraint> constraint;
+  // Prompt log-probabilities (vLLM's prompt_logprobs; what perplexity and loglikelihood
+  // scoring need): -1 none; 0..20: for each prompt position p >= prompt_logprobs_from, the
+  // log-probability of prompt token p given tokens < p, plus that many top alternatives (as
+  // n_logprobs), in RequestOutput::prompt_logprobs. Positions before prompt_logprobs_from
+  // (in [1, n_prompt]) are context only: the prefix cache may serve those, never a scored one.
+  // Such a request runs without speculation and with no evicting KV policy (refused). With
+  // max_tokens = 0 it is a pure scoring request: it finishes after its prompt with
+  // FinishReason::Length and no token (its prompt may then fill the whole context).
+  int prompt_logprobs = -1;
+  int64_t prompt_logprobs_from = 1;
   // enabled: an embedding request (max_tokens, sampling, stop, n_logprobs are not used; n must
   // be 1, no constraint; the prompt may fill the whole context).
   EmbeddingParams embedding;
@@ -155,7 +166,7 @@ struct RequestParams {
 struct GeneratedToken {
   int32_t id = 0;
   float logprob = 0;                        // when n_logprobs >= 0
-  std::vector<TokenLogprob> top_logprobs;   // n_logprobs alternatives
+  std::vector<TokenLogprob> top_logprobs;   // n_logprobs alternatives, most likely first
 };
 
 struct RequestMetrics {
@@ -181,6 +192,11 @@ struct RequestOutput {
   uint64_t request_id = 0;
   int index = 0;                       // which of the request's n completions
   std::vector<GeneratedToken> tokens;  // new tokens
+  // With RequestParams::prompt_logprobs >= 0: entry k scores prompt position
+  // prompt_logprobs_from + k (id: the prompt token, its logprob, top_logprobs alternatives),
+  // every position at once, on completion 0's first output (also a pure scoring request's only
+  // one). Not sent when the request ends (abort, error) before its prompt was computed.
+  std::vector<GeneratedToken> prompt_logprobs;
   std::string text;                    // new text: valid UTF-8, never part of a possible stop string
   bool finished = false;               // this completion (index) is finished
   FinishReason finish_reason = FinishReason::None;

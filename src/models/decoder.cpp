@@ -102,7 +102,7 @@ void act_rows_done(const void* ctx, int, int64_t n_tokens, int64_t r0, int64_t r
     swiglu_cols(a.gate, a.up, a.gate, a.ld, n_tokens, r0, r1);
     return;
   }
-  const auto act = a.act == FfnActivation::GeluTanh ? geglu : swiglu_oai;
+  const auto act = a.act == FfnActivation::GeluTanh ? geglu : a.act == FfnActivation::Relu ? reglu : swiglu_oai;
   for (int64_t t = 0; t < n_tokens; ++t) act(a.gate + t * a.ld + r0, a.up + t * a.ld + r0, a.gate + t * a.ld + r0, r1 - r0);
 }
 
@@ -119,6 +119,7 @@ class DecoderModel final : public Model {
   DecoderModel(const ArchSpec& spec, std::shared_ptr<const GgufFile> file, ModelPartition part)
       : spec_(spec), file_(std::move(file)), part_(std::move(part)) {
     full_hp_ = read_hparams(*file_);
+    activation_ = full_hp_.ffn_activation.value_or(spec_.activation);
     if (full_hp_.hybrid() && !part_.whole())
       fail(file_->path(), ": ", full_hp_.arch, " (hybrid ", full_hp_.ssm.gated_delta ? "gated delta-net" : "Mamba-2",
            " / attention) models do not run split over processes (--tp / --pp) yet");
@@ -298,6 +299,8 @@ class DecoderModel final : public Model {
   static void qkv_rows_done(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1);
 
   const ArchSpec& spec_;
+  // The FFN's activation: the architecture's, or the file's tern.ffn_activation (a ReLU-fied model).
+  FfnActivation activation_ = FfnActivation::Silu;
   std::shared_ptr<const GgufFile> file_;
   ModelPartition part_;              // the part of the model this process holds (whole by default)
   HParams full_hp_;                  // the whole model's shape (hp_: this part's)
@@ -963,7 +966,7 @@ void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
   // gate and up of xn = rms_norm(x) (normalised as it is quantized, as above), chunk by
   // chunk, each chunk's activation right after (into gate_).
   const int64_t F = L.n_ff;
-  const ActRows act{gate_.data(), up_.data(), F, spec_.activation, L.gate.bias, L.up.bias};
+  const ActRows act{gate_.data(), up_.data(), F, activation_, L.gate.bias, L.up.bias};
   const Linear* gu[] = {&L.gate, &L.up};
   float* const ys[] = {gate_.data(), up_.data()};
   const int64_t lds[] = {F, F};
@@ -1037,7 +1040,7 @@ void DecoderModel::experts_over_tokens(const Experts& X, int64_t T, ThreadPool& 
     if (rows.empty()) continue;
     const int64_t n = int64_t(rows.size());
     for (int64_t r = 0; r < n; ++r) std::copy_n(xn_.data() + rows[size_t(r)] * E, E, moe_x_.data() + r * E);
-    const ActRows act{moe_gate_.data(), moe_up_.data(), F, spec_.activation, X.gate[size_t(e)].bias, X.up[size_t(e)].bias};
+    const ActRows act{moe_gate_.data(), moe_up_.data(), F, activation_, X.gate[size_t(e)].bias, X.up[size_t(e)].bias};
     const Linear* gu[] = {&X.gate[size_t(e)], &X.up[size_t(e)]};
     float* const ys[] = {moe_gate_.data(), moe_up_.data()};
     const int64_t lds[] = {F, F};
@@ -1058,7 +1061,7 @@ void DecoderModel::shared_expert(const Experts& X, int64_t T, ThreadPool& pool) 
   const int64_t E = hp_.n_embd;
   {
     const int64_t S = hp_.n_ff_shexp;
-    const ActRows act{gate_.data(), up_.data(), S, spec_.activation};
+    const ActRows act{gate_.data(), up_.data(), S, activation_};
     const Linear* gu[] = {&X.sh_gate, &X.sh_up};
     float* const ys[] = {gate_.data(), up_.data()};
     const int64_t lds[] = {S, S};
@@ -1121,7 +1124,7 @@ void DecoderModel::moe_decode_token(const Experts& X, ThreadPool& pool) {
     up_b[j] = X.up[e].bias;
   }
   const bool biased = X.gate[0].bias != nullptr;
-  const ExpertsAct act{moe_gate_.data(), moe_up_.data(), F, K, spec_.activation, biased ? gate_b : nullptr,
+  const ExpertsAct act{moe_gate_.data(), moe_up_.data(), F, K, activation_, biased ? gate_b : nullptr,
                        biased ? up_b : nullptr};
   matmul_shared_input(targets, xn_.data(), E, 1, pool, RowsDone{experts_act_done, &act, true});
   // The downs: K x n_embd rows in blocks of 64 (multiples of the kernels' 4-row tile).
@@ -1278,7 +1281,7 @@ void DecoderModel::forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int
           const int64_t f0 = unit * per_f, f1 = std::min(F, f0 + per_f);
           matmul_rows(L.gate.w, xn.data(), E, T, gate_.data(), F, f0, f1);
           matmul_rows(L.up.w, xn.data(), E, T, up_.data(), F, f0, f1);
-          const ActRows act{gate_.data(), up_.data(), F, spec_.activation, L.gate.bias, L.up.bias};
+          const ActRows act{gate_.data(), up_.data(), F, activation_, L.gate.bias, L.up.bias};
           act_rows_done(&act, -1, T, f0, f1);
           break;
         }

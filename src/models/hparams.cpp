@@ -6,6 +6,17 @@
 #include "models/arch.h"
 
 namespace tern {
+
+const char* ffn_activation_name(FfnActivation a) {
+  switch (a) {
+    case FfnActivation::Silu: return "silu";
+    case FfnActivation::GeluTanh: return "gelu_tanh";
+    case FfnActivation::SwigluOai: return "swiglu_oai";
+    case FfnActivation::Relu: return "relu";
+  }
+  return "?";
+}
+
 namespace {
 
 // A key that is one number for every layer or an array of one number per layer (llama.cpp's
@@ -279,6 +290,17 @@ HParams read_hparams(const GgufFile& f) {
   hp.rope_freq_base = float(f.get_float(a + "rope.freq_base", 10000.0));
   hp.rms_eps = float(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
   if (f.has(a + "pooling_type")) hp.pooling_type = int64_t(f.get_uint(a + "pooling_type"));
+  if (f.has(kFfnActivationKey)) {
+    const std::string act = f.get_string(kFfnActivationKey);
+    if (act == "relu") hp.ffn_activation = FfnActivation::Relu;
+    else if (act == "silu") hp.ffn_activation = FfnActivation::Silu;
+    else fail(p, ": ", kFfnActivationKey, " is '", act, "'; tern knows \"relu\" (a ReLU-fied SwiGLU) and \"silu\"");
+    if (spec.stack != LayerStack::Decoder)
+      fail(p, ": ", kFfnActivationKey, " ", act, " is for decoder models with a SwiGLU FFN, not ", hp.arch);
+    if (spec.activation != FfnActivation::Silu && *hp.ffn_activation != spec.activation)
+      fail(p, ": ", kFfnActivationKey, " ", act, " replaces SwiGLU, and ", hp.arch, "'s FFN is ",
+           ffn_activation_name(spec.activation));
+  }
   if (!f.has(a + "attention.key_length") && hp.head_count(0) > 0 && hp.n_embd % hp.head_count(0) != 0)
     fail(p, ": ", a, "attention.head_count ", hp.head_count(0), " does not divide embedding_length ", hp.n_embd);
   for (int64_t il = 0; il < hp.n_layer; ++il) {

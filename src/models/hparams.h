@@ -2,6 +2,7 @@
 // Hyper-parameters of a decoder-only model, read from GGUF metadata (`<arch>.*` keys as
 // llama.cpp's converter writes them) for every registered architecture (models/arch.h).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,9 +13,15 @@ namespace tern {
 // Pair layout of RoPE (llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX): Norm rotates (2i, 2i+1),
 // NeoX rotates (i, i + n_rot/2).
 enum class RopeLayout { Norm, Neox };
-// SwiGLU, GeGLU, and gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai: with g = min(gate, 7)
-// and u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1)).
-enum class FfnActivation { Silu, GeluTanh, SwigluOai };
+// SwiGLU, GeGLU, gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai: with g = min(gate, 7)
+// and u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1)), and ReGLU, max(gate, 0) * up: a
+// ReLU-fied SwiGLU model (`tern sparsify --relufy`), whose neurons with gate <= 0 are exactly
+// zero (activation sparsity, docs/sparsity.md).
+enum class FfnActivation { Silu, GeluTanh, SwigluOai, Relu };
+// "silu", "gelu_tanh", "swiglu_oai", "relu".
+const char* ffn_activation_name(FfnActivation a);
+// The GGUF key of a file whose FFN activation is not its architecture's (HParams::ffn_activation).
+inline constexpr const char* kFfnActivationKey = "tern.ffn_activation";
 // Softmax: softmax over every expert, then the top k; Sigmoid: sigmoid per expert, top k;
 // SoftmaxWeight (gpt-oss, llama.cpp's 3): the top k of the router logits, then softmax over those k.
 enum class ExpertGating { Softmax, Sigmoid, SoftmaxWeight };
@@ -61,6 +68,10 @@ struct HParams {
   // 3 last, 4 rank), -1 when absent: how an embedding model pools its hidden states
   // (engine/engine.h, EmbeddingParams).
   int64_t pooling_type = -1;
+  // `tern.ffn_activation` ("relu"): the dense FFN's activation when the file changes its
+  // architecture's (a ReLU-fied SwiGLU model). Only SwiGLU architectures take it; nullopt: the
+  // architecture's own.
+  std::optional<FfnActivation> ffn_activation;
 
   // Mixture of experts (0 experts: a dense FFN).
   int64_t n_expert = 0, n_expert_used = 0;

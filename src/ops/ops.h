@@ -66,6 +66,8 @@ void geglu(const float* gate, const float* up, float* out, int64_t n);
 // gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai, alpha 1.702, limit 7): with g = min(gate, 7)
 // and u = clamp(up, -7, 7), out = g * sigmoid(1.702 g) * (u + 1), n elements; out may alias.
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n);
+// ReGLU: out = max(gate, 0) * up (a ReLU-fied SwiGLU; exactly 0 where gate <= 0).
+void reglu(const float* gate, const float* up, float* out, int64_t n);
 // Mamba's selective scan (SsmScanArgs, ops/attention_iface.h) on channels [c0, c1): the selected
 // ISA's variant (TERN_FORCE_ISA picks one), or the given one (tests). The scalar reference uses
 // std::exp; the SIMD variants the attention kernels' exp (relative error ~2e-7).

@@ -101,6 +101,10 @@ void swiglu_oai(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+void reglu(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] > 0.0f ? gate[i] * up[i] : 0.0f;
+}
+
 void softcap_inplace(float* x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
 }

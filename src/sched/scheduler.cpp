@@ -59,6 +59,11 @@ void Scheduler::add(SeqId id, std::span<const int32_t> prompt, int priority, boo
   insert_sorted(waiting_, &s);
 }
 
+void Scheduler::limit_prefix(SeqId id, int64_t n_tokens) {
+  TERN_ASSERT(n_tokens >= 0);
+  get(id).max_prefix = n_tokens;
+}
+
 void Scheduler::fork(SeqId parent, SeqId child) {
   TERN_ASSERT(!planned_);
   TERN_ASSERT_MSG(!seqs_.count(child), "sequence id already in use");
@@ -342,7 +347,11 @@ const StepPlan& Scheduler::schedule() {
     if (states_ && states_->n_free() == 0) break;  // FCFS: it waits for a state slot
     int32_t snapshot = -1;
     if (s.table.blocks.empty() && s.prefix_lookup) {
-      const int64_t matched = kv_.match_prefix(s.table, s.tokens);
+      int64_t matched = kv_.match_prefix(s.table, s.tokens);
+      if (s.max_prefix >= 0 && matched > s.max_prefix) {
+        kv_.truncate_match(s.table, s.max_prefix / kv_.block_size());
+        matched = s.table.n_computed;
+      }
       // Without a snapshot a recurrent state cannot start past position 0. A match deeper than
       // the snapshot is a shared beginning: snapshot its end on the way.
       if (states_) {

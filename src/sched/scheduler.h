@@ -100,6 +100,10 @@ class Scheduler {
   // (what its policy can take beside its sinks).
   void add(SeqId id, std::span<const int32_t> prompt, int priority = 0, bool prefix_lookup = true,
            uint64_t prefix_root = kRootBlockKey, int64_t cap_blocks = 0, int64_t max_step = 0);
+  // The prefix cache may serve at most the first n_tokens of a waiting sequence's tokens (whole
+  // blocks within them), at its admission and at a readmission after preemption: the positions
+  // past them are computed, e.g. those whose logits a request scores (prompt logprobs).
+  void limit_prefix(SeqId id, int64_t n_tokens);
   // child starts running right away with the tokens and (shared) blocks of parent, which must
   // be running with nothing left to compute: the n completions of one prompt.
   void fork(SeqId parent, SeqId child);
@@ -162,6 +166,7 @@ class Scheduler {
     int32_t plan_index = -1;       // entry in plan_ this step, or -1
     int64_t n_preempted = 0;
     bool prefix_lookup = true;     // may start from cached prefix blocks (add())
+    int64_t max_prefix = -1;       // most tokens a prefix hit may cover (limit_prefix()); -1: any
     int64_t max_step = 0;          // most tokens in one step (0: the budget's)
     std::vector<int32_t> tokens;   // prompt + generated (+ the planned drafts during a step)
     BlockTable table;

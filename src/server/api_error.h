@@ -47,4 +47,20 @@ inline ApiError overloaded_error(const EngineOverloaded& e) {
   return a;
 }
 
+// Runs fn (a submission to the engine) and answers its refusals as the API does: an ApiError as
+// it is, the queue-time limit as overloaded_error's 503, any other tern::Error as a 400 naming
+// `param` (a request that can never run).
+template <class Fn>
+auto with_engine_errors(const std::string& param, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const ApiError&) {
+    throw;
+  } catch (const EngineOverloaded& e) {
+    throw overloaded_error(e);
+  } catch (const Error& e) {
+    bad_request(param, e.what());
+  }
+}
+
 }  // namespace tern::server

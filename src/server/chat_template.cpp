@@ -515,6 +515,7 @@ ChatTemplate select_chat_template(const std::string& override_spec, const std::s
     }
   } else if (gguf_template.empty()) {
     t.family = ChatFamily::ChatML;
+    t.declared = false;
     why = "the model has no tokenizer.chat_template: default";
   } else {
     std::string error;

@@ -50,6 +50,10 @@ struct ChatTemplate {
   // its markers name (ChatML when none), for the log.
   std::shared_ptr<const jinja::Template> jinja;
   std::string name() const;  // "jinja" or the family's name
+  // False when the model declares no template and none was given (--chat-template): the
+  // ChatML fallback. What needs the model's own turn format (Skeleton-of-Thought's prompts
+  // written inside the assistant's turn) refuses such a model.
+  bool declared = true;
 
   // Tools: when jinja_tools, the Jinja renders `tools`, tool_calls and tool messages itself (it
   // mentioned a probe tool at selection). Otherwise (built-in families, templates that ignore

@@ -73,6 +73,35 @@ json base(const ResponseMeta& m, bool chunk) {
   return j;
 }
 
+// Completions logprobs as they accumulate: {tokens, token_logprobs, top_logprobs, text_offset}.
+struct CompletionLogprobs {
+  json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  int64_t offset = 0;
+
+  void push(int32_t id, json logprob, json top, const Tokenizer& tok) {
+    const std::string piece = tok.token_to_piece(id);
+    toks.push_back(piece);
+    lps.push_back(std::move(logprob));
+    tops.push_back(std::move(top));
+    offs.push_back(offset);
+    offset += int64_t(piece.size());
+  }
+  // A prompt's first token: nothing before it to score it by.
+  void add_unscored(int32_t id, const Tokenizer& tok) { push(id, nullptr, nullptr, tok); }
+  // top: the most alternatives per token (-1: all given).
+  void add(const std::vector<GeneratedToken>& tokens, int top, const Tokenizer& tok) {
+    for (const auto& t : tokens) {
+      const size_t n_alt = top < 0 ? t.top_logprobs.size() : std::min(t.top_logprobs.size(), size_t(top));
+      json alts = json::object();
+      for (size_t i = 0; i < n_alt; ++i) alts[tok.token_to_piece(t.top_logprobs[i].id)] = t.top_logprobs[i].logprob;
+      push(t.id, t.logprob, std::move(alts), tok);
+    }
+  }
+  json json_value() const {
+    return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+  }
+};
+
 }  // namespace
 
 json logprobs_json(ApiKind kind, const std::vector<GeneratedToken>& tokens, const Tokenizer& tok, int64_t offset) {
@@ -89,18 +118,43 @@ json logprobs_json(ApiKind kind, const std::vector<GeneratedToken>& tokens, cons
     }
     return {{"content", content}, {"refusal", nullptr}};
   }
-  json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
-  for (const auto& t : tokens) {
-    const std::string piece = tok.token_to_piece(t.id);
-    toks.push_back(piece);
-    lps.push_back(t.logprob);
-    json top = json::object();
-    for (const auto& alt : t.top_logprobs) top[tok.token_to_piece(alt.id)] = alt.logprob;
-    tops.push_back(top);
-    offs.push_back(offset);
-    offset += int64_t(piece.size());
+  CompletionLogprobs lp;
+  lp.offset = offset;
+  lp.add(tokens, -1, tok);
+  return lp.json_value();
+}
+
+json echo_logprobs_json(int32_t prompt_first, const std::vector<GeneratedToken>& prompt_scores,
+                        const std::vector<GeneratedToken>& tokens, int top, const Tokenizer& tok) {
+  CompletionLogprobs lp;
+  if (prompt_first >= 0) lp.add_unscored(prompt_first, tok);
+  lp.add(prompt_scores, top, tok);
+  lp.add(tokens, -1, tok);
+  return lp.json_value();
+}
+
+json prompt_logprobs_json(const std::vector<GeneratedToken>& prompt_scores, int top, const Tokenizer& tok) {
+  json list = json::array({nullptr});
+  for (const GeneratedToken& t : prompt_scores) {
+    const size_t n_alt = std::min(t.top_logprobs.size(), size_t(std::max(top, 0)));
+    json entry = json::object();
+    for (size_t i = 0; i < n_alt; ++i) {
+      const TokenLogprob& alt = t.top_logprobs[i];
+      entry[std::to_string(alt.id)] = {
+          {"logprob", alt.logprob}, {"rank", int64_t(i + 1)}, {"decoded_token", tok.token_to_piece(alt.id)}};
+    }
+    // The token's own rank is known when it is among the alternatives the engine returned
+    // (all of them, which may be more than `top`).
+    json rank = nullptr;
+    for (size_t i = 0; i < t.top_logprobs.size(); ++i)
+      if (t.top_logprobs[i].id == t.id) {
+        rank = int64_t(i + 1);
+        break;
+      }
+    entry[std::to_string(t.id)] = {{"logprob", t.logprob}, {"rank", rank}, {"decoded_token", tok.token_to_piece(t.id)}};
+    list.push_back(std::move(entry));
   }
-  return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+  return list;
 }
 
 json completion_response(const ResponseMeta& meta, const std::vector<ChoiceResult>& choices, const Usage& usage,
@@ -108,7 +162,10 @@ json completion_response(const ResponseMeta& meta, const std::vector<ChoiceResul
   json j = base(meta, false);
   json arr = json::array();
   for (const auto& c : choices) {
-    json lp = with_logprobs ? logprobs_json(meta.kind, c.tokens, tok) : json(nullptr);
+    json lp = !with_logprobs ? json(nullptr)
+              : meta.kind == ApiKind::Completion && meta.echo_logprobs >= 0
+                  ? echo_logprobs_json(c.prompt_first, c.prompt_scores, c.tokens, meta.echo_logprobs, tok)
+                  : logprobs_json(meta.kind, c.tokens, tok);
     if (meta.kind == ApiKind::Chat && !c.tool_calls.empty()) {
       json calls = json::array();
       for (const auto& call : c.tool_calls) calls.push_back(tool_call_json(call));
@@ -127,9 +184,14 @@ json completion_response(const ResponseMeta& meta, const std::vector<ChoiceResul
     } else {
       arr.push_back({{"index", c.index}, {"text", c.text}, {"logprobs", lp},
                      {"finish_reason", openai_finish_reason(c.finish)}});
+      if (meta.prompt_logprobs >= 0)
+        arr.back()["prompt_logprobs"] = prompt_logprobs_json(c.prompt_scores, meta.prompt_logprobs, tok);
     }
   }
   j["choices"] = arr;
+  // vLLM's chat response carries the prompt's scores beside its choices (one prompt).
+  if (meta.kind == ApiKind::Chat && meta.prompt_logprobs >= 0 && !choices.empty())
+    j["prompt_logprobs"] = prompt_logprobs_json(choices[0].prompt_scores, meta.prompt_logprobs, tok);
   j["usage"] = usage_json(usage);
   if (meta.timings && !choices.empty()) {
     // One object per response, as llama.cpp's: the prompt's figures once, every choice's tokens.
@@ -159,6 +221,21 @@ json text_chunk(const ResponseMeta& meta, int index, const std::string& text, co
   else
     j["choices"] = json::array({{{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", nullptr}}});
   if (include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+json prompt_scores_chunk(const ResponseMeta& meta, int index, const std::string& echo, const ChoiceResult& c,
+                        const Tokenizer& tok, bool include_usage) {
+  const bool completion = meta.kind == ApiKind::Completion;
+  const json lp = completion && meta.echo_logprobs >= 0
+                      ? echo_logprobs_json(c.prompt_first, c.prompt_scores, {}, meta.echo_logprobs, tok)
+                      : json(nullptr);
+  json j = text_chunk(meta, index, completion ? echo : std::string(), lp, include_usage);
+  if (meta.prompt_logprobs >= 0) {
+    json scores = prompt_logprobs_json(c.prompt_scores, meta.prompt_logprobs, tok);
+    if (completion) j["choices"][0]["prompt_logprobs"] = std::move(scores);
+    else j["prompt_logprobs"] = std::move(scores);
+  }
   return j;
 }
 

@@ -26,7 +26,12 @@ struct ResponseMeta {
   bool timings = true;  // llama.cpp's "timings" object on responses and final stream chunks
   // The report of the (first) prompt's compression, on responses and final stream chunks; null
   // when the prompt was not compressed.
-  nlohmann::json prompt_compression;
+  nlohmann::json prompt_compression = nullptr;
+  // Prompt scores asked for: echo with logprobs (completions: the choice's logprobs begin with
+  // the prompt's tokens, this many alternatives each; -1 not asked) and vLLM's prompt_logprobs
+  // (this many alternatives; -1 not asked).
+  int echo_logprobs = -1;
+  int prompt_logprobs = -1;
 };
 
 struct Usage {
@@ -43,6 +48,10 @@ struct ChoiceResult {
   // Chat with tools: the calls parsed out of the answer (text then holds the content outside
   // them); non-empty makes the finish reason "tool_calls".
   std::vector<ToolCall> tool_calls;
+  // The prompt's scores (ResponseMeta::echo_logprobs, prompt_logprobs): its first token, which
+  // nothing scores, and every later token (RequestOutput::prompt_logprobs). Empty when not asked.
+  int32_t prompt_first = -1;
+  std::vector<GeneratedToken> prompt_scores;
   int64_t n_tokens = 0;
   bool finished = false;
   FinishReason finish = FinishReason::None;
@@ -69,6 +78,22 @@ std::string system_fingerprint_of(const std::string& configuration);
 // top_logprobs}], refusal: null}. text_offset starts at `offset` (completions only).
 nlohmann::json logprobs_json(ApiKind kind, const std::vector<GeneratedToken>& tokens, const Tokenizer& tok,
                              int64_t offset = 0);
+
+// Completions logprobs of an echoed prompt and what followed it: the prompt's first token (its
+// token_logprob and top_logprobs null: nothing scores it, as OpenAI answered), its scored
+// tokens, then `tokens`; `top` alternatives at most per prompt token. text_offset counts the
+// token strings from 0.
+nlohmann::json echo_logprobs_json(int32_t prompt_first, const std::vector<GeneratedToken>& prompt_scores,
+                                  const std::vector<GeneratedToken>& tokens, int top, const Tokenizer& tok);
+// vLLM's prompt_logprobs: null for the first token, then per token {"<id>": {"logprob", "rank",
+// "decoded_token"}} of the token itself and its `top` alternatives (rank 1 = most likely; the
+// token's own rank is null when it is not among the alternatives the engine returned).
+nlohmann::json prompt_logprobs_json(const std::vector<GeneratedToken>& prompt_scores, int top, const Tokenizer& tok);
+// A stream's chunk of a choice's prompt scores (the first of a choice that asked): the echoed
+// text (completions) with its logprobs, and "prompt_logprobs" (completions: in the choice; chat:
+// beside the choices, as vLLM's).
+nlohmann::json prompt_scores_chunk(const ResponseMeta& meta, int index, const std::string& echo,
+                                   const ChoiceResult& c, const Tokenizer& tok, bool include_usage);
 
 // The whole (non-streaming) response.
 nlohmann::json completion_response(const ResponseMeta& meta, const std::vector<ChoiceResult>& choices,

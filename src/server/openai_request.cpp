@@ -445,6 +445,71 @@ bool valid_tool_name(std::string_view name) {
   });
 }
 
+namespace {
+
+// "organize": "none" | "skeleton" | {"type", "points", "max_points", "min_points",
+// "point_max_tokens", "skeleton_max_tokens"}; nullopt for none.
+std::optional<OrganizeRequest> parse_organize(const ojson& v) {
+  constexpr int kMaxPoints = 32;  // each point is one engine request running beside the others
+  const auto type_of = [](const std::string& t, const std::string& param) -> bool {
+    if (t == "none") return false;
+    if (t == "skeleton") return true;
+    bad_request(param, "'", param, "' must be \"none\" or \"skeleton\", not '", t, "'.");
+  };
+  if (v.is_string()) {
+    if (!type_of(v.get<std::string>(), "organize")) return std::nullopt;
+    return OrganizeRequest{};
+  }
+  if (!v.is_object()) wrong_type("organize", "a string (\"none\", \"skeleton\") or an object", v);
+  const ojson* type = field(v, "type");
+  if (!type) bad_request("organize.type", "'organize' needs a 'type': \"none\" or \"skeleton\".");
+  const bool skeleton = type_of(get_string(*type, "organize.type"), "organize.type");
+  OrganizeRequest o;
+  bool max_given = false;
+  for (const auto& [key, value] : v.items()) {
+    if (key == "type") continue;
+    if (key == "points") {
+      const std::string param = "organize.points";
+      if (!value.is_array()) wrong_type(param, "an array of strings", value);
+      if (value.empty() || value.size() > size_t(kMaxPoints))
+        bad_request(param, "'", param, "' must have 1 to ", kMaxPoints, " points, got ", value.size(), ".");
+      for (size_t i = 0; i < value.size(); ++i) {
+        const std::string p = index_param(param, i);
+        const std::string& text = get_string(value[i], p);
+        if (text.find_first_not_of(" \t\r\n") == std::string::npos) bad_request(p, "'", p, "' is empty.");
+        o.points.push_back(text);
+      }
+    } else if (key == "max_points") {
+      o.max_points = int(get_int(value, "organize.max_points", 2, kMaxPoints));
+      max_given = true;
+    } else if (key == "min_points") {
+      o.min_points = int(get_int(value, "organize.min_points", 1, kMaxPoints));
+    } else if (key == "point_max_tokens") {
+      o.point_max_tokens = get_int(value, "organize.point_max_tokens", 1, int64_t(1) << 31);
+    } else if (key == "skeleton_max_tokens") {
+      o.skeleton_max_tokens = get_int(value, "organize.skeleton_max_tokens", 1, int64_t(1) << 31);
+    } else {
+      bad_request("organize", "'organize' has an unknown field '", key,
+                  "' (type, points, max_points, min_points, point_max_tokens, skeleton_max_tokens).");
+    }
+  }
+  if (o.min_points > o.max_points)
+    bad_request("organize.min_points", "'organize.min_points' (", o.min_points, ") must be at most max_points (",
+                o.max_points, ").");
+  // Given points are all expanded: max_points only cuts a skeleton the model writes, unless the
+  // client set it below the points it gave.
+  if (!o.points.empty()) {
+    if (max_given && int(o.points.size()) > o.max_points)
+      bad_request("organize.points", "'organize.points' has ", o.points.size(), " points, more than max_points (",
+                  o.max_points, ").");
+    o.max_points = std::max(o.max_points, int(o.points.size()));
+  }
+  if (!skeleton) return std::nullopt;
+  return o;
+}
+
+}  // namespace
+
 OpenAiRequest parse_openai_json(const ojson& j, ApiKind kind, const ParseLimits& limits) {
   if (!j.is_object()) bad_request("", "The request body must be a JSON object, got ", j.type_name(), ".");
   OpenAiRequest r;
@@ -465,9 +530,17 @@ OpenAiRequest parse_openai_json(const ojson& j, ApiKind kind, const ParseLimits&
 
   // max_completion_tokens replaces max_tokens in OpenAI's chat API; when both are sent, the
   // newer name wins.
-  if (const ojson* v = field(j, "max_tokens")) r.max_tokens = get_int(*v, "max_tokens", 1, int64_t(1) << 31);
-  if (const ojson* v = field(j, "max_completion_tokens"))
-    r.max_tokens = get_int(*v, "max_completion_tokens", 1, int64_t(1) << 31);
+  // 0 is read here and refused below unless the request only scores its prompt (completions
+  // with echo and logprobs).
+  const char* max_param = nullptr;
+  if (const ojson* v = field(j, "max_tokens")) {
+    r.max_tokens = get_int(*v, "max_tokens", 0, int64_t(1) << 31);
+    max_param = "max_tokens";
+  }
+  if (const ojson* v = field(j, "max_completion_tokens")) {
+    r.max_tokens = get_int(*v, "max_completion_tokens", 0, int64_t(1) << 31);
+    max_param = "max_completion_tokens";
+  }
 
   if (const ojson* v = field(j, "n")) r.n = int(get_int(*v, "n", 1, limits.max_n));
   const size_t n_prompts = chat ? 1 : r.prompts.size();
@@ -531,10 +604,26 @@ OpenAiRequest parse_openai_json(const ojson& j, ApiKind kind, const ParseLimits&
   } else {
     if (const ojson* v = field(j, "logprobs")) r.n_logprobs = int(get_int(*v, "logprobs", 0, limits.max_logprobs));
     if (const ojson* v = field(j, "echo")) r.echo = get_bool(*v, "echo");
-    if (r.echo && r.n_logprobs >= 0)
-      bad_request("echo", "echo together with logprobs (prompt logprobs) is not supported.");
     if (const ojson* v = field(j, "suffix"); v && !get_string(*v, "suffix").empty())
       bad_request("suffix", "'suffix' (insertion) is not supported by this model.");
+  }
+
+  // Chat has no echo: its prompt is the template's rendering, not text the client sent.
+  if (const ojson* v = field(j, "echo"); chat && v && get_bool(*v, "echo"))
+    bad_request("echo", "'echo' is a /v1/completions parameter: chat completions do not echo the prompt (its "
+                "scores: 'prompt_logprobs').");
+  // vLLM's extension: each prompt token's logprob with that many alternatives.
+  if (const ojson* v = field(j, "prompt_logprobs"); v && !v->is_null())
+    r.prompt_logprobs = int(get_int(*v, "prompt_logprobs", 0, limits.max_logprobs));
+  if (r.max_tokens == 0) {
+    // A pure scoring request (lm-evaluation-harness's loglikelihood): the prompt's logprobs and
+    // nothing generated. It must ask for them as OpenAI did, by echo with logprobs.
+    if (chat)
+      bad_request(max_param, "'", max_param, "' must be in [1, 2147483648], got 0 (0 only scores a prompt: "
+                  "/v1/completions with echo and logprobs; chat has no echo).");
+    if (!(r.echo && r.n_logprobs >= 0))
+      bad_request(max_param, "'", max_param, "' must be in [1, 2147483648], got 0 (0 only scores the prompt, with "
+                  "echo: true and logprobs set).");
   }
 
   if (const ojson* v = field(j, "ignore_eos")) r.ignore_eos = get_bool(*v, "ignore_eos");
@@ -639,6 +728,27 @@ OpenAiRequest parse_openai_json(const ojson& j, ApiKind kind, const ParseLimits&
     const int64_t t = get_int(*v, "truncate_prompt_tokens", -1, int64_t(1) << 31);
     if (t == 0) bad_request("truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1, got 0.");
     r.truncate_prompt_tokens = t;
+  }
+
+  if (const ojson* v = field(j, "organize")) {
+    r.organize = parse_organize(*v);
+    if (r.organize && !chat)
+      bad_request("organize", "organize is a chat-completions extension (/v1/chat/completions); /v1/completions takes "
+                  "only \"none\".");
+  }
+  if (r.organize) {
+    // Skeleton-of-Thought answers with one text assembled from many requests: nothing that
+    // shapes a single answer's tokens can hold for the whole.
+    const auto conflict = [](const std::string& what) {
+      bad_request("organize", "'organize' (Skeleton-of-Thought) cannot be combined with ", what, ".");
+    };
+    if (r.n > 1) conflict(str_cat("n > 1 (got ", r.n, "): it gives one answer"));
+    if (r.tool_choice.mode != ToolChoiceMode::None)
+      conflict("tools (the answer is text; set tool_choice \"none\" or leave out tools)");
+    if (constraint) conflict(str_cat("'", constraint, "' (structured output constrains one answer, not its points)"));
+    if (r.n_logprobs >= 0) conflict("logprobs");
+    if (r.prompt_logprobs >= 0) conflict("prompt_logprobs (its points are scored on prompts of their own)");
+    if (r.truncate_prompt_tokens) conflict("truncate_prompt_tokens (its prompts are built from the messages)");
   }
   return r;
 }

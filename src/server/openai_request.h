@@ -77,6 +77,18 @@ struct PromptCompressionRequest {
   bool keep_names = false;
 };
 
+// "organize": "skeleton" (or an object) asks a chat for Skeleton-of-Thought
+// (server/skeleton_of_thought.h, docs/server.md): a skeleton of points first, then every point
+// expanded at once. Validated: 1..32 non-empty given points, 2 <= max_points <= 32,
+// 1 <= min_points <= max_points, token budgets >= 1. "none" (the default) leaves the field unset.
+struct OrganizeRequest {
+  std::vector<std::string> points;    // given: no skeleton stage
+  int max_points = 10;                // a longer skeleton is cut here
+  int min_points = 2;                 // a shorter one falls back to plain decoding
+  int64_t point_max_tokens = 128;     // each point's expansion (also capped by max_tokens)
+  int64_t skeleton_max_tokens = 200;  // the skeleton stage
+};
+
 // One prompt of /v1/completions: text, or token ids given directly.
 struct Prompt {
   bool is_tokens = false;
@@ -89,7 +101,8 @@ struct OpenAiRequest {
   std::string model;                  // "" when absent: the server's model
   std::vector<Prompt> prompts;        // completions: one or more (prompt may be a batch)
   std::vector<ChatMessage> messages;  // chat
-  std::optional<int64_t> max_tokens;  // absent: completions 16, chat until the context is full
+  std::optional<int64_t> max_tokens;  // absent: completions 16, chat until the context is full;
+                                      // 0 only with echo and logprobs (completions)
   int n = 1;
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
@@ -97,7 +110,13 @@ struct OpenAiRequest {
   SamplingParams sampling;            // OpenAI's defaults where a field is absent (see .cpp)
   std::optional<uint64_t> seed;
   int n_logprobs = -1;                // -1: none; else alternatives per token (0..max_logprobs)
-  bool echo = false;                  // completions: prepend the prompt to the text
+  // Completions: prepend the prompt to the text; with logprobs, the choice's logprobs begin
+  // with the prompt's tokens too (the first with null scores), and max_tokens may be 0 (score
+  // the prompt only).
+  bool echo = false;
+  // Extension (vLLM): -1 none; 0..max_logprobs: each prompt token's logprob and rank with that
+  // many alternatives ("prompt_logprobs" of a completions choice, of a chat response).
+  int prompt_logprobs = -1;
   bool ignore_eos = false;            // extension (vLLM): keep going past end-of-generation
   int priority = 0;                   // extension (vLLM): lower is served first
   // Extension: false decodes this request without speculative decoding on a server started
@@ -128,6 +147,10 @@ struct OpenAiRequest {
   // {"ratio": R, "method": "llmlingua", "unit": "word", "keep_numbers": false, "keep_names": false}.
   // The server needs a scorer (tern serve --scorer, or its model's own file).
   std::optional<PromptCompressionRequest> prompt_compression;
+
+  // Extension (chat only): organize the answer as a Skeleton-of-Thought. Refused with n > 1,
+  // tools, a structured-output constraint, logprobs or truncate_prompt_tokens.
+  std::optional<OrganizeRequest> organize;
 };
 
 struct ParseLimits {

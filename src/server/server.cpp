@@ -19,6 +19,7 @@
 #include "server/embeddings_api.h"
 #include "server/ollama_format.h"
 #include "server/openai_format.h"
+#include "server/skeleton_api.h"
 #include "server/structured_output.h"
 #include "server/tool_calls.h"
 #include "server/web_assets.h"
@@ -205,6 +206,10 @@ struct Server::Impl {
     int64_t load_ns = 0;                  // this request's wait for the model's load
     Impl* impl = nullptr;
     std::unique_ptr<InFlight> in_flight;
+    // "organize": "skeleton": the run that answers instead of the choices below (ids stays
+    // empty). Declared after `model` and `in_flight`: its destructor's aborts reach the engine
+    // before the request leaves the in-flight count (which shutdown waits on) and the model goes.
+    std::unique_ptr<SkeletonOfThought> sot;
     // Which API answers: OpenAI's (error objects, SSE) or Ollama's ({"error"}, NDJSON).
     bool ollama = false;
     // Ollama's "model" in answers: the name as the request gave it ("x:latest" stays so), as
@@ -246,12 +251,14 @@ struct Server::Impl {
     bool all_done() const { return n_done == int(choices.size()); }
 
     void abort_unfinished() {
+      if (sot && !sot->done()) sot->abort();
       for (size_t p = 0; p < ids.size(); ++p)
         if (ids[p] != 0 && unfinished[p] > 0) model->backend->abort(ids[p]);
       std::fill(unfinished.begin(), unfinished.end(), 0);
     }
 
     Usage usage() const {
+      if (sot) return skeleton_usage(sot->result());
       Usage u;
       for (size_t p = 0; p < prompt_tokens.size(); ++p) {
         u.prompt_tokens += prompt_tokens[p];
@@ -288,6 +295,10 @@ struct Server::Impl {
         c.text += ev.out.text;
         if (req.n_logprobs >= 0) c.tokens.insert(c.tokens.end(), ev.out.tokens.begin(), ev.out.tokens.end());
       }
+      // The engine sends a prompt's scores once (with completion 0): every choice of the prompt
+      // shows them.
+      if (!ev.out.prompt_logprobs.empty())
+        for (int k = 0; k < req.n; ++k) choices.at(size_t(ev.prompt * req.n + k)).prompt_scores = ev.out.prompt_logprobs;
       if (keep_answer_ids && index == 0)
         for (const auto& t : ev.out.tokens) answer_ids.push_back(t.id);
       if (ev.out.finished && !c.finished) {
@@ -364,7 +375,12 @@ struct Server::Impl {
     for (const auto& [id, bias] : r.sampling.logit_bias)
       if (id >= tok.n_vocab())
         bad_request("logit_bias", "token id ", id, " is outside the vocabulary [0, ", tok.n_vocab(), ").");
-    job->meta = {kind, new_response_id(kind), unix_now(), m.id, m.system_fingerprint, cfg.timings};
+    job->meta.kind = kind;
+    job->meta.id = new_response_id(kind);
+    job->meta.created = unix_now();
+    job->meta.model = m.id;
+    job->meta.system_fingerprint = m.system_fingerprint;
+    job->meta.timings = cfg.timings;
     job->parse_tools = kind == ApiKind::Chat && !r.tools.empty() && r.tool_choice.mode != ToolChoiceMode::None;
     job->forced_tools = job->parse_tools && (r.tool_choice.mode == ToolChoiceMode::Required ||
                                              r.tool_choice.mode == ToolChoiceMode::Named);
@@ -378,9 +394,6 @@ struct Server::Impl {
     std::optional<prompt::CompressOptions> compress;
     prompt::PromptOptions compress_popts;
     if (const auto& pc = r.prompt_compression ? r.prompt_compression : cfg.default_prompt_compression) {
-      if (!cfg.prompt_compressor)
-        bad_request("prompt_compression", "this server has no scorer for prompt compression (start it with --scorer FILE "
-                    "or --compress-prompt R).");
       compress.emplace();
       compress->ratio = pc->ratio;
       compress->method = *prompt::method_from_name(pc->method);
@@ -399,13 +412,35 @@ struct Server::Impl {
       const int64_t kept = compression_report["kept_tokens"];
       compression_report["ratio_achieved"] = kept > 0 ? compression_report["tokens"].get<double>() / double(kept) : 0.0;
     };
+    // The scorer: --scorer FILE's own session, else the request's model through its engine (its
+    // scoring requests queue and batch with everyone else's; shutdown cancels the wait).
+    BackendScorerOptions scorer_opts;
+    scorer_opts.priority = r.priority;
+    scorer_opts.lora = m.lora;
+    scorer_opts.deadline = Clock::now() + std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
+    scorer_opts.cancelled = [this] { return abort_all.load(); };
+    const auto compress_one = [&](const std::vector<int32_t>& ids, const std::string& text, bool parse_special) {
+      if (cfg.prompt_compressor)
+        return cfg.prompt_compressor->compress(tok, m.id, ids, text, parse_special, *compress, compress_popts);
+      try {
+        return compress_on_backend(*m.backend, scorer_opts, ids, text, parse_special, *compress, compress_popts);
+      } catch (const EngineOverloaded& e) {
+        throw overloaded_error(e);
+      }
+    };
     if (compress && kind == ApiKind::Chat) {
       for (ChatMessage& msg : r.messages) {
         if ((msg.role != "user" && msg.role != "system") || msg.content.empty()) continue;
-        CompressedIds c = cfg.prompt_compressor->compress(tok, m.id, {}, msg.content, false, *compress, compress_popts);
+        CompressedIds c = compress_one({}, msg.content, false);
         msg.content = std::move(c.text);
         add_report(c.report);
       }
+    }
+    // Skeleton-of-Thought builds its own prompts from the (compressed) messages.
+    if (r.organize) {
+      job->meta.prompt_compression = std::move(compression_report);
+      job->sot = start_skeleton(r, m);
+      return job;
     }
 
     std::vector<std::vector<int32_t>> prompts;
@@ -437,7 +472,7 @@ struct Server::Impl {
     if (compress && kind != ApiKind::Chat) {
       for (size_t i = 0; i < prompts.size(); ++i) {
         const std::string& text = r.prompts[i].is_tokens ? std::string() : r.prompts[i].text;
-        CompressedIds c = cfg.prompt_compressor->compress(tok, m.id, prompts[i], text, true, *compress, compress_popts);
+        CompressedIds c = compress_one(prompts[i], text, true);
         prompts[i] = std::move(c.ids);
         add_report(c.report);
       }
@@ -466,10 +501,29 @@ struct Server::Impl {
     const char* max_param = r.kind == ApiKind::Chat ? "max_completion_tokens" : "max_tokens";
     int64_t max_tokens = r.max_tokens.value_or(r.kind == ApiKind::Chat || opt.until_context_end ? n_ctx : 16);
     const bool evicting = r.kv_policy ? r.kv_policy->evicts() : m.backend->evicts_by_default();
+    // Prompt scores: echo with logprobs (completions, OpenAI's) and prompt_logprobs (vLLM's), one
+    // engine request scoring with the alternatives of the larger.
+    const int echo_logprobs = r.kind == ApiKind::Completion && r.echo ? r.n_logprobs : -1;
+    const int engine_prompt_logprobs = std::max(echo_logprobs, r.prompt_logprobs);
+    const char* score_param = r.prompt_logprobs >= 0 ? "prompt_logprobs" : "echo";
+    const char* score_what = r.prompt_logprobs >= 0 ? "prompt_logprobs" : "echo with logprobs";
+    if (engine_prompt_logprobs >= 0) {
+      if (evicting)
+        bad_request(score_param, "prompt scores (", score_what, ") need every prompt token to attend to the whole "
+                    "prompt before it, and the KV policy ",
+                    r.kv_policy ? "the request chose" : "this server runs (--kv-policy)", " evicts: send \"kv_policy\": {\"type\": \"none\"}.");
+      // The engine sends a prompt's scores with its first completion only: a stream of several
+      // could not show them on the others' first chunks.
+      if (r.stream && r.n > 1)
+        bad_request(score_param, "a stream with prompt scores (", score_what, ") takes n = 1, got ", r.n,
+                    "; without \"stream\" every choice carries them.");
+    }
+    const bool scoring_only = engine_prompt_logprobs >= 0 && r.max_tokens == 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
       const int64_t n_prompt = int64_t(prompts[i].size());
       if (n_prompt == 0) bad_request("prompt", "the prompt is empty and this model adds no BOS token.");
-      if (n_prompt >= n_ctx)
+      // A request that only scores its prompt generates nothing: the prompt may fill the context.
+      if (n_prompt > n_ctx || (n_prompt == n_ctx && !scoring_only))
         throw ApiError(400, "invalid_request_error", r.kind == ApiKind::Chat ? "messages" : "prompt",
                        "context_length_exceeded",
                        str_cat("This model's maximum context length is ", n_ctx, " tokens. However, your ",
@@ -490,9 +544,24 @@ struct Server::Impl {
     // tokens x (1 + logprob alternatives) over every choice. An explicit max_tokens over it is
     // refused; the default is clipped to it.
     const int64_t n_choices = int64_t(prompts.size()) * r.n;
-    if (!r.stream && response_entries(n_choices, max_tokens, r.n_logprobs) > cfg.max_response_entries) {
+    // Prompt scores are copied to every choice of their prompt; they come first from the budget.
+    int64_t score_entries = 0;
+    if (engine_prompt_logprobs >= 0 && !r.stream) {
+      // Per prompt token: the echoed token with its alternatives, vLLM's entry with its own.
+      const int64_t per_token = (echo_logprobs >= 0 ? 1 + echo_logprobs : 0) +
+                                (r.prompt_logprobs >= 0 ? 1 + r.prompt_logprobs : 0);
+      for (const auto& p : prompts) score_entries += int64_t(p.size()) * r.n * per_token;
+      if (score_entries > cfg.max_response_entries)
+        throw ApiError(400, "invalid_request_error", score_param, "response_too_large",
+                       str_cat("The prompt scores of this request would be ", score_entries,
+                               " response entries (prompt tokens x choices x alternatives), over the server's limit of ",
+                               cfg.max_response_entries, " for an answer that is not streamed. Set \"stream\": true, or "
+                               "send fewer or shorter prompts, a lower n or fewer alternatives."));
+    }
+    const int64_t entries_left = cfg.max_response_entries - score_entries;
+    if (!r.stream && max_tokens > 0 && response_entries(n_choices, max_tokens, r.n_logprobs) > entries_left) {
       const int64_t per_token = response_entries(n_choices, 1, r.n_logprobs);
-      const int64_t fits = cfg.max_response_entries / per_token;
+      const int64_t fits = entries_left / per_token;
       if (r.max_tokens || fits < 1)
         throw ApiError(400, "invalid_request_error", max_param, "response_too_large",
                        str_cat("This request could produce ", response_entries(n_choices, max_tokens, r.n_logprobs),
@@ -512,7 +581,10 @@ struct Server::Impl {
     for (size_t i = 0; i < job->choices.size(); ++i) {
       job->choices[i].index = int(i);
       job->choices[i].text = job->echo[i / size_t(r.n)];
+      if (engine_prompt_logprobs >= 0) job->choices[i].prompt_first = prompts[i / size_t(r.n)][0];
     }
+    job->meta.echo_logprobs = echo_logprobs;
+    job->meta.prompt_logprobs = r.prompt_logprobs;
     if (job->parse_tools && r.stream)
       for (size_t i = 0; i < job->choices.size(); ++i)
         job->tool_parsers.push_back(std::make_unique<ToolCallParser>(m.chat_template.tool_format, tool_parser_options(r)));
@@ -529,6 +601,8 @@ struct Server::Impl {
       params.stop = r.stop;
       params.ignore_eos = r.ignore_eos;
       params.n_logprobs = r.n_logprobs;
+      params.prompt_logprobs = engine_prompt_logprobs;
+      params.prompt_logprobs_from = 1;
       params.priority = r.priority;
       params.speculative = r.speculative;
       params.kv_policy = r.kv_policy;
@@ -537,18 +611,11 @@ struct Server::Impl {
       params.lora = m.lora;
       std::weak_ptr<EventMailbox> weak = job->mailbox;
       const int prompt_index = int(i);
-      uint64_t id = 0;
-      try {
-        id = m.backend->add_request(std::move(params), [weak, prompt_index](const RequestOutput& out) {
+      const uint64_t id = with_engine_errors("", [&] {
+        return m.backend->add_request(std::move(params), [weak, prompt_index](const RequestOutput& out) {
           if (auto mb = weak.lock()) mb->push({prompt_index, out});
         });
-      } catch (const ApiError&) {
-        throw;
-      } catch (const EngineOverloaded& e) {
-        throw overloaded_error(e);
-      } catch (const Error& e) {
-        bad_request("", e.what());
-      }
+      });
       if (id == 0)
         throw ApiError(429, "rate_limit_error", "", "queue_full",
                        "The server's request queue is full. Please retry after a short wait.");
@@ -598,7 +665,74 @@ struct Server::Impl {
     }
     go_live(*job, std::move(guard), hreq);
     if (job->req.stream) start_stream(job, res);
+    else if (job->sot) skeleton_whole(job, res);
     else wait_whole(job, res);
+  }
+
+  // A Skeleton-of-Thought run (server/skeleton_api.h), not streamed: polled on this thread
+  // (the engine runs on its own) until it ends or the request is interrupted.
+  void skeleton_whole(const std::shared_ptr<Job>& job, HttpResponse& res) {
+    SkeletonOfThought& sot = *job->sot;
+    while (!sot.done()) {
+      sot.poll(kPollInterval);
+      if (sot.done()) break;
+      if (const char* why = job->interrupted()) {
+        job->abort_unfinished();
+        finish_interrupted(*job, res, why);
+        return;
+      }
+    }
+    if (!sot.result().error.empty()) {
+      const SkeletonFailure f = skeleton_failure(sot.result());
+      job->finish_accounting(f.status);
+      job_error(*job, res, f.status, f.message);
+      return;
+    }
+    job->finish_accounting(200);
+    set_json(res, 200, skeleton_response(job->meta, sot.result(), job->model->backend->tokenizer()));
+  }
+
+  // The stream of a Skeleton-of-Thought run: as stream_body, with the run's own chunks.
+  bool stream_skeleton(Job& job, HttpStreamSink& sink) {
+    SkeletonOfThought& sot = *job.sot;
+    SkeletonStream stream(job.meta, job.req.include_usage);
+    std::string out = stream.begin(sot.result());
+    std::string error;
+    int error_status = 0;
+    while (true) {
+      if (!out.empty() && !sink.write(out)) {
+        job.abort_unfinished();
+        if (!job.counted) job.finish_accounting(499);
+        return false;
+      }
+      if (sot.done()) break;
+      if (const char* why = job.interrupted()) {
+        const std::string w = why;
+        job.abort_unfinished();
+        if (w == "disconnected") {
+          job.finish_accounting(499);
+          return false;
+        }
+        error = w == "timeout" ? str_cat("the request ran past the server's time limit (", cfg.request_timeout_s, " s).")
+                               : "the server is shutting down.";
+        error_status = 503;
+        break;
+      }
+      out = stream.render(sot.poll(kPollInterval), sot.result());
+    }
+    if (error.empty() && !sot.result().error.empty()) {
+      const SkeletonFailure f = skeleton_failure(sot.result());
+      error = f.message;
+      error_status = f.status;
+    }
+    if (!error.empty()) {
+      job.finish_accounting(error_status);
+      sink.write(sse_event(error_json(error, error_type_for(error_status))) + kSseDone);
+      return true;
+    }
+    job.finish_accounting(200);
+    sink.write(stream.finish(sot.result()));
+    return true;
   }
 
   // An error answer of a request in the shape of its API.
@@ -683,7 +817,8 @@ struct Server::Impl {
     res.content_type = "text/event-stream";
     res.stream = [this, job](HttpStreamSink& sink) {
       try {
-        stream_body(*job, sink);
+        if (job->sot) stream_skeleton(*job, sink);
+        else stream_body(*job, sink);
       } catch (const std::exception& e) {
         // It ends only this stream.
         std::fprintf(stderr, "tern serve: stream failed: %s\n", e.what());
@@ -799,15 +934,21 @@ struct Server::Impl {
     const OpenAiRequest& r = job.req;
     const bool chat = r.kind == ApiKind::Chat;
     auto send = [&](const std::string& s) { return sink.write(s); };
+    // With echo and logprobs the echoed prompt waits for its scores, to leave in one chunk.
+    const bool echo_with_scores = job.meta.echo_logprobs >= 0;
+    const bool prompt_scores = echo_with_scores || job.meta.prompt_logprobs >= 0;
     for (const auto& c : job.choices) {
       if ((chat && !send(sse_event(role_chunk(job.meta, c.index, r.include_usage)))) ||
-          (!c.text.empty() && !send(sse_event(text_chunk(job.meta, c.index, c.text, nullptr, r.include_usage))))) {
+          (!c.text.empty() && !echo_with_scores &&
+           !send(sse_event(text_chunk(job.meta, c.index, c.text, nullptr, r.include_usage))))) {
         job.abort_unfinished();
         if (!job.counted) job.finish_accounting(499);
         return false;
       }
     }
     const StreamEnd end = pump_stream(job, sink, [&](ChoiceResult& c, const RequestOutput& o, std::string& out) {
+      if (prompt_scores && !o.prompt_logprobs.empty())
+        out += sse_event(prompt_scores_chunk(job.meta, c.index, c.text, c, job.model->backend->tokenizer(), r.include_usage));
       bool called_tools = false;
       if (job.parse_tools) {
         called_tools = stream_tool_events(job, c.index, o, out);

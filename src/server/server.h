@@ -77,9 +77,9 @@ struct ServerConfig {
   // The /admin/ routes (POST /admin/swap_base): "Authorization: Bearer ADMIN_KEY" required, the
   // API key does not open them. Empty: they answer 403 (off).
   std::string admin_key;
-  // Prompt compression (docs/data-level.md): the scorer (null: a request asking for compression
-  // gets a 400), and what every request that does not ask gets (--compress-prompt R; none when
-  // unset).
+  // Prompt compression (docs/data-level.md): the scorer of --scorer FILE (null: each request's
+  // own model scores through its engine, server/backend_scorer.h), and what every request that
+  // does not ask gets (--compress-prompt R; none when unset).
   std::shared_ptr<PromptCompressor> prompt_compressor;
   std::optional<PromptCompressionRequest> default_prompt_compression;
 };

@@ -4,7 +4,8 @@
 // latency, KV memory used and wasted, the prefix-cache hit rate and peak RSS. With a drafter
 // (--lookup N, --draft FILE) it reports speculative decoding's acceptance too; --spec-compare
 // runs the same workload plainly and then speculatively, on two engines in turn, and reports
-// both with their ratios.
+// both with their ratios. --organize skeleton asks every prompt as a Skeleton-of-Thought
+// question and compares it with the same tokens decoded one after another (bench_skeleton.h).
 //
 // The engine is driven from this thread (Engine::step()), so arrivals are injected between
 // steps exactly when due and no thread is spent on a client.
@@ -30,12 +31,14 @@
 #include "prompt/session_scorer.h"
 #include "runtime/session.h"
 #include "tools/cli_util.h"
+#include "tools/bench_skeleton.h"
 #include "tools/latency_args.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
 #include "tools/progress.h"
 #include "tools/prompt_compression.h"
 #include "tools/serve_models.h"
+#include "tools/sot_args.h"
 #include "tools/spec_args.h"
 
 namespace tern {
@@ -364,7 +367,27 @@ int cmd_bench_serve(int argc, char** argv) {
                                     "compress every prompt to about 1/R of its tokens first (the scorer's time is added "
                                     "to each request's TTFT and latency)",
                                     "with --compress-prompt; default: -m itself");
+  std::string organize = "none", chart_path;
+  app.add_option("--organize", organize,
+                 "output organization: none (each prompt one request), or skeleton (each prompt a Skeleton-of-Thought "
+                 "question, compared with its points decoded one after another; concurrency 1 by default)")
+      ->capture_default_str()->check(CLI::IsMember({"none", "skeleton"}));
+  SotArgs sot_args;
+  sot_args.add_to(app);
+  app.add_option("--chart", chart_path, "with --organize skeleton: an SVG bar chart of each question's latency");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  const bool skeleton = organize == "skeleton";
+  if (!skeleton) {
+    for (const char* flag : {"--skeleton", "--chat-template", "--skeleton-tokens", "--point-tokens", "--plain-tokens",
+                             "--min-points", "--max-points", "--chart"})
+      if (app.count(flag) > 0) fail(flag, " needs --organize skeleton");
+  } else {
+    // A Skeleton-of-Thought run is a closed-loop client of its own: one workload, plain requests.
+    for (const char* flag : {"--request-rate", "--spec-compare", "--lora", "--lora-random", "--save-prompts"})
+      if (app.count(flag) > 0) fail(flag, " does not combine with --organize skeleton");
+    if (compress_args.given(app)) fail("--compress-prompt does not combine with --organize skeleton");
+    if (!conc->count()) concurrency = 1;  // one question at a time: the latency SoT is about
+  }
   const bool compress = compress_args.given(app);
   const prompt::CompressOptions compress_opts = compress_args.options(compress ? compress_args.ratio : 2.0);
   const std::string& scorer_path = compress_args.scorer;
@@ -374,7 +397,12 @@ int cmd_bench_serve(int argc, char** argv) {
   ecfg.kv_policy = kv_policy_args.config();
   ecfg.prefix_caching = !no_prefix_cache;
   ecfg.max_waiting = std::max<int64_t>(ecfg.max_waiting, num_prompts + warmup + 1);
+  // A Skeleton-of-Thought run submits all its points (up to --max-points) at once.
+  if (skeleton) ecfg.max_waiting = std::max<int64_t>(ecfg.max_waiting, num_prompts * (sot_args.max_points + 1) + warmup + 1);
   apply_latency_args(latency, ecfg);
+  // The auto TBT target is sized for --parallel sequences: it would split a run's points over
+  // several steps, and batching them is what Skeleton-of-Thought measures.
+  if (skeleton && app.count("--tbt-target-ms") == 0) ecfg.tbt_target_ms = 0;
   const SpecConfig spec = spec_config_from_args(spec_args);
   const bool speculative = spec.source != DraftSource::None;
   if (spec_compare && !speculative) fail("--spec-compare needs a drafter to compare with: --lookup N or --draft FILE");
@@ -386,6 +414,14 @@ int cmd_bench_serve(int argc, char** argv) {
     // Before the model loads: a path that cannot be written, or that is one of the inputs.
     check_output_path(save_prompts);
     check_output_not_input(save_prompts, {model_path, tokenizer_bin, prompts_file, spec.draft_path});
+  }
+  // Before the model loads: a bad --skeleton file or budget, and a chart path that cannot be written.
+  server::SkeletonOptions sot_options;
+  if (skeleton) sot_options = sot_args.options();
+  if (!chart_path.empty()) {
+    check_output_path(chart_path);
+    check_output_not_input(chart_path, {model_path, tokenizer_bin, prompts_file, sot_args.skeleton_file,
+                                        sot_args.chat_template});
   }
 
   // Before the engine: its callbacks write here, and ~Engine would call them for anything
@@ -463,6 +499,29 @@ int cmd_bench_serve(int argc, char** argv) {
       while (int64_t(ids.size()) < len) ids.push_back(lo + int32_t(rng() % uint64_t(hi - lo)));
       prompts.push_back(std::move(ids));
     }
+  }
+
+  if (skeleton) {
+    // The questions are the prompts' text: ShareGPT turns as truncated, or the synthetic
+    // prompts' random tokens decoded.
+    SkeletonBenchSetup setup;
+    setup.model_path = model_path;
+    setup.prompts_desc = prompts_file.empty() ? "synthetic" : prompts_file;
+    for (std::vector<int32_t> ids : prompts) {
+      if (!ids.empty() && ids.front() == tok->bos_id()) ids.erase(ids.begin());
+      setup.questions.push_back(tok->decode(ids));
+    }
+    setup.chat_template = sot_chat_template(sot_args.chat_template, *file, *tok);
+    setup.sot = std::move(sot_options);
+    setup.concurrency = concurrency;
+    setup.warmup = warmup;
+    setup.temperature = temperature;
+    setup.seed = uint64_t(seed);
+    setup.ignore_eos = !ignore_eos_off;
+    setup.n_threads = ecfg.n_threads;
+    setup.json = json;
+    setup.chart_path = chart_path;
+    return run_skeleton_bench(std::move(engine), [&] { return std::make_unique<Engine>(file, tok, ecfg); }, *tok, setup);
   }
 
   // Prompt compression, before the clock starts: each prompt's scorer time is charged to its

@@ -81,6 +81,12 @@ int cmd_distill(int argc, char** argv) {
   app.add_option("--sample-len", sample_len, "tokens per teacher sample (default: --ctx)");
   app.add_option("--sample-temp", sample_temp, "sampling temperature of the teacher samples")->capture_default_str();
   app.add_option("--save-samples", save_samples, "write the teacher samples to this text file");
+  float act_l1 = 0.0f;
+  app.add_flag("--relufy", a.relufy,
+               "ReLU-fy the student (-m): its SwiGLU FFNs become ReGLU, recovered by distillation from the teacher "
+               "(docs/sparsity.md; tern sparsify --relufy does it by plain fine-tuning)");
+  app.add_option("--act-l1", act_l1, "weight of an L1 penalty on the student's FFN activations (more zeros)")
+      ->capture_default_str();
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   kd.divergence = train::parse_kd_divergence(kd_name);
   const train::DistillLossWeights weights =
@@ -152,6 +158,7 @@ int cmd_distill(int argc, char** argv) {
   }
 
   TrainSetup s = setup_training(app, a, "tern distill", false, n_samples > 0 ? &samples_text : nullptr);
+  s.trainer->forward_backward().set_activation_l1(act_l1);
   if ((token_level || hidden) && a.vocab_from.empty() && a.model.empty() && !a.resume) fail("tern distill: no student");
 
   std::unique_ptr<LoadedSession> teacher;

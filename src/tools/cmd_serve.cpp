@@ -299,8 +299,8 @@ int cmd_serve(int argc, char** argv) {
   compress_args.add_command_options(app,
                                     "compress every request's prompt to about 1/R of its tokens unless the request "
                                     "asks otherwise (\"prompt_compression\": {...})",
-                                    "default: the model itself, loaded a second time; without --compress-prompt it "
-                                    "serves the requests that ask");
+                                    "default: each request's own model, scoring through its serving engine (batched "
+                                    "with the other requests, sharing the prefix cache)");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   const double compress_ratio = compress_args.ratio;
   std::string scorer_path = compress_args.scorer;
@@ -338,11 +338,8 @@ int cmd_serve(int argc, char** argv) {
     d.keep_numbers = compress_args.keep_numbers;
     d.keep_names = compress_args.keep_names;
     scfg.default_prompt_compression = d;
-    if (scorer_path.empty()) {
-      if (!single) throw Error("--compress-prompt with several models needs --scorer FILE (a model of their vocabulary)");
-      scorer_path = margs.model;
-    }
   }
+  // Without --scorer, prompt compression scores through each request's model's own engine.
   if (!scorer_path.empty()) {
     auto sfile = open_model_file(scorer_path);
     // The longest prompt it may score: the served context (or the scorer's own, if shorter).

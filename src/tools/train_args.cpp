@@ -211,6 +211,10 @@ TrainSetup setup_training(const CLI::App& app, TrainArgs& a, const std::string& 
     sh.validate("the new model's shape");
     s.model = train::init_model(sh, a.cfg.seed);
   }
+  if (a.relufy) {
+    if (a.model.empty() && !a.resume) fail(cmd, ": --relufy changes a trained model's FFN: give it with -m MODEL");
+    s.model.shape.ffn_relu = true;
+  }
   s.tokenizer = Tokenizer::from_gguf(*s.vocab_file);
   if (s.tokenizer->n_vocab() != s.model.shape.n_vocab)
     fail(s.vocab_file->path(), ": the tokenizer has ", s.tokenizer->n_vocab(), " tokens but the model's vocabulary is ",

@@ -32,6 +32,9 @@ struct TrainArgs {
   int64_t self_samples = 1000;    // --data self: samples the model writes (--self-samples)
   int64_t self_sample_len = 0;    // their tokens (0: --ctx)
   DType qat_type = DType::F32;    // parsed --qat
+  // tern sparsify --relufy: the loaded model's SwiGLU FFNs become ReGLU (max(gate, 0) * up)
+  // before training, which then recovers what the change cost (the checkpoints say "relu").
+  bool relufy = false;
 };
 
 void add_train_args(CLI::App& app, TrainArgs& a, bool distill);

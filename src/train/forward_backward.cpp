@@ -405,7 +405,9 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool 
     linear_forward(E, F, a.h2.data(), wt(l.w_up), a.up.data(), false);
     lora_forward(il, int(LoraKind::Gate), a.h2.data(), a.gate.data(), train);
     lora_forward(il, int(LoraKind::Up), a.h2.data(), a.up.data(), train);
-    swiglu_forward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.act.data(), a.gate_sig.data());
+    // gate_sig: sigmoid(gate) for SwiGLU's backward, the on/off mask for ReGLU's.
+    if (shape_.ffn_relu) reglu_forward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.act.data(), a.gate_sig.data());
+    else swiglu_forward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.act.data(), a.gate_sig.data());
     float* next = il + 1 < shape_.n_layer ? acts_[size_t(il + 1)].x.data() : x_final_.data();
     std::memcpy(next, a.x_mid.data(), size_t(N * E) * sizeof(float));
     linear_forward(F, E, a.act.data(), wt(l.w_down), next, true);
@@ -416,6 +418,11 @@ void ForwardBackward::forward(const TrainModel& m, const int32_t* windows, bool 
                          rstd_final_.data());
   linear_forward(E, V, h_final_.data(), wt(m.output), logits_.data(), false);
   lora_forward(-1, int(LoraKind::Output), h_final_.data(), logits_.data(), train);
+}
+
+void ForwardBackward::set_activation_l1(float lambda) {
+  if (!(lambda >= 0.0f) || !std::isfinite(lambda)) fail("the activation L1 weight must be a finite number >= 0 (got ", lambda, ")");
+  act_l1_ = lambda;
 }
 
 void ForwardBackward::set_hidden_loss(std::vector<int64_t> layers, HiddenLossFn fn) {
@@ -474,6 +481,19 @@ double ForwardBackward::forward_loss(const TrainModel& m, const int32_t* windows
   forward(m, windows, false);
   if (n_scored_ == 0) return 0.0;
   return cross_entropy_loss<float>(pool_, n_tok_, shape_.n_vocab, logits_.data(), targets_.data()) / double(n_scored_);
+}
+
+double ForwardBackward::activation_l1_penalty(const TrainModel& m, const int32_t* windows) {
+  forward(m, windows, false);
+  double sum = 0.0;
+  for (int64_t il = 0; il < shape_.n_layer; ++il) {
+    const float* act = acts_[size_t(il)].act.data();
+    const int64_t F = shape_.ff_length(il);
+    double layer = 0.0;
+    for (int64_t i = 0; i < n_tok_ * F; ++i) layer += std::fabs(double(act[i]));
+    sum += layer / double(F);
+  }
+  return double(act_l1_) * sum / double(n_scored_ > 0 ? n_scored_ : 1);
 }
 
 double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* windows, float* g, float grad_scale,
@@ -560,8 +580,19 @@ double ForwardBackward::forward_backward(const TrainModel& m, const int32_t* win
     if (!frozen && l.b_down != LayerOffsets::kAbsent) bias_backward(N, E, dx_.data(), g + l.b_down);
     linear_backward(F, E, a.act.data(), lin(l.w_down), dx_.data(), dact_.data(), false, gw(l.w_down));
     lora_backward(il, int(LoraKind::Down), a.act.data(), dx_.data(), dact_.data(), gl);
-    swiglu_backward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.gate_sig.data(), dact_.data(), dgate_.data(),
-                           dup_.data());
+    if (act_l1_ > 0.0f) {
+      // The L1 penalty act_l1 * mean_i |act_ti| per token and layer (set_activation_l1).
+      const float c = act_l1_ * scale / float(F);
+      float* d = dact_.data();
+      const float* act = a.act.data();
+      for (int64_t i = 0; i < N * F; ++i) d[i] += act[i] > 0.0f ? c : act[i] < 0.0f ? -c : 0.0f;
+    }
+    if (shape_.ffn_relu)
+      reglu_backward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.gate_sig.data(), dact_.data(), dgate_.data(),
+                            dup_.data());
+    else
+      swiglu_backward<float>(pool_, N * F, a.gate.data(), a.up.data(), a.gate_sig.data(), dact_.data(), dgate_.data(),
+                             dup_.data());
     linear_backward(E, F, a.h2.data(), lin(l.w_gate), dgate_.data(), dh_.data(), false, gw(l.w_gate));
     linear_backward(E, F, a.h2.data(), lin(l.w_up), dup_.data(), dh_.data(), true, gw(l.w_up));
     lora_backward(il, int(LoraKind::Gate), a.h2.data(), dgate_.data(), dh_.data(), gl);

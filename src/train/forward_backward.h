@@ -113,6 +113,11 @@ class ForwardBackward {
   // enters it. forward_backward's loss is then the mean of both. Empty layers or fn: off (the
   // default; costs nothing). Throws tern::Error naming a layer out of range.
   void set_hidden_loss(std::vector<int64_t> layers, HiddenLossFn fn);
+  // An L1 penalty on the FFN activations (ProSparse's way to more activation sparsity in a
+  // ReLU-fied model): lambda * mean over neurons of |act| per token and layer, added to the
+  // gradient only (the loss forward_backward returns stays the cross-entropy, comparable with
+  // runs without it). 0: off. Throws tern::Error for a negative or non-finite lambda.
+  void set_activation_l1(float lambda);
   // The residual-stream output of layer il of the last forward [n_tok][n_embd] (the teacher side of
   // feature distillation, which runs forward_loss only).
   const float* layer_output(int64_t il) const;
@@ -125,6 +130,10 @@ class ForwardBackward {
 
   // Forward only: the mean cross-entropy over the windows' scored targets (validation; no dropout).
   double forward_loss(const TrainModel& model, const int32_t* windows);
+  // Forward only: the activation L1 penalty set_activation_l1 puts on the gradient, as a value
+  // (lambda * sum over tokens and layers of mean_i |act| / scored targets): what its gradient is
+  // the gradient of (tests), and the regularizer's size next to the loss.
+  double activation_l1_penalty(const TrainModel& model, const int32_t* windows);
   // Scored targets of the last forward.
   int64_t n_scored() const { return n_scored_; }
 
@@ -188,6 +197,7 @@ class ForwardBackward {
   // Hidden-state loss (set_hidden_loss): the requested layers and a gradient [n_tok][n_embd] per request.
   std::vector<int64_t> hidden_layers_;
   HiddenLossFn hidden_fn_;
+  float act_l1_ = 0.0f;  // set_activation_l1
   std::vector<std::vector<float>> hidden_grads_;
   // Attention loss (set_attention_loss): the requested layers, a dq and a dk per request.
   std::vector<int64_t> attn_layers_;

@@ -1,4 +1,5 @@
 #include "train/model.h"
+#include "models/hparams.h"
 
 #include <algorithm>
 #include <cmath>
@@ -109,12 +110,13 @@ std::string ModelShape::describe() const {
                           list(&ModelShape::ff_length), ", head_dim ", head_dim());
   const int64_t nbo = count_set(attn_out_bias_l), nbd = count_set(ffn_down_bias_l);
   if (nbo + nbd > 0) s += str_cat(", output biases: attn ", nbo, ", ffn ", nbd);
-  return s + (tied_output ? ", tied output" : "");
+  return s + (tied_output ? ", tied output" : "") + (ffn_relu ? ", ReGLU FFN" : "");
 }
 
 bool ModelShape::same_architecture(const ModelShape& o) const {
   if (!(n_vocab == o.n_vocab && n_embd == o.n_embd && n_layer == o.n_layer && head_dim() == o.head_dim() &&
-        rms_eps == o.rms_eps && rope_freq_base == o.rope_freq_base && tied_output == o.tied_output))
+        rms_eps == o.rms_eps && rope_freq_base == o.rope_freq_base && tied_output == o.tied_output &&
+        ffn_relu == o.ffn_relu))
     return false;
   for (int64_t il = 0; il < n_layer; ++il)
     if (head_count(il) != o.head_count(il) || head_count_kv(il) != o.head_count_kv(il) ||
@@ -258,6 +260,12 @@ ModelShape shape_of(const GgufFile& f) {
   s.n_ctx_train = int64_t(f.get_uint(a + "context_length", 2048));
   s.rms_eps = float(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
   s.rope_freq_base = float(f.get_float(a + "rope.freq_base", 10000.0));
+  if (f.has(kFfnActivationKey)) {
+    const std::string act = f.get_string(kFfnActivationKey);
+    if (act != "relu" && act != "silu")
+      fail(f.path(), ": ", kFfnActivationKey, " is '", act, "'; training knows \"relu\" and \"silu\"");
+    s.ffn_relu = act == "relu";
+  }
   if (const GgufValue* t = f.find("tokenizer.ggml.tokens")) s.n_vocab = int64_t(t->as_array("tokenizer.ggml.tokens").items.size());
   const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
   if (emb == nullptr) fail(f.path(), ": missing tensor token_embd.weight");
@@ -430,6 +438,7 @@ void save_model(const TrainModel& m, const GgufFile& vocab, const std::string& p
   w.set(a + "rope.dimension_count", GgufValue::u32(uint32_t(s.head_dim())));
   w.set(a + "rope.freq_base", GgufValue::f32(s.rope_freq_base));
   w.set(a + "attention.layer_norm_rms_epsilon", GgufValue::f32(s.rms_eps));
+  if (s.ffn_relu) w.set(kFfnActivationKey, GgufValue::string("relu"));
   for (const auto& [k, v] : vocab.metadata())
     if (k.rfind("tokenizer.", 0) == 0) w.set(k, v);
   for (const auto& [k, v] : extra) w.set(k, v);

@@ -24,6 +24,9 @@ struct ModelShape {
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
   bool tied_output = false;       // no output.weight: logits use token_embd
+  // ReGLU FFN, max(gate, 0) * up, instead of SwiGLU: a ReLU-fied model (tern.ffn_activation
+  // "relu", `tern sparsify --relufy`); llama.cpp does not know the key and would run it as SwiGLU.
+  bool ffn_relu = false;
   // Layers that differ (a structured-pruned model: compress/structured.h): [n_layer] each, or
   // empty when every layer has n_head / n_head_kv / n_ff (then files keep the scalar keys).
   std::vector<int64_t> n_head_l, n_head_kv_l, n_ff_l;

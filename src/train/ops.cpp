@@ -154,6 +154,29 @@ void swiglu_backward(ThreadPool* pool, int64_t count, const T* a, const T* b, co
 }
 
 template <class T>
+void reglu_forward(ThreadPool* pool, int64_t count, const T* a, const T* b, T* s, T* mask) {
+  for_rows(pool, count, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const bool on = a[i] > T(0);
+      mask[i] = on ? T(1) : T(0);
+      s[i] = on ? a[i] * b[i] : T(0);
+    }
+  });
+}
+
+template <class T>
+void reglu_backward(ThreadPool* pool, int64_t count, const T* a, const T* b, const T* mask, const T* ds, T* da,
+                    T* db) {
+  for_rows(pool, count, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const T g = ds[i] * mask[i];
+      db[i] = g * a[i];
+      da[i] = g * b[i];
+    }
+  });
+}
+
+template <class T>
 double cross_entropy_fused(ThreadPool* pool, int64_t n, int64_t n_vocab, T* logits, const int32_t* targets,
                            T grad_scale) {
   std::vector<double> row_loss(size_t(n), 0.0);
@@ -212,6 +235,8 @@ double cross_entropy_loss(ThreadPool* pool, int64_t n, int64_t n_vocab, const T*
   template void rope_rotate<T>(ThreadPool*, int64_t, int64_t, int64_t, int64_t, float, T*, bool);                \
   template void swiglu_forward<T>(ThreadPool*, int64_t, const T*, const T*, T*, T*);                             \
   template void swiglu_backward<T>(ThreadPool*, int64_t, const T*, const T*, const T*, const T*, T*, T*);        \
+  template void reglu_forward<T>(ThreadPool*, int64_t, const T*, const T*, T*, T*);                              \
+  template void reglu_backward<T>(ThreadPool*, int64_t, const T*, const T*, const T*, const T*, T*, T*);         \
   template double cross_entropy_fused<T>(ThreadPool*, int64_t, int64_t, T*, const int32_t*, T);                  \
   template double cross_entropy_loss<T>(ThreadPool*, int64_t, int64_t, const T*, const int32_t*);
 TERN_TRAIN_OPS(float)

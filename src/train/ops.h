@@ -51,6 +51,13 @@ void swiglu_forward(ThreadPool* pool, int64_t count, const T* a, const T* b, T* 
 template <class T>
 void swiglu_backward(ThreadPool* pool, int64_t count, const T* a, const T* b, const T* sig, const T* ds, T* da, T* db);
 
+// ReGLU: s = max(a, 0) * b; mask = 1 where a > 0, else 0 (kept for the backward).
+template <class T>
+void reglu_forward(ThreadPool* pool, int64_t count, const T* a, const T* b, T* s, T* mask);
+// da = ds * b * mask, db = ds * max(a, 0). (At a = 0 the subgradient 0: the neuron is off.)
+template <class T>
+void reglu_backward(ThreadPool* pool, int64_t count, const T* a, const T* b, const T* mask, const T* ds, T* da, T* db);
+
 // Softmax cross-entropy, forward and backward fused: logits [n][n_vocab] are replaced by
 // d(loss)/d(logits) = (softmax - onehot(target)) * grad_scale; returns sum over rows of
 // -log softmax(logits)[target] (double). Rows whose target is negative are ignored (gradient 0).

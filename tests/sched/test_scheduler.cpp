@@ -160,6 +160,28 @@ TEST(Scheduler, ASequenceWithoutPrefixLookupComputesItsWholePromptAndStillPublis
   EXPECT_EQ(e.kv().n_hit_tokens(), 32);
 }
 
+// limit_prefix (a request that scores its prompt from position `from` on): the cache may serve
+// whole blocks within the first n tokens only, at admission and again after a preemption.
+TEST(Scheduler, LimitPrefixCapsTheCachedPrefixToWholeBlocksWithinIt) {
+  FakeEngine e(64, 8, cfg(512));
+  auto prompt = prompt_of(40, 11);
+  const SeqId a = e.add(prompt, 2);
+  e.run_to_completion();
+  for (const auto& [cap, want_past] : std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {7, 0}, {8, 8}, {20, 16}, {100, 32}}) {
+    SCOPED_TRACE(cap);
+    const SeqId b = e.add(prompt, 2);
+    e.sched().limit_prefix(b, cap);
+    ASSERT_TRUE(e.step());
+    ASSERT_EQ(e.last_plan().seqs.size(), 1u);
+    EXPECT_EQ(e.last_plan().seqs[0].n_past, want_past);
+    EXPECT_EQ(e.last_plan().seqs[0].n_tokens, 40 - want_past);
+    e.sched().check_invariants();
+    e.run_to_completion();
+    EXPECT_EQ(e.finished().at(b), e.finished().at(a));
+  }
+  EXPECT_EQ(e.kv().n_used_blocks(), 0);
+}
+
 TEST(Scheduler, BlockExhaustionPreemptsTheNewestAndResumesIt) {
   // 12 blocks of 4 = 48 slots; three sequences of 8 + 16 tokens need 72: someone must wait.
   FakeEngine e(12, 4, cfg(64));

@@ -144,7 +144,13 @@ TEST(Metrics, SpeculativeDecodingSeries) {
 
 TEST(Format, ResponsesAndChunks) {
   tern::testing::ByteTokenizer tok;
-  ResponseMeta meta{ApiKind::Chat, "chatcmpl-1", 1700000000, "m", system_fingerprint_of("config"), false};
+  ResponseMeta meta;
+  meta.kind = ApiKind::Chat;
+  meta.id = "chatcmpl-1";
+  meta.created = 1700000000;
+  meta.model = "m";
+  meta.system_fingerprint = system_fingerprint_of("config");
+  meta.timings = false;
   ChoiceResult c;
   c.index = 0;
   c.text = "hi";
@@ -187,7 +193,12 @@ TEST(Format, FingerprintTimingsAndToolCalls) {
   EXPECT_EQ(fp.rfind("fp_", 0), 0u);
   EXPECT_EQ(fp, system_fingerprint_of("tern 0.1.0|m.gguf|123|f16|4096")) << "stable";
   EXPECT_NE(fp, system_fingerprint_of("tern 0.1.0|m.gguf|123|f32|4096")) << "the K/V type is part of it";
-  ResponseMeta meta{ApiKind::Chat, "chatcmpl-1", 1700000000, "m", fp, true};
+  ResponseMeta meta;
+  meta.kind = ApiKind::Chat;
+  meta.id = "chatcmpl-1";
+  meta.created = 1700000000;
+  meta.model = "m";
+  meta.system_fingerprint = fp;
 
   RequestMetrics m;
   m.n_prompt = 12;

@@ -264,7 +264,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs", ApiKind::Chat},
         // inconsistent or unsupported
         BadCase{R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
-        BadCase{R"({"prompt":"x","best_of":3})", "best_of"}, BadCase{R"({"prompt":"x","echo":true,"logprobs":1})", "echo"},
+        BadCase{R"({"prompt":"x","best_of":3})", "best_of"}, BadCase{R"({"prompt":"x","max_tokens":0,"echo":true})", "max_tokens"},
         BadCase{R"({"prompt":"x","suffix":"s"})", "suffix"}, BadCase{R"({"prompt":"x","logit_bias":{"x":1}})", "logit_bias"},
         BadCase{R"({"prompt":"x","logit_bias":{"5":101}})", "logit_bias"}, BadCase{R"({"prompt":"x","logit_bias":{"-1":1}})", "logit_bias"},
         BadCase{R"({"prompt":"x","logit_bias":{"5":"a"}})", "logit_bias"},

@@ -1,8 +1,9 @@
 // Prompt compression behind the server (docs/data-level.md): a request's "prompt_compression"
 // object shortens a completion's prompt or a chat's user messages before the model sees them
 // (usage counts what it ran on; the response carries the compression's report, a stream its
-// final chunk), `--compress-prompt R` does it for every request that does not ask, and what a
-// request gets wrong is a 400 naming the field, after which the server serves the next request.
+// final chunk), `--compress-prompt R` does it for every request that does not ask, without
+// --scorer the served model scores through its own engine, and what a request gets wrong is a
+// 400 naming the field, after which the server serves the next request.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -116,11 +117,20 @@ TEST(ServerPromptCompression, ServerDefaultAndNoScorer) {
                                {{"prompt", kStory}, {"max_tokens", 2}, {"prompt_compression", {{"ratio", 4}}}}, 200);
     EXPECT_EQ(own["prompt_compression"]["method"], "llmlingua");
   }
-  ServeProcess srv({"-m", kModel});
-  ASSERT_GT(srv.port(), 0) << srv.log();
-  httplib::Client c("127.0.0.1", srv.port());
-  const json r = post_json(c, "/v1/completions", {{"prompt", kStory}, {"prompt_compression", {{"ratio", 2}}}}, 400);
-  EXPECT_NE(r.dump().find("no scorer"), std::string::npos) << r.dump();
+  // Without --scorer the request's own model scores through its engine, even one that evicts
+  // from the KV cache as it decodes (--kv-policy): the scoring requests keep every token.
+  const std::vector<std::vector<std::string>> servers = {
+      {"-m", kModel}, {"-m", kModel, "--kv-policy", "streaming", "--window", "64"}};
+  for (const auto& args : servers) {
+    ServeProcess srv(args);
+    ASSERT_GT(srv.port(), 0) << srv.log();
+    EXPECT_EQ(srv.log().find("prompt compression scorer"), std::string::npos) << "the model was loaded twice";
+    httplib::Client c("127.0.0.1", srv.port());
+    const json r = post_json(
+        c, "/v1/completions", {{"prompt", kStory}, {"max_tokens", 2}, {"prompt_compression", {{"ratio", 2}}}}, 200);
+    EXPECT_GT(r["prompt_compression"]["tokens_saved"].get<int64_t>(), 0) << r.dump();
+    EXPECT_GT(r["prompt_compression"]["scorer_tokens"].get<int64_t>(), 0) << r.dump();
+  }
 }
 
 }  // namespace

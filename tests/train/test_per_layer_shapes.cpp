@@ -206,25 +206,7 @@ TEST(PerLayerShapes, LogitsMatchTheInferenceEngine) {
   ForwardBackward fb(s, 1, n, nullptr);
   fb.prepare(m);
   fb.forward_loss(m, window.data());
-  std::string ids;
-  for (int64_t i = 0; i < n; ++i) ids += (i ? " " : "") + std::to_string(window[size_t(i)]);
-  std::string out, err;
-  ASSERT_EQ(testing::run_command(std::string(TERN_BINARY) + " logits -m " + dir.file("p.gguf") + " --ids \"" + ids +
-                                     "\" -o " + dir.file("l.f32") + " -t 1",
-                                 &out, &err),
-            0)
-      << err;
-  std::ifstream in(dir.file("l.f32"), std::ios::binary);
-  std::vector<float> want(size_t(n * s.n_vocab));
-  in.read(reinterpret_cast<char*>(want.data()), std::streamsize(want.size() * sizeof(float)));
-  ASSERT_TRUE(in.good());
-  double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    worst = std::max(worst, std::abs(double(want[i]) - double(fb.logits()[i])));
-    scale = std::max(scale, std::abs(double(want[i])));
-  }
-  EXPECT_LT(worst, 1e-3 * std::max(1.0, scale)) << "largest |logit| " << scale;
-  EXPECT_GT(scale, 0.1);
+  testing::expect_tern_logits_match(dir.file("p.gguf"), window, size_t(n), fb, s.n_vocab, dir.file("l.f32"));
 }
 
 }  // namespace

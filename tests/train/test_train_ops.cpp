@@ -75,21 +75,53 @@ TEST_P(TrainOps, RmsNormBackwardMatchesFiniteDifferences) {
   for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(dx2[i], dx[i] + 1.0, 1e-12);
 }
 
-TEST_P(TrainOps, SwigluBackwardMatchesFiniteDifferences) {
-  const auto [n, width] = GetParam();
-  std::mt19937 rng(static_cast<uint32_t>(n * 7 + width));
+// A gated unit s = f(a) * b (SwiGLU, ReGLU): its backward against finite differences of
+// loss = s . r. `side` is what the forward keeps for the backward (sigmoid(a), the on mask).
+using GluForward = void (*)(ThreadPool*, int64_t, const double*, const double*, double*, double*);
+using GluBackward = void (*)(ThreadPool*, int64_t, const double*, const double*, const double*, const double*, double*,
+                             double*);
+void expect_glu_backward_matches(int64_t n, int64_t width, uint32_t seed, GluForward fwd, GluBackward bwd,
+                                 const std::string& name, std::vector<double>* a_out = nullptr,
+                                 std::vector<double>* s_out = nullptr) {
+  std::mt19937 rng(seed);
   const size_t c = size_t(n * width);
   auto a = randn(c, rng, 2.0), b = randn(c, rng), r = randn(c, rng);
-  std::vector<double> s(c), sig(c);
+  std::vector<double> s(c), side(c);
   auto loss = [&] {
-    swiglu_forward<double>(nullptr, int64_t(c), a.data(), b.data(), s.data(), sig.data());
+    fwd(nullptr, int64_t(c), a.data(), b.data(), s.data(), side.data());
     return dot(s, r);
   };
   loss();
   std::vector<double> da(c), db(c);
-  swiglu_backward<double>(nullptr, int64_t(c), a.data(), b.data(), sig.data(), r.data(), da.data(), db.data());
-  expect_matches_finite_differences(a, loss, da, "swiglu da");
-  expect_matches_finite_differences(b, loss, db, "swiglu db");
+  bwd(nullptr, int64_t(c), a.data(), b.data(), side.data(), r.data(), da.data(), db.data());
+  expect_matches_finite_differences(a, loss, da, (name + " da").c_str());
+  expect_matches_finite_differences(b, loss, db, (name + " db").c_str());
+  if (a_out) *a_out = a;
+  if (s_out) *s_out = s;
+}
+
+TEST_P(TrainOps, SwigluBackwardMatchesFiniteDifferences) {
+  const auto [n, width] = GetParam();
+  expect_glu_backward_matches(n, width, static_cast<uint32_t>(n * 7 + width), swiglu_forward<double>,
+                              swiglu_backward<double>, "swiglu");
+}
+
+TEST_P(TrainOps, RegluBackwardMatchesFiniteDifferences) {
+  const auto [n, width] = GetParam();
+  std::vector<double> a, s;
+  expect_glu_backward_matches(n, width, static_cast<uint32_t>(n * 11 + width), reglu_forward<double>,
+                              reglu_backward<double>, "reglu", &a, &s);
+  // The forward: max(a, 0) * b, exactly 0 where a <= 0 (and the test covers neurons that are off).
+  size_t n_off = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] <= 0) {
+      EXPECT_EQ(s[i], 0.0);
+      ++n_off;
+    }
+  }
+  if (a.size() >= 8) {
+    EXPECT_GT(n_off, 0u);
+  }
 }
 
 TEST_P(TrainOps, RopeBackwardIsTheInverseRotation) {

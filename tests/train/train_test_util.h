@@ -18,6 +18,8 @@
 #include "gguf/gguf.h"
 #include "models/synth.h"
 #include "train/model.h"
+#include "test_util.h"
+#include "train/forward_backward.h"
 #include "train/trainer.h"
 
 namespace tern::testing {
@@ -164,5 +166,32 @@ void run_whole_and_resumed(Run&& run, const std::string& common, const TrainTemp
   ASSERT_EQ(run(common + "--resume -o " + dir.file("part.gguf"), &out, &err), 0) << err;
   *resumed = step_losses(json_lines(out));
 }
+
+#ifdef TERN_BINARY
+// The trained model's forward is the inference engine's: `tern logits` on the written file
+// `path` gives, for the first n tokens of `window`, the logits fb's last forward gave (within
+// 1e-3 of the largest).
+inline void expect_tern_logits_match(const std::string& path, const std::vector<int32_t>& window, size_t n,
+                                     const train::ForwardBackward& fb, int64_t n_vocab, const std::string& out_file) {
+  std::string ids;
+  for (size_t i = 0; i < n; ++i) ids += (i ? " " : "") + std::to_string(window[i]);
+  std::string out, err;
+  ASSERT_EQ(run_command(std::string(TERN_BINARY) + " logits -m " + path + " --ids \"" + ids + "\" -o " + out_file + " -t 1",
+                        &out, &err),
+            0)
+      << err;
+  std::ifstream in(out_file, std::ios::binary);
+  std::vector<float> want(n * size_t(n_vocab));
+  in.read(reinterpret_cast<char*>(want.data()), std::streamsize(want.size() * sizeof(float)));
+  ASSERT_TRUE(in.good());
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::abs(double(want[i]) - double(fb.logits()[i])));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  EXPECT_LT(worst, 1e-3 * std::max(1.0, scale)) << "largest |logit| " << scale;
+  EXPECT_GT(scale, 0.1);
+}
+#endif
 
 }  // namespace tern::testing
