@@ -16,6 +16,11 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 
 namespace tern::testing {
@@ -70,5 +75,15 @@ class ServeProcess {
   pid_t pid_ = -1;
   int port_ = -1;
 };
+
+// POSTs a JSON body to a test server and expects `want` as the status; the answer's JSON
+// (discarded on a parse error, null when the request failed).
+inline nlohmann::json post_json(httplib::Client& c, const std::string& path, const nlohmann::json& body, int want) {
+  auto r = c.Post(path, body.dump(), "application/json");
+  EXPECT_TRUE(r);
+  if (!r) return nlohmann::json();
+  EXPECT_EQ(r->status, want) << body.dump() << " -> " << r->body;
+  return nlohmann::json::parse(r->body, nullptr, false);
+}
 
 }  // namespace tern::testing

@@ -25,14 +25,6 @@ const std::string kStory =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her red ball. "
     "One day, she saw a big dog in the park. The dog wanted to play too.";
 
-json post_json(httplib::Client& c, const std::string& path, const json& body, int want) {
-  auto r = c.Post(path, body.dump(), "application/json");
-  EXPECT_TRUE(r);
-  if (!r) return json();
-  EXPECT_EQ(r->status, want) << body.dump() << " -> " << r->body;
-  return json::parse(r->body, nullptr, false);
-}
-
 TEST(ServerPromptCompression, RequestsAskForItAndGetTheirReport) {
   ServeProcess srv({"-m", kModel, "--scorer", kModel});
   ASSERT_GT(srv.port(), 0) << srv.log();

@@ -30,6 +30,7 @@ using nlohmann::json;
 using tern::testing::real_model_path;
 using tern::testing::sequence_logprobs;
 using tern::testing::ServeProcess;
+using tern::testing::post_json;
 using tern::testing::sse_json;
 
 const std::string kStory =
@@ -168,14 +169,6 @@ TEST_F(BackendScorerTest, PrefixCacheSavesWorkAndErrorsAreClear) {
 }
 
 // ---- through tern serve ------------------------------------------------------------------
-
-json post_json(httplib::Client& c, const std::string& path, const json& body, int want) {
-  auto r = c.Post(path, body.dump(), "application/json");
-  EXPECT_TRUE(r);
-  if (!r) return json();
-  EXPECT_EQ(r->status, want) << body.dump() << " -> " << r->body;
-  return json::parse(r->body, nullptr, false);
-}
 
 std::vector<int32_t> tokenize(httplib::Client& c, const std::string& text) {
   const json t = post_json(c, "/tokenize", {{"prompt", text}}, 200);

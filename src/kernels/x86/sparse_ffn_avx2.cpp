@@ -10,6 +10,7 @@
 // updated by the rows' FMAs in index order.
 // The 8 blocks' f16 scales come from one masked vpgatherdd (the dword at each block's start).
 #include "kernels/sparse_ffn.h"
+#include "kernels/x86/sparse_ffn_rows.h"
 #include "kernels/x86/simd.h"
 
 #include <cstring>
@@ -17,17 +18,7 @@
 namespace tern::kern {
 namespace {
 
-constexpr int64_t kQ8Bytes = 34, kQ4Bytes = 18;
-
-// Gathered rows defeat the hardware prefetcher at each jump, so the row kPrefetchAhead indices
-// on (the axpy: row group) is requested into L2 while this one is read, a line or so per step
-// of the loop (issued all at once, a row's 18-34 prefetches wait for fill buffers: measured
-// slower on the AVX-512 variant). Prefetches never fault.
-constexpr int64_t kPrefetchAhead = 2;
-inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
-inline void prefetch_row(const uint8_t* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) prefetch(p + o);
-}
+using namespace sparse_ffn_rows;  // block sizes, prefetch, used_bytes
 
 // ---- dots ------------------------------------------------------------------------------------
 
@@ -128,16 +119,6 @@ float dot_quant_row(const uint8_t* w, int64_t n_in, const int8_t* xq, const floa
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(block_scales<kB>(w, b0, nb), dx), acc);
   }
   return hsum256(acc);
-}
-
-// The bytes of a row the kernels read (row_bytes may hold padding past them).
-inline int64_t used_bytes(DType t, int64_t n) {
-  switch (t) {
-    case DType::F32: return 4 * n;
-    case DType::F16: return 2 * n;
-    case DType::Q8_0: return n / 32 * kQ8Bytes;
-    default: return n / 32 * kQ4Bytes;
-  }
 }
 
 void dot(const SparseDotArgs& a) {
