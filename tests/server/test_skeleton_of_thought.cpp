@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "../engine/engine_test_util.h"
 #include "fake_backend.h"
@@ -266,6 +267,19 @@ TEST(SkeletonOfThoughtDriver, SiblingsAreSubmittedOnceTheFirstPointHasOutput) {
   for (const auto& p : sot.result().points) EXPECT_EQ(p.ids.size(), 3u);
 }
 
+TEST(SkeletonOfThoughtDriver, BadOptionsAreRefusedBeforeAnythingRuns) {
+  FakeRun run(fake_options());
+  for (const auto& [min_points, max_points, point_tokens] :
+       std::vector<std::tuple<int, int, int64_t>>{{0, 10, 8}, {3, 2, 8}, {2, 10, 0}}) {
+    SkeletonOptions opt;
+    opt.min_points = min_points;
+    opt.max_points = max_points;
+    opt.point_max_tokens = point_tokens;
+    EXPECT_THROW(SkeletonOfThought(run.backend, run.prompts, opt), Error) << min_points << " " << max_points;
+  }
+  EXPECT_EQ(run.backend.live_requests(), 0);
+}
+
 TEST(SkeletonOfThoughtDriver, PromptOverTheContextIsAClearError) {
   auto o = fake_options(64);
   FakeRun run(o);
@@ -432,6 +446,7 @@ TEST(SotCli, BadInputGetsAClearError) {
       {" --chat-template chatml -p 'Q?' --min-points 4 --max-points 3", "--max-points (3) must be at least --min-points (4)"},
       {" --chat-template chatml -p 'Q?' --point-tokens 0", "--point-tokens must be at least 1"},
       {" --chat-template nosuch -p 'Q?'", "neither a template name"},
+      {" --chat-template chatml -p 'Q?' --temp -1", "--temp must be >= 0"},
   };
   for (const auto& c : cases) {
     const auto r = tern::testing::run_tern(m + c.args);
