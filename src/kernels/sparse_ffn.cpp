@@ -323,7 +323,7 @@ void sparse_ffn_reglu_isa(Isa isa, const SparseFfnWeights& w, const float* xn, c
   // Columns of y in blocks of 32 (whole quantized blocks), 2 ranges per thread: each range adds
   // every live row's slice in idx order, so y's bits do not depend on the split.
   const int64_t n_blocks = (n + 31) / 32;
-  const int64_t bper = pool.size() == 1 ? n_blocks : std::max<int64_t>(1, (n_blocks + 2 * pool.size() - 1) / (2 * pool.size()));
+  const int64_t bper = pool.size() == 1 ? n_blocks : std::max<int64_t>(1, (n_blocks + pool.size() - 1) / pool.size());
   const int64_t n_ranges = (n_blocks + bper - 1) / bper;
   const int64_t drb = dtype_row_bytes(w.down_t_type, n);
   const int32_t* act_idx = act_idx_buf.data();

@@ -39,6 +39,7 @@
 #include "models/partition.h"
 #include "models/registry.h"
 #include "models/delta_net_block.h"
+#include "models/sparse_ffn_runtime.h"
 #include "models/ssm2_block.h"
 #include "models/tensor_names.h"
 #include "models/weight_loader.h"
@@ -219,6 +220,8 @@ class DecoderModel final : public Model {
 
   void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) override;
   void forward_stage(std::span<const SeqBatch> seqs, KvStore& kv, float* x, float* logits, ThreadPool& pool) override;
+  void enable_sparse_ffn(const SparseFfnConfig& cfg) override;
+  SparseFfn* sparse_ffn() override { return sparse_.get(); }
 
  private:
   // Binds every tensor the spec asks for (the loader checks names, shapes and types).
@@ -285,6 +288,11 @@ class DecoderModel final : public Model {
   // attention layer no ssm_* ones; throws naming the layer otherwise.
   void check_hybrid_layer(const WeightLoader& ld, int64_t il) const;
   void ffn_block(int64_t il, int64_t T, ThreadPool& pool);
+  // The dense FFN of layer il over T tokens of x (rows n_embd apart): xn_ receives their
+  // normalised rows, out [T, n_embd] the FFN's output (before any post-norm).
+  void ffn_dense(const LayerWeights& L, const float* x, int64_t T, float* xn, float* out, ThreadPool& pool);
+  // ffn_block's sparse path (sparse_step_): per token, the predictor's neurons or the dense FFN.
+  void ffn_sparse(int64_t il, int64_t T, ThreadPool& pool);
   void moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool);
   void moe_decode_token(const Experts& X, ThreadPool& pool);
   void experts_over_tokens(const Experts& X, int64_t T, ThreadPool& pool);
@@ -354,6 +362,9 @@ class DecoderModel final : public Model {
   int32_t embd_lora_id_ = -1;          // token_embd's LoraTarget id
   LinearHooks hooks_;                  // observer_ and (when a token runs an adapter) &lora_
   Ssm2Block ssm_mixer_;                // a hybrid's Mamba-2 scratch (reserve)
+  std::unique_ptr<SparseFfn> sparse_;  // --sparse-ffn: the predicted-sparse FFN (enable_sparse_ffn)
+  bool sparse_step_ = false;           // this step's dense FFN layers run sparse_
+  std::vector<float> sparse_y_;        // [n_embd] one token's FFN output on the sparse path
   DeltaNetBlock delta_mixer_;          // Qwen3-Next's gated delta-net scratch (reserve)
 };
 
@@ -653,6 +664,14 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
       if (s.n_past == 0 && !s.tokens.empty()) kv.clear_state(s.state_slot);  // a sequence starts from zero
 
   prepare_step(seqs, T, /*embed=*/true);
+  // The sparse FFN runs token by token inside the pooled path's ffn_block; adapters and
+  // observers see the dense layers.
+  sparse_step_ = sparse_ && sparse_->step_applies(T) && !hooks_.lora && !observer_;
+  if (sparse_step_) {
+    forward_layers_pooled(seqs, kv, T, pool);
+    forward_output(seqs, logits, pool);
+    return;
+  }
 
   // Small models decoding a few tokens: each operation is a microsecond or less, so one pool
   // region per operation (11 per layer) costs more than the work. They run either as one region
@@ -738,6 +757,7 @@ void DecoderModel::forward_stage(std::span<const SeqBatch> seqs, KvStore& kv, fl
   for (const auto& s : seqs) T += int64_t(s.tokens.size());
   if (T == 0) return;
   TERN_ASSERT_MSG(T <= max_tokens_, "step larger than reserve()");
+  sparse_step_ = false;  // (a model split into parts refuses --sparse-ffn)
   const bool first = part_.first_stage(), last = part_.last_stage(hp_.n_layer);
   prepare_step(seqs, T, first);
   if (!first) std::copy_n(x, T * E, x_.data());
@@ -963,19 +983,78 @@ void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
     add_residual(moe_out_.data(), T * E);
     return;
   }
+  if (sparse_ && sparse_->has_layer(il)) {
+    // Timed (a clock read per layer) for tern bench's FFN-time comparison.
+    const auto t0 = std::chrono::steady_clock::now();
+    if (sparse_step_) {
+      ffn_sparse(il, T, pool);
+    } else {
+      sparse_->count_dense_visits(T);
+      ffn_dense(L, x_.data(), T, xn_.data(), xn_.data(), pool);
+      if (L.ffn_post_norm) rms_norm(xn_.data(), L.ffn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+      add_residual(xn_.data(), T * E);
+    }
+    sparse_->add_ffn_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return;
+  }
+  ffn_dense(L, x_.data(), T, xn_.data(), xn_.data(), pool);
+  if (part_.tp_size > 1) part_.all_reduce(xn_.data(), T * E);  // the channels' partial sums
+  if (L.ffn_post_norm) rms_norm(xn_.data(), L.ffn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+  add_residual(xn_.data(), T * E);
+}
+
+void DecoderModel::ffn_dense(const LayerWeights& L, const float* x, int64_t T, float* xn, float* out, ThreadPool& pool) {
   // gate and up of xn = rms_norm(x) (normalised as it is quantized, as above), chunk by
   // chunk, each chunk's activation right after (into gate_).
-  const int64_t F = L.n_ff;
+  const int64_t E = hp_.n_embd, F = L.n_ff;
   const ActRows act{gate_.data(), up_.data(), F, activation_, L.gate.bias, L.up.bias};
   const Linear* gu[] = {&L.gate, &L.up};
   float* const ys[] = {gate_.data(), up_.data()};
   const int64_t lds[] = {F, F};
-  apply_linears_shared(gu, ys, lds, x_.data(), E, T, pool, RowsDone{act_rows_done, &act, true},
-                       InputRmsNorm{L.ffn_norm, hp_.rms_eps, xn_.data()}, hooks_);
-  apply_linear(L.down, gate_.data(), F, T, xn_.data(), E, pool, hooks_);
-  if (part_.tp_size > 1) part_.all_reduce(xn_.data(), T * E);  // the channels' partial sums
+  apply_linears_shared(gu, ys, lds, x, E, T, pool, RowsDone{act_rows_done, &act, true},
+                       InputRmsNorm{L.ffn_norm, hp_.rms_eps, xn}, hooks_);
+  apply_linear(L.down, gate_.data(), F, T, out, E, pool, hooks_);
+}
+
+void DecoderModel::ffn_sparse(int64_t il, int64_t T, ThreadPool& pool) {
+  const LayerWeights& L = layers_[size_t(il)];
+  const int64_t E = hp_.n_embd;
+  rms_norm(x_.data(), L.ffn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
+  for (int64_t t = 0; t < T; ++t) {
+    float* xn_t = xn_.data() + t * E;
+    // Too many neurons selected: this token's FFN runs dense (its norm again: the same row).
+    if (!sparse_->run(il, xn_t, sparse_y_.data(), pool))
+      ffn_dense(L, x_.data() + t * E, 1, xn_t, sparse_y_.data(), pool);
+    std::copy_n(sparse_y_.data(), E, xn_t);
+  }
   if (L.ffn_post_norm) rms_norm(xn_.data(), L.ffn_post_norm, xn_.data(), T, E, hp_.rms_eps, pool);
   add_residual(xn_.data(), T * E);
+}
+
+void DecoderModel::enable_sparse_ffn(const SparseFfnConfig& cfg) {
+  const std::string& path = file_->path();
+  if (activation_ != FfnActivation::Relu)
+    fail(path, ": --sparse-ffn needs a ReLU-fied model (tern.ffn_activation \"relu\", from tern sparsify --relufy): "
+         "this model's FFN is ", activation_ == FfnActivation::Silu ? "SwiGLU" : "not ReGLU",
+         ", whose neurons are never exactly zero");
+  if (!part_.whole()) fail(path, ": --sparse-ffn does not run split over processes (--tp / --pp) yet");
+  std::vector<int64_t> src;
+  for (int64_t il = layer_begin_; il < layer_end_; ++il) {
+    const LayerWeights& L = layers_[size_t(il)];
+    if (L.moe || L.n_ff == 0) continue;
+    if (L.gate.factored() || L.up.factored() || L.down.factored())
+      fail(path, ": --sparse-ffn: layer ", il, "'s FFN is low-rank factored (tern lowrank); the sparse FFN reads "
+           "plain matrices");
+    if (L.gate.bias || L.up.bias || L.down.bias)
+      fail(path, ": --sparse-ffn: layer ", il, "'s FFN has biases, which the sparse FFN does not add");
+    if (L.gate.row0 != 0 || L.up.row0 != 0 || !file_->find_tensor(tensor_name(Tensor::FfnGate, il)))
+      fail(path, ": --sparse-ffn: layer ", il, "'s gate and up are one fused tensor (", tensor_name(Tensor::FfnUp, il),
+           "); the sparse FFN reads separate ffn_gate and ffn_up rows");
+    src.push_back(il);
+  }
+  if (src.empty()) fail(path, ": --sparse-ffn: the model has no dense FFN layer (its FFNs are experts)");
+  sparse_ = std::make_unique<SparseFfn>(file_, cfg, src);
+  sparse_y_.assign(size_t(hp_.n_embd), 0.0f);
 }
 
 // Routed experts over xn_ (normalised): the router's probabilities (softmax or sigmoid), each

@@ -36,4 +36,9 @@ int64_t n_logit_rows(std::span<const SeqBatch> seqs) {
   return n;
 }
 
+void Model::enable_sparse_ffn(const SparseFfnConfig&) {
+  fail(hp_.arch, ": --sparse-ffn runs on decoders whose FFNs are dense ReGLU (a ReLU-fied model: tern sparsify "
+       "--relufy); this architecture's stack has no sparse FFN");
+}
+
 }  // namespace tern

@@ -71,6 +71,9 @@ struct SeqBatch {
 // Rows of logits a step produces: sum over seqs of (all_logits ? n_tokens : 1).
 int64_t n_logit_rows(std::span<const SeqBatch> seqs);
 
+struct SparseFfnConfig;
+class SparseFfn;
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -112,6 +115,12 @@ class Model {
   // Throws tern::Error naming the adapter and tensor when `adapter` has a pair this model does
   // not apply (LoraAdapter::check_base checks shapes against the file first).
   virtual void check_lora(const LoraAdapter& adapter) const = 0;
+  // Decodes with the predicted-sparse FFN from now on (models/sparse_ffn_runtime.h, --sparse-ffn):
+  // a dense ReGLU decoder with a predictor. Throws tern::Error naming the model and what it
+  // lacks otherwise (this default: every model that is not such a decoder).
+  virtual void enable_sparse_ffn(const SparseFfnConfig& cfg);
+  // The sparse FFN enabled above (its counts and bytes), nullptr when off.
+  virtual SparseFfn* sparse_ffn() { return nullptr; }
   // Rotates stored keys of layer il as if they sat `delta` positions later: k is [n_rows,
   // n_embd_kv(il)] as the cache holds them (RoPE applied). RoPE's rotations compose, so
   // R(delta) R(p) k = R(p + delta) k. False (k untouched) when this model's rotary embedding is

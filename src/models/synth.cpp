@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "models/arch.h"
+#include "models/hparams.h"
 #include "models/tensor_names.h"
 #include "quant/quant_traits.h"
 
@@ -319,6 +320,8 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   const ArchSpec& spec = find_architecture(sh.arch, "synth shape " + std::string(sh.name));
   const QuantTraits& want = require_quant_traits(opts.type, "synth weights");
   if (!want.from_float) fail("tern cannot quantize to ", dtype_name(opts.type));
+  if (opts.relu_ffn && (spec.activation != FfnActivation::Silu || spec.stack != LayerStack::Decoder))
+    fail("--relu: ", sh.name, " (", sh.arch, ") has no SwiGLU decoder FFN to make ReGLU");
   SynthReport rep;
 
   // Keys as llama.cpp's converter writes them for the architecture.
@@ -341,6 +344,7 @@ SynthReport synth_model(const SynthOptions& opts, const std::string& out_path) {
   w.set("general.architecture", GgufValue::string(sh.arch));
   w.set("general.name", GgufValue::string(std::string("tern-synth-") + sh.name));
   w.set("general.file_type", GgufValue::u32(llama_file_type(opts.type)));
+  if (opts.relu_ffn) w.set(kFfnActivationKey, GgufValue::string("relu"));
   w.set(a + "context_length", GgufValue::u32(uint32_t(opts.n_ctx_train > 0 ? opts.n_ctx_train : sh.n_ctx)));
   w.set(a + "embedding_length", GgufValue::u32(uint32_t(sh.n_embd)));
   w.set(a + "feed_forward_length", GgufValue::u32(uint32_t(sh.n_ff)));

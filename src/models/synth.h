@@ -74,6 +74,7 @@ struct SynthOptions {
   int n_threads = 0;
   int64_t n_ctx_train = 0;     // llama.context_length to write; 0: the shape's
   int64_t n_layer = 0;         // layers to write; 0: the shape's (fewer: a shape's layers at test size)
+  bool relu_ffn = false;       // write tern.ffn_activation "relu": a ReLU-fied (ReGLU) model of the shape
 };
 
 struct SynthReport {

@@ -87,6 +87,7 @@ int cmd_bench(int argc, char** argv) {
   ModelArgs margs;
   margs.add_to(app, /*with_ctx=*/false);
   margs.add_parallel_to(app);
+  margs.add_sparse_ffn_to(app);
   int64_t n_prompt = 512, n_gen = 128;
   int reps = 5;
   bool json = false, no_bandwidth = false, roofline = false;
@@ -192,6 +193,22 @@ int cmd_bench(int argc, char** argv) {
   }
   const auto probe_now = [&] { return probe->measure(probe_weights ? 2 : 3); };
   std::vector<double> pp, tg, bw_runs, pct_runs;
+  // --sparse-ffn: each tg run is timed again with the dense FFN, in alternating order, so that
+  // the ratio compares runs a few seconds apart (the machine is shared).
+  // Each run's time in the FFN layers too (ms per token): the FFN's own speedup, apart from
+  // attention and the output layer, which the sparse FFN does not change.
+  SparseFfn* sparse = s.model().sparse_ffn();
+  std::vector<double> tg_dense, ffn_ms_dense, ffn_ms_sparse;
+  const auto run_tg_with = [&](bool on) {
+    sparse->set_enabled(on);
+    const double f0 = sparse->stats().ffn_seconds;
+    const double tok_s = run_tg();
+    (on ? ffn_ms_sparse : ffn_ms_dense).push_back((sparse->stats().ffn_seconds - f0) * 1e3 / double(n_gen));
+    sparse->set_enabled(true);
+    return tok_s;
+  };
+  const auto run_tg_dense = [&] { tg_dense.push_back(run_tg_with(false)); };
+  if (sparse) sparse->reset_stats();
   const int64_t per_token = bytes_read_per_token(s.file());
   Progress progress("bench", int64_t(reps) * ((n_prompt > 0) + (n_gen > 0)), !json);
   int64_t done = 0;
@@ -203,7 +220,9 @@ int cmd_bench(int argc, char** argv) {
     }
     if (n_gen > 0) {
       if (probe && n_prompt > 0) bw_before = probe_now();
-      tg.push_back(run_tg());
+      if (sparse && r % 2 == 1) run_tg_dense();
+      tg.push_back(sparse ? run_tg_with(true) : run_tg());
+      if (sparse && r % 2 == 0) run_tg_dense();
       if (probe) {
         const double bw_after = probe_now();
         const double bw_run = (bw_before + bw_after) / 2;
@@ -343,6 +362,17 @@ int cmd_bench(int argc, char** argv) {
       j["depth_runs"] = dj;
     }
     if (!parallel.json.is_null()) j["parallel"] = parallel.json;
+    if (sparse) {
+      nlohmann::json sj = sparse_ffn_json(*sparse);
+      sj["tg_dense_tok_s"] = tg_dense.empty() ? 0.0 : percentile(tg_dense, 50);
+      sj["tg_dense_runs"] = tg_dense;
+      sj["tg_speedup"] = tg_dense.empty() ? 0.0 : tg_med / percentile(tg_dense, 50);
+      sj["ffn_ms_per_token_dense"] = ffn_ms_dense.empty() ? 0.0 : percentile(ffn_ms_dense, 50);
+      sj["ffn_ms_per_token_sparse"] = ffn_ms_sparse.empty() ? 0.0 : percentile(ffn_ms_sparse, 50);
+      sj["ffn_speedup"] = ffn_ms_sparse.empty() || ffn_ms_dense.empty()
+                              ? 0.0 : percentile(ffn_ms_dense, 50) / percentile(ffn_ms_sparse, 50);
+      j["sparse_ffn"] = sj;
+    }
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -355,6 +385,13 @@ int cmd_bench(int argc, char** argv) {
   if (n_gen > 0)
     std::printf("| %s | %s | %s | %d | %s | tg%lld | %.2f |\n", margs.model.c_str(), type.c_str(), size.c_str(),
                 s.pool().size(), active_isa(), static_cast<long long>(n_gen), tg_med);
+  if (sparse && !tg_dense.empty())
+    std::printf("| %s | %s | %s | %d | %s | tg%lld dense FFN | %.2f |\n\n%s\ntg sparse / dense = %.2fx; FFN "
+                "layers %.3f ms/token sparse, %.3f dense = %.2fx (medians, runs alternating)\n",
+                margs.model.c_str(), type.c_str(), size.c_str(), s.pool().size(), active_isa(),
+                static_cast<long long>(n_gen), percentile(tg_dense, 50), sparse_ffn_summary(*sparse).c_str(),
+                tg_med / percentile(tg_dense, 50), percentile(ffn_ms_sparse, 50), percentile(ffn_ms_dense, 50),
+                percentile(ffn_ms_dense, 50) / percentile(ffn_ms_sparse, 50));
   if (bw > 0 && n_gen > 0)
     std::printf("\nmemory read bandwidth %.1f GB/s (median of the runs' own); decode reads %s per token -> roofline "
                 "%.1f tok/s; tg = %.1f%% of it (median of each run against the bandwidth measured beside it)\n",

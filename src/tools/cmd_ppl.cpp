@@ -112,6 +112,7 @@ int cmd_ppl(int argc, char** argv) {
   margs.add_to(app, /*with_ctx=*/false);
   margs.add_kv_policy_to(app);
   margs.add_parallel_to(app);
+  margs.add_sparse_ffn_to(app, /*all_steps=*/true);
   std::string text_file;
   int64_t n_ctx = 512;
   int64_t max_chunks = -1;
@@ -203,11 +204,13 @@ int cmd_ppl(int argc, char** argv) {
     nlohmann::json j = {{"ppl", ppl},         {"ppl_stderr", ppl_err}, {"n_chunks", n_chunks},
                         {"n_ctx", n_ctx},     {"n_scored", count},     {"n_tokens", tokens.size()},
                         {"seconds", seconds}, {"tok_s", tok_s},        {"peak_rss_bytes", peak_rss_bytes()}};
+    if (const SparseFfn* sp = ls.session->model().sparse_ffn()) j["sparse_ffn"] = sparse_ffn_json(*sp);
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("ppl %.4f +/- %.5f  (%lld chunks of %lld tokens, %lld scored, %.1f s, %.0f tok/s)\n", ppl, ppl_err,
                 static_cast<long long>(n_chunks), static_cast<long long>(n_ctx), static_cast<long long>(count),
                 seconds, tok_s);
+    if (const SparseFfn* sp = ls.session->model().sparse_ffn()) std::printf("%s\n", sparse_ffn_summary(*sp).c_str());
   }
   return 0;
 }

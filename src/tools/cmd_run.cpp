@@ -67,6 +67,7 @@ int cmd_run(int argc, char** argv) {
   margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
   margs.add_kv_policy_to(app);
   margs.add_parallel_to(app);
+  margs.add_sparse_ffn_to(app);
   ConstraintArgs cargs;
   cargs.add_to(app);
   std::string prompt, prompt_file;
@@ -156,6 +157,7 @@ int cmd_run(int argc, char** argv) {
       sargs.model = scorer_path;
       sargs.lora.clear();
       sargs.layout = {};
+      sargs.sparse = {};  // (the scorer is another model)
       auto sfile = open_model_file(scorer_path);
       const auto stok = Tokenizer::from_gguf(*sfile);
       check_same_vocabulary(*stok, scorer_path, tok, margs.model);

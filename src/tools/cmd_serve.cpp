@@ -188,6 +188,7 @@ int cmd_serve(int argc, char** argv) {
   margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
   margs.add_kv_policy_to(app);
   margs.add_parallel_to(app);
+  margs.add_sparse_ffn_to(app);
   // -m is repeatable here, and optional with --models.
   std::vector<std::string> model_args;
   std::string models_dir, max_memory, keep_alive = "5m";
@@ -369,8 +370,15 @@ int cmd_serve(int argc, char** argv) {
     if (!lora_args.empty() || scfg.allow_lora_updates) throw Error("LoRA adapters are not supported with --tp / --pp yet");
     if (ecfg.kv_policy.evicts()) fail("--kv-policy ", margs.kv_policy_args.kind, " is not supported with --tp / --pp yet");
     if (!scfg.admin_key.empty()) throw Error("live base swaps (--admin-key) are not supported with --tp / --pp");
+    if (margs.sparse.enabled) throw Error("--sparse-ffn is not supported with --tp / --pp yet");
     ecfg.load = parallel_loader(margs.layout, margs.threads);
   }
+  // --sparse-ffn: every model served decodes with its predictor (each must be a ReLU-fied model
+  // with one; a --predictor file belongs to one model, so it serves one).
+  if (margs.sparse.enabled && !margs.sparse.predictor.empty() && !single)
+    throw Error("--predictor names one model's predictor: serve that model alone (-m FILE), or store each "
+                "model's predictor in its file (tern predictor train)");
+  ecfg.load = sparse_ffn_loader(margs.sparse, ecfg.load);
   scfg.timings = !no_timings;
   // /api/version: the number of `tern --version` ("tern 0.1.0").
   scfg.version = std::string(kVersion).substr(std::string(kVersion).find(' ') + 1);

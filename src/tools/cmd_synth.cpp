@@ -28,6 +28,8 @@ int cmd_synth(int argc, char** argv) {
   app.add_option("--layers", opts.n_layer, "layers to write (0: the shape's): the shape's layers, fewer of them")
       ->check(CLI::Range(int64_t(0), int64_t(4096)));
   app.add_option("-o,--output", out, "output GGUF file")->required();
+  app.add_flag("--relu", opts.relu_ffn,
+               "a ReLU-fied model: its FFN is ReGLU (tern.ffn_activation relu; sparse-FFN benchmarks, docs/sparsity.md)");
   app.add_flag("--json", json, "print the report as JSON");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   const auto type = dtype_from_name(type_name);

@@ -120,8 +120,10 @@ LoadedSession open_session(const ModelArgs& args, std::shared_ptr<const GgufFile
   if (args.layout.parallel()) {
     if (!args.lora.empty()) fail("--lora is not supported with --tp / --pp yet");
     if (cfg.kv_policy.evicts()) fail("--kv-policy ", args.kv_policy_args.kind, " is not supported with --tp / --pp yet");
+    if (args.sparse.enabled) fail("--sparse-ffn is not supported with --tp / --pp yet");
     cfg.load = parallel_loader(args.layout, args.threads);
   }
+  cfg.load = sparse_ffn_loader(args.sparse, cfg.load);
   LoraSet lora = load_lora_args(args.lora, *s.file);  // (before the model: a bad adapter fails fast)
   s.session = std::make_unique<Session>(s.file, cfg);
   if (!lora.empty()) s.session->set_lora(std::move(lora));

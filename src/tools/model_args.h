@@ -11,6 +11,7 @@
 #include "runtime/context_fit.h"
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/sparse_ffn_args.h"
 
 namespace tern {
 
@@ -38,6 +39,7 @@ struct ModelArgs {
   std::vector<std::string> lora;  // --lora FILE[:SCALE], repeatable: adapters stacked on the model
   KvPolicyArgs kv_policy_args;  // add_kv_policy_to
   dist::ParallelLayout layout;  // --tp, --pp, --micro-batches (add_parallel_to)
+  SparseFfnArgs sparse;         // --sparse-ffn and its options (add_sparse_ffn_to)
 
   // default_kv_type: --kv-type's default for this command (f16 for run and serve, which
   // generate text, as llama.cpp; f32 for the measurements compared with f32 references).
@@ -48,6 +50,9 @@ struct ModelArgs {
   // --tp, --pp and --micro-batches: the model spread over the ranks of `mpirun -np tp*pp`
   // (docs/distributed.md).
   void add_parallel_to(CLI::App& app);
+  // --sparse-ffn, --predictor, --sparse-density, --sparse-dense-above, --sparse-max-step
+  // (tools/sparse_ffn_args.h); open_session applies them.
+  void add_sparse_ffn_to(CLI::App& app, bool all_steps = false) { sparse.add_to(app, all_steps); }
   // True when the user gave --ctx (a command may also set `ctx` itself).
   bool ctx_given() const { return ctx_option_ && ctx_option_->count() > 0; }
   // "tern run" once parsed: the prefix of the warnings open_session prints.

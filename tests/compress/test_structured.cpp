@@ -21,7 +21,8 @@
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_structured {
 namespace {
 
 using namespace tern::testing;
@@ -539,4 +540,4 @@ TEST(StructuredTool, DISABLED_PruneFromEnv) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_structured

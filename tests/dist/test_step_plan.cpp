@@ -366,7 +366,7 @@ TEST(MicroBatches, EdgeCases) {
 
 namespace {
 
-int64_t argmax(const float* row, int64_t n) { return int64_t(std::max_element(row, row + n) - row); }
+int64_t argmax_row(const float* row, int64_t n) { return int64_t(std::max_element(row, row + n) - row); }
 
 }  // namespace
 
@@ -441,7 +441,7 @@ TEST(MicroBatches, SequentialRunMatchesWholeStep) {
     }
     EXPECT_LE(max_diff, 1e-3f * scale) << "logits' max |x| " << scale;
     for (int64_t r = 0; r < rows; ++r)
-      EXPECT_EQ(argmax(got.data() + r * V, V), argmax(want.data() + r * V, V)) << "row " << r;
+      EXPECT_EQ(argmax_row(got.data() + r * V, V), argmax_row(want.data() + r * V, V)) << "row " << r;
   }
 }
 

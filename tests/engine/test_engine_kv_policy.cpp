@@ -12,7 +12,8 @@
 #include "engine_test_util.h"
 #include "models/synth.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_engine_kv_policy {
 namespace {
 
 using tern::testing::Collected;
@@ -183,4 +184,4 @@ TEST(EngineKvPolicy, WhatAPolicyCannotDoIsRefused) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_engine_kv_policy

@@ -12,7 +12,8 @@
 #include "engine_test_util.h"
 #include "tools/spec_args.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_engine_spec {
 namespace {
 
 using tern::testing::Collected;
@@ -238,4 +239,4 @@ TEST(EngineSpecErrors, BadConfigurationsAreClearErrors) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_engine_spec

@@ -16,7 +16,8 @@
 #include <cmath>
 #include <random>
 
-namespace tern::test {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test::test_llamacpp_peer {
 namespace {
 
 const std::string kModel = "models/stories260K.gguf";
@@ -218,4 +219,4 @@ TEST(LlamaCppPeer, LoadsATernLoraAdapterAndAgreesWithTern) {
 }
 
 }  // namespace
-}  // namespace tern::test
+}  // namespace tern::test::test_llamacpp_peer

@@ -12,7 +12,8 @@
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
-namespace tern::grammar {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::grammar::test_vocab_mask {
 namespace {
 
 using testing::brute_mask;
@@ -174,4 +175,4 @@ TEST(GrammarBench, JsonMaskCostPerTokenAt32k) {
 }
 
 }  // namespace
-}  // namespace tern::grammar
+}  // namespace tern::grammar::test_vocab_mask

@@ -23,7 +23,8 @@
 #include "quant/quant_traits.h"
 #include "quant_test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_sparse_ffn {
 namespace {
 
 using testing::randn;
@@ -426,4 +427,4 @@ TEST(DISABLED_SparseFfnBench, TinyLlamaShape) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_sparse_ffn

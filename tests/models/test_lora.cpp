@@ -18,7 +18,8 @@
 #include "models/synth.h"
 #include "runtime/session.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_lora {
 namespace {
 
 std::string temp_path(const std::string& name) {
@@ -446,4 +447,4 @@ TEST(Lora, MixedBatchGivesEachSequenceItsOwnAdapter) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_lora

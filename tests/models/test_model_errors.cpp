@@ -11,7 +11,8 @@
 #include "models/model.h"
 #include "test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_model_errors {
 namespace {
 
 using tern::testing::shared_path;
@@ -189,4 +190,4 @@ TEST_F(ModelErrors, NonFiniteBlockScalesAreRefused) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_model_errors

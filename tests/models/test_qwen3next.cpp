@@ -22,7 +22,8 @@
 #include "ops/ops.h"
 #include "runtime/session.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_qwen3next {
 namespace {
 
 using tern::testing::logits_in_steps;
@@ -365,4 +366,4 @@ TEST(ArchQwen3Next, GatedDeltaVariantsEqualTheReference) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_qwen3next

@@ -25,7 +25,8 @@
 #include "ops/ops.h"
 #include "runtime/session.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_rwkv6 {
 namespace {
 
 using tern::testing::logits_in_steps;
@@ -374,4 +375,4 @@ TEST(Rwkv6, QuantizeKeepsTheSmallMatrices) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_rwkv6

@@ -5,7 +5,8 @@
 
 #include "fake_engine.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_scheduler_spec {
 namespace {
 
 using tern::testing::FakeEngine;
@@ -194,4 +195,4 @@ TEST(SchedulerSpec, DraftsOfASequenceStillPrefillingAreIgnored) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_scheduler_spec

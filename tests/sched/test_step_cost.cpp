@@ -8,7 +8,8 @@
 #include "fake_engine.h"
 #include "sched/step_cost.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_step_cost {
 namespace {
 
 using tern::testing::FakeEngine;
@@ -343,4 +344,4 @@ TEST(SchedulerStepTarget, ChunkingUnderATargetChangesNoToken) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_step_cost

@@ -14,6 +14,9 @@
 #include "server/api_error.h"
 #include "server/server.h"
 
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace test_ollama_http {
+
 using namespace tern;
 using namespace tern::server;
 using namespace tern::testing;
@@ -444,3 +447,5 @@ TEST(OllamaHttp, ConcurrentRequestsOverBothModelsStayApart) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(right.load(), 16);
 }
+
+}  // namespace test_ollama_http

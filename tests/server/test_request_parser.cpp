@@ -9,6 +9,9 @@
 #include "server/api_error.h"
 #include "server/openai_request.h"
 
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace test_request_parser {
+
 using namespace tern::server;
 
 namespace {
@@ -476,3 +479,5 @@ INSTANTIATE_TEST_SUITE_P(
       for (const char* c = info.param.param; *c; ++c) name += std::isalnum(static_cast<unsigned char>(*c)) ? *c : '_';
       return name;
     });
+
+}  // namespace test_request_parser

@@ -14,6 +14,9 @@
 #include "server/serve_process.h"
 #include "test_util.h"
 
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace test_server_prompt_compression {
+
 using namespace tern;
 using namespace tern::testing;
 using nlohmann::json;
@@ -126,3 +129,5 @@ TEST(ServerPromptCompression, ServerDefaultAndNoScorer) {
 }
 
 }  // namespace
+
+}  // namespace test_server_prompt_compression

@@ -15,6 +15,9 @@
 #include "server/skeleton_of_thought.h"
 #include "test_util.h"
 
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace test_server_skeleton {
+
 using namespace tern;
 using namespace tern::server;
 using namespace tern::testing;
@@ -423,3 +426,5 @@ TEST(ServerSkeletonEngine, GivenPointsOnStories260K) {
   EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("chat template"), std::string::npos)
       << r->body;
 }
+
+}  // namespace test_server_skeleton

@@ -26,6 +26,9 @@
 #include "server/serve_process.h"
 #include "test_util.h"
 
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace test_server_spec {
+
 using namespace tern;
 using namespace tern::server;
 using namespace tern::testing;
@@ -240,3 +243,5 @@ TEST(ServerSpec, ADraftThatDoesNotFitAModelOfSeveralFailsItsLoadsWithTheReason) 
   }
   remove_temp_dir(dir);
 }
+
+}  // namespace test_server_spec

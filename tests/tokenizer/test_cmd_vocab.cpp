@@ -14,7 +14,8 @@
 #include "tokenizer/tokenizer.h"
 #include "tokenizer_test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_cmd_vocab {
 namespace {
 
 namespace fs = std::filesystem;
@@ -193,4 +194,4 @@ TEST_F(CmdVocab, RefusesBadInput) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_cmd_vocab

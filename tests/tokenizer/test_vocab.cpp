@@ -12,7 +12,8 @@
 #include "tokenizer/tokenizer.h"
 #include "tokenizer_test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_vocab {
 namespace {
 
 using test::gguf_floats;
@@ -178,4 +179,4 @@ TEST(TokenizerVocab, OutOfRangeIds) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_vocab

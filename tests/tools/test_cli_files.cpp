@@ -23,7 +23,8 @@
 #include "gguf/gguf.h"
 #include "test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_cli_files {
 namespace {
 
 namespace fs = std::filesystem;
@@ -400,4 +401,4 @@ TEST_F(CliFiles, NanLogitsDuringGenerationAreAnError) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_cli_files

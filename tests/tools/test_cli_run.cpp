@@ -8,7 +8,8 @@
 
 #include "test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_cli_run {
 namespace {
 
 using tern::testing::run_command;
@@ -164,4 +165,4 @@ TEST_F(CliStories, PerplexityMatchesLlamaCpp) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_cli_run

@@ -9,7 +9,8 @@
 
 #include "test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_cli_speculative {
 namespace {
 
 using tern::testing::run_command;
@@ -145,4 +146,4 @@ TEST(CliSpeculative, DraftWithAnotherVocabularyNamesBothFiles) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_cli_speculative

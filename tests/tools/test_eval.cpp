@@ -14,7 +14,8 @@
 #include "tools/text_metrics.h"
 #include "test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_eval {
 namespace {
 
 using nlohmann::json;
@@ -369,4 +370,4 @@ TEST(EvalCli, BadArgumentsAreClearErrors) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_eval

@@ -9,7 +9,8 @@
 
 #include "test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_kv_compare {
 namespace {
 
 using tern::testing::run_command;
@@ -126,4 +127,4 @@ TEST(KvCompare, ChildErrorIsSurfaced) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_kv_compare

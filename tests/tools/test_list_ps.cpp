@@ -17,7 +17,8 @@
 
 #include "test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_list_ps {
 namespace {
 
 namespace fs = std::filesystem;
@@ -273,4 +274,4 @@ TEST(PsCli, NoServerIsAClearError) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_list_ps

@@ -16,7 +16,8 @@
 #include "models/synth.h"
 #include "test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_lora_cli {
 namespace {
 
 using tern::testing::run_command;
@@ -193,4 +194,4 @@ TEST_F(LoraCli, BadAdaptersAndArgumentsAreClearErrors) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_lora_cli

@@ -9,7 +9,8 @@
 #include "models/hparams.h"
 #include "test_util.h"
 
-namespace tern {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::test_sparsify_cli {
 namespace {
 
 using tern::testing::run_tern;
@@ -82,4 +83,4 @@ TEST(SparsifyCli, BadInputGetsAClearError) {
 }
 
 }  // namespace
-}  // namespace tern
+}  // namespace tern::test_sparsify_cli

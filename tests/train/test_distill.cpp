@@ -13,7 +13,8 @@
 #include "test_util.h"
 #include "train/distill.h"
 
-namespace tern::train {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::train::test_distill {
 namespace {
 
 namespace fs = std::filesystem;
@@ -142,4 +143,4 @@ TEST(DistillCli, TokenLevelFromStories260KLowersTheLossBelowHardLabels) {
 }
 
 }  // namespace
-}  // namespace tern::train
+}  // namespace tern::train::test_distill

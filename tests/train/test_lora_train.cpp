@@ -25,7 +25,8 @@
 #include "train/trainer.h"
 #include "train_test_util.h"
 
-namespace tern::train {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::train::test_lora_train {
 namespace {
 
 namespace fs = std::filesystem;
@@ -549,4 +550,4 @@ TEST_F(FinetuneCli, BadInputGetsAClearErrorAndWritesNothing) {
 }
 
 }  // namespace
-}  // namespace tern::train
+}  // namespace tern::train::test_lora_train

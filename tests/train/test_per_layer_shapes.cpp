@@ -19,7 +19,8 @@
 #include "train/model.h"
 #include "train_test_util.h"
 
-namespace tern::train {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::train::test_per_layer_shapes {
 namespace {
 
 namespace fs = std::filesystem;
@@ -210,4 +211,4 @@ TEST(PerLayerShapes, LogitsMatchTheInferenceEngine) {
 }
 
 }  // namespace
-}  // namespace tern::train
+}  // namespace tern::train::test_per_layer_shapes

@@ -26,7 +26,8 @@
 #include "train/model.h"
 #include "train_test_util.h"
 
-namespace tern::train {
+// Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
+namespace tern::train::test_qlora {
 namespace {
 
 namespace fs = std::filesystem;
@@ -336,4 +337,4 @@ TEST(QloraCli, FinetuneOnAQuantizedBaseRunsAndTheAdapterLoads) {
 }
 
 }  // namespace
-}  // namespace tern::train
+}  // namespace tern::train::test_qlora

@@ -1,0 +1,121 @@
+#pragma once
+// The predicted-sparse FFN at run time (issue #31, docs/sparsity.md "Sparse decoding"): per
+// token and dense ReGLU layer, the layer's predictor (models/ffn_predictor_format.h) names the
+// neurons S likely active, and the FFN computes only rows S of ffn_gate and ffn_up and rows S of
+// down_t, ffn_down transposed (kernels/sparse_ffn.h). Where the predictor is right the result is
+// the dense FFN's over S: a neuron it misses contributes nothing, one it adds wrongly has a gate
+// <= 0 and costs its gate row alone.
+//
+// What it reads: gate and up straight from the model file's mapping (GGUF rows are one after
+// another, what the row kernels gather; the decoder's own copies are interleaved by 16 for the
+// dense GEMM, which prefill keeps using), down_t built at enable time from the file's ffn_down
+// (SparseFfnConfig::down_t_type: another copy of ffn_down), and the predictor's A and B
+// converted to F16 at enable time.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "gguf/gguf.h"
+#include "kernels/sparse_ffn.h"
+#include "models/ffn_predictor_format.h"
+
+namespace tern {
+
+struct SparseFfnConfig {
+  // The file holding the predictor (`tern predictor train` writes it into a copy of the model);
+  // nullptr: the model's own file.
+  std::shared_ptr<const GgufFile> predictor;
+  // 0: each layer's stored threshold selects (score_j > threshold). In (0, 1]: each token's top
+  // `density` fraction of neurons by score (a fixed budget per token, as Deja Vu's top-k).
+  double density = 0.0;
+  // Steps of more tokens run the dense FFN: a prefill's GEMM reads each row once for all of its
+  // tokens, where the sparse path reads the rows of every token apart. 0: every step (perplexity
+  // of the sparse model).
+  int64_t max_step_tokens = 8;
+  // A token whose selected fraction is above this runs the dense FFN instead (a gathered row
+  // costs 1.5-2x a streamed one: at 50% selected the sparse FFN about breaks even).
+  double dense_above = 0.6;
+  // The type of down_t, ffn_down transposed: each row is re-quantized per 32 elements across
+  // down's own blocks (kernels/sparse_ffn.h build_down_t), a second rounding. Unset: down's
+  // type, except Q4_0 down becomes Q8_0 (a second 4-bit rounding would cost as much accuracy as
+  // the first; at 8 bits it is about the dense GEMV's own rounding of its input to Q8_0).
+  std::optional<DType> down_t_type;
+};
+
+// Counts since enable (or the last reset): per (token, layer) visit of a dense FFN.
+struct SparseFfnStats {
+  int64_t visits = 0;          // (token, layer) pairs that ran a dense FFN layer
+  int64_t sparse_visits = 0;   // of which the sparse path ran
+  int64_t neurons = 0;         // n_ff summed over the sparse visits
+  int64_t selected = 0;        // neurons the predictor selected over them
+  int64_t dense_fallbacks = 0; // visits whose selection was above dense_above (ran dense)
+  // Seconds in the FFN layers this path covers (predictor, kernels, dense fallbacks; the dense
+  // FFN where a step did not apply or the path was off): what tern bench compares.
+  double ffn_seconds = 0;
+  double selected_fraction() const { return neurons > 0 ? double(selected) / double(neurons) : 0.0; }
+  double sparse_share() const { return visits > 0 ? double(sparse_visits) / double(visits) : 0.0; }
+};
+
+class SparseFfn {
+ public:
+  // Binds the layers `layers` of `model` (dense ReGLU layers: the caller checks) and reads
+  // the predictor (cfg.predictor or the model file). Throws tern::Error naming the file, tensor
+  // and type: no predictor, a predictor made for another model, a gate / up / down type the row
+  // kernels do not read (they read F32, F16, Q8_0, Q4_0), a density outside [0, 1].
+  SparseFfn(std::shared_ptr<const GgufFile> model, const SparseFfnConfig& cfg,
+            const std::vector<int64_t>& layers);
+
+  bool has_layer(int64_t il) const { return il < int64_t(layers_.size()) && layers_[size_t(il)].w.n_ff > 0; }
+  // Whether a step of T tokens runs the sparse path.
+  bool step_applies(int64_t T) const { return enabled_ && (cfg_.max_step_tokens <= 0 || T <= cfg_.max_step_tokens); }
+  // Off: every step runs the dense FFN (what tern bench times beside the sparse one).
+  void set_enabled(bool on) { enabled_ = on; }
+  bool enabled() const { return enabled_; }
+  // One token of layer il: selects its neurons from xn [n_embd] (the FFN's normalised input) and
+  // writes the FFN's output y [n_embd]. False (y untouched) when the selection is above
+  // dense_above: the caller runs the dense FFN for this token.
+  bool run(int64_t il, const float* xn, float* y, ThreadPool& pool);
+  // The neurons run() selected last for layer il (ascending), for tests.
+  const std::vector<int32_t>& last_selection() const { return idx_; }
+
+  // Visits of layers that ran dense because their step did not apply (step_applies).
+  void count_dense_visits(int64_t n) {
+    if (enabled_) stats_.visits += n;
+  }
+  void add_ffn_seconds(double s) { stats_.ffn_seconds += s; }
+  const SparseFfnStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+  // Bytes this path holds beside the model: the down_t copies (the predictor and gate/up rows
+  // are mapped from their files).
+  int64_t extra_bytes() const;
+  const SparseFfnConfig& config() const { return cfg_; }
+
+ private:
+  struct Layer {
+    SparseFfnWeights w;           // gate / up into the model file; down_t into `down_t`
+    std::vector<uint8_t> down_t;  // [n_ff][n_embd] in down's type
+    // The predictor in F16 (half the bytes a decode step reads for it; the f32 scores move by
+    // an f16 rounding of the weights), read by the F16 row kernel.
+    std::vector<uint16_t> pred_a;  // [rank][n_embd]
+    std::vector<uint16_t> pred_b;  // [n_ff][rank]
+    float threshold = 0.0f;
+  };
+  void select(const Layer& L, const float* xn, ThreadPool& pool);
+
+  std::shared_ptr<const GgufFile> model_, predictor_file_;
+  SparseFfnConfig cfg_;
+  FfnPredictor pred_;
+  std::vector<Layer> layers_;  // [n_layer], n_ff 0 where the layer has no sparse FFN
+  std::vector<float> h_;       // [rank]  A xn
+  std::vector<float> score_;   // [n_ff]  B h
+  std::vector<float> kth_;     // [n_ff]  the scores' copy --sparse-density partitions
+  std::vector<int32_t> idx_;   // the selection
+  std::vector<int32_t> iota_;  // 0, 1, ..., max(n_ff, rank) - 1: every row of A or B
+  SparseFfnStats stats_;
+  bool enabled_ = true;
+};
+
+}  // namespace tern
