@@ -60,20 +60,22 @@ class SparseFfnRuntimeTest : public ::testing::Test {
       qo.n_threads = 1;
       quantize_model(dir_->file("relu_f32.gguf"), dir_->file(str_cat("relu_", name, ".gguf")), qo);
     }
-    for (const char* t : {"f32", "q8_0", "q4_0"}) {
-      auto model = open_model_file(dir_->file(str_cat("relu_", t, ".gguf")));
-      PredictorTrainOptions o;
-      o.calib.text_file = dir_->file("text.txt");
-      o.calib.n_tokens = 600;
-      o.calib.seq_len = 64;
-      o.calib.from_end = false;
-      o.calib.n_threads = 1;
-      o.rank = 16;
-      o.recall = 0.95;
-      o.epochs = 2;
-      o.batch = 64;
-      write_with_ffn_predictor(*model, train_ffn_predictor(model, o), dir_->file(str_cat("pred_", t, ".gguf")));
-    }
+    for (const char* t : {"f32", "q8_0", "q4_0"}) write_predicted(str_cat("relu_", t), str_cat("pred_", t), 16, 2);
+  }
+  // Trains a predictor for `model`.gguf on the test text and writes the model with it to `out`.gguf.
+  static void write_predicted(const std::string& model_name, const std::string& out, int64_t rank, int epochs) {
+    auto model = open_model_file(file(model_name + ".gguf"));
+    PredictorTrainOptions o;
+    o.calib.text_file = file("text.txt");
+    o.calib.n_tokens = 600;
+    o.calib.seq_len = 64;
+    o.calib.from_end = false;
+    o.calib.n_threads = 1;
+    o.rank = rank;
+    o.recall = 0.95;
+    o.epochs = epochs;
+    o.batch = 64;
+    write_with_ffn_predictor(*model, train_ffn_predictor(model, o), file(out + ".gguf"));
   }
   static void TearDownTestSuite() { delete dir_; }
   static std::string file(const std::string& name) { return dir_->file(name); }
@@ -281,18 +283,7 @@ TEST_F(SparseFfnRuntimeTest, ClearErrors) {
             std::string::npos);
   // A gate type the row kernels do not read: a Q4_K model with a predictor trained on it.
   c.predictor = nullptr;
-  {
-    auto model = open_model_file(file("relu_q4_k.gguf"));
-    PredictorTrainOptions o;
-    o.calib.text_file = file("text.txt");
-    o.calib.n_tokens = 300;
-    o.calib.seq_len = 64;
-    o.calib.from_end = false;
-    o.calib.n_threads = 1;
-    o.rank = 4;
-    o.epochs = 0;
-    write_with_ffn_predictor(*model, train_ffn_predictor(model, o), file("pred_q4_k.gguf"));
-  }
+  write_predicted("relu_q4_k", "pred_q4_k", 4, 0);
   const std::string e = error_of([&] { session(file("pred_q4_k.gguf"), &c); });
   EXPECT_NE(e.find("blk.0.ffn_gate.weight is q"), std::string::npos) << e;  // (q5_0: Q4_K's fallback at n_embd 64)
   EXPECT_NE(e.find("reads F32, F16, Q8_0 or Q4_0"), std::string::npos) << e;
