@@ -43,8 +43,7 @@ SparseFfnConfig SparseFfnArgs::config() const {
   SparseFfnConfig c;
   if (!predictor.empty()) c.predictor = std::make_shared<const GgufFile>(GgufFile::open(predictor));
   c.density = density;
-  c.dense_above = dense_above;
-  if (!(dense_above > 0.0)) fail("--sparse-dense-above must be above 0");
+  c.dense_above = dense_above;  // (0 is refused by SparseFfn, naming the option)
   c.max_step_tokens = max_step_tokens;
   if (!down_type.empty()) c.down_t_type = dtype_from_name(down_type);
   return c;

@@ -22,6 +22,7 @@
 #include "compress/ffn_predictor.h"
 #include "compress/quantize.h"
 #include "core/error.h"
+#include "core/output_file.h"
 #include "core/fp16.h"
 #include "models/ffn_predictor_format.h"
 #include "models/hparams.h"
@@ -325,6 +326,15 @@ TEST_F(SparseFfnRuntimeTest, CommandsRunSparseAndReportIt) {
   r = run_tern(str_cat("run -m ", m, " -p hello -n 2 --sparse-ffn --predictor ", file("nope.gguf")));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("nope.gguf"), std::string::npos) << r.err;
+  r = run_tern(str_cat("run -m ", m, " -p hello -n 2 --sparse-ffn --tp 2"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--sparse-ffn is not supported with --tp / --pp"), std::string::npos) << r.err;
+  r = run_tern(str_cat("run -m ", m, " -p hello -n 2 --sparse-ffn --sparse-down-type q5_k"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--sparse-down-type"), std::string::npos) << r.err;
+  r = run_tern(str_cat("run -m ", m, " -p hello -n 2 --sparse-ffn --sparse-density 2"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--sparse-density"), std::string::npos) << r.err;
 }
 
 // tern serve --sparse-ffn: every neuron selected serves the dense model's text; the thresholds
@@ -383,6 +393,7 @@ TEST_F(SparseFfnRuntimeTest, DISABLED_SparseDecodeBench) {
     synth_model(so, model_path);
   }
   const std::string pred_path = env_out ? env_out : file("bench_pred.gguf");
+  check_output_not_input(pred_path, {model_path});  // (never writes over the model it reads)
   {
     auto model = open_model_file(model_path);
     const HParams hp = read_hparams(*model);
