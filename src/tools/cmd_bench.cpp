@@ -194,9 +194,9 @@ int cmd_bench(int argc, char** argv) {
   const auto probe_now = [&] { return probe->measure(probe_weights ? 2 : 3); };
   std::vector<double> pp, tg, bw_runs, pct_runs;
   // --sparse-ffn: each tg run is timed again with the dense FFN, in alternating order, so that
-  // the ratio compares runs a few seconds apart (the machine is shared).
-  // Each run's time in the FFN layers too (ms per token): the FFN's own speedup, apart from
-  // attention and the output layer, which the sparse FFN does not change.
+  // the ratio compares runs a few seconds apart (the machine is shared); and each run's time in
+  // the FFN layers (ms per token): the FFN's own speedup, apart from attention and the output
+  // layer, which the sparse FFN does not change.
   SparseFfn* sparse = s.model().sparse_ffn();
   std::vector<double> tg_dense, ffn_ms_dense, ffn_ms_sparse;
   const auto run_tg_with = [&](bool on) {
