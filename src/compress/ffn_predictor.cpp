@@ -349,6 +349,16 @@ TrainedPredictor train_ffn_predictor(std::shared_ptr<const GgufFile> model, cons
   p.threshold.assign(size_t(hp.n_layer), 0.0f);
   p.recall.assign(size_t(hp.n_layer), 0.0f);
   p.report.layers.resize(dense.size());
+  p.freq.resize(size_t(hp.n_layer));
+  for (const int64_t il : dense) {
+    const LayerSamples& s = layers[size_t(il)];
+    std::vector<float>& f = p.freq[size_t(il)];
+    std::vector<int64_t> on(size_t(s.n_ff), 0);
+    for (int64_t t = 0; t < s.n_mask; ++t)
+      for (int64_t j = 0; j < s.n_ff; ++j) on[size_t(j)] += s.active(t, j);
+    f.resize(size_t(s.n_ff));
+    for (int64_t j = 0; j < s.n_ff; ++j) f[size_t(j)] = float(double(on[size_t(j)]) / double(s.n_mask));
+  }
 
   ThreadPool pool(opts.calib.n_threads > 0 ? opts.calib.n_threads : default_thread_count());
   // The factorisations use the pool's rows; the layers' training then runs one layer per thread.
@@ -467,6 +477,12 @@ void write_with_ffn_predictor(const GgufFile& model, const TrainedPredictor& p, 
                  p.a[il].size() * sizeof(float));
     w.add_tensor(ffn_pred_b_name(int64_t(il)), DType::F32, {p.rank, n_ff}, p.b[il].data(),
                  p.b[il].size() * sizeof(float));
+    if (il < p.freq.size() && !p.freq[il].empty()) {
+      if (int64_t(p.freq[il].size()) != n_ff)
+        fail("write_with_ffn_predictor: layer ", il, " has ", p.freq[il].size(), " frequencies for ", n_ff, " neurons");
+      w.add_tensor(ffn_act_freq_name(int64_t(il)), DType::F32, {n_ff}, p.freq[il].data(),
+                   p.freq[il].size() * sizeof(float));
+    }
   }
   w.write(out);
 }

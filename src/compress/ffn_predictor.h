@@ -55,6 +55,9 @@ struct TrainedPredictor {
   std::vector<std::vector<float>> a;  // [n_layer][rank][n_embd]
   std::vector<std::vector<float>> b;  // [n_layer][n_ff][rank]
   std::vector<float> threshold, recall;  // [n_layer]
+  // [n_layer][n_ff]: the fraction of all calibration tokens (held-out ones too) on which each
+  // neuron was active; written as blk.{il}.ffn_act_freq (empty: not written).
+  std::vector<std::vector<float>> freq;
   PredictorTrainReport report;
 };
 

@@ -25,4 +25,10 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// Gives the whole pages inside [p, p + n) of a read-only file mapping back to the kernel
+// (madvise MADV_DONTNEED): nothing is lost, a later read faults them in from the file again, and
+// until then they do not count in the process's resident memory. Only for read-only mappings of
+// files (MappedFile): an anonymous or written page would read back as zeros.
+void release_mapped_range(const void* p, size_t n);
+
 }  // namespace tern

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/output_file.h"
 
 namespace tern {
@@ -306,11 +307,26 @@ GgufFile GgufFile::open(const std::string& path) {
   return f;
 }
 
+void GgufFile::release_pages() const {
+  if (file_mapped_) release_mapped_range(base_, size_t(size_));
+}
+
+void GgufFile::release_pages_around(const void* p, size_t n) const {
+  if (!file_mapped_ || n == 0) return;
+  constexpr uintptr_t kFolio = uintptr_t(2) << 20, kPage = 4096;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(base_);
+  const uintptr_t map_end = (base + uintptr_t(size_) + kPage - 1) / kPage * kPage;  // the mapping's last page's end
+  const uintptr_t lo = std::max(reinterpret_cast<uintptr_t>(p) / kFolio * kFolio, base);
+  const uintptr_t hi = std::min((reinterpret_cast<uintptr_t>(p) + n + kFolio - 1) / kFolio * kFolio, map_end);
+  if (hi > lo) release_mapped_range(reinterpret_cast<const void*>(lo), hi - lo);
+}
+
 GgufFile GgufFile::parse(std::shared_ptr<const void> owner, const uint8_t* data, size_t size,
                          const std::string& name) {
   GgufFile f;
   f.path_ = name;
   f.owner_ = std::move(owner);
+  f.base_ = data;
   f.size_ = size;
   Reader r(data, size, name);
 

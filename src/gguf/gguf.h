@@ -88,6 +88,14 @@ class GgufFile {
   // True when the tensor bytes are a read-only mapping of the file (open()), whose pages the
   // kernel can drop and read back at will; false for an in-memory image (parse()).
   bool file_mapped() const { return file_mapped_; }
+  // Gives every page of the file's mapping back to the kernel (release_mapped_range; nothing is
+  // lost, a later read faults pages in again): after a load that copied what it keeps, so that
+  // the pages its checks read, and the 2 MiB page-cache folios a kernel maps whole around any
+  // byte read (Linux 6.x large folios), leave the process's resident memory. No-op for parse().
+  void release_pages() const;
+  // The same for [p, p + n) widened to whole 2 MiB (a large folio's most) inside the mapping:
+  // what reading those bytes may have mapped. No-op for parse().
+  void release_pages_around(const void* p, size_t n) const;
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
@@ -112,6 +120,7 @@ class GgufFile {
   std::string path_;
   std::shared_ptr<const void> owner_;  // MappedFile or caller buffer
   bool file_mapped_ = false;
+  const uint8_t* base_ = nullptr;  // the image's first byte
   uint64_t size_ = 0;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

@@ -261,18 +261,20 @@ void sparse_rows_axpy(DType type, const void* rows, int64_t row_bytes, int64_t n
 }
 
 void sparse_ffn_reglu_isa(Isa isa, const SparseFfnWeights& w, const float* xn, const int32_t* idx, int64_t n_idx,
-                          float* y, ThreadPool& pool) {
-  sfd::check_rows("sparse_ffn_reglu: gate/up", w.type, dtype_row_bytes(w.type, w.n_embd), w.n_ff, w.n_embd);
-  sfd::check_rows("sparse_ffn_reglu: down_t", w.down_t_type, dtype_row_bytes(w.down_t_type, w.n_embd), w.n_ff, w.n_embd);
-  if (w.n_ff > 0 && (!w.gate || !w.up || !w.down_t)) fail("sparse_ffn_reglu: missing weights");
-  sfd::check_idx("sparse_ffn_reglu", idx, n_idx, w.n_ff);
+                          float* y, ThreadPool& pool, bool accumulate) {
+  const int64_t rb = w.gate_up_stride > 0 ? w.gate_up_stride : dtype_row_bytes(w.type, w.n_embd);
+  const int64_t drb = w.down_t_stride > 0 ? w.down_t_stride : dtype_row_bytes(w.down_t_type, w.n_embd);
+  const int64_t n_rows = w.n_rows > 0 ? w.n_rows : w.n_ff;
+  sfd::check_rows("sparse_ffn_reglu: gate/up", w.type, rb, n_rows, w.n_embd);
+  sfd::check_rows("sparse_ffn_reglu: down_t", w.down_t_type, drb, n_rows, w.n_embd);
+  if (n_rows > 0 && (!w.gate || !w.up || !w.down_t)) fail("sparse_ffn_reglu: missing weights");
+  sfd::check_idx("sparse_ffn_reglu", idx, n_idx, n_rows);
   const kern::SparseFfnRows& kr = sfd::rows_of(isa);
   const int64_t n = w.n_embd;
-  std::fill(y, y + n, 0.0f);
+  if (!accumulate) std::fill(y, y + n, 0.0f);
   if (n_idx == 0 || n == 0) return;
 
   const sfd::QuantX q = sfd::quantized(w.type) ? sfd::quantize_x(isa, xn, n) : sfd::QuantX{};
-  const int64_t rb = dtype_row_bytes(w.type, n);
   // coef[k] = a_{idx[k]} (0 where the gate is <= 0), filled by chunks of idx: each value comes
   // from its own rows alone, so the chunking does not change any bit.
   thread_local std::vector<float> coef_buf;
@@ -327,7 +329,6 @@ void sparse_ffn_reglu_isa(Isa isa, const SparseFfnWeights& w, const float* xn, c
   const int64_t n_blocks = (n + 31) / 32;
   const int64_t bper = pool.size() == 1 ? n_blocks : std::max<int64_t>(1, (n_blocks + pool.size() - 1) / pool.size());
   const int64_t n_ranges = (n_blocks + bper - 1) / bper;
-  const int64_t drb = dtype_row_bytes(w.down_t_type, n);
   const int32_t* act_idx = act_idx_buf.data();
   const float* act_coef = act_coef_buf.data();
   pool.for_chunks(n_ranges, [&](int64_t c, int) {
@@ -338,8 +339,8 @@ void sparse_ffn_reglu_isa(Isa isa, const SparseFfnWeights& w, const float* xn, c
 }
 
 void sparse_ffn_reglu(const SparseFfnWeights& w, const float* xn, const int32_t* idx, int64_t n_idx, float* y,
-                      ThreadPool& pool) {
-  sparse_ffn_reglu_isa(selected_isa(), w, xn, idx, n_idx, y, pool);
+                      ThreadPool& pool, bool accumulate) {
+  sparse_ffn_reglu_isa(selected_isa(), w, xn, idx, n_idx, y, pool, accumulate);
 }
 
 std::vector<uint8_t> build_down_t(const WeightView& down, DType out_type) {

@@ -59,15 +59,21 @@ struct SparseFfnWeights {
   const void* up = nullptr;         // [n_ff][n_embd] in type
   DType down_t_type = DType::Q4_0;  // F32, F16, Q8_0 or Q4_0
   const void* down_t = nullptr;     // [n_ff][n_embd] in down_t_type (build_down_t)
+  // Rows other than n_ff plain rows one after another (models/neuron_store.h: a store's slots,
+  // each a neuron's gate, up and down_t rows side by side): the rows idx may name (0: n_ff), and
+  // the bytes from one row to the next (0: a plain row of the type).
+  int64_t n_rows = 0;
+  int64_t gate_up_stride = 0, down_t_stride = 0;
 };
 
 // y[0..n_embd) = sum over j in idx of max(gate_j . xn, 0) * (up_j . xn) * down_t[j] (y is
-// overwritten). Neurons whose gate is <= 0 skip the up row and the down row (a_j = 0).
+// overwritten; with `accumulate`, added to y: the down rows are added into y in idx order either
+// way, so a selection run in pieces, each accumulating, gives the bits of one call over it all). Neurons whose gate is <= 0 skip the up row and the down row (a_j = 0).
 // Threads split idx for the dots and n_embd (in blocks of 32) for the down rows, so y is the
 // same bits for every thread count. idx: any order, repeats allowed (each counts), checked once.
 // Must be called from the thread that owns `pool`.
 void sparse_ffn_reglu(const SparseFfnWeights& w, const float* xn, const int32_t* idx, int64_t n_idx, float* y,
-                      ThreadPool& pool);
+                      ThreadPool& pool, bool accumulate = false);
 
 // down_t [n_ff rows][n_embd] in out_type from a row-major down [n_embd rows][n_ff] (WeightView
 // of type F32, F16, Q8_0 or Q4_0; interleaved16 rows too). The values are down's
@@ -86,7 +92,7 @@ void sparse_rows_dot_isa(Isa isa, DType type, const void* rows, int64_t row_byte
 void sparse_rows_axpy_isa(Isa isa, DType type, const void* rows, int64_t row_bytes, int64_t n_rows,
                           int64_t n_out, const int32_t* idx, const float* coef, int64_t n_idx, float* y);
 void sparse_ffn_reglu_isa(Isa isa, const SparseFfnWeights& w, const float* xn, const int32_t* idx, int64_t n_idx,
-                          float* y, ThreadPool& pool);
+                          float* y, ThreadPool& pool, bool accumulate = false);
 
 namespace kern {
 

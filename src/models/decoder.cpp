@@ -36,6 +36,7 @@
 #include "models/linear.h"
 #include "models/lora_step.h"
 #include "models/model.h"
+#include "models/ffn_bundle_format.h"
 #include "models/partition.h"
 #include "models/registry.h"
 #include "models/delta_net_block.h"
@@ -128,14 +129,17 @@ class DecoderModel final : public Model {
     layer_begin_ = part_.layer_begin;
     layer_end_ = part_.layer_end < 0 ? hp_.n_layer : part_.layer_end;
     WeightLoader ld(file_);
-    ld.release_checked_pages(!part_.whole());
+    // A part, or a model whose FFN stays on disk: the checked pages go back (the weights it
+    // keeps are copies, or read back on use), so that the load's RSS stays what it keeps.
+    ld.release_checked_pages(!part_.whole() || part_.ffn_in_store);
+    ld.copy_everything(part_.ffn_in_store);  // (enable_sparse_ffn then releases the whole mapping)
     bind_weights(ld);    // plans: checks every tensor, sums the interleaved bytes
     ld.start_loading();
     bind_weights(ld);    // loads: the same tensors, interleaved into one buffer
     arena_ = ld.take_arena();
     extra_ = ld.take_extra();
     if (part_.whole())
-      for (const auto& t : file_->tensors()) weight_bytes_ += int64_t(t.n_bytes);
+      weight_bytes_ = model_weight_bytes(*file_);  // (a predictor's and neuron bundles' tensors are not the model's)
     const auto stream = [&](const Linear& l) {
       if (l.factored()) {
         for (const WeightView* f : {&l.lr_a, &l.lr_b})
@@ -364,6 +368,7 @@ class DecoderModel final : public Model {
   Ssm2Block ssm_mixer_;                // a hybrid's Mamba-2 scratch (reserve)
   std::unique_ptr<SparseFfn> sparse_;  // --sparse-ffn: the predicted-sparse FFN (enable_sparse_ffn)
   bool sparse_step_ = false;           // this step's dense FFN layers run sparse_
+  bool ffn_in_store_ = false;          // some dense FFN layers were not bound (ModelPartition::ffn_in_store)
   std::vector<float> sparse_y_;        // [n_embd] one token's FFN output on the sparse path
   DeltaNetBlock delta_mixer_;          // Qwen3-Next's gated delta-net scratch (reserve)
 };
@@ -572,6 +577,12 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
       L.gate = linear(ld, Tensor::FfnGate, il, E, L.n_ff, false, any_bias_optional, Share{ff.begin, F_all});
       L.up = linear(ld, Tensor::FfnUp, il, E, L.n_ff, false, any_bias_optional, Share{ff.begin, F_all});
       L.down = linear(ld, Tensor::FfnDown, il, L.n_ff, E, false, any_bias_optional, Share{0, -1, ff.begin, F_all, tpr == 0});
+    } else if (part_.ffn_in_store && activation_ == FfnActivation::Relu && ld.has(tensor_name(Tensor::FfnGate, il)) &&
+               ld.has(tensor_name(Tensor::FfnDown, il)) && !ld.has(tensor_name(Tensor::FfnGate, il, "bias")) &&
+               !ld.has(tensor_name(Tensor::FfnUp, il, "bias")) && !ld.has(tensor_name(Tensor::FfnDown, il, "bias"))) {
+      // --ram-budget: the neuron store reads these rows from the file's bundles (enable_sparse_ffn
+      // checks the tensors); nothing of them is read now.
+      ffn_in_store_ = true;
     } else {
       L.gate = linear(ld, Tensor::FfnGate, il, E, L.n_ff, false, any_bias_optional);
       L.up = linear(ld, Tensor::FfnUp, il, E, L.n_ff, false, any_bias_optional);
@@ -667,6 +678,11 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
   // The sparse FFN runs token by token inside the pooled path's ffn_block; adapters and
   // observers see the dense layers.
   sparse_step_ = sparse_ && sparse_->step_applies(T) && !hooks_.lora && !observer_;
+  if (ffn_in_store_ && !sparse_step_)
+    fail(file_->path(), ": --ram-budget: ",
+         !sparse_ ? "the sparse FFN was not enabled after the load"
+                  : hooks_.lora ? "LoRA adapters apply to the dense FFN" : "an observer of the layers' inputs needs the dense FFN",
+         ", whose weights are not in memory");
   if (sparse_step_) {
     forward_layers_pooled(seqs, kv, T, pool);
     forward_output(seqs, logits, pool);
@@ -1038,6 +1054,9 @@ void DecoderModel::enable_sparse_ffn(const SparseFfnConfig& cfg) {
          "this model's FFN is ", activation_ == FfnActivation::Silu ? "SwiGLU" : "not ReGLU",
          ", whose neurons are never exactly zero");
   if (!part_.whole()) fail(path, ": --sparse-ffn does not run split over processes (--tp / --pp) yet");
+  if (ffn_in_store_ && cfg.ram_budget <= 0)
+    fail(path, ": the model was loaded with its FFN weights left in the file (--ram-budget), and the sparse FFN was "
+         "enabled without a budget");
   std::vector<int64_t> src;
   for (int64_t il = layer_begin_; il < layer_end_; ++il) {
     const LayerWeights& L = layers_[size_t(il)];

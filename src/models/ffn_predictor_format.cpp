@@ -56,11 +56,14 @@ const float* checked_tensor(const GgufFile& f, const std::string& name, int64_t 
 std::string ffn_pred_a_name(int64_t il) { return str_cat("blk.", il, ".ffn_pred_a.weight"); }
 std::string ffn_pred_b_name(int64_t il) { return str_cat("blk.", il, ".ffn_pred_b.weight"); }
 
+std::string ffn_act_freq_name(int64_t il) { return str_cat("blk.", il, ".ffn_act_freq"); }
+
 bool is_ffn_predictor_tensor(const std::string& name) {
-  return name.find(".ffn_pred_a.") != std::string::npos || name.find(".ffn_pred_b.") != std::string::npos;
+  return name.find(".ffn_pred_a.") != std::string::npos || name.find(".ffn_pred_b.") != std::string::npos ||
+         (name.size() > 13 && name.compare(name.size() - 13, 13, ".ffn_act_freq") == 0);
 }
 
-std::string ffn_gate_fingerprint(const GgufFile& model) {
+std::string ffn_gate_fingerprint(const GgufFile& model, bool release_pages) {
   const int64_t n_layer = read_hparams(model).n_layer;
   uint64_t h = kFnvOffset;
   for (int64_t il = 0; il < n_layer; ++il) {
@@ -71,6 +74,7 @@ std::string ffn_gate_fingerprint(const GgufFile& model) {
     fnv_word(h, uint64_t(t->ne.size()));
     for (int64_t d : t->ne) fnv_word(h, uint64_t(d));
     fnv_bytes(h, t->data, t->n_bytes);
+    if (release_pages) model.release_pages_around(t->data, t->n_bytes);
   }
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
@@ -79,7 +83,7 @@ std::string ffn_gate_fingerprint(const GgufFile& model) {
 
 bool has_ffn_predictor(const GgufFile& f) { return f.has(kFfnPredictorRankKey); }
 
-FfnPredictor read_ffn_predictor(const GgufFile& f, const GgufFile& model) {
+FfnPredictor read_ffn_predictor(const GgufFile& f, const GgufFile& model, bool release_pages) {
   const HParams hp = read_hparams(model);
   FfnPredictor p;
   p.n_embd = hp.n_embd;
@@ -89,7 +93,7 @@ FfnPredictor read_ffn_predictor(const GgufFile& f, const GgufFile& model) {
     fail(f.path(), ": ", kFfnPredictorRankKey, " is ", rank, ", outside 1 .. n_embd ", hp.n_embd);
   p.rank = int64_t(rank);
   p.fingerprint = f.get_string(kFfnPredictorModelKey);
-  const std::string want = ffn_gate_fingerprint(model);
+  const std::string want = ffn_gate_fingerprint(model, release_pages);
   if (p.fingerprint != want)
     fail(f.path(), ": a predictor made for another model: its ", kFfnPredictorModelKey, " is ", p.fingerprint, ", ",
          model.path(), "'s FFN gate fingerprint is ", want);
@@ -106,6 +110,11 @@ FfnPredictor read_ffn_predictor(const GgufFile& f, const GgufFile& model) {
     l.n_ff = hp.ff_length(il);
     l.a = checked_tensor(f, ffn_pred_a_name(il), hp.n_embd, p.rank);
     l.b = checked_tensor(f, ffn_pred_b_name(il), p.rank, l.n_ff);
+    if (const GgufTensorInfo* t = f.find_tensor(ffn_act_freq_name(il))) {
+      if (t->type != DType::F32 || t->ne.size() != 1 || t->ne[0] != l.n_ff)
+        fail(f.path(), ": ", t->name, " is ", dtype_name(t->type), " ", t->shape_string(), ", expected f32 ", l.n_ff);
+      l.freq = reinterpret_cast<const float*>(t->data);
+    }
   }
   return p;
 }

@@ -12,6 +12,9 @@
 //   tern.ffn_predictor.recall     f32 array [n_layer]: the recall that threshold gave on
 //                                 held-out tokens (fraction of truly active neurons predicted)
 //   tern.ffn_predictor.model      string: ffn_gate_fingerprint() of the model it was trained on
+//   blk.{il}.ffn_act_freq         F32, ne [n_ff], optional: the fraction of the calibration tokens
+//                                 on which neuron j was active (hot / cold placement under
+//                                 --ram-budget keeps the most frequent resident; models/neuron_store.h)
 //
 // Layers without a dense gated FFN (experts, recurrent mixers, n_ff 0) have no tensors; their
 // threshold and recall entries are 0.
@@ -31,6 +34,8 @@ inline constexpr const char* kFfnPredictorModelKey = "tern.ffn_predictor.model";
 // "blk.{il}.ffn_pred_a.weight", "blk.{il}.ffn_pred_b.weight".
 std::string ffn_pred_a_name(int64_t il);
 std::string ffn_pred_b_name(int64_t il);
+// "blk.{il}.ffn_act_freq".
+std::string ffn_act_freq_name(int64_t il);
 // True for a predictor tensor's name (a rewrite of the model drops the old predictor's).
 bool is_ffn_predictor_tensor(const std::string& name);
 
@@ -38,12 +43,15 @@ bool is_ffn_predictor_tensor(const std::string& name);
 // blk.{il}.ffn_gate.weight, the layer index, the tensor's type, its shape and its bytes (taken
 // 8 at a time as little-endian words, the tail byte by byte: 8 times faster than per byte, and
 // the gates are most of what a load reads anyway). 16 hex digits.
-std::string ffn_gate_fingerprint(const GgufFile& model);
+// `release_pages`: each gate's pages go back to the kernel once hashed (GgufFile::
+// release_pages_around), so that the hash does not leave the gates resident (--ram-budget).
+std::string ffn_gate_fingerprint(const GgufFile& model, bool release_pages = false);
 
 struct FfnPredictorLayer {
   int64_t n_ff = 0;         // 0: the layer has no predictor (no dense FFN)
   const float* a = nullptr;  // [rank][n_embd] into the predictor file's mapping
   const float* b = nullptr;  // [n_ff][rank]
+  const float* freq = nullptr;  // [n_ff] activation frequencies, nullptr when the file has none
 };
 
 struct FfnPredictor {
@@ -65,6 +73,7 @@ bool has_ffn_predictor(const GgufFile& f);
 // fingerprint must be `model`'s. Throws tern::Error naming the file, the key or tensor and the
 // shape; a fingerprint mismatch says "a predictor made for another model". The layers' pointers
 // are into f's mapping: f must outlive the result.
-FfnPredictor read_ffn_predictor(const GgufFile& f, const GgufFile& model);
+// `release_pages` as ffn_gate_fingerprint's.
+FfnPredictor read_ffn_predictor(const GgufFile& f, const GgufFile& model, bool release_pages = false);
 
 }  // namespace tern

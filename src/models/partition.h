@@ -29,6 +29,11 @@ struct ModelPartition {
   // projection is split by vocabulary rows, and each rank's logits are gathered with this.
   std::function<void(const float* mine, int64_t n, float* all)> all_gather;
 
+  // The dense ReGLU FFN layers' gate, up and down stay out of memory: --ram-budget's neuron store
+  // (models/neuron_store.h) serves them, through enable_sparse_ffn, which must follow the load.
+  // Not a split: a model loaded so is still whole().
+  bool ffn_in_store = false;
+
   bool whole() const { return tp_size == 1 && layer_begin == 0 && layer_end < 0; }
   bool first_stage() const { return layer_begin == 0; }
   bool last_stage(int64_t n_layer) const { return layer_end < 0 || layer_end == n_layer; }

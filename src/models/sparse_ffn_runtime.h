@@ -21,6 +21,7 @@
 #include "gguf/gguf.h"
 #include "kernels/sparse_ffn.h"
 #include "models/ffn_predictor_format.h"
+#include "models/neuron_store.h"
 
 namespace tern {
 
@@ -43,6 +44,20 @@ struct SparseFfnConfig {
   // type, except Q4_0 down becomes Q8_0 (a second 4-bit rounding would cost as much accuracy as
   // the first; at 8 bits it is about the dense GEMV's own rounding of its input to Q8_0).
   std::optional<DType> down_t_type;
+  // --ram-budget: bytes of the model's weights to keep in memory (0: all of them). The dense
+  // ReGLU layers' gate, up and down then come from the model file's neuron bundles
+  // (models/ffn_bundle_format.h) through a NeuronStore: the most frequently active neurons
+  // resident, the rest read on demand into an LRU cache, in whatever the budget leaves after the
+  // other weights and the predictor. Every step of every size runs sparse, and no selection falls
+  // back to the dense FFN (its weights are not in memory): down_t_type and dense_above do not
+  // apply; the bundles' down_t type does.
+  int64_t ram_budget = 0;
+  // --ram-readahead (with ram_budget): at each layer, the next layer's predictor also runs on
+  // this layer's input (Deja Vu: the residual stream changes little from one layer to the next)
+  // and the kernel is asked to start reading the bundles it names that are in no slot, while this
+  // layer reads and computes. Costs a second predictor pass a layer; pays where the bundles come
+  // from the disk.
+  bool readahead = false;
 };
 
 // Counts since enable (or the last reset): per (token, layer) visit of a dense FFN.
@@ -70,9 +85,12 @@ class SparseFfn {
 
   bool has_layer(int64_t il) const { return il < int64_t(layers_.size()) && layers_[size_t(il)].w.n_ff > 0; }
   // Whether a step of T tokens runs the sparse path.
-  bool step_applies(int64_t T) const { return enabled_ && (cfg_.max_step_tokens <= 0 || T <= cfg_.max_step_tokens); }
-  // Off: every step runs the dense FFN (what tern bench times beside the sparse one).
-  void set_enabled(bool on) { enabled_ = on; }
+  bool step_applies(int64_t T) const {
+    return enabled_ && (store_ || cfg_.max_step_tokens <= 0 || T <= cfg_.max_step_tokens);
+  }
+  // Off: every step runs the dense FFN (what tern bench times beside the sparse one). Not with
+  // --ram-budget (tern::Error: the dense weights are not in memory).
+  void set_enabled(bool on);
   bool enabled() const { return enabled_; }
   // One token of layer il: selects its neurons from xn [n_embd] (the FFN's normalised input) and
   // writes the FFN's output y [n_embd]. False (y untouched) when the selection is above
@@ -87,7 +105,19 @@ class SparseFfn {
   }
   void add_ffn_seconds(double s) { stats_.ffn_seconds += s; }
   const SparseFfnStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
+  void reset_stats() {
+    stats_ = {};
+    if (store_) store_->reset_stats();
+  }
+  // --ram-budget's neuron store (its reads and hits), nullptr without a budget.
+  const NeuronStore* store() const { return store_.get(); }
+  // The weights' bytes under --ram-budget: the model's own (model_weight_bytes), those the
+  // budget keeps in memory besides the store (attention, embeddings, norms, output, and any
+  // layer the store does not serve), and the predictor's F16 copies.
+  struct BudgetBytes {
+    int64_t budget = 0, model = 0, other_weights = 0, predictor = 0, store = 0, minimum = 0;
+  };
+  const BudgetBytes& budget_bytes() const { return budget_; }
   // Bytes this path holds beside the model: the down_t copies (the predictor and gate/up rows
   // are mapped from their files).
   int64_t extra_bytes() const;
@@ -103,7 +133,9 @@ class SparseFfn {
     std::vector<uint16_t> pred_b;  // [n_ff][rank]
     float threshold = 0.0f;
   };
-  void select(const Layer& L, const float* xn, ThreadPool& pool);
+  void select(const Layer& L, const float* xn, ThreadPool& pool, std::vector<int32_t>& out);
+  // --ram-budget: sizes each layer's slots and opens the store (throws below the minimum).
+  void open_store(const std::vector<int64_t>& layers);
 
   std::shared_ptr<const GgufFile> model_, predictor_file_;
   SparseFfnConfig cfg_;
@@ -113,9 +145,13 @@ class SparseFfn {
   std::vector<float> score_;   // [n_ff]  B h
   std::vector<float> kth_;     // [n_ff]  the scores' copy --sparse-density partitions
   std::vector<int32_t> idx_;   // the selection
+  std::vector<int32_t> ahead_;  // --ram-readahead: the next layer's selection from this layer's input
+  std::vector<int64_t> next_layer_;  // [n_layer] the next layer the store serves, -1 for none
   std::vector<int32_t> iota_;  // 0, 1, ..., max(n_ff, rank) - 1: every row of A or B
   SparseFfnStats stats_;
   bool enabled_ = true;
+  std::unique_ptr<NeuronStore> store_;
+  BudgetBytes budget_;
 };
 
 }  // namespace tern

@@ -51,7 +51,9 @@ void WeightLoader::check_once(const GgufTensorInfo& t) {
   if (!checked_.insert(&t).second) return;
   if (loading_) return;
   check_weights_finite(file_->path(), t);
-  if (release_checked_ && file_->file_mapped())
+  if (copy_everything_)
+    file_->release_pages_around(t.data, t.n_bytes);  // (a small tensor's read maps a whole folio)
+  else if (release_checked_ && file_->file_mapped())
     PageReleaser(t.data).release_to(static_cast<const uint8_t*>(t.data) + t.n_bytes);
 }
 
@@ -61,7 +63,16 @@ WeightView WeightLoader::rows(const std::string& name, int64_t n_in, int64_t n_o
   if (t.ne.size() != 2 || t.ne[0] != n_in || t.ne[1] != n_out)
     fail(file_->path(), ": loading ", name, ": expected ", n_in, " x ", n_out, ", file has ", t.shape_string());
   check_once(t);
-  return WeightView{t.type, n_in, n_out, t.data};
+  return WeightView{t.type, n_in, n_out, kept(t.data, size_t(t.n_bytes))};
+}
+
+const uint8_t* WeightLoader::kept(const uint8_t* src, size_t bytes) {
+  if (!copy_everything_) return src;
+  uint8_t* dst = claim(bytes);
+  if (!dst) return src;  // planning: counted
+  std::memcpy(dst, src, bytes);
+  file_->release_pages_around(src, bytes);
+  return dst;
 }
 
 WeightView WeightLoader::matmul(const std::string& name, int64_t n_in, int64_t n_out, int64_t row0, int64_t rows_total,
@@ -82,7 +93,10 @@ WeightView WeightLoader::matmul(const std::string& name, int64_t n_in, int64_t n
   const int64_t row_bytes = dtype_row_bytes(t.type, n_in);
   const int64_t first_row = (expert > 0 ? expert * rows_total : 0) + row0;
   WeightView w{t.type, n_in, n_out, static_cast<const uint8_t*>(t.data) + first_row * row_bytes};
-  if (!want_interleave16(w)) return w;
+  if (!want_interleave16(w)) {
+    w.data = kept(static_cast<const uint8_t*>(w.data), size_t(w.n_out * w.row_bytes()));
+    return w;
+  }
   const size_t bytes = size_t(w.n_out * w.row_bytes());
   if (!loading_) {
     claim(bytes);
@@ -108,6 +122,7 @@ WeightView WeightLoader::matmul(const std::string& name, int64_t n_in, int64_t n
     if (file_->file_mapped()) source.release_to(static_cast<const uint8_t*>(w.data) + r1 * rb);
     if (r1 == w.n_out) break;
   }
+  if (copy_everything_) file_->release_pages_around(t.data, t.n_bytes);
   w.data = dst;
   w.interleaved16 = true;
   return w;
@@ -196,7 +211,7 @@ const float* WeightLoader::vectors(const std::string& name, int64_t n, int64_t c
   if (reinterpret_cast<uintptr_t>(t.data) % alignof(float) != 0)
     fail(file_->path(), ": tensor ", name, " data is misaligned");
   check_once(t);
-  return reinterpret_cast<const float*>(t.data);
+  return reinterpret_cast<const float*>(kept(t.data, size_t(t.n_bytes)));
 }
 
 }  // namespace tern

@@ -30,6 +30,10 @@ class WeightLoader {
   // back to the kernel once its values are checked (they are read-only file pages), so that the
   // process keeps only what it then reads or copies, not the whole file.
   void release_checked_pages(bool on) { release_checked_ = on; }
+  // Every tensor it binds is copied into the arena, the ones the kernels read as stored too
+  // (embeddings, norms, matrices not interleaved), so that nothing reads the file's mapping after
+  // the load (--ram-budget: the model then releases it whole, GgufFile::release_pages).
+  void copy_everything(bool on) { copy_everything_ = on; }
 
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
   // A 2-D tensor used by row lookups (embeddings): as stored.   [n_in, n_out]
@@ -65,10 +69,13 @@ class WeightLoader {
   // 64-byte-aligned piece while loading.
   uint8_t* claim(size_t bytes);
   void check_once(const GgufTensorInfo& t);  // type and values, once per tensor
+  // `src` as the model keeps it: itself, or with copy_everything its copy in the arena.
+  const uint8_t* kept(const uint8_t* src, size_t bytes);
 
   std::shared_ptr<const GgufFile> file_;
   bool loading_ = false;
   bool release_checked_ = false;
+  bool copy_everything_ = false;
   size_t planned_ = 0;                   // interleaved bytes the plan found
   HugeBuffer arena_;
   size_t arena_used_ = 0;

@@ -7,8 +7,11 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/file_read_rate.h"
 #include "core/stats.h"
 #include "kernels/matmul.h"
+#include "models/ffn_bundle_format.h"
+#include "models/ffn_predictor_format.h"
 #include "models/model.h"
 #include "tools/bandwidth_probe.h"
 #include "tools/bench_spec.h"
@@ -36,6 +39,8 @@ int64_t bytes_read_per_token(const GgufFile& f) {
   const uint64_t n_expert = f.get_uint(a + "expert_count", 0), n_used = f.get_uint(a + "expert_used_count", 0);
   for (const auto& t : f.tensors()) {
     if (t.name == "token_embd.weight" && !tied) continue;
+    // A sparsity predictor and neuron bundles are not part of the dense decode (docs/sparsity.md).
+    if (is_ffn_predictor_tensor(t.name) || is_ffn_bundle_tensor(t.name)) continue;
     const bool routed = n_expert > 0 && t.ne.size() == 3 && t.name.find("_exps.") != std::string::npos;
     bytes += routed ? int64_t(t.n_bytes / n_expert * n_used) : int64_t(t.n_bytes);
   }
@@ -51,6 +56,7 @@ double flops_per_prompt_token(const GgufFile& f, const HParams& hp, int64_t n_pr
   double weights = 0;
   for (const auto& t : f.tensors()) {
     if (t.name.rfind("blk.", 0) != 0 || t.ne.size() < 2) continue;
+    if (is_ffn_predictor_tensor(t.name) || is_ffn_bundle_tensor(t.name)) continue;
     double n = 1;
     for (int64_t d : t.ne) n *= double(d);
     const bool routed = n_expert > 0 && t.ne.size() == 3 && t.name.find("_exps.") != std::string::npos;
@@ -90,7 +96,7 @@ int cmd_bench(int argc, char** argv) {
   margs.add_sparse_ffn_to(app);
   int64_t n_prompt = 512, n_gen = 128;
   int reps = 5;
-  bool json = false, no_bandwidth = false, roofline = false;
+  bool json = false, no_bandwidth = false, roofline = false, cold_file = false;
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens of the pp test (0: skip)")->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(1) << 16));
   app.add_option("-n,--n-gen", n_gen, "generated tokens of the tg test (0: skip)")->capture_default_str()
@@ -98,6 +104,9 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("-r,--reps", reps, "repetitions (the median is reported)")->capture_default_str()
       ->check(CLI::Range(1, 1000));
   app.add_flag("--no-bandwidth", no_bandwidth, "skip the memory-bandwidth probe");
+  app.add_flag("--cold-file", cold_file,
+               "--ram-budget: also time tg with the model file dropped from the page cache before every token "
+               "(the neuron store's reads then come from the disk)");
   app.add_flag("--roofline", roofline,
                "also measure the compute peaks (FP32 FMA, BF16 dot, int8 dot) on the same threads and report pp "
                "as a share of the one its type runs on");
@@ -198,16 +207,48 @@ int cmd_bench(int argc, char** argv) {
   // the FFN layers (ms per token): the FFN's own speedup, apart from attention and the output
   // layer, which the sparse FFN does not change.
   SparseFfn* sparse = s.model().sparse_ffn();
+  // --ram-budget: no dense FFN in memory to alternate with; the tg runs' reads from the file are
+  // counted instead (bytes per decoded token).
+  const NeuronStore* store = sparse ? sparse->store() : nullptr;
+  const bool alternate_dense = sparse && !store;
   std::vector<double> tg_dense, ffn_ms_dense, ffn_ms_sparse;
+  int64_t tg_store_bytes = 0, tg_store_tokens = 0, tg_store_lookups = 0, tg_store_hits = 0;
   const auto run_tg_with = [&](bool on) {
-    sparse->set_enabled(on);
+    if (alternate_dense) sparse->set_enabled(on);
     const double f0 = sparse->stats().ffn_seconds;
+    const NeuronStoreStats st0 = store ? store->stats() : NeuronStoreStats{};
     const double tok_s = run_tg();
     (on ? ffn_ms_sparse : ffn_ms_dense).push_back((sparse->stats().ffn_seconds - f0) * 1e3 / double(n_gen));
-    sparse->set_enabled(true);
+    if (store) {
+      tg_store_bytes += store->stats().bytes_read - st0.bytes_read;
+      tg_store_lookups += store->stats().lookups - st0.lookups;
+      tg_store_hits += store->stats().hits - st0.hits;
+      tg_store_tokens += n_gen;
+    }
+    if (alternate_dense) sparse->set_enabled(true);
     return tok_s;
   };
   const auto run_tg_dense = [&] { tg_dense.push_back(run_tg_with(false)); };
+  // --cold-file: the same tokens, the file's page cache dropped before each (not timed).
+  std::vector<double> tg_cold;
+  int64_t cold_bytes = 0, cold_tokens = 0;
+  const auto run_tg_cold = [&] {
+    s.reset();
+    int32_t tok = ls.tokenizer->bos_id() >= 0 ? ls.tokenizer->bos_id() : 0;
+    const int64_t b0 = store->stats().bytes_read;
+    int64_t ns = 0;
+    for (int64_t i = 0; i < n_gen; ++i) {
+      store->drop_page_cache();
+      const int64_t t0 = now_ns();
+      s.eval(std::span<const int32_t>(&tok, 1));
+      ns += now_ns() - t0;
+      tok = pick(rng);
+    }
+    cold_bytes += store->stats().bytes_read - b0;
+    cold_tokens += n_gen;
+    tg_cold.push_back(double(n_gen) / (double(ns) / 1e9));
+  };
+  if (cold_file && !store) fail("--cold-file applies to --ram-budget (with --sparse-ffn)");
   if (sparse) sparse->reset_stats();
   const int64_t per_token = bytes_read_per_token(s.file());
   Progress progress("bench", int64_t(reps) * ((n_prompt > 0) + (n_gen > 0)), !json);
@@ -220,9 +261,10 @@ int cmd_bench(int argc, char** argv) {
     }
     if (n_gen > 0) {
       if (probe && n_prompt > 0) bw_before = probe_now();
-      if (sparse && r % 2 == 1) run_tg_dense();
+      if (alternate_dense && r % 2 == 1) run_tg_dense();
       tg.push_back(sparse ? run_tg_with(true) : run_tg());
-      if (sparse && r % 2 == 0) run_tg_dense();
+      if (alternate_dense && r % 2 == 0) run_tg_dense();
+      if (cold_file) run_tg_cold();
       if (probe) {
         const double bw_after = probe_now();
         const double bw_run = (bw_before + bw_after) / 2;
@@ -234,6 +276,13 @@ int cmd_bench(int argc, char** argv) {
     }
   }
   progress.finish();
+  // --ram-budget: the file's own read rate, cold (off the disk) and warm (the page cache), for
+  // the tg runs' bytes per token: the rate the reads alone would allow.
+  FileReadRate file_rate;
+  if (store && n_gen > 0) file_rate = measure_file_read_rate(store->path(), 0, int64_t(256) << 20);
+  const double store_bytes_per_token = tg_store_tokens > 0 ? double(tg_store_bytes) / double(tg_store_tokens) : 0.0;
+  const double store_hit_rate = tg_store_lookups > 0 ? double(tg_store_hits) / double(tg_store_lookups) : 0.0;
+  const auto read_bound = [&](double rate) { return store_bytes_per_token > 0 ? rate / store_bytes_per_token : 0.0; };
   if (probe && n_gen == 0) bw_runs.push_back(probe->measure(5));
   std::vector<ComputePeak> peaks;
   if (roofline) peaks = measure_compute_peaks(s.pool());
@@ -371,6 +420,21 @@ int cmd_bench(int argc, char** argv) {
       sj["ffn_ms_per_token_sparse"] = ffn_ms_sparse.empty() ? 0.0 : percentile(ffn_ms_sparse, 50);
       sj["ffn_speedup"] = ffn_ms_sparse.empty() || ffn_ms_dense.empty()
                               ? 0.0 : percentile(ffn_ms_dense, 50) / percentile(ffn_ms_sparse, 50);
+      if (store) {
+        sj["tg_bytes_read_per_token"] = store_bytes_per_token;
+        sj["tg_hit_rate"] = store_hit_rate;
+        sj["file_read_cold_bytes_per_s"] = file_rate.cold_bytes_per_s;
+        sj["file_read_warm_bytes_per_s"] = file_rate.warm_bytes_per_s;
+        sj["file_read_direct"] = file_rate.direct;
+        sj["read_bound_cold_tok_s"] = read_bound(file_rate.cold_bytes_per_s);
+        sj["read_bound_warm_tok_s"] = read_bound(file_rate.warm_bytes_per_s);
+        sj["peak_rss_bytes"] = peak_rss_bytes();
+        if (!tg_cold.empty()) {
+          sj["tg_cold_tok_s"] = percentile(tg_cold, 50);
+          sj["tg_cold_runs"] = tg_cold;
+          sj["tg_cold_bytes_read_per_token"] = double(cold_bytes) / double(cold_tokens);
+        }
+      }
       j["sparse_ffn"] = sj;
     }
     std::printf("%s\n", j.dump().c_str());
@@ -392,6 +456,19 @@ int cmd_bench(int argc, char** argv) {
                 static_cast<long long>(n_gen), percentile(tg_dense, 50), sparse_ffn_summary(*sparse).c_str(),
                 tg_med / percentile(tg_dense, 50), percentile(ffn_ms_sparse, 50), percentile(ffn_ms_dense, 50),
                 percentile(ffn_ms_dense, 50) / percentile(ffn_ms_sparse, 50));
+  if (store && n_gen > 0)
+    std::printf("\n%s\ntg: %.2f MiB read from the file per token (%.1f%% of lookups hit); the file reads at %.0f MB/s "
+                "cold (%s) and %.0f MB/s warm (page cache): the reads alone allow %.1f tok/s cold, %.1f warm; tg %.2f "
+                "tok/s; peak RSS %s\n",
+                sparse_ffn_summary(*sparse).c_str(), store_bytes_per_token / (1 << 20), 100.0 * store_hit_rate,
+                file_rate.cold_bytes_per_s / 1e6, file_rate.direct ? "O_DIRECT" : "after fadvise DONTNEED",
+                file_rate.warm_bytes_per_s / 1e6, read_bound(file_rate.cold_bytes_per_s),
+                read_bound(file_rate.warm_bytes_per_s), tg_med, format_bytes(peak_rss_bytes()).c_str());
+  if (store && !tg_cold.empty())
+    std::printf("tg with the file dropped from the page cache before every token: %.2f tok/s (median of %zu), "
+                "%.2f MiB read per token%s\n",
+                percentile(tg_cold, 50), tg_cold.size(), double(cold_bytes) / double(cold_tokens) / (1 << 20),
+                sparse->config().readahead ? " (--ram-readahead)" : "");
   if (bw > 0 && n_gen > 0)
     std::printf("\nmemory read bandwidth %.1f GB/s (median of the runs' own); decode reads %s per token -> roofline "
                 "%.1f tok/s; tg = %.1f%% of it (median of each run against the bandwidth measured beside it)\n",

@@ -2,6 +2,8 @@
 // model (Deja Vu; issue #31, docs/sparsity.md "Predictor"), trained on a calibration text and
 // written into a copy of the model (models/ffn_predictor_format.h).
 // tern predictor eval: the stored predictor's recall and predicted-active fraction on a text.
+// tern predictor bundle: each dense layer's neuron bundles (models/ffn_bundle_format.h) written
+// into a copy of the model, which --ram-budget reads cold neurons from.
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 #include "compress/ffn_predictor.h"
 #include "core/error.h"
 #include "core/output_file.h"
+#include "models/ffn_bundle_format.h"
 #include "models/model.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -159,21 +162,71 @@ int predictor_train(int argc, char** argv) {
   return 0;
 }
 
+int predictor_bundle(int argc, char** argv) {
+  CLI::App app{"Write a copy of the model with each dense FFN layer's neuron bundles (neuron j's gate, up and "
+               "transposed down rows side by side), which --ram-budget reads cold neurons from (docs/sparsity.md)"};
+  app.name("tern predictor bundle");
+  std::string model, out, down_type;
+  bool json = false;
+  app.add_option("-m,--model", model, "the model (a ReLU-fied one, usually with its predictor)")->required();
+  app.add_option("-o,--output", out, "GGUF to write: the model, unchanged, plus the bundles")->required();
+  app.add_option("--down-type", down_type,
+                 "type of the transposed ffn_down rows: f32, f16, q8_0 or q4_0 (default: ffn_down's, q8_0 for q4_0)")
+      ->check(CLI::IsMember({"f32", "f16", "q8_0", "q4_0"}));
+  app.add_flag("--json", json, "print one JSON object");
+  if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  check_output_not_input(out, {model});
+  check_output_path(out);
+  const auto file = open_model_file(model);
+  DType dt = DType::Q8_0;
+  if (!down_type.empty()) {
+    dt = *dtype_from_name(down_type);
+  } else {
+    const GgufTensorInfo* d = nullptr;
+    for (const GgufTensorInfo& t : file->tensors())
+      if (t.name.size() > 16 && t.name.compare(t.name.size() - 16, 16, ".ffn_down.weight") == 0) {
+        d = &t;
+        break;
+      }
+    if (!d) fail(model, ": no dense FFN layer (blk.N.ffn_down.weight) to bundle");
+    dt = default_down_t_type(d->type);
+  }
+  const FfnBundleReport rep = write_with_ffn_bundles(*file, dt, out);
+  if (json) {
+    std::printf("%s\n", nlohmann::json{{"output", out},
+                                       {"layers", rep.layers},
+                                       {"neurons", rep.n_ff_total},
+                                       {"bundle_bytes", rep.bundle_bytes},
+                                       {"down_t_type", dtype_name(rep.down_t_type)},
+                                       {"model_weight_bytes", model_weight_bytes(*file)}}
+                            .dump()
+                            .c_str());
+  } else {
+    std::printf("bundled %lld neurons of %lld layers (down_t %s): %.1f MiB of bundles beside %.1f MiB of weights; "
+                "wrote %s\n",
+                static_cast<long long>(rep.n_ff_total), static_cast<long long>(rep.layers), dtype_name(rep.down_t_type),
+                double(rep.bundle_bytes) / (1 << 20), double(model_weight_bytes(*file)) / (1 << 20), out.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_predictor(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "train") == 0) return predictor_train(argc - 1, argv + 1);
   if (argc >= 2 && std::strcmp(argv[1], "eval") == 0) return predictor_eval(argc - 1, argv + 1);
+  if (argc >= 2 && std::strcmp(argv[1], "bundle") == 0) return predictor_bundle(argc - 1, argv + 1);
   if (argc >= 2 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
     std::printf("tern predictor train -m MODEL --calib TEXT -o OUT [--rank 32] [--calib-tokens 16384] [--recall 0.99]\n"
                 "  [--epochs N] [--lr X] [-t N] [--json]\n"
                 "tern predictor eval -m MODEL_WITH_PREDICTOR --text FILE [--tokens 8192] [--from-end B] [--json]\n"
+                "tern predictor bundle -m MODEL -o OUT [--down-type q8_0] [--json]\n"
                 "A low-rank predictor of each layer's active FFN neurons (Deja Vu) for a ReLU-fied model, written\n"
                 "into a copy of it, and its recall on another text (docs/sparsity.md). `tern predictor train --help`\n"
-                "lists every option.\n");
+                "lists every option. `tern predictor bundle` adds the neuron bundles --ram-budget reads from.\n");
     return 0;
   }
-  fail("give a subcommand: train or eval (tern predictor --help)");
+  fail("give a subcommand: train, eval or bundle (tern predictor --help)");
 }
 
 }  // namespace tern

@@ -223,6 +223,7 @@ int cmd_run(int argc, char** argv) {
                     {"kv_type", kv_type_name(ls.session->kv_type())},
                     {"peak_rss_bytes", rss},          {"threads", ls.session->pool().size()},
                     {"isa", active_isa()}};
+    if (const SparseFfn* sp = ls.session->model().sparse_ffn()) j["sparse_ffn"] = sparse_ffn_json(*sp, m.n_prompt + m.n_generated);
     if (compressed) {
       j["prompt_compression"] = compressed->report(compress_opts);
       j["metrics"]["ttft_ms_with_compression"] = m.ttft_ms + compressed->scorer_ms;
@@ -253,6 +254,8 @@ int cmd_run(int argc, char** argv) {
                              format_bytes(kv_bytes), " (", ls.session->n_ctx(), " tokens, ", kv_type_name(ls.session->kv_type()),
                              ", ", format_bytes(kv_per_token), " per token)\n").c_str(),
                format_bytes(rss).c_str());
+  if (const SparseFfn* sp = ls.session->model().sparse_ffn())
+    std::fprintf(stderr, "%s\n", sparse_ffn_summary(*sp, m.n_prompt + m.n_generated).c_str());
   if (compressed)
     std::fprintf(stderr, "%-20s%10.2f ms (TTFT with it: %.2f ms)\n", "prompt compression", compressed->scorer_ms,
                  m.ttft_ms + compressed->scorer_ms);

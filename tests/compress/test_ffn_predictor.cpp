@@ -7,6 +7,8 @@
 // predictor eval` reads the stored predictor back and measures it on a text.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -117,7 +119,7 @@ TEST_F(FfnPredictorTest, WrittenFileKeepsTheModelBitForBitAndLoads) {
     ASSERT_EQ(o->n_bytes, t.n_bytes) << t.name;
     EXPECT_EQ(std::memcmp(o->data, t.data, t.n_bytes), 0) << t.name;
   }
-  EXPECT_EQ(out.tensors().size(), model.tensors().size() + 2 * kLayers);
+  EXPECT_EQ(out.tensors().size(), model.tensors().size() + 3 * kLayers);  // A, B and the activation frequencies
   const HParams hp = read_hparams(out);
   EXPECT_EQ(hp.n_embd, kEmbd);
   ASSERT_TRUE(hp.ffn_activation.has_value());
@@ -140,6 +142,18 @@ TEST_F(FfnPredictorTest, FormatReadsBackWhatWasTrained) {
     EXPECT_EQ(p.layers[size_t(il)].n_ff, kFf);
     EXPECT_EQ(std::memcmp(p.layers[size_t(il)].a, predictor_->a[size_t(il)].data(), kRank * kEmbd * sizeof(float)), 0);
     EXPECT_EQ(std::memcmp(p.layers[size_t(il)].b, predictor_->b[size_t(il)].data(), kFf * kRank * sizeof(float)), 0);
+    // Each neuron's activation frequency over the calibration tokens: read back as written, each
+    // in [0, 1], some neurons active and none always (a ReLU model on text).
+    ASSERT_NE(p.layers[size_t(il)].freq, nullptr);
+    ASSERT_EQ(predictor_->freq[size_t(il)].size(), size_t(kFf));
+    EXPECT_EQ(std::memcmp(p.layers[size_t(il)].freq, predictor_->freq[size_t(il)].data(), kFf * sizeof(float)), 0);
+    const float* f = p.layers[size_t(il)].freq;
+    EXPECT_GT(*std::max_element(f, f + kFf), 0.0f);
+    EXPECT_LT(*std::min_element(f, f + kFf), 1.0f);
+    for (int64_t j = 0; j < kFf; ++j) {
+      EXPECT_GE(f[j], 0.0f);
+      EXPECT_LE(f[j], 1.0f);
+    }
   }
   // The output's gates are the model's: it is its own model.
   EXPECT_NO_THROW(read_ffn_predictor(out, out));
