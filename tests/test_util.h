@@ -12,7 +12,20 @@
 
 #include <unistd.h>
 
+#include "core/error.h"
+
 namespace tern::testing {
+
+// The message of the tern::Error that fn() throws; "" when it throws none (other exceptions pass).
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const tern::Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 inline std::string shared_path(const std::string& rel) {
   const char* env = std::getenv("TERN_SHARED_DIR");

@@ -1,7 +1,7 @@
 // The driver of the sparse FFN kernels (argument checks, activation quantization, the thread
 // split of sparse_ffn_reglu, build_down_t) and the scalar reference row kernels. The SIMD row
-// kernels are x86/sparse_ffn_avx2.cpp and x86/sparse_ffn_avx512.cpp (VNNI); the ARM builds run
-// the reference (no NEON variant yet). See sparse_ffn.h for the arithmetic every variant shares.
+// kernels are x86/sparse_ffn_avx2.cpp, x86/sparse_ffn_avx512.cpp (VNNI) and, for all three ARM
+// variants, arm/sparse_ffn_neon.cpp. See sparse_ffn.h for the arithmetic every variant shares.
 #include "kernels/sparse_ffn.h"
 
 #include <algorithm>
@@ -152,6 +152,12 @@ const SparseFfnRows& sparse_ffn_rows_avx512() {
   fail("the AVX-512 sparse FFN kernels are not built into this binary (a non-x86 build)");
 }
 #endif
+// The NEON variant's where it is not built (CMake compiles *_neon files on ARM64 only).
+#if !defined(__aarch64__)
+const SparseFfnRows& sparse_ffn_rows_neon() {
+  fail("the NEON sparse FFN kernels are not built into this binary (not an ARM64 build)");
+}
+#endif
 
 }  // namespace kern
 
@@ -163,7 +169,8 @@ const kern::SparseFfnRows& rows_of(Isa isa) {
   switch (isa) {
     case Isa::Avx512: return kern::sparse_ffn_rows_avx512();
     case Isa::Avx2: return kern::sparse_ffn_rows_avx2();
-    default: return kern::sparse_ffn_rows_ref();  // Ref, and the ARM variants (no NEON kernels yet)
+    case Isa::Neon: case Isa::Dotprod: case Isa::I8mm: return kern::sparse_ffn_rows_neon();
+    default: return kern::sparse_ffn_rows_ref();
   }
 }
 

@@ -11,7 +11,7 @@
 //
 // Rows are plain row-major copies in F32, F16, Q8_0 or Q4_0 (not interleaved by 16).
 //
-// Arithmetic, the same in every variant (ref, avx2, avx512; the ARM builds run the reference):
+// Arithmetic, the same in every variant (ref, avx2, avx512, neon: all three ARM variants):
 //   * float dots (F32, F16): 16 partial sums p[l] = fma chains over columns 16c + l, reduced as
 //     p[l] + p[l + 8], then + [l + 4], + [l + 2], + [l + 1], then the n % 16 tail columns in
 //     order by fma. Bit-identical across variants.
@@ -133,6 +133,7 @@ struct SparseFfnRows {
 const SparseFfnRows& sparse_ffn_rows_ref();
 const SparseFfnRows& sparse_ffn_rows_avx2();
 const SparseFfnRows& sparse_ffn_rows_avx512();
+const SparseFfnRows& sparse_ffn_rows_neon();  // all three ARM variants (baseline NEON)
 
 }  // namespace kern
 }  // namespace tern

@@ -1,7 +1,6 @@
 #include "models/neuron_store.h"
 
 #include <fcntl.h>
-#include <limits.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -9,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -27,6 +27,17 @@ constexpr int64_t kMaxIov = 1024;
 NeuronStore::NeuronStore(const std::string& path, std::vector<NeuronStoreLayer> layers) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) fail("cannot open ", path, " for its neuron bundles: ", std::strerror(errno));
+  try {
+    load(std::move(layers));
+  } catch (...) {
+    ::close(fd_);  // (no destructor runs for a constructor that throws)
+    fd_ = -1;
+    throw;
+  }
+}
+
+void NeuronStore::load(std::vector<NeuronStoreLayer> layers) {
+  const std::string& path = path_;
   for (NeuronStoreLayer& spec : layers) {
     const FfnBundleLayout& lay = spec.bundles.layout;
     if (spec.il < 0 || lay.n_ff <= 0 || lay.bundle_bytes() <= 0)
@@ -53,7 +64,8 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<NeuronStoreLayer> 
     std::vector<int32_t> order(static_cast<size_t>(F));
     std::iota(order.begin(), order.end(), 0);
     const float* fr = spec.freq;
-    std::stable_sort(order.begin(), order.end(), [fr](int32_t a, int32_t b) { return fr[a] > fr[b]; });
+    const auto freq = [fr](int32_t j) { return std::isnan(fr[j]) ? -1.0f : fr[j]; };  // (a NaN would break the order)
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return freq(a) > freq(b); });
     std::vector<int32_t> hot(order.begin(), order.begin() + L.n_hot);
     std::sort(hot.begin(), hot.end());
     std::vector<int32_t> hot_slots(hot.size());

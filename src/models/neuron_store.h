@@ -97,6 +97,7 @@ class NeuronStore {
     int32_t head = -1, tail = -1;
     int64_t n_hot = 0;
   };
+  void load(std::vector<NeuronStoreLayer> layers);  // the constructor's checks and hot reads
   Layer& layer(int64_t il) { return layers_[size_t(index_[size_t(il)])]; }
   const Layer& layer(int64_t il) const { return layers_[size_t(index_[size_t(il)])]; }
   void touch(Layer& L, int32_t s);

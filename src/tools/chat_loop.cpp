@@ -213,6 +213,8 @@ class Chat {
     cfg.n_threads = margs.threads;
     cfg.n_batch = margs.batch;
     cfg.kv_type = req.kv_type;
+    cfg.load = sparse_ffn_loader(margs.sparse, nullptr);  // --sparse-ffn, --ram-budget
+    if (!margs.lora.empty() && !margs.sparse.ram_budget.empty()) fail(kLoraWithRamBudget);
     LoraSet lora = load_lora_args(margs.lora, *file_);
     seq_ = std::make_unique<Session>(file_, cfg);
     if (!lora.empty()) seq_->set_lora(std::move(lora));

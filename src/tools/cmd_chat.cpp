@@ -12,6 +12,7 @@ int cmd_chat(int argc, char** argv) {
   ModelArgs margs;
   // f16 K/V as run and serve, so that a conversation gets the server's tokens.
   margs.add_to(app, /*with_ctx=*/true, /*default_kv_type=*/KvType::F16);
+  margs.add_sparse_ffn_to(app);
   ChatSettings s;
   s.gen.n_predict = -1;
   add_chat_flags(app, s);

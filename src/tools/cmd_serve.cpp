@@ -378,6 +378,8 @@ int cmd_serve(int argc, char** argv) {
   if (margs.sparse.enabled && !margs.sparse.predictor.empty() && !single)
     throw Error("--predictor names one model's predictor: serve that model alone (-m FILE), or store each "
                 "model's predictor in its file (tern predictor train)");
+  if (!margs.sparse.ram_budget.empty() && (!lora_args.empty() || scfg.allow_lora_updates))
+    throw Error(kLoraWithRamBudget);
   ecfg.load = sparse_ffn_loader(margs.sparse, ecfg.load);
   scfg.timings = !no_timings;
   // /api/version: the number of `tern --version` ("tern 0.1.0").

@@ -124,6 +124,7 @@ LoadedSession open_session(const ModelArgs& args, std::shared_ptr<const GgufFile
     cfg.load = parallel_loader(args.layout, args.threads);
   }
   cfg.load = sparse_ffn_loader(args.sparse, cfg.load);
+  if (!args.lora.empty() && !args.sparse.ram_budget.empty()) fail(kLoraWithRamBudget);
   LoraSet lora = load_lora_args(args.lora, *s.file);  // (before the model: a bad adapter fails fast)
   s.session = std::make_unique<Session>(s.file, cfg);
   if (!lora.empty()) s.session->set_lora(std::move(lora));

@@ -37,6 +37,10 @@ struct SparseFfnArgs {
   std::vector<const CLI::Option*> options_;
 };
 
+// The error for --lora with --ram-budget.
+inline constexpr const char* kLoraWithRamBudget =
+    "--lora is not supported with --ram-budget (adapters apply to the dense FFN, whose weights stay in the file)";
+
 using ModelLoader = std::function<std::unique_ptr<Model>(std::shared_ptr<const GgufFile>)>;
 
 // `load` (nullptr: load_model) followed by enable_sparse_ffn(config) when args.enabled; `load`

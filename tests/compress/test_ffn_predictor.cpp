@@ -93,15 +93,7 @@ class FfnPredictorTest : public ::testing::Test {
   static inline TrainedPredictor* predictor_ = nullptr;
 };
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using tern::testing::error_of;
 
 TEST_F(FfnPredictorTest, WrittenFileKeepsTheModelBitForBitAndLoads) {
   const GgufFile& model = **model_;

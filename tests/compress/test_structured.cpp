@@ -405,14 +405,7 @@ TEST(Structured, MagnitudeAndFfnMultiple) {
   for (float x : l) ASSERT_TRUE(std::isfinite(x));
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tern::testing::error_of;
 
 TEST(Structured, ClearErrors) {
   const std::string model = synth("llama3-tiny");

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "test_util.h"
 #include "models/lora.h"
 #include "models/model.h"
 #include "models/synth.h"
@@ -138,14 +139,7 @@ float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using tern::testing::error_of;
 
 TEST(Lora, WritesLlamaCppLayoutAndReadsItBack) {
   const std::string base_path = synth_file("llama3-tiny");

@@ -17,11 +17,14 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "models/neuron_store.h"
+#include "test_util.h"
 #include "train/train_test_util.h"
 
 // Its own namespace: the file is compiled in a unity batch with its neighbours (TERN_UNITY).
 namespace tern::test_neuron_store {
 namespace {
+
+using tern::testing::error_of;
 
 constexpr int64_t kFf = 40;
 constexpr int64_t kHeader = 100;  // bytes before the bundles (a GGUF's header and tensor table)
@@ -167,14 +170,6 @@ TEST_F(NeuronStoreTest, ASelectionLargerThanTheCacheRunsInPieces) {
 }
 
 TEST_F(NeuronStoreTest, ClearErrors) {
-  const auto error_of = [](const auto& fn) -> std::string {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   // Slot counts that do not fit: more slots than neurons; no cache while some neurons are cold.
   EXPECT_NE(error_of([&] { NeuronStore st(path_, {spec(kFf + 1, 4)}); }).find("do not fit"), std::string::npos);
   EXPECT_NE(error_of([&] { NeuronStore st(path_, {spec(14, 0)}); }).find("do not fit"), std::string::npos);

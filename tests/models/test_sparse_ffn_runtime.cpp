@@ -134,15 +134,7 @@ class SparseFfnRuntimeTest : public ::testing::Test {
   static inline tern::testing::TrainTempDir* dir_ = nullptr;
 };
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using tern::testing::error_of;
 
 double max_abs(const std::vector<float>& v) {
   double m = 0;
@@ -489,6 +481,13 @@ TEST_F(SparseFfnRuntimeTest, RamBudgetCommands) {
   EXPECT_TRUE(b["sparse_ffn"].contains("tg_bytes_read_per_token")) << r.out;
   EXPECT_GT(b["sparse_ffn"]["file_read_warm_bytes_per_s"].get<double>(), 0.0);
   EXPECT_EQ(b["sparse_ffn"]["tg_dense_runs"].size(), 0u);  // no dense FFN to alternate with
+  // tern chat: the same options (a first message, then end of input).
+  r = run_tern(str_cat("chat -m ", m, " -p hello -n 6 --temp 0 --sparse-ffn --ram-budget 70K -t 1 < /dev/null"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  r = run_tern(str_cat("chat -m ", m, " -p hello -n 6 --sparse-ffn --ram-budget 70K --lora x.gguf < /dev/null"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--lora is not supported with --ram-budget"), std::string::npos) << r.err;
   // Errors: a malformed budget, one below the minimum, no --sparse-ffn, no bundles.
   for (const char* bad : {"abc", "-5M", "150%", "12X"}) {
     r = run_tern(str_cat("run -m ", m, gen, " --ram-budget ", bad));

@@ -18,6 +18,7 @@
 #include "prompt/session_scorer.h"
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
+#include "test_util.h"
 #include "tokenizer/tokenizer_test_util.h"
 
 namespace tern {
@@ -36,15 +37,7 @@ const Tokenizer& stories_tokenizer() {
   return *tok;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tern::testing::error_of;
 
 // A scorer that knows nothing of language: a token seen in the context (or earlier in the scored
 // tokens) is predictable (log p = -0.1); an unseen one costs its table entry (default -5).
