@@ -113,10 +113,10 @@ ModelLoader sparse_ffn_loader(const SparseFfnArgs& args, ModelLoader load) {
 
 std::string sparse_ffn_summary(const SparseFfn& s, int64_t tokens) {
   const SparseFfnStats& st = s.stats();
-  char buf[256];
+  char buf[512];
   std::snprintf(buf, sizeof buf,
                 "sparse FFN: %.1f%% of neurons selected (%s), sparse on %.1f%% of %lld token-layer visits "
-                "(%lld dense fallbacks), down_t %.1f MiB",
+                "(%lld dense fallbacks), %.1f MiB beside the weights (down_t, the predictor in f16)",
                 100.0 * st.selected_fraction(),
                 s.config().density > 0 ? str_cat("top ", s.config().density * 100.0, "%").c_str() : "predictor thresholds",
                 100.0 * st.sparse_share(), static_cast<long long>(st.visits), static_cast<long long>(st.dense_fallbacks),

@@ -51,8 +51,9 @@ ModelLoader sparse_ffn_loader(const SparseFfnArgs& args, ModelLoader load);
 
 // What the sparse FFN did (its counts since enable or reset), for the commands' reports:
 // "sparse FFN: 23.4% of neurons selected on 100% of decode-token layers (0 dense fallbacks),
-// down_t 12.0 MiB" and the same as JSON (selected_fraction, sparse_share, visits,
-// sparse_visits, dense_fallbacks, extra_bytes, density, max_step_tokens).
+// 12.0 MiB beside the weights (down_t, the predictor in f16)" and the same as JSON
+// (selected_fraction, sparse_share, visits, sparse_visits, dense_fallbacks, extra_bytes, density,
+// max_step_tokens).
 // With --ram-budget, a second line and a "ram_budget" object: the budget and what holds it,
 // hot and cache neurons, hit rate, bytes read from the file (per token, over `tokens` decoded
 // tokens when > 0) and the read time.

@@ -475,10 +475,23 @@ TEST_F(SparseFfnRuntimeTest, RamBudgetCommands) {
   ASSERT_TRUE(rj.contains("sparse_ffn")) << r.out;
   EXPECT_GT(rj["sparse_ffn"]["ram_budget"]["store_bytes"].get<int64_t>(), 0);
   EXPECT_GE(rj["sparse_ffn"]["ram_budget"]["lookups"].get<int64_t>(), rj["sparse_ffn"]["ram_budget"]["hits"].get<int64_t>());
-  r = run_tern(str_cat("bench -m ", m, " -p 0 -n 8 -r 2 --no-bandwidth --sparse-ffn --ram-budget 70K --json -t 1"));
+  // --ram-readahead only asks the kernel to read ahead: the same text.
+  r = run_tern(str_cat("run -m ", m, gen, " --ram-budget 70K --ram-readahead --json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["text"], rj["text"]);
+  EXPECT_GT(nlohmann::json::parse(r.out)["sparse_ffn"]["ram_budget"]["advised_bytes"].get<int64_t>(), 0);
+  r = run_tern(str_cat("bench -m ", m, " -p 0 -n 8 -r 2 --no-bandwidth --sparse-ffn --ram-budget 70K --cold-file --json -t 1"));
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto b = nlohmann::json::parse(r.out);
   EXPECT_TRUE(b["sparse_ffn"].contains("tg_bytes_read_per_token")) << r.out;
+  EXPECT_EQ(b["sparse_ffn"]["tg_cold_runs"].size(), 2u) << r.out;
+  EXPECT_GT(b["sparse_ffn"]["tg_cold_bytes_read_per_token"].get<double>(), 0.0);
+  r = run_tern(str_cat("bench -m ", m, " -p 0 -n 4 -r 1 --no-bandwidth --sparse-ffn --cold-file -t 1"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--cold-file applies to --ram-budget"), std::string::npos) << r.err;
+  r = run_tern(str_cat("run -m ", m, gen, " --ram-readahead"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--ram-readahead applies to --ram-budget"), std::string::npos) << r.err;
   EXPECT_GT(b["sparse_ffn"]["file_read_warm_bytes_per_s"].get<double>(), 0.0);
   EXPECT_EQ(b["sparse_ffn"]["tg_dense_runs"].size(), 0u);  // no dense FFN to alternate with
   // tern chat: the same options (a first message, then end of input).
