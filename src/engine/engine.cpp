@@ -18,6 +18,7 @@
 #include "core/stats.h"
 #include "core/thread_pool.h"
 #include "models/model.h"
+#include "models/sparse_ffn_runtime.h"
 #include "runtime/evicting_seq.h"
 #include "sched/scheduler.h"
 #include "spec/draft_model.h"
@@ -1262,6 +1263,18 @@ void Engine::Impl::update_snapshot() {
   m.decode_step_ms = decode_ms;
   m.step_cost_error_p50 = cost_model.rel_error_p50();
   m.step_cost_error_p90 = cost_model.rel_error_p90();
+  if (const SparseFfn* sp = model->sparse_ffn()) {  // (this thread runs the model: its counts are ours to read)
+    const SparseFfnStats& st = sp->stats();
+    m.sparse_visits = st.visits;
+    m.sparse_sparse_visits = st.sparse_visits;
+    m.sparse_neurons = st.neurons;
+    m.sparse_selected = st.selected;
+    if (const NeuronStore* store = sp->store()) {
+      m.store_lookups = store->stats().lookups;
+      m.store_hits = store->stats().hits;
+      m.store_bytes_read = store->stats().bytes_read;
+    }
+  }
   n_queued.store(m.n_waiting, std::memory_order_relaxed);
   const int64_t pending = sched->n_prefill_pending();
   const double ms_per_token = cfg.max_queue_ms > 0 ? estimate_prefill_ms_per_token() : 0;

@@ -239,6 +239,11 @@ struct EngineMetrics {
   // (accepted + steps) / steps.
   int64_t spec_drafted = 0, spec_accepted = 0, spec_steps = 0;
   double spec_draft_ms = 0;            // time spent drafting
+  // --sparse-ffn (totals since start, models/sparse_ffn_runtime.h): token-layer visits of the
+  // dense FFN layers, those that ran sparse, the neurons over them and those selected; with
+  // --ram-budget the neuron store's lookups, hits and bytes read from the file.
+  int64_t sparse_visits = 0, sparse_sparse_visits = 0, sparse_neurons = 0, sparse_selected = 0;
+  int64_t store_lookups = 0, store_hits = 0, store_bytes_read = 0;
 };
 
 class Engine {

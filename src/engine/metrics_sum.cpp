@@ -25,6 +25,13 @@ void add_counters(EngineMetrics& to, const EngineMetrics& m) {
   to.spec_accepted += m.spec_accepted;
   to.spec_steps += m.spec_steps;
   to.spec_draft_ms += m.spec_draft_ms;
+  to.sparse_visits += m.sparse_visits;
+  to.sparse_sparse_visits += m.sparse_sparse_visits;
+  to.sparse_neurons += m.sparse_neurons;
+  to.sparse_selected += m.sparse_selected;
+  to.store_lookups += m.store_lookups;
+  to.store_hits += m.store_hits;
+  to.store_bytes_read += m.store_bytes_read;
 }
 
 }  // namespace

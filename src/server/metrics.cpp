@@ -187,6 +187,22 @@ std::string ServerMetrics::render(const EngineMetrics& em, const ConnectionCount
     w.sample(std::string(name) + "_sum", {}, em.step_ms_sum / 1000.0);
     w.sample(std::string(name) + "_count", {}, double(cumulative));
   }
+  if (em.sparse_visits > 0) {  // --sparse-ffn (docs/sparsity.md)
+    counter("tern_sparse_ffn_visits_total", "Token-layer visits of the dense FFN layers with a predictor.",
+            double(em.sparse_visits));
+    counter("tern_sparse_ffn_sparse_visits_total", "Of those, the visits that ran the sparse FFN.",
+            double(em.sparse_sparse_visits));
+    counter("tern_sparse_ffn_neurons_total", "FFN neurons over the sparse visits.", double(em.sparse_neurons));
+    counter("tern_sparse_ffn_selected_total", "Neurons the predictor selected over the sparse visits.",
+            double(em.sparse_selected));
+  }
+  if (em.store_lookups > 0) {  // --ram-budget
+    counter("tern_neuron_store_lookups_total", "Selected neurons looked up in the neuron store (--ram-budget).",
+            double(em.store_lookups));
+    counter("tern_neuron_store_hits_total", "Of those, the neurons already in memory.", double(em.store_hits));
+    counter("tern_neuron_store_read_bytes_total", "Bytes of neuron bundles read from the model file.",
+            double(em.store_bytes_read));
+  }
   gauge("tern_tbt_target_seconds", "The step-time (time between tokens) target in force; 0: none.", em.tbt_target_ms / 1000.0);
   gauge("tern_decode_step_seconds", "A one-sequence decode step, as calibrated at start (0: not calibrated).",
         em.decode_step_ms / 1000.0);

@@ -541,6 +541,29 @@ TEST_F(SparseFfnRuntimeTest, ServeDecodesSparse) {
     httplib::Client c("127.0.0.1", sparse.port());
     const auto j = tern::testing::post_json(c, "/v1/completions", req, 200);
     EXPECT_EQ(j["usage"]["completion_tokens"].get<int64_t>(), 12) << j.dump();
+    const auto metrics = c.Get("/metrics");
+    ASSERT_TRUE(metrics);
+    EXPECT_NE(metrics->body.find("tern_sparse_ffn_selected_total"), std::string::npos);
+    EXPECT_EQ(metrics->body.find("tern_neuron_store_lookups_total"), std::string::npos);  // (no budget)
+  }
+  {
+    // --ram-budget: the full-memory text (every step sparse) and the store's counts in /metrics.
+    const std::string b = file("bund_serve.gguf");
+    write_with_ffn_bundles(*open_model_file(m), DType::F32, b);
+    const nlohmann::json greedy_req = {{"prompt", "hello"}, {"max_tokens", 12}, {"temperature", 0}};
+    std::string full_text;
+    {
+      tern::testing::ServeProcess full({"-m", b, "--sparse-ffn", "--sparse-max-step", "0", "--sparse-dense-above", "1"});
+      httplib::Client c("127.0.0.1", full.port());
+      full_text = tern::testing::post_json(c, "/v1/completions", greedy_req, 200)["choices"][0]["text"].get<std::string>();
+    }
+    tern::testing::ServeProcess budget({"-m", b, "--sparse-ffn", "--ram-budget", "95%"});
+    httplib::Client c("127.0.0.1", budget.port());
+    EXPECT_EQ(tern::testing::post_json(c, "/v1/completions", greedy_req, 200)["choices"][0]["text"].get<std::string>(),
+              full_text);
+    const auto metrics = c.Get("/metrics");
+    ASSERT_TRUE(metrics);
+    EXPECT_NE(metrics->body.find("tern_neuron_store_lookups_total"), std::string::npos) << metrics->body;
   }
   const auto r = run_tern(str_cat("serve -m ", file("silu.gguf"), " --sparse-ffn --port 0 -t 1"));
   EXPECT_NE(r.rc, 0);
