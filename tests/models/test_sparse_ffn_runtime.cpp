@@ -438,7 +438,12 @@ TEST_F(SparseFfnRuntimeTest, RamBudgetClearErrors) {
     no_freq.write(file("bund_nofreq.gguf"));
     w.set(kFfnBundleModelKey, GgufValue::string("0123456789abcdef"));
     w.write(file("bund_other.gguf"));
+    GgufWriter bad_type = GgufWriter::from_file(*f);
+    bad_type.set(kFfnBundleDownTypeKey, GgufValue::u32(999));
+    bad_type.write(file("bund_badtype.gguf"));
   }
+  e = error_of([&] { budget_session(file("bund_badtype.gguf"), c, int64_t(1) << 40); });
+  EXPECT_NE(e.find("not a type the sparse kernels read"), std::string::npos) << e;
   e = error_of([&] { budget_session(file("bund_nofreq.gguf"), c, int64_t(1) << 40); });
   EXPECT_NE(e.find("no activation frequencies"), std::string::npos) << e;
   e = error_of([&] { budget_session(file("bund_other.gguf"), c, int64_t(1) << 40); });
