@@ -10,7 +10,7 @@
 // another, what the row kernels gather; the decoder's own copies are interleaved by 16 for the
 // dense GEMM, which prefill keeps using), down_t built at enable time from the file's ffn_down
 // (SparseFfnConfig::down_t_type: another copy of ffn_down), and the predictor's A and B
-// converted to F16 at enable time.
+// converted to F16 at enable time (and interleaved as the float matmul reads them).
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -19,6 +19,7 @@
 
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
+#include "kernels/matmul.h"
 #include "kernels/sparse_ffn.h"
 #include "models/ffn_predictor_format.h"
 #include "models/neuron_store.h"
@@ -74,6 +75,15 @@ struct SparseFfnStats {
   double sparse_share() const { return visits > 0 ? double(sparse_visits) / double(visits) : 0.0; }
 };
 
+// --sparse-density's selection: the indices of the k largest of score[0..n) (of equal scores
+// the lowest indices first), ascending, into out. Exact (the set a sort would give), in a few
+// passes over n rather than a partition of all of them.
+struct TopKScratch {
+  std::vector<uint32_t> keys, cand;
+  std::vector<int32_t> hist;
+};
+void select_top_k(const float* score, int64_t n, int64_t k, std::vector<int32_t>& out, TopKScratch& scratch);
+
 class SparseFfn {
  public:
   // Binds the layers `layers` of `model` (dense ReGLU layers: the caller checks) and reads
@@ -128,9 +138,10 @@ class SparseFfn {
     SparseFfnWeights w;           // gate / up into the model file; down_t into `down_t`
     std::vector<uint8_t> down_t;  // [n_ff][n_embd] in down's type
     // The predictor in F16 (half the bytes a decode step reads for it; the f32 scores move by
-    // an f16 rounding of the weights), read by the F16 row kernel.
+    // an f16 rounding of the weights), in the float matmul's layout (pred_*_w.interleaved16).
     std::vector<uint16_t> pred_a;  // [rank][n_embd]
     std::vector<uint16_t> pred_b;  // [n_ff][rank]
+    WeightView pred_a_w, pred_b_w;  // views of pred_a / pred_b
     float threshold = 0.0f;
   };
   void select(const Layer& L, const float* xn, ThreadPool& pool, std::vector<int32_t>& out);
@@ -143,11 +154,10 @@ class SparseFfn {
   std::vector<Layer> layers_;  // [n_layer], n_ff 0 where the layer has no sparse FFN
   std::vector<float> h_;       // [rank]  A xn
   std::vector<float> score_;   // [n_ff]  B h
-  std::vector<float> kth_;     // [n_ff]  the scores' copy --sparse-density partitions
+  TopKScratch topk_scratch_;   // --sparse-density's selection
   std::vector<int32_t> idx_;   // the selection
   std::vector<int32_t> ahead_;  // --ram-readahead: the next layer's selection from this layer's input
   std::vector<int64_t> next_layer_;  // [n_layer] the next layer the store serves, -1 for none
-  std::vector<int32_t> iota_;  // 0, 1, ..., max(n_ff, rank) - 1: every row of A or B
   SparseFfnStats stats_;
   bool enabled_ = true;
   std::unique_ptr<NeuronStore> store_;

@@ -258,6 +258,44 @@ TEST_F(SparseFfnRuntimeTest, DensitySelectsTheTopScores) {
                              s->model().sparse_ffn()->last_selection().end()));
 }
 
+// select_top_k is the set a sort gives: the k largest, of equal scores the lowest indices,
+// ascending; on distinct scores, heavy ties (a whole radix bin equal), -0 / +0, and k at 0, 1,
+// n and past n.
+TEST(SelectTopK, EqualsTheSortedSelection) {
+  const auto reference = [](const std::vector<float>& s, int64_t k) {
+    std::vector<int32_t> order(s.size());
+    for (size_t j = 0; j < s.size(); ++j) order[j] = int32_t(j);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+    order.resize(size_t(std::clamp<int64_t>(k, 0, int64_t(s.size()))));
+    std::sort(order.begin(), order.end());
+    return order;
+  };
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 300.0f);
+  TopKScratch scratch;
+  std::vector<int32_t> got;
+  int64_t cases = 0;
+  for (const int64_t n : {1, 2, 7, 64, 5632}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      std::vector<float> s(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        switch (kind) {
+          case 0: s[size_t(j)] = nd(rng); break;                                   // distinct
+          case 1: s[size_t(j)] = float(int(nd(rng)) % 5); break;                 // a few values, many ties
+          case 2: s[size_t(j)] = (j % 3 == 0) ? -0.0f : (j % 3 == 1 ? 0.0f : 1.0f); break;  // -0 == +0
+          default: s[size_t(j)] = 2.5f; break;                                     // all equal
+        }
+      }
+      for (const int64_t k : {int64_t(0), int64_t(1), n / 4, n / 2 + 1, n - 1, n, n + 3}) {
+        select_top_k(s.data(), n, k, got, scratch);
+        EXPECT_EQ(got, reference(s, k)) << "n " << n << " kind " << kind << " k " << k;
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 5 * 4 * 7);
+}
+
 TEST_F(SparseFfnRuntimeTest, SameLogitsForOneAndTwoThreads) {
   SparseFfnConfig c;
   c.max_step_tokens = 0;
