@@ -200,8 +200,15 @@ int cmd_bench(int argc, char** argv) {
     probe = probe_weights ? std::make_unique<ReadBandwidthProbe>(s.pool(), s.model().decode_weight_memory())
                           : std::make_unique<ReadBandwidthProbe>(s.pool(), size_t(256) << 20);
   }
+  // Each probe reads both ways (bandwidth_probe.h); the roofline takes the faster.
   const auto probe_now = [&] { return probe->measure(probe_weights ? 2 : 3); };
   std::vector<double> pp, tg, bw_runs, pct_runs;
+  std::vector<double> bw_one_runs, bw_streams_runs;  // the two ways' figures beside bw_runs'
+  const auto add_bandwidth_run = [&](const ReadRates& before, const ReadRates& after) {
+    bw_runs.push_back((before.best() + after.best()) / 2);
+    bw_one_runs.push_back((before.one_stream + after.one_stream) / 2);
+    bw_streams_runs.push_back((before.streams + after.streams) / 2);
+  };
   // --sparse-ffn: each tg run is timed again with the dense FFN, in alternating order, so that
   // the ratio compares runs a few seconds apart (the machine is shared); and each run's time in
   // the FFN layers (ms per token): the FFN's own speedup, apart from attention and the output
@@ -253,7 +260,7 @@ int cmd_bench(int argc, char** argv) {
   const int64_t per_token = bytes_read_per_token(s.file());
   Progress progress("bench", int64_t(reps) * ((n_prompt > 0) + (n_gen > 0)), !json);
   int64_t done = 0;
-  double bw_before = probe && n_gen > 0 ? probe_now() : 0.0;
+  ReadRates bw_before = probe && n_gen > 0 ? probe_now() : ReadRates{};
   for (int r = 0; r < reps; ++r) {
     if (n_prompt > 0) {
       pp.push_back(run_pp());
@@ -266,10 +273,10 @@ int cmd_bench(int argc, char** argv) {
       if (alternate_dense && r % 2 == 0) run_tg_dense();
       if (cold_file) run_tg_cold();
       if (probe) {
-        const double bw_after = probe_now();
-        const double bw_run = (bw_before + bw_after) / 2;
+        const ReadRates bw_after = probe_now();
+        add_bandwidth_run(bw_before, bw_after);
         bw_before = bw_after;
-        bw_runs.push_back(bw_run);
+        const double bw_run = bw_runs.back();
         if (bw_run > 0) pct_runs.push_back(100.0 * tg.back() * double(per_token) / (bw_run * 1e9));
       }
       progress.update(++done);
@@ -283,7 +290,10 @@ int cmd_bench(int argc, char** argv) {
   const double store_bytes_per_token = tg_store_tokens > 0 ? double(tg_store_bytes) / double(tg_store_tokens) : 0.0;
   const double store_hit_rate = tg_store_lookups > 0 ? double(tg_store_hits) / double(tg_store_lookups) : 0.0;
   const auto read_bound = [&](double rate) { return store_bytes_per_token > 0 ? rate / store_bytes_per_token : 0.0; };
-  if (probe && n_gen == 0) bw_runs.push_back(probe->measure(5));
+  if (probe && n_gen == 0) {
+    const ReadRates r = probe_now();
+    add_bandwidth_run(r, r);
+  }
   std::vector<ComputePeak> peaks;
   if (roofline) peaks = measure_compute_peaks(s.pool());
   // The verify-cost curve: a step of k tokens (all their logits, as a verify step computes) at a
@@ -346,6 +356,8 @@ int cmd_bench(int argc, char** argv) {
   }
   const ParallelBenchReport parallel = parallel_bench_report(n_prompt > 0 ? std::function<void()>([&] { run_pp(); }) : nullptr);
   const double bw = bw_runs.empty() ? 0.0 : percentile(bw_runs, 50);
+  const double bw_one = bw_one_runs.empty() ? 0.0 : percentile(bw_one_runs, 50);
+  const double bw_streams = bw_streams_runs.empty() ? 0.0 : percentile(bw_streams_runs, 50);
   const double pp_med = percentile(pp, 50), tg_med = percentile(tg, 50);
   const double roofline_tok_s = bw > 0 ? bw * 1e9 / double(per_token) : 0.0;
   const double roofline_pct = pct_runs.empty() ? 0.0 : percentile(pct_runs, 50);
@@ -378,6 +390,11 @@ int cmd_bench(int argc, char** argv) {
                         {"bandwidth_gb_s", bw},
                         {"bandwidth_runs", bw_runs},
                         {"bandwidth_probe", no_bandwidth ? "none" : probe_weights ? "weights" : "buffer"},
+                        {"bandwidth_one_stream_gb_s", bw_one},
+                        {"bandwidth_one_stream_runs", bw_one_runs},
+                        {"bandwidth_streams_gb_s", bw_streams},
+                        {"bandwidth_streams_runs", bw_streams_runs},
+                        {"bandwidth_streams_per_thread", ReadBandwidthProbe::kStreams},
                         {"tg_roofline_tok_s", roofline_tok_s},
                         {"tg_roofline_pct", roofline_pct},
                         {"tg_roofline_pct_runs", pct_runs},
@@ -469,12 +486,16 @@ int cmd_bench(int argc, char** argv) {
                 "%.2f MiB read per token%s\n",
                 percentile(tg_cold, 50), tg_cold.size(), double(cold_bytes) / double(cold_tokens) / (1 << 20),
                 sparse->config().readahead ? " (--ram-readahead)" : "");
+  char bw_ways[160];
+  std::snprintf(bw_ways, sizeof bw_ways, "one walk a thread %.1f GB/s, %d interleaved walks a thread with prefetch %.1f GB/s",
+                bw_one, ReadBandwidthProbe::kStreams, bw_streams);
   if (bw > 0 && n_gen > 0)
-    std::printf("\nmemory read bandwidth %.1f GB/s (median of the runs' own); decode reads %s per token -> roofline "
-                "%.1f tok/s; tg = %.1f%% of it (median of each run against the bandwidth measured beside it)\n",
-                bw, format_bytes(per_token).c_str(), roofline_tok_s, roofline_pct);
+    std::printf("\nmemory read bandwidth %.1f GB/s (the faster of %s; medians of the runs' own); decode reads %s per "
+                "token -> roofline %.1f tok/s; tg = %.1f%% of it (median of each run against the bandwidth measured "
+                "beside it)\n",
+                bw, bw_ways, format_bytes(per_token).c_str(), roofline_tok_s, roofline_pct);
   else if (bw > 0)
-    std::printf("\nmemory read bandwidth %.1f GB/s\n", bw);
+    std::printf("\nmemory read bandwidth %.1f GB/s (the faster of %s)\n", bw, bw_ways);
   if (verify_max > 0) {
     std::printf("\n| verify step of k tokens (context %lld) | ms (median) | x one token | ceiling tok/step-time |\n"
                 "|---|---|---|---|\n",

@@ -56,6 +56,17 @@ with tempfile.TemporaryDirectory() as d:
     check(close(j["tg_roofline_pct"], statistics.median(j["tg_roofline_pct_runs"])), "tg_roofline_pct is their median")
     check(close(j["bandwidth_gb_s"], statistics.median(j["bandwidth_runs"])), "bandwidth_gb_s is the runs' median")
     check(close(j["tg_roofline_tok_s"], j["bandwidth_gb_s"] * 1e9 / bpt), "roofline tok/s = bandwidth / bytes per token")
+    # The probe reads two ways (one walk a thread; interleaved prefetched walks) and each run's
+    # bandwidth is the faster of the two, before and after the run, averaged: at least the
+    # faster of the two ways' averages, at most their sum.
+    ways = list(zip(j["bandwidth_runs"], j["bandwidth_one_stream_runs"], j["bandwidth_streams_runs"]))
+    check(len(ways) == reps and all(one > 0 and streams > 0 for _, one, streams in ways),
+          "both ways measured beside every run")
+    check(all(max(one, streams) * (1 - 1e-9) <= bw <= one + streams for bw, one, streams in ways),
+          "each run's bandwidth is the faster way's")
+    check(close(j["bandwidth_streams_gb_s"], statistics.median(j["bandwidth_streams_runs"])) and
+          close(j["bandwidth_one_stream_gb_s"], statistics.median(j["bandwidth_one_stream_runs"])),
+          "the two ways' figures are their runs' medians")
 
     rc, out, err = bench("-p", "8", "-n", "4", "-r", "2", "--no-bandwidth")
     j = json.loads(out) if rc == 0 else {}

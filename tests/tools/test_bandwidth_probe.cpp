@@ -2,6 +2,7 @@
 // (whole aligned 8-byte words of each span, misaligned starts included), or a buffer of its own.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -21,13 +22,28 @@ TEST(BandwidthProbe, ReadsTheGivenSpansWholeAlignedWordsOnly) {
   // 3 bytes in: the first aligned word starts 5 bytes on; 8000 - 8 = 7992 bytes of whole words
   ReadBandwidthProbe probe(pool, {std::span(pa + 3, 7997), std::span(pb, size_t(333 * 8))});
   EXPECT_EQ(probe.bytes(), size_t(7992 + 333 * 8));
-  EXPECT_GT(probe.measure(2), 0.0);
+  const ReadRates r = probe.measure(2);
+  EXPECT_GT(r.one_stream, 0.0);
+  EXPECT_GT(r.streams, 0.0);
+  // a's 999 words after its first (the span starts 3 bytes into it), each 1; b's 333 words of 2
+  EXPECT_EQ(r.one_stream_sum, uint64_t(999 + 333 * 2));
+  EXPECT_EQ(r.streams_sum, uint64_t(999 + 333 * 2));
+  EXPECT_EQ(r.best(), std::max(r.one_stream, r.streams));
   ReadBandwidthProbe none(pool, std::vector<std::span<const uint8_t>>{});
   EXPECT_EQ(none.bytes(), 0u);
-  EXPECT_EQ(none.measure(2), 0.0);
-  ReadBandwidthProbe own(pool, size_t(8) << 20);
-  EXPECT_EQ(own.bytes(), size_t(8) << 20);
-  EXPECT_GT(own.measure(1), 0.0);
+  EXPECT_EQ(none.measure(2).best(), 0.0);
+  // 2.5 MiB: 10 pieces of 256 KiB, a group of 8 streams and one of 2; 2.5 MiB + 3 words: a
+  // last piece of 3 words
+  for (const size_t extra : {size_t(0), size_t(24)}) {
+    ReadBandwidthProbe own(pool, (size_t(2560) << 10) + extra);
+    EXPECT_EQ(own.bytes(), (size_t(2560) << 10) + extra);
+    const ReadRates o = own.measure(1);
+    EXPECT_GT(o.one_stream, 0.0);
+    EXPECT_GT(o.streams, 0.0);
+    const uint64_t n = own.bytes() / 8;  // the buffer holds 0, 1, ..., n - 1
+    EXPECT_EQ(o.one_stream_sum, n * (n - 1) / 2);
+    EXPECT_EQ(o.streams_sum, n * (n - 1) / 2);
+  }
 }
 
 TEST(BandwidthProbe, ModelListsEveryMatrixADecodeStepReads) {
