@@ -44,7 +44,8 @@ enum class ActKind : uint8_t { None, Q8_0Rows, Q8_KRows, Q8_0Lanes, Q8_KLanes, B
 struct ActLayout;
 ActLayout bf16_pairs_layout(int64_t n_in, int64_t n_tokens);
 // Whether BF16 weights multiply bf16-rounded activations with vdpbf16ps (AVX-512 table): the
-// CPU has AVX512-BF16 and TERN_BF16_DOT is not "0". Read once per process.
+// CPU has AVX512-BF16, and TERN_BF16_DOT is "1", or unset on a CPU where the dot is the faster
+// (not Intel's: isa.cpp). Read once per process.
 bool bf16_dot_enabled();
 
 // A plain aggregate (no member initialisers) so that ISA code constructing one calls no

@@ -160,7 +160,8 @@ bool isa_supported(Isa isa);
 Isa selected_isa();
 // Whether variant `isa` multiplies weights of `type` (rows of n_in) by activations rounded to
 // bf16, with AVX512-BF16's vdpbf16ps (products exact in f32, as llama.cpp's BF16 path): BF16
-// weights, even n_in, the AVX-512 variant on a CPU with AVX512-BF16, TERN_BF16_DOT not "0".
+// weights, even n_in, the AVX-512 variant on a CPU with AVX512-BF16, by default where the dot
+// is faster than the FMA tiles (AMD; not Intel), TERN_BF16_DOT=1 / 0 forcing it on / off.
 // Those results differ from the f32-activation ones by that rounding (<= 2^-9 relative per
 // activation); every other float path is the exact FMA chain above.
 bool isa_bf16_dot(Isa isa, DType type, int64_t n_in);

@@ -622,7 +622,7 @@ TEST(KernelsRef, IntegerDotIsDotOfDequantizedValues) {
 // rows, decode and prefill tiles, tail rows, ragged K blocks; one token alone gets its bits in
 // any batch.
 TEST(KernelsDispatch, Bf16DotEqualsTheFmaChainOnRoundedActivations) {
-  if (!isa_bf16_dot(Isa::Avx512, DType::BF16, 64)) GTEST_SKIP() << "no BF16 dot on this CPU (or TERN_BF16_DOT=0)";
+  if (!isa_bf16_dot(Isa::Avx512, DType::BF16, 64)) GTEST_SKIP() << "the BF16 dot is off here (no AVX512-BF16, an Intel CPU without TERN_BF16_DOT=1, or TERN_BF16_DOT=0; CTest kernels_bf16_dot_on sets 1)";
   ThreadPool& pool = shared_pool(2);
   uint32_t seed = 1700;
   for (int64_t n_in : {2, 62, 256, 600, 4096 + 2})
