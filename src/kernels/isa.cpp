@@ -162,8 +162,8 @@ bool bf16_dot_enabled() {
     if (e && std::string(e) == "1") return true;
     // By default where it is the faster: `tern bench --roofline` measured vdpbf16ps at twice
     // the FMA's flops on AMD Zen 5 (818-857 against 428-435 GFLOP/s, 2 threads; TinyLlama BF16
-    // pp128 271 against 146 tok/s) and at half of them on an Intel Xeon with AVX512-FP16 (170-180
-    // against 333-366; pp128 69-77 against 100-114 by the FMA tiles).
+    // pp128 271 tok/s against 144 by the FMA tiles) and at half of them on an Intel Xeon with
+    // AVX512-FP16 (170-180 against 333-366; pp128 69-77 against 100-114 by the FMA tiles).
     return !__builtin_cpu_is("intel");
 #else
     return false;
