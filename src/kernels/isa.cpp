@@ -86,6 +86,13 @@ const char* isa_requirement(Isa isa) {
 }
 
 Isa resolve_isa() {
+  // TERN_BF16_DOT is read where a BF16 matmul first asks (kern::bf16_dot_enabled); a value it
+  // does not know is refused here, where the kernel variant is chosen, at start-up.
+  if (const char* dot = std::getenv("TERN_BF16_DOT"); dot && *dot) {
+    const std::string v = dot;
+    if (v != "0" && v != "1")
+      fail("TERN_BF16_DOT=", v, ": expected 0 (BF16 weights by the FMA tiles) or 1 (by vdpbf16ps where the CPU has it)");
+  }
   Isa best = Isa::Ref;  // the last supported in each family's order of preference
   for (Isa i : {Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::Dotprod, Isa::I8mm})
     if (isa_supported(i)) best = i;

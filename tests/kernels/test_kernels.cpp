@@ -849,6 +849,18 @@ TEST(KernelsDispatchDeathTest, ForceIsaOverrideAndErrors) {
         std::exit(0);
       },
       ::testing::ExitedWithCode(3), "TERN_FORCE_ISA=sse9: unknown kernel variant");
+  EXPECT_EXIT(
+      {
+        setenv("TERN_BF16_DOT", "yes", 1);
+        try {
+          active_isa();
+        } catch (const Error& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          std::exit(3);
+        }
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(3), "TERN_BF16_DOT=yes: expected 0 .* or 1");
   for (Isa isa : kAllIsas) {
     if (isa_supported(isa)) continue;  // only testable on a CPU that lacks it
     EXPECT_THROW(matmul_isa(isa, WeightView{DType::F32, 4, 1, nullptr}, nullptr, 4, 1, nullptr, 1,
