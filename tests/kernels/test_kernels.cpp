@@ -837,30 +837,21 @@ TEST(KernelsDispatchDeathTest, ForceIsaOverrideAndErrors) {
         std::exit(std::string(active_isa()) == "ref" ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "");
-  EXPECT_EXIT(
-      {
-        setenv("TERN_FORCE_ISA", "sse9", 1);
-        try {
-          active_isa();
-        } catch (const Error& e) {
-          std::fprintf(stderr, "%s\n", e.what());
-          std::exit(3);
-        }
-        std::exit(0);
-      },
-      ::testing::ExitedWithCode(3), "TERN_FORCE_ISA=sse9: unknown kernel variant");
-  EXPECT_EXIT(
-      {
-        setenv("TERN_BF16_DOT", "yes", 1);
-        try {
-          active_isa();
-        } catch (const Error& e) {
-          std::fprintf(stderr, "%s\n", e.what());
-          std::exit(3);
-        }
-        std::exit(0);
-      },
-      ::testing::ExitedWithCode(3), "TERN_BF16_DOT=yes: expected 0 .* or 1");
+  // In the child: `var` set to `value`, the variant chosen; exit 3 with the error's text.
+  const auto choose_with = [](const char* var, const char* value) {
+    setenv(var, value, 1);
+    try {
+      active_isa();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      std::exit(3);
+    }
+    std::exit(0);
+  };
+  EXPECT_EXIT(choose_with("TERN_FORCE_ISA", "sse9"), ::testing::ExitedWithCode(3),
+              "TERN_FORCE_ISA=sse9: unknown kernel variant");
+  EXPECT_EXIT(choose_with("TERN_BF16_DOT", "yes"), ::testing::ExitedWithCode(3),
+              "TERN_BF16_DOT=yes: expected 0 .* or 1");
   for (Isa isa : kAllIsas) {
     if (isa_supported(isa)) continue;  // only testable on a CPU that lacks it
     EXPECT_THROW(matmul_isa(isa, WeightView{DType::F32, 4, 1, nullptr}, nullptr, 4, 1, nullptr, 1,
