@@ -219,6 +219,7 @@ struct Engine::Impl {
   void admit(Pending& p);
   void apply_abort(uint64_t id);
   bool run_step();
+  void discard_free_stages();
   void on_sampled(SeqId seq, const float* row);
   void propose_drafts();
   void init_speculation(Completion& c);
@@ -248,8 +249,14 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
       pool(c.n_threads > 0 ? c.n_threads : default_thread_count()) {
   if (!file) fail("engine: no model file");
   if (!tok) fail("engine: no tokenizer");
+  // kivi2 seals its key groups of 32 slots when their last slot is written: a block must hold
+  // whole groups, or two sequences' tokens would share a group's per-channel ranges.
+  if (cfg.kv_block_size == 0) cfg.kv_block_size = cfg.kv_type == KvType::Kivi2 ? kKiviGroup : 16;
   if (cfg.kv_block_size < 1 || cfg.kv_block_size > 4096)
     fail("--kv-block-size must be in [1, 4096], got ", cfg.kv_block_size);
+  if (cfg.kv_type == KvType::Kivi2 && cfg.kv_block_size % kKiviGroup != 0)
+    fail("--kv-block-size ", cfg.kv_block_size, " with --kv-type kivi2: a block must hold whole key groups of ",
+         kKiviGroup, " slots (use a multiple of ", kKiviGroup, ")");
   if (cfg.max_batch_tokens < 1) fail("--batch-tokens must be >= 1, got ", cfg.max_batch_tokens);
   if (cfg.max_running < 1) fail("max_running must be >= 1, got ", cfg.max_running);
   if (cfg.max_waiting < 1) fail("max_waiting must be >= 1, got ", cfg.max_waiting);
@@ -301,15 +308,39 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
     n_blocks = (n_ctx * (hp.recurrent() ? n_seq_states : cfg.n_parallel) + bs - 1) / bs;
   }
   if (n_blocks * bs >= (int64_t(1) << 31)) fail("the KV arena is too large: ", n_blocks * bs, " tokens");
+  // kivi2: each running sequence also holds its open key group's 32 rows as fp16 (KIVI's
+  // full-precision residual) outside its blocks; with --kv-memory that memory is counted as
+  // blocks the sequence holds (the scheduler's blocks_per_running), taken from the arena.
+  // The stages live beside the arena, so with --kv-memory the arena is made smaller: arena +
+  // the most stages that can be open (one per running sequence, at most max_running and at
+  // most n_blocks / stage_blocks by that count, plus the groups one step's tokens can open
+  // before they seal) stays within the budget.
+  int64_t stage_blocks = 0;
+  if (cfg.kv_type == KvType::Kivi2) {
+    const int64_t stage_bytes = kKiviGroup * kv_bytes_per_token(hp, KvType::F16), block_bytes = per_token * bs;
+    stage_blocks = (stage_bytes + block_bytes - 1) / block_bytes;
+    if (cfg.kv_memory_bytes > 0) {
+      const int64_t step_stages = (cfg.max_batch_tokens + kKiviGroup - 1) / kKiviGroup + 1;
+      const int64_t avail = cfg.kv_memory_bytes - step_stages * stage_bytes;
+      const int64_t by_running = (avail - cfg.max_running * stage_bytes) / block_bytes;
+      const int64_t by_count = avail > 0 ? avail * stage_blocks / (block_bytes * stage_blocks + stage_bytes) : 0;
+      n_blocks = std::max(by_running, by_count);
+    }
+    if (cfg.kv_memory_bytes > 0 && n_blocks <= stage_blocks)
+      fail("--kv-memory ", cfg.kv_memory_bytes, " bytes with --kv-type kivi2 holds ", n_blocks,
+           " blocks, and one sequence's fp16 stage alone takes ", stage_blocks, " (raise --kv-memory)");
+    if (cfg.kv_memory_bytes <= 0) n_blocks += stage_blocks * cfg.n_parallel;  // n_parallel contexts and stages
+  }
   // One request alone must always fit, so nothing ever fails for lack of KV memory: a context
   // larger than the arena is clipped to it.
-  n_ctx = std::min(n_ctx, n_blocks * bs);
+  n_ctx = std::min(n_ctx, (n_blocks - stage_blocks) * bs);
   if (n_ctx < 2) fail("the KV arena holds only ", n_ctx, " tokens: raise --kv-memory");
   // A step must be able to give every running sequence its decode token.
   cfg.max_running = std::min(cfg.max_running, cfg.max_batch_tokens);
   cfg.n_ctx = n_ctx;
   if (cfg.kv_policy.evicts()) {  // the default of every completion request: refused up front
     check_policy_for_model(cfg.kv_policy, *model, file->path());
+    check_policy_for_kv_type(cfg.kv_policy, cfg.kv_type, file->path());
     cfg.kv_policy.check_fits(n_ctx);
   }
 
@@ -321,6 +352,7 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
   sc.max_running = cfg.max_running;
   // 1% of the pool kept for growth when admitting (vLLM's default watermark).
   sc.watermark_blocks = n_blocks / 100;
+  sc.blocks_per_running = stage_blocks;
   sched = std::make_unique<Scheduler>(sc, *kv, states.get());
   model->reserve(cfg.max_batch_tokens);
 
@@ -527,6 +559,7 @@ void Engine::Impl::validate(const RequestParams& p) const {
   if (policy.evicts()) {
     // What the model cannot evict (a recurrent state, a latent cache) is named first.
     check_policy_for_model(policy, *model, file->path());
+    check_policy_for_kv_type(policy, cfg.kv_type, file->path());
     if (!model->can_evict_kv()) fail("kv policy ", policy.describe(), " is not available with --tp / --pp");
     if (p.n != 1)
       fail("kv policy ", policy.describe(), ": n = ", p.n, " completions share their prompt's blocks, and an ",
@@ -741,6 +774,18 @@ void Engine::Impl::propose_drafts() {
 
 // --- the step ---------------------------------------------------------------------------
 
+// kivi2: an open group (its fp16 stage) in a free block belonged to a sequence that finished or
+// was preempted with that block unfilled; nobody reads it again, so its stage is dropped. A
+// published (full, sealed) block keeps its content for the prefix cache.
+void Engine::Impl::discard_free_stages() {
+  if (cfg.kv_type != KvType::Kivi2) return;
+  const int64_t bs = kv->block_size();
+  for (int64_t g : kv_store->open_groups()) {
+    const BlockId b = BlockId(g * kKiviGroup / bs);
+    if (kv->pool().ref_count(b) == 0 && !kv->pool().is_published(b)) kv_store->discard_open(g * kKiviGroup, kKiviGroup);
+  }
+}
+
 bool Engine::Impl::run_step() {
   take_submissions();
   if (sched->n_running() + sched->n_waiting() == 0) {
@@ -748,6 +793,7 @@ bool Engine::Impl::run_step() {
     return false;
   }
   const int64_t t_sched = now_ns();
+  discard_free_stages();
   propose_drafts();
   const StepPlan& plan = sched->schedule();
   if (plan.empty()) {

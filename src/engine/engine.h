@@ -32,7 +32,7 @@ namespace tern {
 
 struct EngineConfig {
   int n_threads = 0;               // 0: all cores
-  int64_t kv_block_size = 16;      // tokens per KV block (--kv-block-size)
+  int64_t kv_block_size = 0;       // tokens per KV block (--kv-block-size); 0: 16, 32 under kivi2
   int64_t kv_memory_bytes = 0;     // KV arena size (--kv-memory); 0: n_ctx * n_parallel tokens
   int64_t n_ctx = 0;               // most tokens (prompt + output) of one request; 0: model's
   int64_t n_parallel = 4;          // sequences the default KV arena is sized for (--parallel)

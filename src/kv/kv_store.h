@@ -8,8 +8,12 @@
 // kernels read the layer arenas k(il) / v(il) with kv_type = type() (ops/attention_iface.h).
 //
 // Element types are rows of a traits table whose sizes and quantizer are the quant traits
-// table's (DType), so q8_0 / q4_0 K/V are llama.cpp's blocks byte for byte.
+// table's (DType), so q8_0 / q4_0 K/V are llama.cpp's blocks byte for byte. kivi2 (KIVI's
+// 2-bit cache, attention_iface.h's KiviLayer) has no DType: keys are quantized per channel over
+// groups of 32 slots, so the store seals a group's 32 rows together when its last slot is
+// written; until then the group's rows are fp16 (the full-precision recent window).
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,11 +31,14 @@ struct KvTypeTraits {
   // whole 8-element pieces that never cross a block (what the attention tiles dequantize).
   int64_t row_multiple;
   int64_t head_dim_multiple;
+  // kivi2: bytes of K (and of V) per 32 elements of a slot, averaged over a sealed group; 0: the
+  // dtype's row bytes.
+  int64_t own_block_bytes = 0;
 };
 const KvTypeTraits& kv_type_traits(KvType type);
 std::span<const KvTypeTraits> kv_types();
 
-// "f32" / "f16" / "q8_0" / "q4_0"; kv_type_from_name throws tern::Error naming the accepted values.
+// "f32" / "f16" / "q8_0" / "q4_0" / "kivi2"; kv_type_from_name throws tern::Error naming the accepted values.
 const char* kv_type_name(KvType type);
 KvType kv_type_from_name(const std::string& name);
 // Bytes of `n` elements of the type (n a multiple of its block).
@@ -48,23 +55,48 @@ class KvStore {
   KvStore(std::vector<int64_t> rows, int64_t n_slots, KvType type = KvType::F32, bool k_only = false);
   bool k_only() const { return k_only_; }
   KvType type() const { return type_; }
-  // Layer il's arenas: n_slots rows of row(il) elements of type().
-  const void* k(int64_t il) const { return data_.data() + layer_offset_[size_t(il)]; }
+  // Layer il's arenas: n_slots rows of row(il) elements of type(). kivi2: both are the layer's
+  // KiviLayer (the kernels' view; valid across later stores, which refresh it).
+  const void* k(int64_t il) const {
+    if (type_ == KvType::Kivi2) return kivi_view(il);
+    return data_.data() + layer_offset_[size_t(il)];
+  }
   const void* v(int64_t il) const {
+    if (type_ == KvType::Kivi2) return kivi_view(il);
     return data_.data() + layer_offset_[size_t(il)] + (k_only_ ? 0 : layer_bytes(il));
   }
   // K and V of one slot, columns [c0, c0 + n) of its row, in layer il, from f32. Quantized
-  // types: c0 and n whole blocks.
+  // types: c0 and n whole blocks. kivi2: into the slot's group's fp16 stage (reopening a sealed
+  // group: its rows dequantized, then requantized when it seals again); a store that ends the
+  // row of a group's last slot makes the group due, and seal_due(il) seals it. Not safe from
+  // two threads at once.
   void store(int64_t il, int64_t slot, int64_t c0, const float* k, const float* v, int64_t n);
   // The K row of one slot in layer il as f32 (row(il) floats; a half widened, a block
   // dequantized), and its replacement from f32 (V untouched): re-rotating a stored key.
   void load_k(int64_t il, int64_t slot, float* dst) const;
   void store_k(int64_t il, int64_t slot, const float* k);
   // Copies n slots starting at src to dst, every layer (copy-on-write of a shared block).
+  // kivi2: as dequantized rows stored at dst.
   void copy_slots(int64_t src, int64_t dst, int64_t n);
+  // kivi2: quantizes the groups of layer il whose last slot was written. A forward calls it
+  // after the layer's attention, so that a step's tokens attend to each other in full precision
+  // (KIVI's prefill) and to earlier steps' sealed groups. Without the call groups stay fp16.
+  void seal_due(int64_t il);
+  // kivi2: drops the stages of the open groups that lie wholly in slots [slot0, slot0 + n)
+  // (slots nobody will read again: a finished sequence's unfilled block); they read as whatever
+  // their group last sealed until written again.
+  void discard_open(int64_t slot0, int64_t n);
+  // kivi2: the K (is_v false) or V row of a slot in layer il as f32, what the kernels read.
+  void load_row(int64_t il, int64_t slot, bool is_v, float* dst) const;
+  // kivi2: groups open now (their stages hold fp16 rows), counted over every layer, and the
+  // groups open in layer 0 (every forward writes a slot in all layers).
+  int64_t n_open_groups() const;
+  std::vector<int64_t> open_groups() const;
+  int64_t n_groups() const { return (n_slots_ + kKiviGroup - 1) / kKiviGroup; }
   int64_t n_slots() const { return n_slots_; }
   int64_t row(int64_t il = 0) const { return rows_[size_t(il)]; }
-  int64_t bytes() const { return int64_t(data_.size()) + int64_t(state_.size() * sizeof(float)); }
+  // The arena, the recurrent states and (kivi2) the open groups' stages.
+  int64_t bytes() const;
 
   // Recurrent models (state-space layers, models/mamba.cpp) keep a fixed-size state per
   // sequence instead of (or beside) K/V: n_state_slots slots, state_rows[il] f32 per slot in
@@ -93,6 +125,27 @@ class KvStore {
   std::vector<int64_t> state_rows_;    // [n_layer] floats per state slot and layer
   std::vector<int64_t> state_offset_;  // [n_layer] float offset of the layer's states
   std::vector<float> state_;           // per layer: [n_state_slots][state_rows(il)]
+
+  // kivi2, per layer: the sealed arrays, the open groups' stages (a pool that grows on demand,
+  // freed stages reused) and the view the kernels read, refreshed when a pool grows.
+  struct KiviArena {
+    std::vector<uint8_t> k_codes;    // [n_groups * 32][row / 4]
+    std::vector<uint16_t> k_step;    // [n_groups][row] fp16
+    std::vector<uint16_t> k_min;     // [n_groups][row] fp16
+    std::vector<uint8_t> v_blocks;   // [n_groups * 32][row / 32][12]
+    std::vector<int32_t> stage_of;   // [n_groups] -1: sealed
+    // [n_stages] fp16 [K, V][32][row]: one allocation each, so that a new stage moves none
+    // and the pool holds exactly the stages it made.
+    std::vector<std::unique_ptr<uint16_t[]>> stages;
+    std::vector<const uint16_t*> stage_ptrs;  // the view's table
+    std::vector<int32_t> free_stages;
+    std::vector<int64_t> due;        // groups whose last slot was written since seal_due
+    KiviLayer view{};
+  };
+  const KiviLayer* kivi_view(int64_t il) const;
+  int32_t kivi_open(int64_t il, int64_t group);
+  void kivi_seal(int64_t il, int64_t group);
+  mutable std::vector<KiviArena> kivi_;  // [n_layer] (kivi_view refreshes the views)
 };
 
 }  // namespace tern

@@ -706,6 +706,8 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
   // The phased units attend without key masses (H2O sums take the other paths).
   bool phased_kv = true;
   for (const auto& s : seqs) phased_kv = phased_kv && !s.key_mass;
+  // Nor a kivi2 cache: its units would store columns of one group's slots from several threads.
+  phased_kv = phased_kv && kv.type() != KvType::Kivi2;
   if (pool.size() > 1 && !observer_ && T <= kSpmdMaxTokens && E <= kSpmdMaxEmbd) {
     const int path = small_path_forced_ >= 0 ? small_path_forced_ : spmd_chooser_.pick(attended);
     const auto t0 = std::chrono::steady_clock::now();
@@ -976,6 +978,7 @@ void DecoderModel::attention_block(int64_t il, std::span<const SeqBatch> seqs, K
     t += n;
   }
   attention(attn_args_, pool);
+  kv.seal_due(il);  // kivi2: the groups this step completed (KvStore::seal_due)
   for (const AttentionArgs& a : attn_args_)
     if (a.key_mass) {
       float* dst = seqs[size_t(&a - attn_args_.data())].key_mass;

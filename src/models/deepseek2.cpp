@@ -450,6 +450,7 @@ void MlaModel::attention_layer(const MlaLayer& L, int64_t il, std::span<const Se
     t += n;
   }
   attention(attn_args_, pool);
+  kv.seal_due(il);  // kivi2: the groups this step completed (KvStore::seal_due)
   if (!full_) {
     for (int64_t h = 0; h < H_; ++h)
       apply_linear(L.v_b[size_t(h)], o_.data() + h * D_, ldq, T, attn_.data() + h * dv_, H_ * dv_, pool, hooks_);

@@ -12,7 +12,8 @@ namespace tern {
 // q8_0 / q4_0 blocks of 32 along each slot's row (a row of n_head_kv * head_dim elements is
 // row / 32 blocks; a head's slice may start inside a block, its 8-element pieces never cross
 // one). Sizes, names and the quantizer are kv/kv_type.h's traits table.
-enum class KvType : int32_t { F32 = 0, F16 = 1, Q8_0 = 2, Q4_0 = 3 };
+// Kivi2: KIVI's 2-bit cache (KiviLayer below).
+enum class KvType : int32_t { F32 = 0, F16 = 1, Q8_0 = 2, Q4_0 = 3, Kivi2 = 4 };
 
 // The quantized K/V blocks as the kernels read them (llama.cpp's block_q8_0 / block_q4_0):
 //   q8_0: fp16 d | int8 q[32]                        x = q * d
@@ -22,12 +23,45 @@ inline constexpr int64_t kKvQuantBlock = 32;
 inline constexpr int64_t kKvQ8_0BlockBytes = 34;
 inline constexpr int64_t kKvQ4_0BlockBytes = 18;
 
+// KIVI 2-bit K/V (KvType::Kivi2; Liu et al. 2024, "KIVI: a tuning-free asymmetric 2bit
+// quantization for KV cache"): keys per channel, values per token, the newest keys and values
+// in full precision. Slots form groups of kKiviGroup consecutive slots (a sequence's positions
+// in order: the Session's contiguous slots, or one paged block of a multiple of 32). A group is
+//   open:   its rows are fp16 in a stage (stage_of[g] >= 0): the full-precision recent window;
+//   sealed: (stage_of[g] < 0) K as 2-bit codes per slot with one fp16 step and minimum per
+//           channel for the group's 32 slots; V as per-token blocks of 32 elements, each with
+//           its own fp16 step and minimum.
+// kv/kv_store.cpp seals a group when its last slot is written and reopens one (dequantizing
+// it into a stage) when a sealed slot is written again.
+// 2-bit codes of 32 elements sit in 8 bytes: element j at bits 2 (j / 8) of byte j % 8, so 8
+// consecutive elements from a multiple of 8 are one shift and mask of 8 bytes. An element is
+// fma(code, step, minimum), in float (one rounding: the kernels and the scalar decoder agree).
+//   K of slot s, element e (sealed): codes k_codes[s * kv_row / 4 + e / 32 * 8 ..], step
+//     k_step[g * kv_row + e], minimum k_min[g * kv_row + e], g = s / kKiviGroup
+//   V of slot s, block b (sealed): v_blocks + (s * kv_row / 32 + b) * kKiviVBlockBytes:
+//     fp16 step | fp16 minimum | uint8 codes[8]
+//   open group g, stage i = stage_of[g]: K row of slot s at stages[i] + (s % kKiviGroup) * kv_row,
+//     its V row at stages[i] + (kKiviGroup + s % kKiviGroup) * kv_row
+// Averaged over a group, K and V each take 3 bits an element (2-bit codes; K's two fp16 per
+// channel per 32 slots; V's two fp16 per 32 elements).
+inline constexpr int64_t kKiviGroup = 32;
+inline constexpr int64_t kKiviVBlockBytes = 12;
+struct KiviLayer {
+  const uint8_t* k_codes;   // [n_slots][kv_row / 4]
+  const uint16_t* k_step;   // [n_groups][kv_row] fp16
+  const uint16_t* k_min;    // [n_groups][kv_row] fp16
+  const uint8_t* v_blocks;  // [n_slots][kv_row / 32] blocks
+  const int32_t* stage_of;  // [n_groups]: -1 sealed, else the group's stage
+  const uint16_t* const* stages;  // [n_stages] -> fp16 [K, V][kKiviGroup][kv_row]
+};
+
 // Causal attention of one sequence's new tokens over its KV cache (see ops.h).
 //
 //   q:   [n_tokens, n_head * head_dim]     (rows ldq floats apart)
 //   out: [n_tokens, n_head * head_dim]     (rows ldo floats apart)
 //   K/V of position p live at k_base + slots[p] * kv_row (same for v), kv_row = n_head_kv*head_dim
-//   elements of kv_type (float or uint16_t half; for q8_0 / q4_0 rows of kv_row / 32 blocks)
+//   elements of kv_type (float or uint16_t half; for q8_0 / q4_0 rows of kv_row / 32 blocks;
+//   for kivi2 k_base and v_base both point at the layer's KiviLayer)
 //   new token i sits at position n_past + i and sees positions 0 .. n_past + i, or with a
 //   sliding window of `window` positions only n_past + i - window + 1 .. n_past + i (llama.cpp's
 //   rule: a key at distance window or more is masked).

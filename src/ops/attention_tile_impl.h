@@ -30,6 +30,7 @@
 
 #include <math.h>  // tanhf: a plain C function, no inline copy compiled for this ISA
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/attention_iface.h"
 
@@ -278,6 +279,15 @@ inline V8 q4_load8(const uint8_t* qs, int shift, float d) {
   return {vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), d),
           vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), d)};
 }
+// 8 2-bit codes of a 32-element chunk of 8 bytes (kivi2: element j at bits 2 (j / 8) of byte
+// j % 8), elements 8 sub .. 8 sub + 7, as f32.
+inline V8 q2_codes8(const uint8_t* chunk, int sub) {
+  const uint8x8_t b = vand_u8(vshl_u8(vld1_u8(chunk), vdup_n_s8(int8_t(-2 * sub))), vdup_n_u8(3));
+  const uint16x8_t w = vmovl_u8(b);
+  return {vcvtq_f32_u32(vmovl_u16(vget_low_u16(w))), vcvtq_f32_u32(vmovl_u16(vget_high_u16(w)))};
+}
+inline V8 v8_set1(float x) { return {vdupq_n_f32(x), vdupq_n_f32(x)}; }
+inline V8 v8_fmav(V8 a, V8 b, V8 c) { return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)}; }  // a * b + c, fused
 inline V8 v8_fma(float a, V8 b, V8 c) { return {vfmaq_n_f32(c.lo, b.lo, a), vfmaq_n_f32(c.hi, b.hi, a)}; }  // a * b + c
 inline V8 v8_add(V8 a, V8 b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
 inline void v8_store(float* p, V8 a) {
@@ -343,6 +353,15 @@ inline V8 q4_load8(const uint8_t* qs, int shift, float d) {
   const __m256i w = _mm256_sub_epi32(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(8));
   return _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(d));
 }
+// 8 2-bit codes of a 32-element chunk of 8 bytes (kivi2: element j at bits 2 (j / 8) of byte
+// j % 8), elements 8 sub .. 8 sub + 7, as f32 (a 16-bit shift: the mask drops what crosses bytes).
+inline V8 q2_codes8(const uint8_t* chunk, int sub) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk));
+  b = _mm_and_si128(_mm_srl_epi16(b, _mm_cvtsi32_si128(2 * sub)), _mm_set1_epi8(3));
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+}
+inline V8 v8_set1(float x) { return _mm256_set1_ps(x); }
+inline V8 v8_fmav(V8 a, V8 b, V8 c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c, fused
 inline V8 v8_fma(float a, V8 b, V8 c) { return _mm256_fmadd_ps(_mm256_set1_ps(a), b, c); }  // a * b + c
 inline V8 v8_add(V8 a, V8 b) { return _mm256_add_ps(a, b); }
 inline void v8_store(float* p, V8 a) { _mm256_storeu_ps(p, a); }
@@ -633,6 +652,55 @@ inline V vload(QRow<Q> p) {
 #endif
 }
 
+// KIVI 2-bit arenas (KvType::Kivi2, attention_iface.h's KiviLayer): a row is the slot's fp16
+// stage row while its group is open, else its sealed codes: K with the group's per-channel
+// steps and minima, V as per-token blocks. Loads give fma(code, step, minimum) in f32, what
+// the scalar decoder (ops.cpp) computes, so the f32 code runs unchanged over them.
+struct KvKivi2 {};
+inline uint32_t kivi_code(const uint8_t* chunk, int64_t j) { return (chunk[j % 8] >> (2 * (j / 8))) & 3u; }
+struct KiviRow {
+  const uint16_t* f16;   // open group: the slot's stage row (nothing else is read), else nullptr
+  const uint8_t* codes;  // sealed: the slot's K codes row, or its V blocks row
+  const uint16_t* step;  // sealed K: the group's per-channel steps; nullptr for V
+  const uint16_t* mn;    // sealed K: the group's per-channel minima
+  int64_t e;
+  KiviRow operator+(int64_t k) const {
+    KiviRow r = *this;
+    r.e += k;
+    return r;
+  }
+  static float half(const uint8_t* p) {
+    uint16_t h;
+    __builtin_memcpy(&h, p, 2);
+    return kv_f32(h);
+  }
+  float operator[](int64_t k) const {
+    const int64_t i = e + k;
+    if (f16) return kv_f32(f16[i]);
+    if (step) return __builtin_fmaf(float(kivi_code(codes + i / 32 * 8, i % 32)), kv_f32(step[i]), kv_f32(mn[i]));
+    const uint8_t* b = codes + i / 32 * kKiviVBlockBytes;
+    return __builtin_fmaf(float(kivi_code(b + 4, i % 32)), half(b), half(b + 2));
+  }
+};
+// 8 elements from e (a multiple of 8: one chunk or block).
+inline V8 kv_load8(KiviRow p) {
+  if (p.f16) return kv_load8(p.f16 + p.e);
+  const int sub = int(p.e % 32 / 8);
+  if (p.step) return v8_fmav(q2_codes8(p.codes + p.e / 32 * 8, sub), kv_load8(p.step + p.e), kv_load8(p.mn + p.e));
+  const uint8_t* b = p.codes + p.e / 32 * kKiviVBlockBytes;
+  return v8_fmav(q2_codes8(b + 4, sub), v8_set1(KiviRow::half(b)), v8_set1(KiviRow::half(b + 2)));
+}
+inline V vload(KiviRow p) {
+  const V8 lo = kv_load8(p), hi = kv_load8(p + 8);
+#if defined(__AVX512F__)
+  return {_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1))};
+#elif defined(__aarch64__)
+  return {{lo.lo, lo.hi, hi.lo, hi.hi}};
+#else
+  return {lo, hi};
+#endif
+}
+
 // The row pointer a tile reads K/V of type T through.
 template <class T> struct KvTraits {  // float / uint16_t: read in place
   using Row = const T*;
@@ -646,9 +714,13 @@ template <> struct KvTraits<KvQ4_0> {
   using Row = QRow<KvQ4_0>;
   static constexpr bool kQuant = true;
 };
+template <> struct KvTraits<KvKivi2> {
+  using Row = KiviRow;
+  static constexpr bool kQuant = false;
+};
 
 // One tile's state over the key blocks: the block's K transposed (Kt) and its V rows.
-template <class T>  // float, uint16_t (IEEE half), KvQ8_0 or KvQ4_0
+template <class T>  // float, uint16_t (IEEE half), KvQ8_0, KvQ4_0 or KvKivi2
 struct TileBlocks {
   using Row = typename KvTraits<T>::Row;
   const AttentionArgs& a;
@@ -659,7 +731,23 @@ struct TileBlocks {
   // Loads positions [p0, p0 + nb): Kt = K_block^T (zero past nb) and vrow[j] = V row of p0 + j.
   void load(int64_t p0, int64_t nb) {
     Row krow[kB];
-    if constexpr (KvTraits<T>::kQuant) {
+    if constexpr (std::is_same_v<T, KvKivi2>) {
+      const KiviLayer& L = *static_cast<const KiviLayer*>(a.k_base);
+      const int64_t e = kvh * hd;
+      for (int64_t j = 0; j < nb; ++j) {
+        const int64_t slot = a.slots[p0 + j];
+        const int64_t g = slot / kKiviGroup;
+        const int32_t stage = L.stage_of[g];
+        if (stage >= 0) {
+          const uint16_t* k = L.stages[stage] + slot % kKiviGroup * a.kv_row;
+          krow[j] = Row{k, nullptr, nullptr, nullptr, e};
+          vrow[j] = Row{k + kKiviGroup * a.kv_row, nullptr, nullptr, nullptr, e};
+        } else {
+          krow[j] = Row{nullptr, L.k_codes + slot * (a.kv_row / 4), L.k_step + g * a.kv_row, L.k_min + g * a.kv_row, e};
+          vrow[j] = Row{nullptr, L.v_blocks + slot * (a.kv_row / 32) * kKiviVBlockBytes, nullptr, nullptr, e};
+        }
+      }
+    } else if constexpr (KvTraits<T>::kQuant) {
       const int64_t row_bytes = a.kv_row / kKvQuantBlock * T::kBlockBytes;
       const uint8_t* kb = static_cast<const uint8_t*>(a.k_base);
       const uint8_t* vb = static_cast<const uint8_t*>(a.v_base);
@@ -848,6 +936,7 @@ inline void tile_any(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i1
     case KvType::F16: tile_impl<uint16_t>(a, kvh, i0, i1, scratch); break;
     case KvType::Q8_0: tile_impl<KvQ8_0>(a, kvh, i0, i1, scratch); break;
     case KvType::Q4_0: tile_impl<KvQ4_0>(a, kvh, i0, i1, scratch); break;
+    case KvType::Kivi2: tile_impl<KvKivi2>(a, kvh, i0, i1, scratch); break;
     default: tile_impl<float>(a, kvh, i0, i1, scratch);
   }
 }

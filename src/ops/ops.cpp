@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -105,11 +106,37 @@ void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+void kivi_row_to_f32(const KiviLayer& L, int64_t kv_row, int64_t slot, bool is_v, int64_t e0, int64_t n,
+                     float* dst) {
+  const int64_t g = slot / kKiviGroup;
+  const int32_t stage = L.stage_of[g];
+  if (stage >= 0) {
+    const uint16_t* row = L.stages[stage] + ((is_v ? kKiviGroup : 0) + slot % kKiviGroup) * kv_row;
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(row[e0 + i]);
+    return;
+  }
+  // Element j of a 32-element chunk: bits 2 (j / 8) of byte j % 8.
+  auto code = [](const uint8_t* chunk, int64_t j) { return float((chunk[j % 8] >> (2 * (j / 8))) & 3); };
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = e0 + i;
+    if (!is_v) {
+      const uint8_t* codes = L.k_codes + slot * (kv_row / 4) + e / 32 * 8;
+      dst[i] = std::fma(code(codes, e % 32), fp16_to_f32(L.k_step[g * kv_row + e]), fp16_to_f32(L.k_min[g * kv_row + e]));
+    } else {
+      const uint8_t* b = L.v_blocks + (slot * (kv_row / 32) + e / 32) * kKiviVBlockBytes;
+      uint16_t step, mn;
+      std::memcpy(&step, b, 2);
+      std::memcpy(&mn, b + 2, 2);
+      dst[i] = std::fma(code(b + 4, e % 32), fp16_to_f32(step), fp16_to_f32(mn));
+    }
+  }
+}
+
 namespace {
 
 // Elements [kvh * hd, (kvh + 1) * hd) of the K (or V) row at `slot`, as f32: a float as it is,
 // a half widened, a q8_0 / q4_0 element as llama.cpp's dequantizer computes it (q * d, (q - 8) * d).
-void kv_head_row(const AttentionArgs& a, const void* base, int64_t slot, int64_t kvh, float* dst) {
+void kv_head_row(const AttentionArgs& a, const void* base, bool is_v, int64_t slot, int64_t kvh, float* dst) {
   const int64_t hd = a.head_dim, e0 = kvh * hd;
   switch (a.kv_type) {
     case KvType::F32: {
@@ -140,6 +167,9 @@ void kv_head_row(const AttentionArgs& a, const void* base, int64_t slot, int64_t
       }
       return;
     }
+    case KvType::Kivi2:
+      kivi_row_to_f32(*static_cast<const KiviLayer*>(base), a.kv_row, slot, is_v, e0, hd, dst);
+      return;
   }
 }
 static_assert(sizeof(BlockQ8_0) == kKvQ8_0BlockBytes && sizeof(BlockQ4_0) == kKvQ4_0BlockBytes);
@@ -154,7 +184,7 @@ void attend_row(const AttentionArgs& a, int64_t i, int64_t h, float* acc, float*
   const int64_t n_ctx = a.n_past + i + 1;
   const int64_t p_first = a.window > 0 && n_ctx > a.window ? n_ctx - a.window : 0;
   auto score = [&](int64_t p) {
-    kv_head_row(a, a.k_base, a.slots[p], kvh, krow);
+    kv_head_row(a, a.k_base, false, a.slots[p], kvh, krow);
     float s = 0.0f;
     for (int64_t d = 0; d < hd; ++d) s += q[d] * krow[d];
     s *= a.scale;
@@ -165,7 +195,7 @@ void attend_row(const AttentionArgs& a, int64_t i, int64_t h, float* acc, float*
   std::fill(acc, acc + hd, 0.0f);
   for (int64_t p = p_first; p < n_ctx; ++p) {
     const float s = score(p);
-    kv_head_row(a, a.v_base, a.slots[p], kvh, vrow);
+    kv_head_row(a, a.v_base, true, a.slots[p], kvh, vrow);
     if (s > m) {
       // New maximum: rescale what was accumulated so far.
       const float r = std::exp(m - s);
@@ -571,6 +601,7 @@ void attention_isa(Isa isa, std::span<const AttentionArgs> seqs, ThreadPool& poo
     // Quantized rows: whole blocks, and a head's 8-element pieces inside one block each.
     TERN_ASSERT(a.kv_type == KvType::F32 || a.kv_type == KvType::F16 ||
                 (a.kv_row % kKvQuantBlock == 0 && a.head_dim % 8 == 0));
+    TERN_ASSERT(a.kv_type != KvType::Kivi2 || a.k_base == a.v_base);
     TERN_ASSERT(!a.key_mass || a.ld_key_mass >= a.n_past + a.n_tokens);
   }
   if (isa == Isa::Ref) {

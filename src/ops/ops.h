@@ -117,6 +117,12 @@ void add_inplace(float* x, const float* y, int64_t n);
 // variant gives the same bits (vcvtps2ph with _MM_FROUND_TO_NEAREST_INT, or core/fp16.h's
 // converter; a NaN stays a NaN with its sign and top payload bits, quieted).
 void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n);
+
+// Elements [e0, e0 + n) of the K (is_v false) or V row of `slot` in a kivi2 layer
+// (attention_iface.h's KiviLayer, rows of kv_row elements) as f32: the values the attention
+// kernels read (an open group's halves widened; a sealed one's fma(code, step, minimum)).
+void kivi_row_to_f32(const KiviLayer& layer, int64_t kv_row, int64_t slot, bool is_v, int64_t e0, int64_t n,
+                     float* dst);
 void convert_f32_to_f16_isa(Isa isa, const float* src, uint16_t* dst, int64_t n);  // tests
 
 // Causal attention of a batch of sequences over their KV caches (AttentionArgs in

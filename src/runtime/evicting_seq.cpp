@@ -30,6 +30,13 @@ void check_policy_for_model(const KvPolicy& policy, const Model& model, const st
          "pure rotation): use --sink-positions original");
 }
 
+void check_policy_for_kv_type(const KvPolicy& policy, KvType type, const std::string& what) {
+  if (policy.evicts() && type == KvType::Kivi2)
+    fail(what, ": --kv-policy ", policy.describe(), " cannot run over a kivi2 cache: KIVI quantizes keys per channel "
+         "over groups of 32 slots, and eviction refills single slots of sealed groups, so every new token would "
+         "requantize its group (use --kv-type q8_0 or q4_0 with a policy)");
+}
+
 EvictingSequence::EvictingSequence(const KvPolicy& policy, int64_t capacity)
     : policy_(policy), capacity_(capacity), residency_(policy) {
   TERN_ASSERT(policy_.evicts() && capacity_ > policy_.sinks);

@@ -27,6 +27,10 @@ namespace tern {
 // window layers (their masks measure distances in the cache, which eviction changes), or sinks
 // that follow the window in a model whose rotary embedding is not a pure rotation.
 void check_policy_for_model(const KvPolicy& policy, const Model& model, const std::string& what);
+// Throws tern::Error naming `what` when a cache of `type` cannot run `policy`: kivi2 quantizes
+// keys per channel over groups of 32 slots, and an eviction policy refills single slots of
+// sealed groups (every new token would requantize its group).
+void check_policy_for_kv_type(const KvPolicy& policy, KvType type, const std::string& what);
 
 class EvictingSequence {
  public:

@@ -19,6 +19,7 @@ Session::Session(std::shared_ptr<const GgufFile> file, const SessionConfig& cfg)
   capacity_ = n_ctx_;
   if (policy_.evicts()) {
     check_policy_for_model(policy_, *model_, file_->path());
+    check_policy_for_kv_type(policy_, cfg.kv_type, file_->path());
     policy_.check_fits(n_ctx_);
     capacity_ = policy_.capacity(n_ctx_);
     // A step's tokens must fit beside the sinks (KvResidency::make_room).

@@ -9,7 +9,8 @@ namespace tern {
 
 Scheduler::Scheduler(const SchedulerConfig& cfg, KvCacheManager& kv, StateSlots* states)
     : cfg_(cfg), kv_(kv), states_(states) {
-  TERN_ASSERT(cfg_.max_batch_tokens > 0 && cfg_.max_running > 0 && cfg_.watermark_blocks >= 0);
+  TERN_ASSERT(cfg_.max_batch_tokens > 0 && cfg_.max_running > 0 && cfg_.watermark_blocks >= 0 &&
+              cfg_.blocks_per_running >= 0);
   plan_.seqs.reserve(size_t(std::min<int64_t>(cfg_.max_running, 4096)));
 }
 
@@ -172,6 +173,10 @@ int64_t Scheduler::n_prefill_pending() const {
   return n;
 }
 
+int64_t Scheduler::free_blocks() const {
+  return kv_.n_free_blocks() - cfg_.blocks_per_running * int64_t(running_.size());
+}
+
 int64_t Scheduler::tokens_that_fit(const Seq& s, int64_t n, int64_t free_blocks) const {
   if (kv_.blocks_needed(s.table, n) <= free_blocks) return n;
   // blocks_needed is monotonic in n: binary search the largest m that fits.
@@ -302,7 +307,7 @@ const StepPlan& Scheduler::schedule() {
       decode_blocks += kv_.blocks_needed(s->table, 1);
     }
   draft_budget_ = budget_ - n_decodes;
-  draft_blocks_ = kv_.n_free_blocks() - decode_blocks;
+  draft_blocks_ = free_blocks() - decode_blocks;
 
   // Passes 1 (decodes) and 2 (prefill chunks) over the running set, oldest first.
   for (int pass = 0; pass < 2; ++pass) {
@@ -326,13 +331,13 @@ const StepPlan& Scheduler::schedule() {
           continue;
         }
       }
-      int64_t n = tokens_that_fit(s, want, kv_.n_free_blocks());
+      int64_t n = tokens_that_fit(s, want, free_blocks());
       while (n == 0) {
         // Out of blocks: the newest running sequence gives its blocks up (possibly s itself).
         Seq& victim = *running_.back();
         preempt(victim);
         if (&victim == &s) break;
-        n = tokens_that_fit(s, want, kv_.n_free_blocks());
+        n = tokens_that_fit(s, want, free_blocks());
       }
       if (!s.running) break;  // s was the newest: everyone after it is gone too
       if (pass == 1) n = align_chunk(s, n);
@@ -362,7 +367,8 @@ const StepPlan& Scheduler::schedule() {
     const int64_t remaining = int64_t(s.tokens.size()) - s.table.n_computed;
     TERN_ASSERT(remaining > 0);
     const int64_t reserve_for_running = running_.empty() ? 0 : cfg_.watermark_blocks;
-    const int64_t free_blocks = kv_.n_free_blocks() - reserve_for_running;
+    // (and what the newcomer itself will hold outside its table)
+    const int64_t free_blocks = this->free_blocks() - reserve_for_running - cfg_.blocks_per_running;
     const int64_t chunk = s.max_step > 0 ? std::min({remaining, budget_, s.max_step}) : std::min(remaining, budget_);
     const int64_t want = tokens_in_time(s, chunk);
     if (want < chunk) plan_.time_limited = true;

@@ -62,6 +62,10 @@ struct SchedulerConfig {
   // Free blocks that admitting a waiting sequence must leave for the running ones to grow
   // into (fewer preemptions right after admission). Ignored when nothing is running.
   int64_t watermark_blocks = 0;
+  // Blocks' worth of memory each running sequence holds outside its block table, counted
+  // against the free blocks: a kivi2 cache's fp16 stage of the sequence's open key group
+  // (kv/kv_store.h). 0: none.
+  int64_t blocks_per_running = 0;
 };
 
 // One sequence's share of a step.
@@ -187,6 +191,8 @@ class Scheduler {
   const Seq& get(SeqId id) const;
   void insert_sorted(std::vector<Seq*>& v, Seq* s);
   void erase_from(std::vector<Seq*>& v, Seq* s);
+  // Free blocks less what the running sequences hold outside their tables (blocks_per_running).
+  int64_t free_blocks() const;
   // Largest m <= n whose blocks fit in `free_blocks`.
   int64_t tokens_that_fit(const Seq& s, int64_t n, int64_t free_blocks) const;
   void preempt(Seq& s);

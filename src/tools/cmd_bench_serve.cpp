@@ -328,8 +328,8 @@ int cmd_bench_serve(int argc, char** argv) {
   add_kv_type_option(app, kv_type, KvType::F16);
   KvPolicyArgs kv_policy_args;
   kv_policy_args.add_to(app);
-  app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block")->capture_default_str()
-      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block (0: 16, or 32 with --kv-type kivi2)")->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(4096)));
   app.add_option("--batch-tokens", ecfg.max_batch_tokens, "token budget of one step")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
   app.add_option("--max-running", ecfg.max_running, "most sequences decoding at once")->capture_default_str()

@@ -238,8 +238,8 @@ int cmd_serve(int argc, char** argv) {
                  "template to render (default: the model's tokenizer.chat_template as Jinja, else chatml)");
   app.add_option("--kv-memory", kv_memory,
                  "KV arena size: MiB, or with a unit (512M, 2G); default: ctx x parallel tokens");
-  app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block")
-      ->check(CLI::Range(int64_t(1), int64_t(4096)))->capture_default_str();
+  app.add_option("--kv-block-size", ecfg.kv_block_size, "tokens per KV block (0: 16, or 32 with --kv-type kivi2)")
+      ->check(CLI::Range(int64_t(0), int64_t(4096)))->capture_default_str();
   app.add_option("--max-running", ecfg.max_running, "most requests decoding at once")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20))->capture_default_str();
   app.add_option("--max-waiting", ecfg.max_waiting, "waiting requests past which new ones get 429")

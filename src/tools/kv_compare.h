@@ -20,7 +20,7 @@ std::string compare_shell_quote(const std::string& s);
 nlohmann::json run_tern_child(const std::string& self, const std::string& args);
 
 // One entry of --kv LIST:
-//   TYPE              f32 | f16 | q8_0 | q4_0 (kv/kv_store.h kv_types()), the whole context cached
+//   TYPE              f32 | f16 | q8_0 | q4_0 | kivi2 (kv/kv_store.h kv_types()), the whole context cached
 //   streaming-W       StreamingLLM: 4 sinks + the W-4 most recent tokens (W tokens resident), f16
 //   h2o-P, h2o-P%     H2O: a budget of P% of --ctx (4 sinks, half the budget recent), f16
 //   TYPE+POLICY       a policy with another K/V type: q8_0+streaming-256, q4_0+h2o-25%

@@ -94,7 +94,8 @@ void add_kv_type_option(CLI::App& app, std::string& name, KvType default_type) {
   for (const KvTypeTraits& t : kv_types()) names.push_back(t.name);
   app.add_option("--kv-type", name,
                  "K/V cache element type: f32; f16 (half the bytes per token); q8_0 or q4_0 (llama.cpp's blocks: "
-                 "0.53 / 0.28 of f16's bytes)")
+                 "0.53 / 0.28 of f16's bytes); kivi2 (KIVI: 2-bit keys per channel and values per token, the newest "
+                 "group of 32 tokens in fp16; 0.19 of f16's bytes)")
       ->check(CLI::IsMember(names))
       ->capture_default_str();
 }

@@ -81,7 +81,7 @@ TEST_F(EngineLifecycle, BadRequestsThrowAndAFullQueueSaysNotNow) {
 
 TEST_F(EngineLifecycle, BadEngineConfigThrows) {
   EngineConfig c = config();
-  c.kv_block_size = 0;
+  c.kv_block_size = -1;
   EXPECT_THROW(Engine(file_, tok_, c), Error);
   c = config();
   c.kv_memory_bytes = 100;  // less than one block

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -161,6 +162,7 @@ const char* kv_type_label(KvType kt) {
     case KvType::F16: return "f16";
     case KvType::Q8_0: return "q8_0";
     case KvType::Q4_0: return "q4_0";
+    case KvType::Kivi2: return "kivi2";
   }
   return "?";
 }
@@ -409,6 +411,91 @@ TEST(Attention, QuantizedKvEqualsF32KvOfTheDequantizedValues) {
       }
     }
   EXPECT_GT(n_checked, 20);
+}
+
+// A kivi2 arena (attention_iface.h's KiviLayer) gives exactly what an f32 arena holding its
+// decoded values (kivi_row_to_f32, the scalar decoder) gives, on every variant and the scalar
+// reference: the tiles' loads compute the same fma(code, step, minimum), and open groups' fp16
+// rows are widened exactly. The arena is random (codes, steps, minima, and which groups are open),
+// its slots a permutation, so sealed and open rows and every code and sub-chunk mix in a block.
+TEST(Attention, Kivi2KvEqualsF32KvOfTheDecodedValues) {
+  ThreadPool pool(2);
+  int n_checked = 0;
+  for (Isa isa : variants()) {
+    uint32_t seed = 1700;
+    for (const Shape& sh : kShapes) {
+      ++seed;
+      if (!quant_kv_fits(KvType::Q8_0, sh)) continue;  // the same rules: whole 32s, heads of whole 8s
+      std::mt19937 rng(seed);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::uniform_real_distribution<float> step(0.02f, 0.6f), lo(-1.5f, 0.0f);
+      const int64_t kv_row = sh.n_head_kv * sh.head_dim;
+      const int64_t n_ctx = sh.n_past + sh.n_tokens;
+      const int64_t n_groups = (n_ctx + 7) / kKiviGroup + 1, n_slots = n_groups * kKiviGroup;
+      std::vector<uint8_t> k_codes(size_t(n_slots * kv_row / 4)), v_blocks(size_t(n_slots * kv_row / 32 * kKiviVBlockBytes));
+      for (auto& b : k_codes) b = uint8_t(rng());
+      for (auto& b : v_blocks) b = uint8_t(rng());
+      for (int64_t blk = 0; blk < n_slots * kv_row / 32; ++blk) {  // fp16 step and minimum of each V block
+        const uint16_t d = f32_to_fp16(step(rng)), m = f32_to_fp16(lo(rng));
+        std::memcpy(v_blocks.data() + blk * kKiviVBlockBytes, &d, 2);
+        std::memcpy(v_blocks.data() + blk * kKiviVBlockBytes + 2, &m, 2);
+      }
+      std::vector<uint16_t> k_step(size_t(n_groups * kv_row)), k_min(size_t(n_groups * kv_row));
+      for (auto& x : k_step) x = f32_to_fp16(step(rng));
+      for (auto& x : k_min) x = f32_to_fp16(lo(rng));
+      std::vector<int32_t> stage_of(size_t(n_groups), -1);
+      int32_t n_stages = 0;
+      for (auto& st : stage_of)
+        if (rng() % 2) st = n_stages++;
+      std::vector<std::vector<uint16_t>> stage_rows;  // [n_stages][K, V][32][kv_row]
+      std::vector<const uint16_t*> stages;
+      for (int32_t i = 0; i < n_stages; ++i) {
+        stage_rows.emplace_back(static_cast<size_t>(2 * kKiviGroup * kv_row));
+        for (auto& x : stage_rows.back()) x = f32_to_fp16(normal(rng));
+        stages.push_back(stage_rows.back().data());
+      }
+      const KiviLayer layer{k_codes.data(), k_step.data(), k_min.data(), v_blocks.data(),
+                            stage_of.data(), stages.data()};
+
+      Seq f(sh, seed, 3, KvType::F32), kv(sh, seed, 3, KvType::F32);  // the same q
+      std::vector<int32_t> perm(static_cast<size_t>(n_slots));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      f.slots.assign(perm.begin(), perm.begin() + n_ctx);
+      kv.slots = f.slots;
+      f.k.resize(size_t(n_slots * kv_row));
+      f.v.resize(size_t(n_slots * kv_row));
+      for (int64_t slot = 0; slot < n_slots; ++slot) {
+        kivi_row_to_f32(layer, kv_row, slot, false, 0, kv_row, f.k.data() + slot * kv_row);
+        kivi_row_to_f32(layer, kv_row, slot, true, 0, kv_row, f.v.data() + slot * kv_row);
+      }
+      AttentionArgs ak = kv.args();
+      ak.k_base = ak.v_base = &layer;
+      ak.kv_type = KvType::Kivi2;
+      std::vector<AttentionArgs> aq{ak}, af{f.args_f32()};
+      attention_isa(isa, aq, pool);
+      attention_isa(isa, af, pool);
+      for (size_t i = 0; i < kv.out.size(); ++i) {
+        if (std::isnan(f.out[i])) continue;
+        ASSERT_EQ(kv.out[i], f.out[i]) << isa_name(isa) << " kivi2 hd=" << sh.head_dim << " past=" << sh.n_past
+                                       << " n=" << sh.n_tokens << " at " << i;
+      }
+      if (isa == selected_isa()) {  // the small-model path's per-head entry agrees
+        Seq per_head(sh, seed, 3, KvType::F32);
+        per_head.slots = f.slots;
+        AttentionArgs a = per_head.args();
+        a.k_base = a.v_base = &layer;
+        a.kv_type = KvType::Kivi2;
+        for (int64_t kvh = 0; kvh < sh.n_head_kv; ++kvh) attention_kv_head(a, kvh);
+        for (size_t i = 0; i < kv.out.size(); ++i)
+          if (!std::isnan(kv.out[i])) {
+            ASSERT_EQ(per_head.out[i], kv.out[i]) << "attention_kv_head at " << i;
+          }
+      }
+      ++n_checked;
+    }
+  }
+  EXPECT_GT(n_checked, 10);
 }
 
 // H2O's key masses: every variant sums each key's softmax probability over the new tokens and

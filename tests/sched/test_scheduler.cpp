@@ -2,6 +2,7 @@
 // admission order, preemption and resumption, prefix hits, forks, aborts, no leaked blocks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <numeric>
 #include <random>
@@ -202,6 +203,39 @@ TEST(Scheduler, BlockExhaustionPreemptsTheNewestAndResumesIt) {
     EXPECT_EQ(e.finished().at(ids[size_t(i)]), fake_generate_alone(prompt_of(8, i), 16, FakeEngine::kVocab))
         << "request " << i;
   EXPECT_EQ(e.kv().n_used_blocks(), 0);
+}
+
+// blocks_per_running (a kivi2 cache's fp16 stage per running sequence): every step, the blocks
+// the running sequences hold plus what each holds outside its table never exceed the pool, so
+// fewer run at once than without it; outputs stay exact, and one sequence alone still runs.
+TEST(Scheduler, MemoryHeldOutsideTheTablesCountsAgainstTheFreeBlocks) {
+  int64_t most_running[2] = {0, 0};
+  for (int64_t extra : {0, 3}) {
+    SchedulerConfig c = cfg(64);
+    c.blocks_per_running = extra;
+    FakeEngine e(24, 4, c);  // 24 blocks of 4
+    std::vector<SeqId> ids;
+    for (int i = 0; i < 6; ++i) ids.push_back(e.add(prompt_of(6 + i, i), 10));
+    for (int guard = 0; guard < 2000 && e.step(); ++guard) {
+      e.sched().check_invariants();
+      const int64_t n = e.sched().n_running();
+      most_running[extra > 0] = std::max(most_running[extra > 0], n);
+      EXPECT_LE(e.kv().n_used_blocks() + extra * n, 24) << "extra " << extra;
+    }
+    ASSERT_EQ(e.finished().size(), 6u);
+    for (int i = 0; i < 6; ++i)
+      EXPECT_EQ(e.finished().at(ids[size_t(i)]), fake_generate_alone(prompt_of(6 + i, i), 10, FakeEngine::kVocab));
+    EXPECT_EQ(e.kv().n_used_blocks(), 0);
+  }
+  EXPECT_LT(most_running[1], most_running[0]);
+  // A pool that holds one sequence and its outside share: it still runs, alone.
+  SchedulerConfig c = cfg(64);
+  c.blocks_per_running = 5;
+  FakeEngine e(10, 4, c);
+  const SeqId a = e.add(prompt_of(8, 1), 12), b = e.add(prompt_of(8, 2), 12);
+  e.run_to_completion();
+  EXPECT_EQ(e.finished().at(a), fake_generate_alone(prompt_of(8, 1), 12, FakeEngine::kVocab));
+  EXPECT_EQ(e.finished().at(b), fake_generate_alone(prompt_of(8, 2), 12, FakeEngine::kVocab));
 }
 
 TEST(Scheduler, TheOlderSequenceGrowsAndTheNewerStepsAside) {
