@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds tern and runs the whole test suite: the release build under CTest, the ARM64 kernel and
-# op tests under qemu-aarch64, then the malformed-input, tokenizer, sampling, model and training
+# op tests under qemu-aarch64, then the malformed-input, tokenizer, sampling, KV, model and training
 # tests and the server's adversarial suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
 # Tests that need ../shared skip with a message when it is absent.
 set -euo pipefail
@@ -33,7 +33,7 @@ fi
 
 if [ "${TERN_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake --preset debug
-  asan_targets=(test_gguf test_tokenizer test_sampling test_sched test_spec test_models test_train test_server_adversarial)
+  asan_targets=(test_gguf test_tokenizer test_sampling test_kv test_sched test_spec test_models test_train test_server_adversarial)
   cmake --build --preset debug -j "$jobs" --target tern "${asan_targets[@]}"
   stage_done "sanitizer build"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -41,7 +41,7 @@ if [ "${TERN_SKIP_SANITIZERS:-0}" != 1 ]; then
   # server_adversarial: the ASan/UBSan `tern serve` under the adversarial suite.
   # Less the statistical and perplexity tests: 4-10x slower under the sanitizers (about a minute
   # of CI between them), and the code they run is what the other tests of their binaries run.
-  ctest --test-dir build/debug -j "$jobs" --output-on-failure -L "^(gguf|tokenizer|sampling|sched|spec|models|train|server_adversarial)$" \
+  ctest --test-dir build/debug -j "$jobs" --output-on-failure -L "^(gguf|tokenizer|sampling|kv|sched|spec|models|train|server_adversarial)$" \
     -E "^(SamplerDistribution\.|DefaultModel\.PerplexityIsWithinTenPercentOfItsTeacher$)"
   stage_done "sanitizer tests"
 fi

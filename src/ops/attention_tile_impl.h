@@ -640,8 +640,9 @@ inline V8 kv_load8(QRow<Q> p) {
   const uint8_t* b = p.block(p.e);
   return Q::load8(b, p.e % kKvQuantBlock, QRow<Q>::scale(b));
 }
-template <class Q>
-inline V vload(QRow<Q> p) {
+// 16 elements of a decoding row (QRow, KiviRow) as two 8-element loads.
+template <class Row>
+inline V vload_pieces(Row p) {
   const V8 lo = kv_load8(p), hi = kv_load8(p + 8);
 #if defined(__AVX512F__)
   return {_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1))};
@@ -650,6 +651,10 @@ inline V vload(QRow<Q> p) {
 #else
   return {lo, hi};
 #endif
+}
+template <class Q>
+inline V vload(QRow<Q> p) {
+  return vload_pieces(p);
 }
 
 // KIVI 2-bit arenas (KvType::Kivi2, attention_iface.h's KiviLayer): a row is the slot's fp16
@@ -690,16 +695,7 @@ inline V8 kv_load8(KiviRow p) {
   const uint8_t* b = p.codes + p.e / 32 * kKiviVBlockBytes;
   return v8_fmav(q2_codes8(b + 4, sub), v8_set1(KiviRow::half(b)), v8_set1(KiviRow::half(b + 2)));
 }
-inline V vload(KiviRow p) {
-  const V8 lo = kv_load8(p), hi = kv_load8(p + 8);
-#if defined(__AVX512F__)
-  return {_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1))};
-#elif defined(__aarch64__)
-  return {{lo.lo, lo.hi, hi.lo, hi.hi}};
-#else
-  return {lo, hi};
-#endif
-}
+inline V vload(KiviRow p) { return vload_pieces(p); }
 
 // The row pointer a tile reads K/V of type T through.
 template <class T> struct KvTraits {  // float / uint16_t: read in place
