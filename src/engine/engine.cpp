@@ -309,19 +309,21 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
   }
   if (n_blocks * bs >= (int64_t(1) << 31)) fail("the KV arena is too large: ", n_blocks * bs, " tokens");
   // kivi2: each running sequence also holds its open key group's 32 rows as fp16 (KIVI's
-  // full-precision residual) outside its blocks; with --kv-memory that memory is counted as
-  // blocks the sequence holds (the scheduler's blocks_per_running), taken from the arena.
-  // The stages live beside the arena, so with --kv-memory the arena is made smaller: arena +
-  // the most stages that can be open (one per running sequence, at most max_running and at
-  // most n_blocks / stage_blocks by that count, plus the groups one step's tokens can open
-  // before they seal) stays within the budget.
+  // full-precision residual) in a stage beside the arena. The scheduler counts a stage as
+  // stage_blocks blocks the sequence holds (blocks_per_running), and with --kv-memory the arena
+  // is made smaller so that it plus the most stages that can be open stays within the budget:
+  // one per running sequence in every layer (at most max_running, and at most n_blocks /
+  // stage_blocks by the scheduler's count), plus the groups one step's tokens complete, in one
+  // layer at a time (each layer seals them after its attention).
   int64_t stage_blocks = 0;
   if (cfg.kv_type == KvType::Kivi2) {
     const int64_t stage_bytes = kKiviGroup * kv_bytes_per_token(hp, KvType::F16), block_bytes = per_token * bs;
     stage_blocks = (stage_bytes + block_bytes - 1) / block_bytes;
     if (cfg.kv_memory_bytes > 0) {
+      int64_t layer_stage_bytes = 0;  // the largest layer's: K and V halves of 32 rows
+      for (int64_t row : kv_rows(hp)) layer_stage_bytes = std::max(layer_stage_bytes, 2 * kKiviGroup * row * 2);
       const int64_t step_stages = (cfg.max_batch_tokens + kKiviGroup - 1) / kKiviGroup + 1;
-      const int64_t avail = cfg.kv_memory_bytes - step_stages * stage_bytes;
+      const int64_t avail = cfg.kv_memory_bytes - step_stages * layer_stage_bytes;
       const int64_t by_running = (avail - cfg.max_running * stage_bytes) / block_bytes;
       const int64_t by_count = avail > 0 ? avail * stage_blocks / (block_bytes * stage_blocks + stage_bytes) : 0;
       n_blocks = std::max(by_running, by_count);

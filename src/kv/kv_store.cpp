@@ -115,8 +115,10 @@ int64_t KvStore::bytes() const {
     const KiviArena& A = kivi_[il];
     const int64_t stage_bytes = 2 * kKiviGroup * rows_[il] * int64_t(sizeof(uint16_t));  // K and V
     n += int64_t(A.k_codes.size() + A.v_blocks.size()) + 2 * int64_t(A.k_step.size() + A.k_min.size()) +
-         int64_t(A.stages.size()) * stage_bytes + 4 * int64_t(A.stage_of.size());
+         4 * int64_t(A.stage_of.size());
+    for (const auto& st : A.stages) n += st ? stage_bytes : 0;
   }
+  for (const auto& [row, buf] : spare_) n += 2 * kKiviGroup * row * int64_t(sizeof(uint16_t));
   return n;
 }
 
@@ -159,9 +161,18 @@ int32_t KvStore::kivi_open(int64_t il, int64_t group) {
     A.free_stages.pop_back();
   } else {
     stage = int32_t(A.stages.size());
-    A.stages.push_back(std::make_unique<uint16_t[]>(size_t(2 * stage_elems)));
-    A.stage_ptrs.push_back(A.stages.back().get());
+    A.stages.emplace_back();
+    A.stage_ptrs.push_back(nullptr);
   }
+  // A spare buffer of this row length, or a new one.
+  auto spare = std::find_if(spare_.rbegin(), spare_.rend(), [&](const auto& s) { return s.first == row; });
+  if (spare != spare_.rend()) {
+    A.stages[size_t(stage)] = std::move(spare->second);
+    spare_.erase(std::next(spare).base());
+  } else {
+    A.stages[size_t(stage)] = std::make_unique<uint16_t[]>(size_t(2 * stage_elems));
+  }
+  A.stage_ptrs[size_t(stage)] = A.stages[size_t(stage)].get();
   std::vector<float> f(static_cast<size_t>(row));
   for (int64_t j = 0; j < kKiviGroup; ++j) {
     const int64_t slot = group * kKiviGroup + j;
@@ -217,8 +228,16 @@ void KvStore::kivi_seal(int64_t il, int64_t group) {
       for (int64_t i = 0; i < 32; ++i) put_code(blk + 4, i, r.code(fp16_to_f32(src[b * 32 + i])));
     }
   }
-  A.stage_of[size_t(group)] = -1;
+  kivi_release(il, group);
+}
+
+void KvStore::kivi_release(int64_t il, int64_t group) {
+  KiviArena& A = kivi_[size_t(il)];
+  const int32_t stage = A.stage_of[size_t(group)];
+  spare_.emplace_back(rows_[size_t(il)], std::move(A.stages[size_t(stage)]));
+  A.stage_ptrs[size_t(stage)] = nullptr;
   A.free_stages.push_back(stage);
+  A.stage_of[size_t(group)] = -1;
 }
 
 void KvStore::seal_due(int64_t il) {
@@ -231,12 +250,9 @@ void KvStore::seal_due(int64_t il) {
 
 void KvStore::discard_open(int64_t slot0, int64_t n) {
   if (type_ != KvType::Kivi2) return;
-  for (KiviArena& A : kivi_)
+  for (size_t il = 0; il < kivi_.size(); ++il)
     for (int64_t g = (slot0 + kKiviGroup - 1) / kKiviGroup; (g + 1) * kKiviGroup <= slot0 + n; ++g)
-      if (A.stage_of[size_t(g)] >= 0) {
-        A.free_stages.push_back(A.stage_of[size_t(g)]);
-        A.stage_of[size_t(g)] = -1;
-      }
+      if (kivi_[il].stage_of[size_t(g)] >= 0) kivi_release(int64_t(il), g);
 }
 
 void KvStore::store(int64_t il, int64_t slot, int64_t c0, const float* k, const float* v, int64_t n) {

@@ -126,26 +126,31 @@ class KvStore {
   std::vector<int64_t> state_offset_;  // [n_layer] float offset of the layer's states
   std::vector<float> state_;           // per layer: [n_state_slots][state_rows(il)]
 
-  // kivi2, per layer: the sealed arrays, the open groups' stages (a pool that grows on demand,
-  // freed stages reused) and the view the kernels read, refreshed when a pool grows.
+  // kivi2, per layer: the sealed arrays, the open groups' stages and the view the kernels read,
+  // refreshed when a layer's stage table grows. A sealed group's stage buffer goes to spare_,
+  // shared by the layers, so that the groups one step completes (sealed layer by layer, after
+  // each layer's attention) need one layer's stages at a time, not every layer's.
   struct KiviArena {
     std::vector<uint8_t> k_codes;    // [n_groups * 32][row / 4]
     std::vector<uint16_t> k_step;    // [n_groups][row] fp16
     std::vector<uint16_t> k_min;     // [n_groups][row] fp16
     std::vector<uint8_t> v_blocks;   // [n_groups * 32][row / 32][12]
     std::vector<int32_t> stage_of;   // [n_groups] -1: sealed
-    // [n_stages] fp16 [K, V][32][row]: one allocation each, so that a new stage moves none
-    // and the pool holds exactly the stages it made.
+    // [stage id] fp16 [K, V][32][row], one allocation each (a new one moves none); null while
+    // the id is free.
     std::vector<std::unique_ptr<uint16_t[]>> stages;
     std::vector<const uint16_t*> stage_ptrs;  // the view's table
-    std::vector<int32_t> free_stages;
+    std::vector<int32_t> free_stages;         // free ids
     std::vector<int64_t> due;        // groups whose last slot was written since seal_due
     KiviLayer view{};
   };
   const KiviLayer* kivi_view(int64_t il) const;
   int32_t kivi_open(int64_t il, int64_t group);
   void kivi_seal(int64_t il, int64_t group);
+  void kivi_release(int64_t il, int64_t group);  // the group's stage buffer to spare_
   mutable std::vector<KiviArena> kivi_;  // [n_layer] (kivi_view refreshes the views)
+  // Stage buffers no layer holds, by row length (layers of one row length share them).
+  std::vector<std::pair<int64_t, std::unique_ptr<uint16_t[]>>> spare_;
 };
 
 }  // namespace tern

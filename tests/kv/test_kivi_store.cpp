@@ -189,6 +189,25 @@ TEST(KiviStore, KAndVTakeThreeBitsAnElement) {
   EXPECT_GT(kv.bytes(), 64 * KvStore::bytes_per_token(kRows, KvType::Kivi2) + 2 * 2 * 4);  // an open group's stage
 }
 
+// A sealed group's stage buffer serves the next layer: the groups one step completes need one
+// layer's stages at a time (each layer seals its groups after its attention).
+TEST(KiviStore, ASealedStageServesTheNextLayer) {
+  const std::vector<int64_t> rows = {64, 64};
+  KvStore kv(rows, 64, KvType::Kivi2);
+  const Rows x(rows, 64, 9);
+  const int64_t sealed_bytes = kv.bytes();
+  for (int64_t s = 0; s < 32; ++s) kv.store(0, s, 0, x.k[0].data() + s * 64, x.v[0].data() + s * 64, 64);
+  const int64_t one_stage = kv.bytes() - sealed_bytes;
+  EXPECT_EQ(one_stage, 2 * 32 * 64 * 2);
+  kv.seal_due(0);
+  EXPECT_EQ(kv.bytes(), sealed_bytes + one_stage);  // kept as a spare
+  for (int64_t s = 0; s < 32; ++s) kv.store(1, s, 0, x.k[1].data() + s * 64, x.v[1].data() + s * 64, 64);
+  EXPECT_EQ(kv.bytes(), sealed_bytes + one_stage);  // layer 1 took it
+  kv.seal_due(1);
+  expect_sealed_within_half_a_step(kv, x, 0);
+  EXPECT_EQ(kv.n_open_groups(), 0);
+}
+
 TEST(KiviStore, WhatItCannotStoreIsRefusedWithTheReason) {
   try {
     check_kv_type(KvType::Kivi2, std::vector<int64_t>{48}, 16, "model 'x'");
