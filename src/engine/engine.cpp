@@ -326,7 +326,7 @@ Engine::Impl::Impl(std::shared_ptr<const GgufFile> f, std::shared_ptr<const Toke
       const int64_t avail = cfg.kv_memory_bytes - step_stages * layer_stage_bytes;
       const int64_t by_running = (avail - cfg.max_running * stage_bytes) / block_bytes;
       const int64_t by_count = avail > 0 ? avail * stage_blocks / (block_bytes * stage_blocks + stage_bytes) : 0;
-      n_blocks = std::max(by_running, by_count);
+      n_blocks = std::max<int64_t>({0, by_running, by_count});
     }
     if (cfg.kv_memory_bytes > 0 && n_blocks <= stage_blocks)
       fail("--kv-memory ", cfg.kv_memory_bytes, " bytes with --kv-type kivi2 holds ", n_blocks,

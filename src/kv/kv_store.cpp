@@ -33,7 +33,7 @@ struct Q2Range {
   uint32_t code(float x) const {
     if (!(step > 0.0f)) return 0;
     const float q = std::nearbyint((x - mn) / step);
-    return uint32_t(std::clamp(q, 0.0f, 3.0f));
+    return q >= 3.0f ? 3u : q >= 0.0f ? uint32_t(q) : 0u;  // NaN: 0
   }
 };
 // Code q of element j into a 32-element chunk of 8 bytes (attention_iface.h's layout).

@@ -74,6 +74,15 @@ TEST(EngineKivi, WhatKivi2CannotDoIsRefusedWithTheReason) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("whole key groups of 32"), std::string::npos) << e.what();
   }
+  cfg.kv_block_size = 0;
+  cfg.kv_memory_bytes = 64 << 10;  // less than one step's fp16 stages
+  try {
+    Engine e(file, tok, cfg);
+    ADD_FAILURE() << "kivi2 took a budget smaller than its stages";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("raise --kv-memory"), std::string::npos) << e.what();
+  }
+  cfg.kv_memory_bytes = 0;
   cfg.kv_block_size = 64;
   cfg.kv_policy = make_kv_policy("streaming", 4, 60, "");
   try {
