@@ -174,10 +174,11 @@ int32_t KvStore::kivi_open(int64_t il, int64_t group) {
   }
   A.stage_ptrs[size_t(stage)] = A.stages[size_t(stage)].get();
   std::vector<float> f(static_cast<size_t>(row));
+  const KiviLayer& sealed = *kivi_view(il);  // stage_of[group] is still -1: the sealed arrays
   for (int64_t j = 0; j < kKiviGroup; ++j) {
     const int64_t slot = group * kKiviGroup + j;
     for (int kv = 0; kv < 2; ++kv) {
-      kivi_row_to_f32(*kivi_view(il), row, slot, kv == 1, 0, row, f.data());
+      kivi_row_to_f32(sealed, row, slot, kv == 1, 0, row, f.data());
       convert_f32_to_f16(f.data(), A.stages[size_t(stage)].get() + (kv * kKiviGroup + j) * row, row);
     }
   }

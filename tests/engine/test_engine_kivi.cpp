@@ -19,15 +19,21 @@ using tern::testing::greedy;
 using tern::testing::shared_path;
 using tern::testing::Sink;
 
+// stories260K with a kivi2 cache on 2 threads.
+EngineConfig kivi_config(int64_t n_ctx) {
+  EngineConfig cfg;
+  cfg.n_threads = 2;
+  cfg.n_ctx = n_ctx;
+  cfg.kv_type = KvType::Kivi2;
+  return cfg;
+}
+
 TEST(EngineKivi, BatchedRequestsEqualASessionAloneWithKivi2) {
   TERN_REQUIRE_SHARED("models/stories260K.gguf");
   TERN_REQUIRE_SHARED("data/tinystories/tinystories_val.txt");
   auto file = open_model_file(shared_path("models/stories260K.gguf"));
   std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
-  EngineConfig cfg;
-  cfg.n_threads = 2;
-  cfg.n_ctx = 256;
-  cfg.kv_type = KvType::Kivi2;
+  EngineConfig cfg = kivi_config(256);
   cfg.max_batch_tokens = 4096;  // a prompt in one step, as the Session prefills it
   cfg.prefix_caching = false;   // a hit would read sealed groups where the Session reads halves
   Engine engine(file, tok, cfg);
@@ -63,10 +69,7 @@ TEST(EngineKivi, WhatKivi2CannotDoIsRefusedWithTheReason) {
   TERN_REQUIRE_SHARED("models/stories260K.gguf");
   auto file = open_model_file(shared_path("models/stories260K.gguf"));
   std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
-  EngineConfig cfg;
-  cfg.n_threads = 2;
-  cfg.n_ctx = 128;
-  cfg.kv_type = KvType::Kivi2;
+  EngineConfig cfg = kivi_config(128);
   cfg.kv_block_size = 16;  // half a key group
   try {
     Engine e(file, tok, cfg);
