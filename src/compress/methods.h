@@ -73,6 +73,13 @@ struct MethodOptions {
   // model with the layers before it already pruned: n_layer calibration runs with these
   // options (text, tokens) instead of one; unset: every layer uses `calib` (the dense model's).
   std::optional<CalibOptions> sequential;
+  // Structured pruning: what the sparsity is a fraction of, StructuredOptions::ratio_of
+  // ("model", as LLM-Pruner and FLaP report it, or "layers").
+  std::string structured_ratio_of = "model";
+  // Structured pruning: kept FFN widths a multiple of this (StructuredOptions::ffn_multiple);
+  // 0: the block of the type the linears are stored in ("@q8_0": 32, "@q4_K": 256; 1 for
+  // float), so that ffn_down's rows quantize without a fallback.
+  int64_t structured_ffn_multiple = 0;
   // llm-pruner-<s>: the gradient scores of the model at the path (the training engine computes
   // them, above this layer: tools/llm_pruner.h sets this).
   std::function<std::vector<LayerScores>(const std::string&)> gradient_scores;

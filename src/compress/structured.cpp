@@ -226,6 +226,8 @@ StructuredReport structured_prune(const std::string& in_path, const std::string&
   if (opts.standardize != "layer" && opts.standardize != "global")
     fail("unknown standardization '", opts.standardize, "' (known: layer, global)");
   if (opts.ffn_multiple < 1) fail("ffn_multiple ", opts.ffn_multiple, " must be at least 1");
+  if (opts.ratio_of != "model" && opts.ratio_of != "layers")
+    fail("unknown pruning ratio base '", opts.ratio_of, "' (known: model, layers)");
   // The input stays memory-mapped while the output is written: the same file would be lost.
   check_output_not_input(out_path, {in_path});
   const GgufFile src = GgufFile::open(in_path);
@@ -236,6 +238,8 @@ StructuredReport structured_prune(const std::string& in_path, const std::string&
   StructuredReport rep;
   rep.method = opts.method;
   rep.ratio = opts.ratio;
+  rep.ratio_of = opts.ratio_of;
+  for (const GgufTensorInfo& t : src.tensors()) rep.model_params += t.n_elements();
 
   // Per-layer minimums and the most the search could remove: checked before any slow work.
   std::vector<int64_t> min_ff(static_cast<size_t>(L));
@@ -248,11 +252,13 @@ StructuredReport structured_prune(const std::string& in_path, const std::string&
     total += g.layer_params(il);
     removable += (g.n_head_kv[size_t(il)] - 1) * g.kv_unit_params(il) + (F - m) * g.ffn_unit_params();
   }
-  const int64_t target = int64_t(std::ceil(opts.ratio * double(total)));
+  const bool of_model = opts.ratio_of == "model";
+  const int64_t base = of_model ? rep.model_params : total;
+  const int64_t target = int64_t(std::ceil(opts.ratio * double(base)));
   if (target > removable)
-    fail(in_path, ": pruning ratio ", opts.ratio, " asks for ", target, " of the layers' ", total,
-         " weight parameters; keeping 1 KV head and ", min_ff[0], " FFN channels per layer allows at most ", removable,
-         " (ratio ", double(removable) / double(total), ")");
+    fail(in_path, ": pruning ratio ", opts.ratio, " asks for ", target, " of the ", of_model ? "model's " : "layers' ",
+         base, " parameters; keeping 1 KV head and ", min_ff[0], " FFN channels per layer allows at most ", removable,
+         " (ratio ", double(removable) / double(base), ")");
 
   // Scores, standardized (per layer, or per kind over all layers) so that heads and channels of
   // different layers compare on one scale.
@@ -333,17 +339,19 @@ StructuredReport structured_prune(const std::string& in_path, const std::string&
   }
   TERN_ASSERT(removed >= target);  // guaranteed by the `removable` check
 
-  // FFN widths rounded up to the multiple: the best-scoring removed channels come back.
+  // FFN widths rounded down to the multiple (never below the layer's minimum, itself a
+  // multiple): each layer's lowest-scoring kept channels go too, so the target still holds.
   if (opts.ffn_multiple > 1) {
     for (int64_t il = 0; il < L; ++il) {
       const size_t l = size_t(il);
-      const int64_t want = std::min(g.n_ff[l], (ff_left[l] + opts.ffn_multiple - 1) / opts.ffn_multiple * opts.ffn_multiple);
-      std::vector<int64_t> back;
+      const int64_t want = std::max(min_ff[l], ff_left[l] / opts.ffn_multiple * opts.ffn_multiple);
+      if (want >= ff_left[l]) continue;
+      std::vector<int64_t> kept;
       for (int64_t j = 0; j < g.n_ff[l]; ++j)
-        if (drop_ff[l][size_t(j)]) back.push_back(j);
-      std::stable_sort(back.begin(), back.end(),
-                       [&](int64_t a, int64_t b) { return scores[l].ffn[size_t(a)] > scores[l].ffn[size_t(b)]; });
-      for (int64_t i = 0; i < want - ff_left[l]; ++i) drop_ff[l][size_t(back[size_t(i)])] = 0;
+        if (!drop_ff[l][size_t(j)]) kept.push_back(j);
+      std::stable_sort(kept.begin(), kept.end(),
+                       [&](int64_t a, int64_t b) { return scores[l].ffn[size_t(a)] < scores[l].ffn[size_t(b)]; });
+      for (int64_t i = 0; i < ff_left[l] - want; ++i) drop_ff[l][size_t(kept[size_t(i)])] = 1;
       ff_left[l] = want;
     }
   }
@@ -520,7 +528,9 @@ StructuredReport structured_prune(const std::string& in_path, const std::string&
                               rep.layer_params_before, " layer weight parameters (",
                               100.0 * double(rep.layer_params_before - rep.layer_params_after) /
                                   double(rep.layer_params_before),
-                              "%)"));
+                              "%), ", 100.0 * double(rep.layer_params_before - rep.layer_params_after) /
+                                          double(rep.model_params),
+                              "% of the model's ", rep.model_params));
   rep.seconds = double(now_ns() - t0) / 1e9;
   return rep;
 }

@@ -10,7 +10,8 @@
 //              S_j = Var_calib(x_j) * ||W[:, j]||^2 (a head: the sum over its channels), scores
 //              standardized (per layer by default, as FLaP's code; or per structure kind over all
 //              layers, StructuredOptions::standardize), the globally lowest removed until
-//              `ratio` of the layers' weight parameters is gone; the removed channels' mean
+//              `ratio` of the parameters is gone (of the model's, or of the layers' weights:
+//              StructuredOptions::ratio_of); the removed channels' mean
 //              contribution W[:, removed] . mean(x[removed]) becomes the output projection's bias.
 //   llm-pruner LLM-Pruner (Ma et al., 2023): a structure's score is the first-order Taylor
 //              importance sum |w * dL/dw| over all its weights (StructuredOptions::scores), the
@@ -33,15 +34,22 @@ namespace tern {
 
 struct StructuredOptions {
   std::string method = "flap";    // "flap" or "magnitude"
-  double ratio = 0.2;             // fraction of the layers' weight parameters to remove, in (0, 1)
+  double ratio = 0.2;             // fraction of the parameters to remove (of what: ratio_of), in (0, 1)
+  // What `ratio` is a fraction of. "model": every parameter of the file (embeddings, output,
+  // norms and the layers), as LLM-Pruner and FLaP count theirs (LLaMA-7B at 20%: 6.7B -> 5.4B
+  // parameters), all of it taken out of the layers' heads and FFN channels, so the file shrinks
+  // by about `ratio`. "layers": the layers' attention and FFN weights only (embedding and output
+  // are never pruned, so the file shrinks by less).
+  std::string ratio_of = "model";
   bool bias_compensation = true;  // flap only: removed channels' mean output -> output bias
   int64_t min_ffn = 0;            // FFN channels every layer keeps; 0: max(1, n_ff / 16)
   // How scores become comparable across layers and kinds: "global" standardizes the heads' and
   // the FFN channels' scores over all layers; "layer" standardizes every layer's channel scores
   // on their own (a head: the mean of its channels' z), as FLaP's reference code does.
   std::string standardize = "layer";
-  int64_t ffn_multiple = 1;       // kept FFN widths rounded up to a multiple of this (e.g. 32
-                                  // so that a later q8_0/q4_0 quantization fits ffn_down's rows)
+  int64_t ffn_multiple = 1;       // kept FFN widths rounded down to a multiple of this (e.g. 32
+                                  // so that a later q8_0/q4_0 quantization fits ffn_down's rows;
+                                  // 256 for the K-quants), removing a little more than `ratio`
   // method "llm-pruner": the structures' scores come from outside (LLM-Pruner's first-order
   // Taylor importance needs gradients, which the training engine computes:
   // tools/llm_pruner.h), in structured_scores' layout; no bias compensation.
@@ -68,6 +76,8 @@ struct StructuredReport {
   std::string method;
   double ratio = 0;
   std::vector<StructuredLayer> layers;
+  std::string ratio_of;
+  int64_t model_params = 0;                                 // every tensor's elements, before
   int64_t layer_params_before = 0, layer_params_after = 0;  // attention + FFN weights
   int64_t bytes_before = 0, bytes_after = 0;                // all tensor data
   std::vector<std::string> notes;
@@ -84,7 +94,7 @@ std::vector<LayerScores> structured_scores(const GgufFile& src, const CalibStats
                                            int n_threads = 0, const ProgressFn& progress = {});
 
 // Prunes IN into OUT. Throws tern::Error for an unsupported or quantized source, a ratio outside
-// (0, 1) or too large for the per-layer minimums, an unknown method, missing calibration for
+// (0, 1) or too large for the per-layer minimums, an unknown ratio_of, an unknown method, missing calibration for
 // flap, or OUT naming IN.
 StructuredReport structured_prune(const std::string& in_path, const std::string& out_path, const CalibStats* calib,
                                   const StructuredOptions& opts);

@@ -138,6 +138,11 @@ int cmd_compare(int argc, char** argv) {
   app.add_option("--damp", mopts.damp, "GPTQ dampening")->capture_default_str();
   app.add_flag("--act-order", mopts.act_order, "GPTQ act-order");
   app.add_option("--group", mopts.group, "GPTQ/AWQ/RTN group size")->capture_default_str();
+  app.add_option("--ratio-of", mopts.structured_ratio_of,
+                 "structured pruning (flap-20, llm-pruner-20, structured-magnitude-20): the percentage is of the model's "
+                 "parameters, as the papers count, or of the layers' weights alone")
+      ->check(CLI::IsMember({"model", "layers"}))
+      ->capture_default_str();
   RecoverOptions recover;
   app.add_option("--recover-data", recover.data,
                  "training text of the pruning methods' +recover variants and the qat- methods (not the perplexity text)");
@@ -184,7 +189,7 @@ int cmd_compare(int argc, char** argv) {
   if (app.count("--kv") > 0) {
     // The model as it is, under each K/V configuration: the methods' options mean nothing here.
     for (const char* opt : {"--methods", "--calib", "--calib-tokens", "--speed-only", "--threshold", "--alpha",
-                            "--damp", "--act-order", "--group", "--out-dir", "--chart", "--ppl-chunks"})
+                            "--damp", "--act-order", "--group", "--ratio-of", "--out-dir", "--chart", "--ppl-chunks"})
       if (app.count(opt) > 0)
         fail(opt, " is for the compression methods' table, not --kv (which compares K/V cache configurations of the "
                   "model as it is): give one or the other");

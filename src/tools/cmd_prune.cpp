@@ -8,6 +8,7 @@
 #include "compress/methods.h"
 #include "compress/prune.h"
 #include "compress/quantize.h"
+#include "quant/quant_traits.h"
 #include "core/error.h"
 #include "core/output_file.h"
 #include "gguf/gguf.h"
@@ -36,8 +37,17 @@ int cmd_prune(int argc, char** argv) {
       ->check(CLI::IsMember({"magnitude", "wanda", "sparsegpt", "flap", "llm-pruner", "structured-magnitude"}))
       ->capture_default_str();
   auto* sp = app.add_option("--sparsity", sparsity,
-                            "fraction of each linear's weights removed (structured: of the layers' parameters), in (0, 1)")
+                            "fraction of each linear's weights removed (structured: of the parameters --ratio-of names), in (0, 1)")
                  ->capture_default_str();
+  app.add_option("--ratio-of", mopts.structured_ratio_of,
+                 "structured: --sparsity is a fraction of the model's parameters (embeddings and output included, "
+                 "as LLM-Pruner and FLaP count; the file shrinks by about that much) or of the layers' weights alone")
+      ->check(CLI::IsMember({"model", "layers"}))
+      ->capture_default_str();
+  app.add_option("--ffn-multiple", mopts.structured_ffn_multiple,
+                 "structured: kept FFN widths rounded down to a multiple of this (default: the block of --type, "
+                 "e.g. 32 for q8_0, 256 for q4_K, so that ffn_down quantizes; 1 for float)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   auto* nmo = app.add_option("--nm", nm, "semi-structured N:M instead: keep N of every M consecutive inputs (2:4, 4:8)");
   sp->excludes(nmo);
   app.add_flag("--owl", owl, "OWL: per-layer sparsities from each layer's share of outlier activations");
@@ -73,6 +83,10 @@ int cmd_prune(int argc, char** argv) {
   if (!(sparsity > 0.0 && sparsity < 1.0)) fail("--sparsity ", sparsity, " is outside (0, 1)");
   const bool structured = algo == "flap" || algo == "llm-pruner" || algo == "structured-magnitude";
   if (structured && !nm.empty()) fail("--nm is for unstructured methods: ", algo, " removes whole heads and channels");
+  for (const char* opt : {"--ratio-of", "--ffn-multiple"})
+    if (!structured && app.count(opt))
+      fail(opt, " is for the structured methods (flap, llm-pruner, structured-magnitude): ", algo,
+           " prunes each linear by --sparsity");
   if (structured && owl) fail("--owl is for unstructured methods: ", algo, " chooses its structures over all layers");
   std::string pattern;
   if (!nm.empty()) {
@@ -107,6 +121,10 @@ int cmd_prune(int argc, char** argv) {
   check_output_path(out);
   const std::optional<DType> final_type = mopts.prune_type;
   mopts.prune_type.reset();
+  if (structured && mopts.structured_ffn_multiple == 0) {  // the widths the final type stores whole
+    const QuantTraits* store = final_type ? quant_traits(*final_type) : nullptr;
+    mopts.structured_ffn_multiple = store ? store->block_size : 1;
+  }
   // Scratch files of their own (never an existing OUT.something of the user's).
   const std::string pruned_tmp = make_scratch_file(out, "pruned"), recovered_tmp = make_scratch_file(out, "recovered");
   struct Cleanup {

@@ -426,10 +426,37 @@ TEST(PruneStories, StoredTypesAndStructuredThroughTheCli) {
   ASSERT_EQ(run_command(kTern + " prune " + testing::stories() + " " + s + " --method flap --sparsity 0.2" + v, &o, &e),
             0)
       << e;
-  EXPECT_LT(std::filesystem::file_size(s), std::filesystem::file_size(testing::stories()));
+  // 20% of the model's parameters by default (the papers' count): the f32 file shrinks by that
+  // much; --ratio-of layers removes 20% of the layers' weights, less of the file.
+  const double whole = double(std::filesystem::file_size(testing::stories()));
+  EXPECT_LT(double(std::filesystem::file_size(s)), 0.81 * whole);
+  const std::string sl = temp_path("prune_flap_layers.gguf");
+  ASSERT_EQ(run_command(kTern + " prune " + testing::stories() + " " + sl +
+                            " --method structured-magnitude --sparsity 0.2 --ratio-of layers",
+                        &o, &e),
+            0)
+      << e;
+  EXPECT_GT(double(std::filesystem::file_size(sl)), 0.81 * whole);
+  EXPECT_LT(double(std::filesystem::file_size(sl)), whole);
   const double ppl = testing::ppl_of(s, 10);
   EXPECT_TRUE(std::isfinite(ppl));
   EXPECT_GT(ppl, 1.0);
+  // Stored in q8_0: the kept FFN widths are rounded down to q8_0's block of 32, so every
+  // ffn_down (rows of n_ff) is q8_0, none fell back.
+  const std::string sq = temp_path("prune_flap_q8.gguf");
+  ASSERT_EQ(run_command(kTern + " prune " + testing::stories() + " " + sq + " --method flap --sparsity 0.2 --type q8_0" + v,
+                        &o, &e),
+            0)
+      << e;
+  const GgufFile fq = GgufFile::open(sq);
+  int n_down = 0;
+  for (const GgufTensorInfo& t : fq.tensors())
+    if (t.name.find("ffn_down.weight") != std::string::npos) {
+      ++n_down;
+      EXPECT_EQ(t.type, DType::Q8_0) << t.name;
+      EXPECT_EQ(t.ne[0] % 32, 0) << t.name;
+    }
+  EXPECT_EQ(n_down, 5);
 }
 
 // llama.cpp loads the structured-pruned model (written as "deci": llama.cpp's llama loader sizes
@@ -498,6 +525,10 @@ TEST(PruneStories, BadInputIsAClearError) {
       {model + " " + out + " --method wanda --recover 1000" + v, "--recover-data"},
       {model + " " + out + " --method wanda --recover 1000 --recover-data /nonexistent" + v, "/nonexistent"},
       {model + " " + out + " --type nonsense" + v, "unknown type"},
+      {model + " " + out + " --method wanda --ratio-of model" + v, "--ratio-of is for the structured methods"},
+      {model + " " + out + " --method sparsegpt --ffn-multiple 32" + v, "--ffn-multiple is for the structured"},
+      {model + " " + out + " --method flap --ratio-of blocks" + v, "--ratio-of"},
+      {model + " " + out + " --method flap --ffn-multiple 0" + v, "--ffn-multiple"},
   };
   for (const auto& c : cases) {
     std::string o, e;
