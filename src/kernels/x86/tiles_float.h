@@ -333,10 +333,16 @@ void direct_tile(const GemmArgs& a, int64_t g, int64_t t, int64_t r0, int64_t r1
 }
 
 // Groups per tile for TN tokens: enough independent chains to cover the FMA latency within
-// the register file (accumulators + the loaded weight vectors).
+// the register file (accumulators + the loaded weight vectors), and, for one token, few
+// enough streams for the L1: a group's stream is 16 rows below the last one's, a multiple of
+// 4 KiB for any n_in that is a multiple of 128, so every stream of a tile and the lines
+// prefetched ahead of it fall into the same L1 sets. With 8 streams Zen 4's 8-way L1 thrashed:
+// `bench_matmul --sweep 22` read F16 decode at 37 GB/s where plain sums read 57 (BF16 36 of
+// 55); 2 to 5 streams read 48-52. 4 chains of 16 lanes still cover the FMA latency for a
+// one-token decode, which the memory bounds.
 template <class P, int TN>
 constexpr int direct_groups() {
-  if constexpr (P::kLanes == 16) return TN == 1 ? 8 : TN == 2 ? 6 : 4;
+  if constexpr (P::kLanes == 16) return TN == 1 ? 4 : TN == 2 ? 6 : 4;
   else return TN == 1 ? 4 : TN <= 3 ? 2 : 1;
 }
 
