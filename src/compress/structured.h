@@ -94,8 +94,8 @@ std::vector<LayerScores> structured_scores(const GgufFile& src, const CalibStats
                                            int n_threads = 0, const ProgressFn& progress = {});
 
 // Prunes IN into OUT. Throws tern::Error for an unsupported or quantized source, a ratio outside
-// (0, 1) or too large for the per-layer minimums, an unknown ratio_of, an unknown method, missing calibration for
-// flap, or OUT naming IN.
+// (0, 1) or too large for the per-layer minimums, an unknown ratio_of or method, missing
+// calibration for flap, or OUT naming IN.
 StructuredReport structured_prune(const std::string& in_path, const std::string& out_path, const CalibStats* calib,
                                   const StructuredOptions& opts);
 
