@@ -13,7 +13,6 @@
 #include "compress/prune.h"
 #include "compress/structured.h"
 #include "quant/quant_tern.h"
-#include "quant/quant_traits.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/output_file.h"
@@ -436,11 +435,7 @@ MethodReport apply_structured(const MethodDef& m, const std::string& in_path, co
   }
   so.ratio = m.pattern.sparsity;
   so.ratio_of = opts.structured_ratio_of;
-  so.ffn_multiple = opts.structured_ffn_multiple;
-  if (so.ffn_multiple == 0) {
-    const QuantTraits* store = m.store_type ? quant_traits(*m.store_type) : nullptr;
-    so.ffn_multiple = store ? store->block_size : 1;
-  }
+  so.ffn_multiple = opts.structured_ffn_multiple > 0 ? opts.structured_ffn_multiple : ffn_multiple_for(m.store_type);
   so.n_threads = opts.n_threads;
   so.progress = opts.progress;
   if (so.method == "flap" && !calib) fail(m.info.name, " needs calibration data (--calib FILE)");

@@ -10,6 +10,7 @@
 #include "core/stats.h"
 #include "models/arch.h"
 #include "models/hparams.h"
+#include "quant/quant_traits.h"
 
 namespace tern {
 namespace {
@@ -213,6 +214,11 @@ std::vector<LayerScores> structured_scores(const GgufFile& src, const CalibStats
     if (progress) progress(il + 1, g.n_layer, str_cat("scores of layer ", il));
   }
   return out;
+}
+
+int64_t ffn_multiple_for(std::optional<DType> stored) {
+  const QuantTraits* q = stored ? quant_traits(*stored) : nullptr;
+  return q ? q->block_size : 1;
 }
 
 StructuredReport structured_prune(const std::string& in_path, const std::string& out_path, const CalibStats* calib,

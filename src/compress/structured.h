@@ -23,6 +23,7 @@
 // per-layer shapes; its llama loader sizes every layer by layer 0). Formulas, keys and measured
 // figures: docs/compression.md.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,10 @@ struct StructuredReport {
 // separate q/k/v and gate/up/down matrices, no experts, float (f32/f16/bf16) layer weights.
 // Callers check first to fail before calibration.
 void check_structured_source(const GgufFile& src);
+
+// The FFN width multiple that lets a pruned model's ffn_down rows be stored whole in `stored`:
+// its block (q8_0 32, the K-quants 256), 1 for float types or none.
+int64_t ffn_multiple_for(std::optional<DType> stored);
 
 // The raw scores of every layer's structures (`calib` is required for flap, unused by magnitude).
 std::vector<LayerScores> structured_scores(const GgufFile& src, const CalibStats* calib, const std::string& method,

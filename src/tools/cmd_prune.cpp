@@ -8,7 +8,7 @@
 #include "compress/methods.h"
 #include "compress/prune.h"
 #include "compress/quantize.h"
-#include "quant/quant_traits.h"
+#include "compress/structured.h"
 #include "core/error.h"
 #include "core/output_file.h"
 #include "gguf/gguf.h"
@@ -121,10 +121,8 @@ int cmd_prune(int argc, char** argv) {
   check_output_path(out);
   const std::optional<DType> final_type = mopts.prune_type;
   mopts.prune_type.reset();
-  if (structured && mopts.structured_ffn_multiple == 0) {  // the widths the final type stores whole
-    const QuantTraits* store = final_type ? quant_traits(*final_type) : nullptr;
-    mopts.structured_ffn_multiple = store ? store->block_size : 1;
-  }
+  // The widths the final type stores whole.
+  if (structured && mopts.structured_ffn_multiple == 0) mopts.structured_ffn_multiple = ffn_multiple_for(final_type);
   // Scratch files of their own (never an existing OUT.something of the user's).
   const std::string pruned_tmp = make_scratch_file(out, "pruned"), recovered_tmp = make_scratch_file(out, "recovered");
   struct Cleanup {

@@ -65,47 +65,35 @@ TEST(EngineKivi, BatchedRequestsEqualASessionAloneWithKivi2) {
   EXPECT_EQ(engine.metrics().kv_blocks_used, 0);
 }
 
+// fn() must throw a tern::Error whose message names `want` (`what`: what it would have let through).
+template <class Fn>
+void expect_refused(Fn&& fn, const std::string& want, const std::string& what) {
+  const std::string err = tern::testing::error_of(fn);
+  EXPECT_NE(err.find(want), std::string::npos) << what << ": " << (err.empty() ? "not refused" : err);
+}
+
 TEST(EngineKivi, WhatKivi2CannotDoIsRefusedWithTheReason) {
   TERN_REQUIRE_SHARED("models/stories260K.gguf");
   auto file = open_model_file(shared_path("models/stories260K.gguf"));
   std::shared_ptr<const Tokenizer> tok = Tokenizer::from_gguf(*file);
   EngineConfig cfg = kivi_config(128);
   cfg.kv_block_size = 16;  // half a key group
-  try {
-    Engine e(file, tok, cfg);
-    ADD_FAILURE() << "kivi2 took blocks of 16";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("whole key groups of 32"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { Engine e(file, tok, cfg); }, "whole key groups of 32", "kivi2 took blocks of 16");
   cfg.kv_block_size = 0;
   cfg.kv_memory_bytes = 64 << 10;  // less than one step's fp16 stages
-  try {
-    Engine e(file, tok, cfg);
-    ADD_FAILURE() << "kivi2 took a budget smaller than its stages";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("raise --kv-memory"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { Engine e(file, tok, cfg); }, "raise --kv-memory", "kivi2 took a budget smaller than its stages");
   cfg.kv_memory_bytes = 0;
   cfg.kv_block_size = 64;
   cfg.kv_policy = make_kv_policy("streaming", 4, 60, "");
-  try {
-    Engine e(file, tok, cfg);
-    ADD_FAILURE() << "kivi2 took an evicting default policy";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("kivi2"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { Engine e(file, tok, cfg); }, "kivi2", "kivi2 took an evicting default policy");
   cfg.kv_policy = KvPolicy{};
   Engine engine(file, tok, cfg);
   RequestParams p;
   p.prompt_ids = {1, 20, 30};
   p.max_tokens = 4;
   p.kv_policy = make_kv_policy("h2o", 4, 0, "50%");
-  try {
-    engine.add_request(p, [](const RequestOutput&) {});
-    ADD_FAILURE() << "a request under h2o ran over kivi2";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("kivi2"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { engine.add_request(p, [](const RequestOutput&) {}); }, "kivi2",
+                 "a request under h2o ran over kivi2");
 }
 
 }  // namespace

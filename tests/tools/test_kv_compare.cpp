@@ -105,6 +105,9 @@ TEST(KvCompare, BadEntriesAndOptionsAreClearErrors) {
   r = tern(base_args() + " --kv f16 --methods q8_0");
   EXPECT_NE(r.rc, 0);
   EXPECT_TRUE(contains(r.err, "--methods")) << r.err;
+  r = tern(base_args() + " --kv f16 --ratio-of layers");  // a structured pruning option
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(contains(r.err, "--ratio-of is for the compression methods' table")) << r.err;
   r = tern("compare -m " + shared_path("models/stories260K.gguf") + " --kv f16");
   EXPECT_NE(r.rc, 0);
   EXPECT_TRUE(contains(r.err, "--ppl-file")) << r.err;
