@@ -8,7 +8,8 @@
 //   --sweep N_LAYERS: instead, decode's whole weight stream (TinyLlama's layers, see below) per
 //     variant, alternating, against plain sums of the same bytes (--isa sum,avx512,avx512i).
 // Usage: bench_matmul [--threads N] [--types q4_0,q8_0,...] [--isa ref,avx2,avx2i,avx512,avx512i]
-//                     [--tokens 128] [--seconds 0.5] [--sweep 22]
+//                     [--tokens 128] [--seconds 0.5] [--sweep 22] [--shape N_IN,N_OUT]
+// --shape: the GEMV / GEMM matrix instead of TinyLlama's FFN (e.g. 896,4864 for Qwen2.5-0.5B's).
 // avx2i / avx512i: the AVX2 / AVX-512 kernels on weights interleaved by 16 rows, as models load
 // them (kernels/matmul.h; the types that variant reads so: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K,
 // Q5_K, MXFP4, the float types, Q6_K for avx2i, Q2_K, Q3_K, TQ1_0, TQ2_0 for avx512i; others are
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   int sweep_layers = 0;
   std::vector<std::string> types = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "mxfp4"};
   std::vector<std::string> isas = {"ref", "avx2", "avx2i", "avx512", "avx512i"};
+  std::vector<std::string> shape = {"2048", "5632"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--threads") n_threads = std::atoi(argv[i + 1]);
@@ -61,12 +63,18 @@ int main(int argc, char** argv) {
     else if (a == "--tokens") n_tok = std::atoll(argv[i + 1]);
     else if (a == "--seconds") min_seconds = std::atof(argv[i + 1]);
     else if (a == "--sweep") sweep_layers = std::atoi(argv[i + 1]);
+    else if (a == "--shape") shape = split(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
     }
   }
-  const int64_t n_in = 2048, n_out = 5632;
+  const int64_t n_in = shape.size() == 2 ? std::atoll(shape[0].c_str()) : 0;
+  const int64_t n_out = shape.size() == 2 ? std::atoll(shape[1].c_str()) : 0;
+  if (n_in <= 0 || n_out <= 0 || n_in % 32 != 0 || n_out % 16 != 0) {
+    std::fprintf(stderr, "--shape N_IN,N_OUT: N_IN a positive multiple of 32, N_OUT of 16\n");
+    return 2;
+  }
   ThreadPool pool(n_threads);
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.02f);
@@ -233,6 +241,11 @@ int main(int argc, char** argv) {
       continue;
     }
     const QuantTraits& q = *quant_traits(*type);
+    if (n_in % q.block_size != 0) {
+      std::fprintf(stderr, "%s skipped: its blocks of %lld do not divide n_in %lld\n", tn.c_str(),
+                   (long long)q.block_size, (long long)n_in);
+      continue;
+    }
     const int64_t rb = dtype_row_bytes(*type, n_in);
     const int64_t bytes = rb * n_out;
     const int n_copies = int(std::min<int64_t>(64, (int64_t(256) << 20) / bytes + 1));

@@ -35,6 +35,8 @@ void PathChooser::record(int path, double cost) {
   c.n_costs[size_t(p)] = std::min(c.n_costs[size_t(p)] + 1, kSamples);
 }
 
+void PathChooser::note(int path) { last_path_ = path & 1; }
+
 double PathChooser::Class::median(int path) const {
   const auto p = size_t(path);
   std::array<double, kSamples> v = costs[p];

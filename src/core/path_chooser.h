@@ -39,6 +39,9 @@ class PathChooser {
   int pick(int64_t size = 0);
   // The cost of the step just picked, run on `path` (e.g. seconds per token).
   void record(int path, double cost);
+  // A step that ran on `path` without pick() (the caller knew the answer): not a sample, but a
+  // switch all the same, so the next recorded step after it on the other path counts as cold.
+  void note(int path);
   // The path exploitation currently favours for steps of `size` (for tests and reports).
   int best(int64_t size = 0) const;
 

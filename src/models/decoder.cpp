@@ -86,6 +86,15 @@ int small_path_from_env() {
 // The single-region forward path (forward_spmd) applies up to this size.
 constexpr int64_t kSpmdMaxTokens = 8;
 constexpr int64_t kSpmdMaxEmbd = 1024;
+// The most multiply-adds per layer (a step's tokens x a token's) at which the calling thread
+// alone may still beat the threads, so that the path choosers time both ways. Above it the
+// threaded path runs without a trial: a step there is milliseconds of work per layer and the
+// hand-offs tens of microseconds. Measured on a 2-vCPU Zen 4 (tern bench, forced paths, medians
+// of 8): alone won only below ~6 M (tern-stories' 32-token prompts, 62k vs 58k tok/s); the
+// threads won 1.3x at tern-stories' 128-token prompts (24 M), 1.2x at Qwen2.5-0.5B's one-token
+// decode (15 M) and 1.5-1.8x at its 8- to 128-token prompts (119 M and up), where before this
+// bound every new prompt length ran its first 6 steps alone while the chooser explored.
+constexpr double kSerialMaxLayerMacs = 32e6;
 
 // Epilogue context of the FFN's gate/up matmul: the activation of finished rows.
 struct ActRows {
@@ -166,6 +175,25 @@ class DecoderModel final : public Model {
       for (const auto& m : decode_weight_memory_) weight_bytes_ += int64_t(m.size());
       if (tok_embd_.data && output_.w.data != tok_embd_.data) weight_bytes_ += tok_embd_.n_out * tok_embd_.row_bytes();
     }
+    // A token's multiply-adds per layer (the mean over the layers; only the routed experts of an
+    // MoE layer): what one thread would do alone in a step of one token (serial_may_win).
+    const auto macs = [](const Linear& l) { return l.present() ? double(l.w.n_in) * double(l.w.n_out) : 0.0; };
+    double total_macs = 0;
+    for (const LayerWeights& L : layers_) {
+      for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) total_macs += macs(*l);
+      if (L.ssm)
+        for (const Linear* l : {&L.ssm->in, &L.ssm->out}) total_macs += macs(*l);
+      if (L.delta)
+        for (const Linear* l : {&L.delta->qkv, &L.delta->gate, &L.delta->qkvz, &L.delta->ba, &L.delta->out})
+          total_macs += macs(*l);
+      if (L.moe) {
+        total_macs += macs(L.moe->router);
+        if (!L.moe->gate.empty())
+          total_macs += double(hp_.n_expert_used) * (macs(L.moe->gate[0]) + macs(L.moe->up[0]) + macs(L.moe->down[0]));
+        for (const Linear* l : {&L.moe->sh_gate, &L.moe->sh_up, &L.moe->sh_down}) total_macs += macs(*l);
+      }
+    }
+    layer_macs_per_token_ = layers_.empty() ? 0.0 : total_macs / double(layers_.size());
     phased_ = is_phased_capable();
     number_lora_targets();
   }
@@ -359,6 +387,7 @@ class DecoderModel final : public Model {
   PhasedWork spmd_work_;               // forward_spmd's phases
   PathChooser spmd_chooser_;           // forward_spmd (1) or this thread alone (0), by timing
   PathChooser batch_chooser_;          // small models' larger steps: pooled (1) or alone (0)
+  double layer_macs_per_token_ = 0;    // a token's multiply-adds in a mean layer (the constructor)
   int small_path_forced_ = small_path_from_env();  // -1: choose by timing
   ThreadPool serial_{1};               // no threads: runs on the caller
   std::vector<int32_t> phase_units_;   // units per phase of the current pass
@@ -708,38 +737,45 @@ void DecoderModel::forward_logits(std::span<const SeqBatch> seqs, KvStore& kv, f
   for (const auto& s : seqs) phased_kv = phased_kv && !s.key_mass;
   // Nor a kivi2 cache: its units would store columns of one group's slots from several threads.
   phased_kv = phased_kv && kv.type() != KvType::Kivi2;
+  // Timed by a chooser only where the calling thread alone may win; otherwise the threads run
+  // and the chooser only notes it (its next step may start cold).
+  const bool timed = small_path_forced_ < 0 && double(T) * layer_macs_per_token_ <= kSerialMaxLayerMacs;
+  const auto done = [&](PathChooser& c, int path, std::chrono::steady_clock::time_point t0) {
+    if (timed) c.record(path, seconds_per_token(t0));
+    else c.note(path);
+  };
   if (pool.size() > 1 && !observer_ && T <= kSpmdMaxTokens && E <= kSpmdMaxEmbd) {
-    const int path = small_path_forced_ >= 0 ? small_path_forced_ : spmd_chooser_.pick(attended);
+    const int path = small_path_forced_ >= 0 ? small_path_forced_ : timed ? spmd_chooser_.pick(attended) : 1;
     const auto t0 = std::chrono::steady_clock::now();
     if (path == 1 && phased_ && phased_kv && !hooks_.lora) {  // (the phased units have no LoRA epilogue)
       forward_spmd(seqs, kv, T, logits, pool);
-      spmd_chooser_.record(1, seconds_per_token(t0));
+      done(spmd_chooser_, 1, t0);
       return;
     }
     if (path == 1) {  // post-norms or experts: the pooled path stands in for the phased one
       forward_layers_pooled(seqs, kv, T, pool);
       forward_output(seqs, logits, pool);
-      spmd_chooser_.record(1, seconds_per_token(t0));
+      done(spmd_chooser_, 1, t0);
       return;
     }
     forward_small_serial(seqs, kv, T, logits);
-    spmd_chooser_.record(0, seconds_per_token(t0));
+    done(spmd_chooser_, 0, t0);
     return;
   }
   // Their larger steps (prefill): the pooled path, or this thread alone when that is faster (a
   // 32-token stories260K prefill measured 12-80k tok/s pooled on 2 threads against ~75k alone,
   // depending on the host's vCPU placement); timed the same way (1 = pooled, 0 = alone).
   if (pool.size() > 1 && !observer_ && E <= kSpmdMaxEmbd) {
-    const int path = small_path_forced_ >= 0 ? small_path_forced_ : batch_chooser_.pick(attended);
+    const int path = small_path_forced_ >= 0 ? small_path_forced_ : timed ? batch_chooser_.pick(attended) : 1;
     const auto t0 = std::chrono::steady_clock::now();
     if (path == 0) {
       forward_small_serial(seqs, kv, T, logits);
-      batch_chooser_.record(0, seconds_per_token(t0));
+      done(batch_chooser_, 0, t0);
       return;
     }
     forward_layers_pooled(seqs, kv, T, pool);
     forward_output(seqs, logits, pool);
-    batch_chooser_.record(1, seconds_per_token(t0));
+    done(batch_chooser_, 1, t0);
     return;
   }
   forward_layers_pooled(seqs, kv, T, pool);

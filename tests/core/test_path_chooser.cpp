@@ -22,6 +22,30 @@ TEST(PathChooser, ExploresInBurstsAndDoesNotCountColdSteps) {
   EXPECT_EQ(c.pick(), 1);
 }
 
+// A step its caller ran without asking (note) is no sample, and the next step on the other path
+// after it is cold: here path 0's steps after each noted path-1 step cost 1000 and must not count.
+TEST(PathChooser, NotedStepsAreNoSamplesButMakeTheNextStepCold) {
+  PathChooser c(100);
+  for (int s = 0; s < 2 * B; ++s) {
+    const int p = c.pick();
+    ASSERT_EQ(p, s < B ? 0 : 1) << "step " << s;
+    c.record(p, s % B == 0 ? 1000.0 : (p == 0 ? 1.0 : 2.0));  // path 0 cheaper
+  }
+  ASSERT_EQ(c.best(), 0);
+  for (int s = 0; s < 20; ++s) {
+    c.note(1);  // e.g. a large step, run threaded without a trial
+    const int p = c.pick();
+    c.record(p, p == 0 ? 1000.0 : 2.0);  // cold: not counted
+  }
+  EXPECT_EQ(c.best(), 0);
+  // Without the note the same costs are samples, and path 0 loses.
+  for (int s = 0; s < 20; ++s) {
+    const int p = c.pick();
+    c.record(p, p == 0 ? 1000.0 : 2.0);
+  }
+  EXPECT_EQ(c.best(), 1);
+}
+
 TEST(PathChooser, FollowsTheCheaperProbesTheOtherAndAdapts) {
   const int64_t period = 100;
   PathChooser c(period);
