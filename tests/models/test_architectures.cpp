@@ -89,6 +89,35 @@ TEST(Architectures, PrefillChunksAndDecodeGiveTheSameLogits) {
   }
 }
 
+// One-token decode steps of a mixture of experts (the chosen experts' downs in row blocks whose
+// size follows the thread count) give the same bits on 1, 2 and 3 threads. The tiny shapes'
+// 64-wide experts take one block each, so this is mixtral-mini's first layer (1024-wide downs in
+// 128-, 64- and 48-row blocks), Q4_0 as interleaved by the x86 kernels.
+TEST(Architectures, MoeDecodeBlocksGiveTheSameBitsOnAnyThreadCount) {
+  const std::string path = ::testing::TempDir() + "tern_arch_moe_blocks_" + std::to_string(::getpid()) + ".gguf";
+  SynthOptions o;
+  o.shape = "mixtral-mini";
+  o.type = DType::Q4_0;
+  o.n_layer = 1;
+  synth_model(o, path);
+  auto file = open_file(path);
+  std::vector<int32_t> ids = {1};
+  for (int i = 0; i < 11; ++i) ids.push_back(int32_t(5 + (i * 977) % 31000));
+  // The pooled path on every step (not the small-model chooser's trials of this thread alone).
+  ::setenv("TERN_SMALL_MODEL_PATH", "phased", 1);
+  std::vector<std::vector<float>> got;
+  for (int n_threads : {1, 2, 3}) {
+    auto model = load_model(file);
+    got.push_back(logits_in_steps(*model, ids, 1, n_threads, /*alone=*/true));
+  }
+  ::unsetenv("TERN_SMALL_MODEL_PATH");
+  std::remove(path.c_str());
+  for (size_t i = 1; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), got[0].size());
+    EXPECT_EQ(std::memcmp(got[i].data(), got[0].data(), got[0].size() * sizeof(float)), 0) << i + 1 << " threads";
+  }
+}
+
 // Rewrites a tiny synth file through `edit` and returns the error of loading it.
 std::string load_error(const std::string& shape, const std::function<void(const GgufFile&, GgufWriter&)>& edit) {
   const std::string path = synth_file(shape);
