@@ -193,15 +193,21 @@ void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, 
   args.clear();
   chunks.clear();
   int64_t scratch_bytes = 0;
+  // Joint chunks: one list over each group's common rows (one group of all the targets unless
+  // joint_group says otherwise); their `target` is the group's index, -1 for the one group.
+  const size_t group = done.joint_rows ? (done.joint_group > 0 ? size_t(done.joint_group) : ts.size()) : 1;
+  const int64_t n_groups = int64_t(ts.size() / group);
   for (size_t k = 0; k < ts.size(); ++k) {
     const MatmulTarget& t = ts[k];
     args.push_back(GemmArgs{t.w.type, static_cast<const uint8_t*>(t.w.data), t.w.row_bytes(), t.w.n_in,
                             t.w.n_out, x_in, ldx, act, lay, n_tokens, t.y, t.ldy, t.w.interleaved16});
     scratch_bytes = std::max(scratch_bytes, kt.scratch_bytes(t.w.type, t.w.n_in));
-    if (done.joint_rows && k > 0) continue;  // joint chunks: one list over the common rows
-    const int64_t per = rows_per_chunk(t.w.n_out, pool.size(), n_tokens, t.w.type);
-    for (int64_t r0 = 0; r0 < t.w.n_out; r0 += per)
-      chunks.push_back(Chunk{done.joint_rows ? -1 : int32_t(k), r0, std::min(t.w.n_out, r0 + per)});
+    if (done.joint_rows && k % group != 0) continue;
+    // Several groups: the region's chunk count over all of their rows, a chunk within one group.
+    int64_t per = rows_per_chunk(t.w.n_out * (done.joint_rows ? n_groups : 1), pool.size(), n_tokens, t.w.type);
+    if (per > t.w.n_out) per = t.w.n_out;
+    const int32_t id = !done.joint_rows ? int32_t(k) : done.joint_group > 0 ? int32_t(k / group) : -1;
+    for (int64_t r0 = 0; r0 < t.w.n_out; r0 += per) chunks.push_back(Chunk{id, r0, std::min(t.w.n_out, r0 + per)});
   }
   const size_t nth = size_t(pool.size());
   if (s.per_thread.size() < nth) {
@@ -218,6 +224,9 @@ void gemm_shared_input(const KernelTable& kt, std::span<const MatmulTarget> ts, 
     const Chunk& ch = chunks_ref[size_t(c)];
     if (ch.target < 0) {
       for (const GemmArgs& a : args_ref) kt.gemm(a, ch.r0, ch.r1, scratch[thread]);
+    } else if (group > 1) {
+      for (size_t k = size_t(ch.target) * group; k < size_t(ch.target + 1) * group; ++k)
+        kt.gemm(args_ref[k], ch.r0, ch.r1, scratch[thread]);
     } else {
       kt.gemm(args_ref[size_t(ch.target)], ch.r0, ch.r1, scratch[thread]);
     }
@@ -268,6 +277,8 @@ void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, con
   for (const MatmulTarget& t : targets) {
     TERN_ASSERT_MSG(t.w.n_in == targets[0].w.n_in, "matmul_shared_input: weights of different row lengths");
     TERN_ASSERT_MSG(!done.joint_rows || t.w.n_out == targets[0].w.n_out, "matmul_shared_input: joint rows of different counts");
+    TERN_ASSERT_MSG(done.joint_group >= 0 && (done.joint_group == 0 || (done.joint_rows && targets.size() % size_t(done.joint_group) == 0)),
+                    "matmul_shared_input: joint groups that do not divide the targets");
     shared = shared && t.w.n_out > 0 && !is_tern_int_type(t.w.type) && !is_sparse24_type(t.w.type) &&
              t.w.row_bytes() >= 0 && kt.has_kernel(t.w.type) && layouts_equal(effective_layout(kt, t.w, n_tokens), lay);
   }
@@ -288,7 +299,10 @@ void matmul_shared_input_isa(Isa isa, std::span<const MatmulTarget> targets, con
       matmul_isa(isa, t.w, x, ldx, n_tokens, t.y, t.ldy, pool);
       if (done.fn && !done.joint_rows) done.fn(done.ctx, int(k), n_tokens, 0, t.w.n_out);
     }
-    if (done.fn && done.joint_rows) done.fn(done.ctx, -1, n_tokens, 0, targets[0].w.n_out);
+    if (done.fn && done.joint_rows && done.joint_group == 0) done.fn(done.ctx, -1, n_tokens, 0, targets[0].w.n_out);
+    if (done.fn && done.joint_group > 0)
+      for (size_t g = 0; g < targets.size() / size_t(done.joint_group); ++g)
+        done.fn(done.ctx, int(g), n_tokens, 0, targets[0].w.n_out);
     return;
   }
   gemm_shared_input(kt, targets, lay, x, ldx, n_tokens, pool, done, norm);

@@ -106,11 +106,16 @@ struct MatmulTarget {
 // n_tokens, r0, r1) runs as soon as output rows [r0, r1) of `target` are final, for every token,
 // on the thread that computed them (the rows are still in its cache). With joint_rows, every
 // target must have the same n_out and a chunk computes rows [r0, r1) of all of them before one
-// call with target = -1 (SwiGLU needs gate and up of the same rows). r0 is a multiple of 4.
+// call with target = -1 (SwiGLU needs gate and up of the same rows). With joint_rows and
+// joint_group = G > 0, the targets are consecutive groups of G (a decode token's experts: each
+// one's gate and up), a chunk computes rows [r0, r1) of one group's targets, and the call names
+// the group (target = its index); chunks then span up to a whole group's rows, so that each
+// reads long streams. r0 is a multiple of 4.
 struct RowsDone {
   void (*fn)(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1) = nullptr;
   const void* ctx = nullptr;
   bool joint_rows = false;
+  int joint_group = 0;
 };
 // RMSNorm fused in front of the matmul (attn_norm before q/k/v, ffn_norm before gate/up): x is
 // the un-normalised input, and each token row is normalised into out_rows (rms_norm_row of

@@ -1233,17 +1233,11 @@ struct ExpertsAct {
   const float* const* gate_bias;  // [K] each chosen expert's biases [F] (gpt-oss), or nullptr
   const float* const* up_bias;
 };
-void experts_act_done(const void* ctx, int, int64_t, int64_t r0, int64_t r1) {
+void experts_act_done(const void* ctx, int j, int64_t, int64_t r0, int64_t r1) {
   const ExpertsAct& a = *static_cast<const ExpertsAct*>(ctx);
-  if (!a.gate_bias) {
-    const ActRows all{a.gate, a.up, a.F, a.act};
-    act_rows_done(&all, -1, a.K, r0, r1);  // the K experts' rows are K "tokens" of F
-    return;
-  }
-  for (int64_t j = 0; j < a.K; ++j) {
-    const ActRows one{a.gate + j * a.F, a.up + j * a.F, a.F, a.act, a.gate_bias[j], a.up_bias[j]};
-    act_rows_done(&one, -1, 1, r0, r1);
-  }
+  const ActRows one{a.gate + j * a.F, a.up + j * a.F, a.F, a.act, a.gate_bias ? a.gate_bias[j] : nullptr,
+                    a.up_bias ? a.up_bias[j] : nullptr};
+  act_rows_done(&one, -1, 1, r0, r1);
 }
 
 void DecoderModel::moe_decode_token(const Experts& X, ThreadPool& pool) {
@@ -1263,7 +1257,9 @@ void DecoderModel::moe_decode_token(const Experts& X, ThreadPool& pool) {
   const bool biased = X.gate[0].bias != nullptr;
   const ExpertsAct act{moe_gate_.data(), moe_up_.data(), F, K, activation_, biased ? gate_b : nullptr,
                        biased ? up_b : nullptr};
-  matmul_shared_input(targets, xn_.data(), E, 1, pool, RowsDone{experts_act_done, &act, true});
+  // One joint group per expert (its gate and up), so that a chunk reads up to the expert's whole
+  // matrices (long streams) instead of a few rows of every chosen expert's.
+  matmul_shared_input(targets, xn_.data(), E, 1, pool, RowsDone{experts_act_done, &act, true, 2});
   // The downs: each chosen expert's n_embd rows in blocks, one matmul_rows call per block (which
   // quantizes the expert's activation row again and starts a new stream), about 16 blocks per
   // thread, each of at least 64 KiB of weights, in whole 16-row groups (the interleaved layout's,

@@ -83,6 +83,7 @@ void apply_linears_shared(std::span<const Linear* const> ls, std::span<float* co
                           const float* x, int64_t ldx, int64_t n_tokens, ThreadPool& pool, const RowsDone& done,
                           const InputRmsNorm& norm, const LinearHooks& hooks) {
   TERN_ASSERT(ls.size() == ys.size() && ls.size() == ldys.size() && ls.size() <= size_t(kMaxShared));
+  TERN_ASSERT_MSG(done.joint_group == 0, "apply_linears_shared: joint groups are matmul_shared_input's only");
   bool any_factored = false;
   for (const Linear* l : ls) any_factored = any_factored || l->factored();
   if (any_factored) {

@@ -84,19 +84,21 @@ namespace tern {
 namespace {
 
 // The epilogue sees each target's rows exactly once, already final, in chunks starting at
-// multiples of 4; in joint mode every target's rows of the chunk are final at the call.
+// multiples of 4; in joint mode every target's rows of the chunk (of its group, with joint
+// groups) are final at the call.
 struct Seen {
   std::vector<const std::vector<float>*> expect;  // separate matmul results per target
   std::vector<MatmulTarget> targets;
   std::vector<std::vector<std::atomic<int>>> hits;
   std::atomic<int> bad{0};
+  size_t group = 1;  // RowsDone::joint_group: `target` names a group of this many targets
 };
 
 void record(const void* ctx, int target, int64_t n_tokens, int64_t r0, int64_t r1) {
   auto* s = static_cast<Seen*>(const_cast<void*>(ctx));
   if (r0 % 4 != 0) s->bad.fetch_add(1);
   for (size_t k = 0; k < s->targets.size(); ++k) {
-    if (target >= 0 && size_t(target) != k) continue;
+    if (target >= 0 && size_t(target) != k / s->group) continue;
     const MatmulTarget& t = s->targets[k];
     for (int64_t r = r0; r < r1; ++r) {
       s->hits[k][size_t(r)].fetch_add(1);
@@ -112,9 +114,13 @@ TEST(MatmulSharedInput, EpilogueSeesEveryFinishedRowOnce) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (int n_threads : {1, 2, 3}) {
     ThreadPool pool(n_threads);
-    for (bool joint : {false, true}) {
+    // Separate targets, joint rows of all, joint groups of two (a decode token's experts).
+    for (int mode : {0, 1, 2}) {
+      const bool joint = mode > 0;
+      const int joint_group = mode == 2 ? 2 : 0;
       // Shared path (same activation format) and the fallback (different formats).
-      for (const auto& types : {std::vector<DType>{DType::Q4_0, DType::Q8_0}, std::vector<DType>{DType::Q4_0, DType::F16}}) {
+      for (auto types : {std::vector<DType>{DType::Q4_0, DType::Q8_0}, std::vector<DType>{DType::Q4_0, DType::F16}}) {
+        if (joint_group > 0) types.insert(types.end(), {DType::Q8_0, DType::Q4_0});  // two groups of two
         std::vector<Stored> ws;
         for (size_t k = 0; k < types.size(); ++k) ws.push_back(make(types[k], n_in, joint ? 172 : int64_t(60 + 52 * k), uint32_t(3 + k)));
         for (int64_t n_tokens : {1, 16}) {
@@ -122,6 +128,7 @@ TEST(MatmulSharedInput, EpilogueSeesEveryFinishedRowOnce) {
           for (auto& v : x) v = dist(rng);
           std::vector<std::vector<float>> y_sep, y_shared;
           Seen seen;
+          seen.group = joint_group > 0 ? size_t(joint_group) : 1;
           for (const auto& w : ws) {
             y_sep.emplace_back(size_t(n_tokens * w.n_out), 0.0f);
             y_shared.emplace_back(size_t(n_tokens * w.n_out), 0.0f);
@@ -132,11 +139,11 @@ TEST(MatmulSharedInput, EpilogueSeesEveryFinishedRowOnce) {
             seen.expect.push_back(&y_sep[k]);
             seen.hits.emplace_back(size_t(ws[k].n_out));
           }
-          matmul_shared_input(seen.targets, x.data(), n_in, n_tokens, pool, RowsDone{record, &seen, joint});
+          matmul_shared_input(seen.targets, x.data(), n_in, n_tokens, pool, RowsDone{record, &seen, joint, joint_group});
           EXPECT_EQ(seen.bad.load(), 0) << "rows not final at the call, or a chunk not 4-aligned";
           for (size_t k = 0; k < ws.size(); ++k)
             for (int64_t r = 0; r < ws[k].n_out; ++r)
-              ASSERT_EQ(seen.hits[k][size_t(r)].load(), 1) << "target " << k << " row " << r << " joint " << joint;
+              ASSERT_EQ(seen.hits[k][size_t(r)].load(), 1) << "target " << k << " row " << r << " mode " << mode;
         }
       }
     }
