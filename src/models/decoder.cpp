@@ -176,7 +176,7 @@ class DecoderModel final : public Model {
       if (tok_embd_.data && output_.w.data != tok_embd_.data) weight_bytes_ += tok_embd_.n_out * tok_embd_.row_bytes();
     }
     // A token's multiply-adds per layer (the mean over the layers; only the routed experts of an
-    // MoE layer): what one thread would do alone in a step of one token (serial_may_win).
+    // MoE layer): what one thread would do alone in a step of one token (kSerialMaxLayerMacs).
     const auto macs = [](const Linear& l) { return l.present() ? double(l.w.n_in) * double(l.w.n_out) : 0.0; };
     double total_macs = 0;
     for (const LayerWeights& L : layers_) {
@@ -1228,7 +1228,7 @@ void DecoderModel::shared_expert(const Experts& X, int64_t T, ThreadPool& pool) 
 struct ExpertsAct {
   float* gate;      // [K][F] receives act(gate + gate_bias) * (up + up_bias)
   float* up;        // [K][F]
-  int64_t F, K;
+  int64_t F;
   FfnActivation act;
   const float* const* gate_bias;  // [K] each chosen expert's biases [F] (gpt-oss), or nullptr
   const float* const* up_bias;
@@ -1255,7 +1255,7 @@ void DecoderModel::moe_decode_token(const Experts& X, ThreadPool& pool) {
     up_b[j] = X.up[e].bias;
   }
   const bool biased = X.gate[0].bias != nullptr;
-  const ExpertsAct act{moe_gate_.data(), moe_up_.data(), F, K, activation_, biased ? gate_b : nullptr,
+  const ExpertsAct act{moe_gate_.data(), moe_up_.data(), F, activation_, biased ? gate_b : nullptr,
                        biased ? up_b : nullptr};
   // One joint group per expert (its gate and up), so that a chunk reads up to the expert's whole
   // matrices (long streams) instead of a few rows of every chosen expert's.

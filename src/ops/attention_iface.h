@@ -248,8 +248,9 @@ constexpr int64_t kKeyBlock = 64;
 
 // Floats of scratch one tile of `n_rows` query rows (tokens x heads of one KV group) needs.
 constexpr int64_t tile_scratch_floats(int64_t head_dim, int64_t n_rows) {
-  // Kt [head_dim][kKeyBlock] | S [n_rows][kKeyBlock] | O [n_rows][head_dim] | m, l [n_rows]
-  return head_dim * kKeyBlock + n_rows * kKeyBlock + n_rows * head_dim + 2 * n_rows;
+  // Kt [head_dim][kKeyBlock] | S [n_rows][kKeyBlock] | O [n_rows][head_dim] | m, l [n_rows] |
+  // Vf [kKeyBlock][head_dim]
+  return 2 * head_dim * kKeyBlock + n_rows * kKeyBlock + n_rows * head_dim + 2 * n_rows;
 }
 
 // One tile: query tokens [i0, i1) of `a`, every query head of KV head `kvh` (the GQA group

@@ -599,6 +599,20 @@ inline void accumulate_pv(float* o, const float* p, const P* vrow, int64_t nv, i
   }
 }
 
+// dst[j][0..hd) = the values of vrow[j][0..hd) as f32, j < nb, read with the loads accumulate_pv
+// uses (each element is widened or dequantized on its own, so the same floats whatever the load
+// width): a tile whose rows all read the block's V rows widens them once instead of per row.
+template <class P>
+inline void widen_rows(const P* vrow, int64_t nb, int64_t hd, float* dst) {
+  for (int64_t j = 0; j < nb; ++j) {
+    float* d = dst + j * hd;
+    int64_t c = 0;
+    for (; c + 16 <= hd; c += 16) vstore(d + c, vload(vrow[j] + c));
+    for (; c + 8 <= hd; c += 8) v8_store(d + c, kv_load8(vrow[j] + c));
+    for (; c < hd; ++c) d[c] = kv_f32(vrow[j][c]);
+  }
+}
+
 // Quantized arenas (KvType::Q8_0 / Q4_0): rows are read through QRow, a pointer-like view of
 // a row of blocks whose loads dequantize 8 or 16 elements in registers (exact: an integer times
 // an fp16 scale), so the f32 code runs unchanged over them and a quantized arena gives exactly
@@ -788,7 +802,19 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   float* O = S + R * kB;       // [R][hd]
   float* m = O + R * hd;       // [R]
   float* l = m + R;            // [R]
+  float* Vf = l + R;           // [kB][hd] the block's V rows as f32 (widen below)
   TileBlocks<T> blk{a, kvh, hd, Kt, {}};
+  // The block's V rows are widened to f32 once when several rows read them: accumulate_pv would
+  // otherwise widen or dequantize every V element once per row. The same floats, so the same
+  // bits. Quantized rows whenever 2+ rows share them; halves (one vcvtph2ps a load) only in a
+  // prompt's tile of 4+ tokens: for a decode's GQA group of 8 the extra stores cost more than
+  // they save at 1024 keys. bench_attention, 2 threads, Zen 4, head_dim 64, 1024 keys, prefill
+  // GFLOP/s / decode us: q8_0 41-43 -> 85-102 / 93-256 -> 59-203 (14/2, 32/8, 32/4 heads; 16/8
+  // level); f16 90-101 -> 94-114 / level (32/4 decode widened: 100 -> 111 us).
+  constexpr bool kHalf = std::is_same_v<T, uint16_t>;
+  const bool widen = !std::is_same_v<T, float> && (kHalf ? i1 - i0 >= 4 : R >= 2);
+  const float* vf_rows[kB];
+  for (int64_t j = 0; j < kB; ++j) vf_rows[j] = Vf + j * hd;
   const float neg_inf = -__builtin_inff();
   for (int64_t r = 0; r < R; ++r) {
     m[r] = neg_inf;
@@ -852,6 +878,7 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   for (int64_t p0 = p_start; p0 <= last_pos; p0 += kB) {
     const int64_t nb = last_pos + 1 - p0 < kB ? last_pos + 1 - p0 : kB;
     blk.load(p0, nb);
+    if (widen) widen_rows(blk.vrow, nb, hd, Vf);
     const int64_t r_first = block_rows(p0);
     for (int64_t r = r_first; r < R; ++r) {
       V s0, s1, s2, s3;
@@ -876,7 +903,8 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
       m[r] = mx;
       float* o = O + r * hd;
       for (int64_t d = 0; d < hd; ++d) o[d] *= c;
-      accumulate_pv(o, s, blk.vrow, nv, hd);
+      if (widen) accumulate_pv(o, s, vf_rows, nv, hd);
+      else accumulate_pv(o, s, blk.vrow, nv, hd);
     }
   }
 
