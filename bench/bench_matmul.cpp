@@ -15,6 +15,7 @@
 // Q5_K, MXFP4, the float types, Q6_K for avx2i, Q2_K, Q3_K, TQ1_0, TQ2_0 for avx512i; others are
 // skipped).
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -55,6 +56,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> types = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "mxfp4"};
   std::vector<std::string> isas = {"ref", "avx2", "avx2i", "avx512", "avx512i"};
   std::vector<std::string> shape = {"2048", "5632"};
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "%s needs a value\n", argv[argc - 1]);
+    return 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--threads") n_threads = std::atoi(argv[i + 1]);
@@ -69,8 +74,15 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const int64_t n_in = shape.size() == 2 ? std::atoll(shape[0].c_str()) : 0;
-  const int64_t n_out = shape.size() == 2 ? std::atoll(shape[1].c_str()) : 0;
+  // A whole decimal number, or 0 (refused below).
+  const auto dim = [&](size_t i) -> int64_t {
+    int64_t v = 0;
+    if (i >= shape.size()) return 0;
+    const std::string& t = shape[i];
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    return ec == std::errc() && end == t.data() + t.size() ? v : 0;
+  };
+  const int64_t n_in = shape.size() == 2 ? dim(0) : 0, n_out = shape.size() == 2 ? dim(1) : 0;
   if (n_in <= 0 || n_out <= 0 || n_in % 32 != 0 || n_out % 16 != 0) {
     std::fprintf(stderr, "--shape N_IN,N_OUT: N_IN a positive multiple of 32, N_OUT of 16\n");
     return 2;

@@ -149,7 +149,12 @@ class DecoderModel final : public Model {
     extra_ = ld.take_extra();
     if (part_.whole())
       weight_bytes_ = model_weight_bytes(*file_);  // (a predictor's and neuron bundles' tensors are not the model's)
-    const auto stream = [&](const Linear& l) {
+    // Each linear's bytes for the decode's read probe, and a token's multiply-adds per layer (the
+    // mean over the layers, a routed expert's counted by its share of the tokens, n_expert_used /
+    // n_expert): what one thread would do alone in a step of one token (kSerialMaxLayerMacs).
+    double layer_macs = 0;
+    const auto stream = [&](const Linear& l, double share = 1.0) {
+      if (l.present()) layer_macs += share * double(l.w.n_in) * double(l.w.n_out);
       if (l.factored()) {
         for (const WeightView* f : {&l.lr_a, &l.lr_b})
           decode_weight_memory_.emplace_back(static_cast<const uint8_t*>(f->data), size_t(f->n_out * f->row_bytes()));
@@ -164,36 +169,19 @@ class DecoderModel final : public Model {
         for (const Linear* l : {&L.delta->qkv, &L.delta->gate, &L.delta->qkvz, &L.delta->ba, &L.delta->out}) stream(*l);
       if (L.moe) {
         stream(L.moe->router);
+        const double routed = L.moe->gate.empty() ? 0.0 : double(hp_.n_expert_used) / double(L.moe->gate.size());
         for (size_t e = 0; e < L.moe->gate.size(); ++e)
-          for (const Linear* l : {&L.moe->gate[e], &L.moe->up[e], &L.moe->down[e]}) stream(*l);
+          for (const Linear* l : {&L.moe->gate[e], &L.moe->up[e], &L.moe->down[e]}) stream(*l, routed);
         for (const Linear* l : {&L.moe->sh_gate, &L.moe->sh_up, &L.moe->sh_down}) stream(*l);
       }
     }
+    layer_macs_per_token_ = layers_.empty() ? 0.0 : layer_macs / double(layers_.size());
     if (output_.present()) stream(output_);
     if (!part_.whole()) {
       // This part's bytes: the matrices it reads, and the embedding rows it looks up.
       for (const auto& m : decode_weight_memory_) weight_bytes_ += int64_t(m.size());
       if (tok_embd_.data && output_.w.data != tok_embd_.data) weight_bytes_ += tok_embd_.n_out * tok_embd_.row_bytes();
     }
-    // A token's multiply-adds per layer (the mean over the layers; only the routed experts of an
-    // MoE layer): what one thread would do alone in a step of one token (kSerialMaxLayerMacs).
-    const auto macs = [](const Linear& l) { return l.present() ? double(l.w.n_in) * double(l.w.n_out) : 0.0; };
-    double total_macs = 0;
-    for (const LayerWeights& L : layers_) {
-      for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) total_macs += macs(*l);
-      if (L.ssm)
-        for (const Linear* l : {&L.ssm->in, &L.ssm->out}) total_macs += macs(*l);
-      if (L.delta)
-        for (const Linear* l : {&L.delta->qkv, &L.delta->gate, &L.delta->qkvz, &L.delta->ba, &L.delta->out})
-          total_macs += macs(*l);
-      if (L.moe) {
-        total_macs += macs(L.moe->router);
-        if (!L.moe->gate.empty())
-          total_macs += double(hp_.n_expert_used) * (macs(L.moe->gate[0]) + macs(L.moe->up[0]) + macs(L.moe->down[0]));
-        for (const Linear* l : {&L.moe->sh_gate, &L.moe->sh_up, &L.moe->sh_down}) total_macs += macs(*l);
-      }
-    }
-    layer_macs_per_token_ = layers_.empty() ? 0.0 : total_macs / double(layers_.size());
     phased_ = is_phased_capable();
     number_lora_targets();
   }

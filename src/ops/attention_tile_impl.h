@@ -814,7 +814,8 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   constexpr bool kHalf = std::is_same_v<T, uint16_t>;
   const bool widen = !std::is_same_v<T, float> && (kHalf ? i1 - i0 >= 4 : R >= 2);
   const float* vf_rows[kB];
-  for (int64_t j = 0; j < kB; ++j) vf_rows[j] = Vf + j * hd;
+  if (widen)
+    for (int64_t j = 0; j < kB; ++j) vf_rows[j] = Vf + j * hd;
   const float neg_inf = -__builtin_inff();
   for (int64_t r = 0; r < R; ++r) {
     m[r] = neg_inf;
