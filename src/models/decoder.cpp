@@ -55,6 +55,9 @@ struct Experts {
   Linear sh_gate, sh_up, sh_down;         // shared expert (Qwen2-MoE, Granite)
   const float* sh_gate_inp = nullptr;     // [n_embd] its sigmoid gate (Qwen2-MoE; Granite has none)
   bool shared = false;                    // the shared expert is present
+  // Channels held here: each routed expert's (n_ff_exp) and the shared expert's (n_ff_shexp), or a
+  // tensor-parallel rank's share of them (whole blocks of the down matrix's type, so per layer).
+  int64_t n_ff = 0, sh_n_ff = 0;
 };
 
 struct LayerWeights {
@@ -248,6 +251,20 @@ class DecoderModel final : public Model {
   void bind_weights(WeightLoader& ld);
   // Gives every linear an adapters may apply to its LoraTarget id (and token_embd one).
   void number_lora_targets();
+  // This tensor-parallel rank's channels of an FFN (dense or one expert) of F_all channels whose
+  // down matrix `down` is split by columns: whole blocks of its type, none of them empty.
+  SplitRange channel_share(const WeightLoader& ld, const std::string& down, int64_t F_all) const {
+    const int64_t unit = ld.has(down) ? ld.column_unit(down) : 1;
+    if (F_all % unit != 0)
+      fail(file_->path(), ": ", down, "'s ", F_all, " columns are not whole blocks of ", unit,
+           ", so its FFN cannot be split for tensor parallelism");
+    const SplitRange r = split_range(F_all, unit, part_.tp_rank, part_.tp_size);
+    if (r.size() == 0)
+      fail(file_->path(), ": --tp ", part_.tp_size, " leaves rank ", part_.tp_rank, " none of ", down, "'s ", F_all,
+           " channels (blocks of ", unit, "): use a smaller --tp");
+    return r;
+  }
+
   Linear linear(WeightLoader& ld, Tensor t, int64_t il, int64_t n_in, int64_t n_out, bool bias_required,
                 bool bias_optional, const Share& share = Share{}) {
     Linear l;
@@ -464,6 +481,7 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
   layers_.resize(size_t(hp_.n_layer));
   const bool split = part_.tp_size > 1;
   const int64_t tp = part_.tp_size, tpr = part_.tp_rank;
+  if (split) hp_.n_ff_exp = hp_.n_ff_shexp = 0;  // the largest share of any layer's experts, set below
   for (int64_t il = layer_begin_; il < layer_end_; ++il) {
     LayerWeights& L = layers_[size_t(il)];
     L.n_head = hp_.head_count(il);
@@ -521,22 +539,10 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
     L.ffn_norm = ld.vector(tensor_name(spec_.ffn_norm, il), E, "norm weights");
     const bool routed = spec_.moe == ArchSpec::Moe::Required ||
                         (spec_.moe == ArchSpec::Moe::Optional && ld.has(tensor_name(Tensor::FfnGateInp, il)));
-    if (routed && split)
-      fail(file_->path(), ": layer ", il, " routes experts; tensor parallelism of mixture-of-experts layers is not "
-           "supported yet (use --pp for this model)");
     // This rank's FFN channels: whole blocks of ffn_down's type (its columns are split).
     SplitRange ff{0, full_hp_.ff_length(il)};
     if (split && !routed) {
-      const int64_t F_all = full_hp_.ff_length(il);
-      const std::string down = tensor_name(Tensor::FfnDown, il);
-      const int64_t unit = ld.has(down) ? ld.column_unit(down) : 1;
-      if (F_all % unit != 0)
-        fail(file_->path(), ": ", down, "'s ", F_all, " columns are not whole blocks of ", unit,
-             ", so its FFN cannot be split for tensor parallelism");
-      ff = ffn_range(full_hp_, il, part_, unit);
-      if (ff.size() == 0)
-        fail(file_->path(), ": --tp ", tp, " leaves rank ", tpr, " no FFN channels of layer ", il, " (", F_all,
-             " channels in blocks of ", unit, ")");
+      ff = channel_share(ld, tensor_name(Tensor::FfnDown, il), full_hp_.ff_length(il));
       hp_.n_ff_per_layer[size_t(il)] = ff.size();
     }
     L.n_ff = split ? ff.size() : hp_.ff_length(il);
@@ -545,7 +551,15 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
         fail(file_->path(), ": ", tensor_name(Tensor::FfnGateInp, il), " present but ", hp_.arch,
              ".expert_count is missing");
       auto X = std::make_unique<Experts>();
-      const int64_t NE = hp_.n_expert, F = hp_.n_ff_exp;
+      // Tensor parallelism splits every expert as a dense FFN is split: each rank holds channels
+      // [fx.begin, fx.end) of each expert (gate/up rows, down columns), the router whole (every
+      // rank routes the same tokens to the same experts, from the same bits), and its experts'
+      // weighted sum is a partial sum that ffn_block all-reduces.
+      const int64_t NE = hp_.n_expert, F_all = full_hp_.n_ff_exp;
+      const SplitRange fx = split ? channel_share(ld, tensor_name(Tensor::FfnDownExps, il), F_all) : SplitRange{0, F_all};
+      const int64_t F = fx.size();
+      X->n_ff = F;
+      hp_.n_ff_exp = std::max(hp_.n_ff_exp, F);
       const std::string gi = tensor_name(Tensor::FfnGateInp, il);
       X->router = Linear{gi, ld.matmul(gi, E, NE),
                          spec_.expert_biases ? ld.vector(tensor_name(Tensor::FfnGateInp, il, "bias"), NE, "router biases")
@@ -553,23 +567,38 @@ void DecoderModel::bind_weights(WeightLoader& ld) {
       // gpt-oss: one bias row per expert, [n_ff_exp, n_expert] (gate, up) and [n_embd, n_expert] (down).
       const float *gate_b = nullptr, *up_b = nullptr, *down_b = nullptr;
       if (spec_.expert_biases) {
-        gate_b = ld.vectors(tensor_name(Tensor::FfnGateExps, il, "bias"), F, NE, "expert biases");
-        up_b = ld.vectors(tensor_name(Tensor::FfnUpExps, il, "bias"), F, NE, "expert biases");
+        gate_b = ld.vectors(tensor_name(Tensor::FfnGateExps, il, "bias"), F_all, NE, "expert biases");
+        up_b = ld.vectors(tensor_name(Tensor::FfnUpExps, il, "bias"), F_all, NE, "expert biases");
         down_b = ld.vectors(tensor_name(Tensor::FfnDownExps, il, "bias"), E, NE, "expert biases");
+        if (tpr != 0) down_b = nullptr;  // a row-split matrix's bias is added once, on rank 0
       }
       for (int64_t e = 0; e < NE; ++e) {
         // Experts are not shown to the observer: calibration of 3-D tensors is not supported.
         const std::string g = tensor_name(Tensor::FfnGateExps, il), u = tensor_name(Tensor::FfnUpExps, il),
                           d = tensor_name(Tensor::FfnDownExps, il);
-        X->gate.push_back(Linear{g, ld.matmul(g, E, F, 0, F, e, NE), gate_b ? gate_b + e * F : nullptr, false});
-        X->up.push_back(Linear{u, ld.matmul(u, E, F, 0, F, e, NE), up_b ? up_b + e * F : nullptr, false});
-        X->down.push_back(Linear{d, ld.matmul(d, F, E, 0, E, e, NE), down_b ? down_b + e * E : nullptr, false});
+        const float* gb = gate_b ? gate_b + e * F_all + fx.begin : nullptr;
+        const float* ub = up_b ? up_b + e * F_all + fx.begin : nullptr;
+        X->gate.push_back(Linear{g, ld.matmul(g, E, F, fx.begin, F_all, e, NE), gb, false});
+        X->up.push_back(Linear{u, ld.matmul(u, E, F, fx.begin, F_all, e, NE), ub, false});
+        X->down.push_back(Linear{d, split ? ld.matmul_cols(d, F_all, E, fx.begin, F, e, NE) : ld.matmul(d, F, E, 0, E, e, NE),
+                                 down_b ? down_b + e * E : nullptr, false});
       }
-      if (spec_.shared_expert && hp_.n_ff_shexp > 0) {
-        const int64_t S = hp_.n_ff_shexp;
-        X->sh_gate = linear(ld, Tensor::FfnGateShexp, il, E, S, false, false);
-        X->sh_up = linear(ld, Tensor::FfnUpShexp, il, E, S, false, false);
-        X->sh_down = linear(ld, Tensor::FfnDownShexp, il, S, E, false, false);
+      if (spec_.shared_expert && full_hp_.n_ff_shexp > 0) {
+        const int64_t S_all = full_hp_.n_ff_shexp;
+        if (split) {
+          const SplitRange fs = channel_share(ld, tensor_name(Tensor::FfnDownShexp, il), S_all);
+          X->sh_gate = linear(ld, Tensor::FfnGateShexp, il, E, fs.size(), false, false, Share{fs.begin, S_all});
+          X->sh_up = linear(ld, Tensor::FfnUpShexp, il, E, fs.size(), false, false, Share{fs.begin, S_all});
+          X->sh_down = linear(ld, Tensor::FfnDownShexp, il, fs.size(), E, false, false,
+                              Share{0, -1, fs.begin, S_all, tpr == 0});
+          X->sh_n_ff = fs.size();
+        } else {
+          X->sh_gate = linear(ld, Tensor::FfnGateShexp, il, E, S_all, false, false);
+          X->sh_up = linear(ld, Tensor::FfnUpShexp, il, E, S_all, false, false);
+          X->sh_down = linear(ld, Tensor::FfnDownShexp, il, S_all, E, false, false);
+          X->sh_n_ff = S_all;
+        }
+        hp_.n_ff_shexp = std::max(hp_.n_ff_shexp, X->sh_n_ff);
         if (spec_.shared_expert_gate) {
           // [n_embd], or [n_embd, 1] as the converters write the shared_expert_gate's one row
           const std::string gs = tensor_name(Tensor::FfnGateInpShexp, il);
@@ -1023,6 +1052,7 @@ void DecoderModel::ffn_block(int64_t il, int64_t T, ThreadPool& pool) {
   if (L.moe) {
     rms_norm(x_.data(), L.ffn_norm, xn_.data(), T, E, hp_.rms_eps, pool);
     moe_block(L, T, pool);
+    if (part_.tp_size > 1) part_.all_reduce(moe_out_.data(), T * E);  // the experts' channels' partial sums
     add_residual(moe_out_.data(), T * E);
     return;
   }
@@ -1151,7 +1181,7 @@ void DecoderModel::moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool)
 
 // A step's tokens grouped by expert: each routed expert runs once over its tokens.
 void DecoderModel::experts_over_tokens(const Experts& X, int64_t T, ThreadPool& pool) {
-  const int64_t E = hp_.n_embd, NE = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
+  const int64_t E = hp_.n_embd, NE = hp_.n_expert, K = hp_.n_expert_used, F = X.n_ff;
   std::vector<int32_t> rows;   // tokens routed to the expert
   std::vector<float> weights;  // and their weights
   for (int64_t e = 0; e < NE; ++e) {
@@ -1185,7 +1215,7 @@ void DecoderModel::experts_over_tokens(const Experts& X, int64_t T, ThreadPool& 
 void DecoderModel::shared_expert(const Experts& X, int64_t T, ThreadPool& pool) {
   const int64_t E = hp_.n_embd;
   {
-    const int64_t S = hp_.n_ff_shexp;
+    const int64_t S = X.sh_n_ff;
     const ActRows act{gate_.data(), up_.data(), S, activation_};
     const Linear* gu[] = {&X.sh_gate, &X.sh_up};
     float* const ys[] = {gate_.data(), up_.data()};
@@ -1229,7 +1259,7 @@ void experts_act_done(const void* ctx, int j, int64_t, int64_t r0, int64_t r1) {
 }
 
 void DecoderModel::moe_decode_token(const Experts& X, ThreadPool& pool) {
-  const int64_t E = hp_.n_embd, K = hp_.n_expert_used, F = hp_.n_ff_exp;
+  const int64_t E = hp_.n_embd, K = hp_.n_expert_used, F = X.n_ff;
   std::vector<MatmulTarget>& targets = moe_targets_;
   targets.clear();
   const float* gate_b[64];

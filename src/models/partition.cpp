@@ -38,19 +38,13 @@ HParams partition_hparams(const HParams& hp, const ModelPartition& part, const s
     out.n_head_per_layer[size_t(il)] = nh / tp;
     out.n_head_kv_per_layer[size_t(il)] = nkv / tp;
     // The FFN split's unit (ffn_down's block) is known only with the tensors; the loader sets
-    // the exact widths (ffn_range). This is the even share, for sizing before the load.
+    // the exact widths (DecoderModel's channel_share). This is the even share, for sizing before the load.
     out.n_ff_per_layer[size_t(il)] = (hp.ff_length(il) + tp - 1) / tp;
   }
   out.n_head = *std::max_element(out.n_head_per_layer.begin(), out.n_head_per_layer.end());
   out.n_head_kv = *std::max_element(out.n_head_kv_per_layer.begin(), out.n_head_kv_per_layer.end());
   out.n_ff = *std::max_element(out.n_ff_per_layer.begin(), out.n_ff_per_layer.end());
   return out;
-}
-
-SplitRange ffn_range(const HParams& full, int64_t il, const ModelPartition& part, int64_t unit) {
-  const int64_t F = full.ff_length(il);
-  if (part.tp_size == 1) return SplitRange{0, F};
-  return split_range(F, unit, part.tp_rank, part.tp_size);
 }
 
 }  // namespace tern

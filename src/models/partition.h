@@ -5,8 +5,10 @@
 // and projection. Within a stage, tensor parallelism splits every layer over tp_size ranks
 // (Megatron's split): rank r holds its n_head / tp_size query heads and n_head_kv / tp_size KV
 // heads (their q/k/v rows and attn_output's columns, so its K/V cache holds only its heads), and
-// a contiguous range of the FFN's channels (gate/up rows, ffn_down's columns). The outputs of
-// attn_output and ffn_down are then partial sums, which `all_reduce` adds up over the stage's
+// a contiguous range of the FFN's channels (gate/up rows, ffn_down's columns; in a mixture-of-
+// experts layer, of every expert's and of the shared expert's, with the router whole on each
+// rank). The outputs of attn_output, ffn_down and the experts' weighted sum are then partial
+// sums, which `all_reduce` adds up over the stage's
 // ranks (the same bits on each) before the residual. The output projection is split by vocabulary
 // rows, the logits gathered. A default partition is the whole model.
 #include <cstdint>
@@ -58,9 +60,5 @@ SplitRange stage_layers(int64_t n_layer, int stage, int n_stages);
 // counts and FFN widths of the rank's share (0 for layers outside its stage), so that K/V and
 // activation buffers sized from them hold only the rank's part.
 HParams partition_hparams(const HParams& hp, const ModelPartition& part, const std::string& path);
-
-// The rank's range of layer il's FFN channels (ffn_down columns), in units of `unit` elements
-// (ffn_down's block size).
-SplitRange ffn_range(const HParams& full, int64_t il, const ModelPartition& part, int64_t unit);
 
 }  // namespace tern

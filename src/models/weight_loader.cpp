@@ -150,11 +150,17 @@ int64_t WeightLoader::column_unit(const std::string& name) const {
 }
 
 WeightView WeightLoader::matmul_cols(const std::string& name, int64_t n_in_total, int64_t n_out, int64_t col0,
-                                     int64_t n_in) {
+                                     int64_t n_in, int64_t expert, int64_t n_expert) {
   const GgufTensorInfo& t = tensor(name);
   const QuantTraits& q = require_quant_traits(t.type, name.c_str());
-  if (t.ne.size() != 2 || t.ne[0] != n_in_total || t.ne[1] != n_out)
+  if (n_expert > 0) {
+    if (t.ne.size() != 3 || t.ne[0] != n_in_total || t.ne[1] != n_out || t.ne[2] != n_expert)
+      fail(file_->path(), ": loading ", name, ": expected ", n_in_total, " x ", n_out, " x ", n_expert, ", file has ",
+           t.shape_string());
+    TERN_ASSERT(expert >= 0 && expert < n_expert);
+  } else if (t.ne.size() != 2 || t.ne[0] != n_in_total || t.ne[1] != n_out) {
     fail(file_->path(), ": loading ", name, ": expected ", n_in_total, " x ", n_out, ", file has ", t.shape_string());
+  }
   const int64_t bs = q.block_size;
   if (dtype_row_bytes(t.type, n_in_total) != n_in_total / bs * q.block_bytes)
     fail(file_->path(), ": ", name, " is ", dtype_name(t.type),
@@ -170,7 +176,8 @@ WeightView WeightLoader::matmul_cols(const std::string& name, int64_t n_in_total
   const size_t bytes = size_t(n_out * rb);
   uint8_t* dst = claim(bytes);
   if (!loading_) return w;
-  const uint8_t* src = static_cast<const uint8_t*>(t.data);
+  // (an expert's matrix: its n_out rows, after the experts before it)
+  const uint8_t* src = static_cast<const uint8_t*>(t.data) + (n_expert > 0 ? expert * n_out * rb_total : 0);
   const bool interleave = want_interleave16(w);
   // In pieces of whole 16-row groups (interleave16 lays each out over its own bytes); each
   // piece's source pages go back once it is copied: a share's columns lie on every page of the

@@ -42,13 +42,16 @@ class WeightLoader {
   // (2-D) or, with n_expert > 0, expert `expert` of [n_in, rows_total, n_expert] (3-D).
   WeightView matmul(const std::string& name, int64_t n_in, int64_t n_out, int64_t row0 = 0, int64_t rows_total = -1,
                     int64_t expert = -1, int64_t n_expert = 0);
-  // Columns [col0, col0 + n_in) of every row of the 2-D `name` [n_in_total, n_out]: a
-  // tensor-parallel rank's share of a row-split matrix (attn_output, ffn_down; models/partition.h).
+  // Columns [col0, col0 + n_in) of every row of the 2-D `name` [n_in_total, n_out], or with
+  // n_expert > 0 of expert `expert` of the 3-D [n_in_total, n_out, n_expert]: a tensor-parallel
+  // rank's share of a row-split matrix (attn_output, ffn_down, an expert's down;
+  // models/partition.h).
   // A row's columns are not contiguous across rows, so the share is always copied (and
   // interleaved where the kernels want it). col0 and n_in must be whole blocks of the type, and
   // the type's rows plain sequences of blocks (tern's own row formats with per-row headers and
   // the 2:4 formats are refused, naming the tensor).
-  WeightView matmul_cols(const std::string& name, int64_t n_in_total, int64_t n_out, int64_t col0, int64_t n_in);
+  WeightView matmul_cols(const std::string& name, int64_t n_in_total, int64_t n_out, int64_t col0, int64_t n_in,
+                         int64_t expert = -1, int64_t n_expert = 0);
   // Elements per block of `name`'s type (1 for f32); what a column split must be a multiple of.
   int64_t column_unit(const std::string& name) const;
   // An f32 vector (norm weight, bias, frequency factors) of n elements.

@@ -212,6 +212,62 @@ TEST_F(MpiTinyLlama, PipelineReportsEveryStageAndMicroBatch) {
   }
 }
 
+// Mixture-of-experts layers under tensor parallelism (models/partition.h): every expert's
+// channels split over the ranks, the router whole on each. Greedy tokens on float models
+// (Mixtral's experts; Qwen2-MoE's shared expert with its gate), alone and with a pipeline;
+// Mixtral's layer at its real width (8 experts of 2816 channels, q4_0: 44 blocks each per rank)
+// within the quantized bound, each rank holding about half of the experts' bytes.
+struct MpiMoe : Mpi {
+  static void SetUpTestSuite() {
+    dir_ = make_temp_dir("tern_mpi_moe");
+    for (const auto& [path, args] : {std::pair{dir_ + "/mixtral-tiny.gguf", "--shape mixtral-tiny --type f32"},
+                                     std::pair{dir_ + "/qwen2moe-tiny.gguf", "--shape qwen2moe-tiny --type f32"},
+                                     std::pair{dir_ + "/mixtral2-q4_0.gguf", "--shape mixtral-mini --layers 2 --type q4_0"}}) {
+      const TernResult r = run_tern("synth " + std::string(args) + " -o " + path);
+      ASSERT_EQ(r.rc, 0) << r.err;
+    }
+  }
+  static void TearDownTestSuite() { remove_temp_dir(dir_); }
+  static std::string dir_;
+};
+std::string MpiMoe::dir_;
+
+TEST_F(MpiMoe, GreedyTokensEqualTheSingleProcess) {
+  for (const char* name : {"/mixtral-tiny.gguf", "/qwen2moe-tiny.gguf"}) {
+    SCOPED_TRACE(name);
+    expect_same_tokens(dir_ + name, "Once upon a time", 16, {{2, "--tp 2"}, {4, "--tp 2 --pp 2"}});
+  }
+}
+
+TEST_F(MpiMoe, RealWidthLogitsStayWithinTheBoundAndRanksHoldHalf) {
+  const std::string model = dir_ + "/mixtral2-q4_0.gguf";
+  const std::string ids = "1 259 300 273 413 1568 734 331 350 577 264 26050 22598";
+  const auto ref = logits_of(model, ids, 0, "", dir_ + "/ref.bin");
+  ASSERT_EQ(ref.size(), size_t(13 * 32000));
+  const double rel = max_relative_diff(ref, logits_of(model, ids, 2, "--tp 2", dir_ + "/par.bin"), 32000);
+  std::printf("mixtral-mini (2 layers, q4_0) --tp 2: max |diff| = %.2e of max |logit|\n", rel);
+  EXPECT_LE(rel, 0.05);
+
+  const std::string bench = "bench -m " + model + " -p 16 -n 4 -r 1 --json -t 1";
+  const TernResult single = run_tern(bench);
+  ASSERT_EQ(single.rc, 0) << single.err;
+  const int64_t whole = nlohmann::json::parse(single.out).at("weight_bytes").get<int64_t>();
+  const TernResult r = mpirun(2, bench + " --tp 2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& ranks = j.at("parallel").at("ranks");
+  ASSERT_EQ(ranks.size(), 2u);
+  // The token embeddings (32000 rows of 1024 in q4_0, looked up) and the routers (8 rows per
+  // layer) are whole on each rank; the rest, nearly all of it the experts, is split in two.
+  const int64_t embd = int64_t(32000) * (1024 / 32) * 18;
+  for (const auto& rank : ranks) {
+    const double share = double(rank.at("weight_bytes").get<int64_t>() - embd) / double(whole - embd);
+    std::printf("rank %d: %.3f of the split weights\n", rank.at("rank").get<int>(), share);
+    EXPECT_GT(share, 0.45) << rank.dump();
+    EXPECT_LT(share, 0.55) << rank.dump();
+  }
+}
+
 TEST_F(Mpi, BadLayoutsAreClearErrors) {
   const std::string run = "run -m " + real_model_path() + " -p hi -n 2 -t 1 ";
   struct Case {
