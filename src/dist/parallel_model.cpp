@@ -12,12 +12,22 @@
 #include "dist/comm.h"
 #include "dist/jobs.h"
 #include "dist/step_plan.h"
+#include "models/lora.h"
 
 namespace tern::dist {
 namespace {
 
 // What rank 0 broadcasts: a header, then `bytes` of payload.
-enum class MsgKind : int32_t { Load = 1, Step = 2, Exit = 3, Timeline = 4, Job = 5, CopySlots = 6 };
+enum class MsgKind : int32_t { Load = 1, Step = 2, Exit = 3, Timeline = 4, Job = 5, CopySlots = 6, Adapter = 7,
+                               DropAdapters = 8 };
+
+// A LoRA adapter for every rank, before the first step that runs it: rank 0's uid (what step
+// plans name it by), then its name (rank 0's path, for messages), then an adapter file's bytes
+// (lora_adapter_bytes: the same operands on every rank, nothing read from the rank's disk).
+struct AdapterRequest {
+  uint64_t uid;
+  int64_t name_bytes;
+};
 
 // Copy-on-write of K/V slots (the engine's shared blocks), on every rank's arena.
 struct CopySlotsRequest {
@@ -79,6 +89,8 @@ struct Executor {
   // Scratch: micro-batches' activations and logits (kept until their sends complete).
   std::vector<std::vector<float>> xs, ls;
   std::vector<float> scratch_logits;
+  // Workers: the adapters rank 0 sent, by rank 0's uid, until it says they are gone.
+  std::map<uint64_t, std::shared_ptr<const LoraAdapter>> adapters;
 
   int stage() const { return layout.stage_of(rank); }
   int tp_rank() const { return layout.tp_rank_of(rank); }
@@ -207,6 +219,21 @@ void broadcast_message(MsgKind kind, std::vector<uint8_t>* payload) {
   if (h.bytes > 0) world().broadcast(payload->data(), h.bytes, 0);
 }
 
+// Every rank's "" or error (collective): the first error as "rank N: ...", or "".
+std::string first_error(const std::string& error) {
+  Comm& w = world();
+  struct Status {
+    char error[kStatusBytes];
+  } mine{};
+  std::snprintf(mine.error, sizeof mine.error, "%s", error.c_str());
+  std::vector<Status> all(size_t(w.size()));
+  w.all_gather(&mine, sizeof mine, all.data());
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r].error[0] != '\0')
+      return str_cat("rank ", r, ": ", std::string(all[r].error, strnlen(all[r].error, sizeof all[r].error)));
+  return "";
+}
+
 // Every rank's load status; rank 0 throws for the first failure.
 std::vector<RankInfo> gather_load_status(const std::string& error) {
   Comm& w = world();
@@ -251,13 +278,15 @@ class ParallelModel final : public Model {
   }
   void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) override {
     for (const SeqBatch& s : seqs) {
-      if (s.lora && !s.lora->empty()) fail("LoRA adapters are not supported with --tp / --pp");
+      if (s.lora)
+        for (const LoraUse& u : *s.lora) send_adapter(u.adapter);
       // With tensor parallelism alone rank 0 holds the whole residual stream after the last
       // all-reduce: its own forward writes the hidden states. A pipeline's are on its last stage.
       if (s.hidden && executor().layout.pp > 1) fail("hidden states (embeddings) are not available with --pp");
       if (s.key_mass) fail("H2O key masses are not supported with --tp / --pp");
       if (s.tokens.empty()) fail("a parallel step with an empty sequence");
     }
+    drop_released_adapters();
     std::vector<uint8_t> plan = encode_step(seqs, reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), kv.type());
     broadcast_message(MsgKind::Step, &plan);
     executor().run(seqs, kv, logits, pool);
@@ -273,9 +302,53 @@ class ParallelModel final : public Model {
   bool can_evict_kv() const override { return false; }
   void reserve(int64_t n_tokens) override { executor().model->reserve(n_tokens); }
   int64_t max_step_tokens() const override { return executor().model->max_step_tokens(); }
-  void check_lora(const LoraAdapter& adapter) const override {
-    fail(adapter.path(), ": LoRA adapters are not supported with --tp / --pp yet");
+  // Rank 0's part checks the pairs it holds (its stage's layers; a tensor-parallel rank holds a
+  // share of every target). The other stages check theirs when the adapter is sent to them,
+  // before the first step that runs it (send_adapter): only the engine's thread talks to the
+  // ranks, and this may be called from a request's thread.
+  void check_lora(const LoraAdapter& adapter) const override { executor().model->check_lora(adapter); }
+
+ private:
+  // Sends `adapter` to every rank unless they have it (collective), each rank checking it against
+  // its part; throws naming the rank whose part refuses it (then nobody keeps it).
+  void send_adapter(const std::shared_ptr<const LoraAdapter>& adapter) {
+    if (!adapter) fail("a LoRA adapter entry has no adapter");
+    const auto it = sent_.find(adapter->uid());
+    if (it != sent_.end() && !it->second.expired()) return;
+    std::vector<uint8_t> payload(sizeof(AdapterRequest));
+    const std::string& name = adapter->path();
+    const AdapterRequest req{adapter->uid(), int64_t(name.size())};
+    std::memcpy(payload.data(), &req, sizeof req);
+    payload.insert(payload.end(), name.begin(), name.end());
+    const std::vector<uint8_t> bytes = lora_adapter_bytes(*adapter);
+    payload.insert(payload.end(), bytes.begin(), bytes.end());
+    broadcast_message(MsgKind::Adapter, &payload);
+    std::string error;
+    try {
+      executor().model->check_lora(*adapter);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (const std::string first = first_error(error); !first.empty()) fail(first);
+    sent_[adapter->uid()] = adapter;
   }
+  // Tells the ranks to let go of the adapters nobody on rank 0 holds any more.
+  void drop_released_adapters() {
+    std::vector<uint64_t> gone;
+    for (auto it = sent_.begin(); it != sent_.end();)
+      if (it->second.expired()) {
+        gone.push_back(it->first);
+        it = sent_.erase(it);
+      } else {
+        ++it;
+      }
+    if (gone.empty()) return;
+    std::vector<uint8_t> payload(gone.size() * sizeof(uint64_t));
+    std::memcpy(payload.data(), gone.data(), payload.size());
+    broadcast_message(MsgKind::DropAdapters, &payload);
+  }
+
+  std::map<uint64_t, std::weak_ptr<const LoraAdapter>> sent_;  // by uid: what the ranks hold
 };
 
 }  // namespace
@@ -334,6 +407,7 @@ int worker_main() {
           std::string path(reinterpret_cast<const char*>(payload.data()) + sizeof lr, payload.size() - sizeof lr);
           if (const char* own = std::getenv("TERN_RANK_MODEL"); own && *own) path = own;
           kvs.clear();
+          ex.adapters.clear();
           pool = std::make_unique<ThreadPool>(lr.n_threads > 0 ? lr.n_threads : default_thread_count());
           const std::string error =
               ex.load(path, nullptr, ParallelLayout{lr.tp, lr.pp, lr.micro_batches}, lr.fingerprint, lr.file_size);
@@ -343,7 +417,47 @@ int worker_main() {
         case MsgKind::Step: {
           StepPlan plan = decode_step(payload);
           if (!ex.model) fail("a step before a model was loaded");
+          // Each sequence's adapters, as rank 0 sent them (LoraSets live until the step is done).
+          std::vector<LoraSet> sets(plan.seqs.size());
+          for (size_t i = 0; i < plan.seqs.size(); ++i) {
+            for (const LoraRef& ref : plan.lora[i]) {
+              const auto it = ex.adapters.find(ref.uid);
+              if (it == ex.adapters.end()) fail("a step names LoRA adapter ", ref.uid, ", which rank 0 never sent");
+              sets[i].push_back(LoraUse{it->second, ref.scale});
+            }
+            if (!sets[i].empty()) plan.seqs[i].lora = &sets[i];
+          }
           ex.run(plan.seqs, arena(plan.kv_id, plan.kv_slots, plan.kv_type), nullptr, *pool);
+          break;
+        }
+        case MsgKind::Adapter: {
+          AdapterRequest req;
+          if (payload.size() < sizeof req) fail("malformed adapter message");
+          std::memcpy(&req, payload.data(), sizeof req);
+          if (req.name_bytes < 0 || req.name_bytes > int64_t(payload.size() - sizeof req)) fail("malformed adapter message");
+          const std::string name(reinterpret_cast<const char*>(payload.data()) + sizeof req, size_t(req.name_bytes));
+          std::string error;
+          std::shared_ptr<const LoraAdapter> adapter;
+          try {
+            if (!ex.model) fail("an adapter before a model was loaded");
+            const size_t at = sizeof req + size_t(req.name_bytes);
+            auto bytes = std::make_shared<std::vector<uint8_t>>(payload.begin() + std::ptrdiff_t(at), payload.end());
+            const GgufFile file = GgufFile::parse(bytes, bytes->data(), bytes->size(), name);
+            adapter = LoraAdapter::from_file(file);
+            ex.model->check_lora(*adapter);
+          } catch (const std::exception& e) {
+            error = e.what();
+          }
+          if (first_error(error).empty()) ex.adapters[req.uid] = std::move(adapter);
+          break;
+        }
+        case MsgKind::DropAdapters: {
+          if (payload.size() % sizeof(uint64_t) != 0) fail("malformed adapter release");
+          for (size_t at = 0; at < payload.size(); at += sizeof(uint64_t)) {
+            uint64_t uid;
+            std::memcpy(&uid, payload.data() + at, sizeof uid);
+            ex.adapters.erase(uid);
+          }
           break;
         }
         case MsgKind::CopySlots: {

@@ -1,6 +1,7 @@
 #include "dist/step_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -44,7 +45,7 @@ struct Reader {
 
 struct SeqHeader {
   int64_t n_past, pos, n_tokens, n_slots;
-  int32_t all_logits, pad;
+  int32_t all_logits, n_lora;
 };
 
 }  // namespace
@@ -57,9 +58,13 @@ std::vector<uint8_t> encode_step(std::span<const SeqBatch> seqs, uint64_t kv_id,
   w.put(kv_slots);
   w.put(int64_t(seqs.size()));
   for (const SeqBatch& s : seqs)
-    w.put(SeqHeader{s.n_past, s.pos, int64_t(s.tokens.size()), int64_t(s.slots.size()), s.all_logits ? 1 : 0, 0});
+    w.put(SeqHeader{s.n_past, s.pos, int64_t(s.tokens.size()), int64_t(s.slots.size()), s.all_logits ? 1 : 0,
+                    s.lora ? int32_t(s.lora->size()) : 0});
   for (const SeqBatch& s : seqs) w.put_ints(s.tokens);
   for (const SeqBatch& s : seqs) w.put_ints(s.slots);
+  for (const SeqBatch& s : seqs)
+    if (s.lora)
+      for (const LoraUse& u : *s.lora) w.put(LoraRef{u.adapter->uid(), u.scale, 0});
   return std::move(w.out);
 }
 
@@ -77,7 +82,7 @@ StepPlan decode_step(std::span<const uint8_t> bytes) {
   for (const KvTypeTraits& t : kv_types()) known_type = known_type || t.type == p.kv_type;
   if (!known_type) fail("step plan: unknown K/V type ", int(p.kv_type));
   std::vector<SeqHeader> heads;
-  int64_t n_tokens = 0, n_slots = 0;
+  int64_t n_tokens = 0, n_slots = 0, n_lora = 0;
   for (int64_t i = 0; i < n_seqs; ++i) {
     heads.push_back(r.get<SeqHeader>());
     const SeqHeader& h = heads.back();
@@ -87,14 +92,25 @@ StepPlan decode_step(std::span<const uint8_t> bytes) {
     if (h.n_past < 0 || h.n_tokens < 1 || h.n_slots < 0 || h.n_tokens > room || h.n_slots > room ||
         h.n_slots - h.n_tokens < h.n_past)
       fail("step plan: sequence ", i, " has inconsistent sizes");
+    if (h.n_lora < 0 || h.n_lora > int64_t((bytes.size() - r.at) / sizeof(LoraRef)))
+      fail("step plan: sequence ", i, " has a bad adapter count ", h.n_lora);
     n_tokens += h.n_tokens;
     n_slots += h.n_slots;
-    if (n_tokens + n_slots > room) fail("step plan: truncated message (", bytes.size(), " bytes)");
+    n_lora += h.n_lora;
+    if (n_tokens + n_slots > room || n_lora > int64_t((bytes.size() - r.at) / sizeof(LoraRef)))
+      fail("step plan: truncated message (", bytes.size(), " bytes)");
   }
   p.tokens.resize(size_t(n_tokens));
   p.slots.resize(size_t(n_slots));
   r.get_ints(p.tokens.data(), n_tokens);
   r.get_ints(p.slots.data(), n_slots);
+  for (const SeqHeader& h : heads) {
+    std::vector<LoraRef>& refs = p.lora.emplace_back();
+    for (int32_t k = 0; k < h.n_lora; ++k) {
+      refs.push_back(r.get<LoraRef>());
+      if (!std::isfinite(refs.back().scale)) fail("step plan: an adapter's scale is not finite");
+    }
+  }
   if (r.at != bytes.size()) fail("step plan: ", bytes.size() - r.at, " bytes left over");
   int64_t t = 0, sl = 0;
   for (const SeqHeader& h : heads) {

@@ -1,14 +1,24 @@
 #pragma once
 // What rank 0 tells the other ranks about each step (the step plan: every sequence's tokens,
-// positions and KV slots, and which K/V arena they go to), and how a step is cut into the
+// positions and KV slots, its LoRA adapters, and which K/V arena they go to), and how a step is
+// cut into the
 // micro-batches that flow through the pipeline stages. Pure logic: tested without MPI.
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "models/lora.h"
 #include "models/model.h"
 
 namespace tern::dist {
+
+// An adapter a sequence runs with, as the plan names it: rank 0's LoraAdapter::uid() (every rank
+// keeps the adapters rank 0 sent it under that id: dist/parallel_model.cpp) and its scale.
+struct LoraRef {
+  uint64_t uid = 0;
+  float scale = 1.0f;
+  int32_t pad = 0;
+};
 
 // A decoded plan: owns the tokens and slots its SeqBatch views point into.
 struct StepPlan {
@@ -17,10 +27,12 @@ struct StepPlan {
   KvType kv_type = KvType::F32;
   std::vector<SeqBatch> seqs;
   std::vector<int32_t> tokens, slots;
+  std::vector<std::vector<LoraRef>> lora;  // [seqs] each sequence's adapters (SeqBatch::lora unset)
   int64_t n_tokens() const { return int64_t(tokens.size()); }
 };
 
-// Serialises a step (only what a forward pass reads: tokens, slots, n_past, pos, all_logits).
+// Serialises a step (only what a forward pass reads: tokens, slots, n_past, pos, all_logits,
+// and each sequence's adapters by uid and scale).
 std::vector<uint8_t> encode_step(std::span<const SeqBatch> seqs, uint64_t kv_id, int64_t kv_slots, KvType kv_type);
 // Throws tern::Error on a malformed or truncated message.
 StepPlan decode_step(std::span<const uint8_t> bytes);

@@ -190,7 +190,10 @@ class DecoderModel final : public Model {
   }
 
   void check_lora(const LoraAdapter& adapter) const override {
-    const std::vector<std::string> missing = lora_.unapplied(adapter);
+    std::vector<std::string> missing = lora_.unapplied(adapter);
+    // A pipeline stage holds some layers (and the output only on the last): the pairs of the
+    // others' are theirs to apply (dist/ asks every stage).
+    std::erase_if(missing, [&](const std::string& name) { return !holds_tensor(name); });
     if (!missing.empty())
       fail(adapter.path(), ": adapts ", missing.front(), (missing.size() > 1 ? str_cat(" (and ", missing.size() - 1, " more)") : ""),
            ", to which tern applies no adapter (LoRA applies to attention, FFN, shared-expert, router, output and "
@@ -251,6 +254,18 @@ class DecoderModel final : public Model {
   void bind_weights(WeightLoader& ld);
   // Gives every linear an adapters may apply to its LoraTarget id (and token_embd one).
   void number_lora_targets();
+  // Whether this part of the model holds tensor `name` (or a share of it): a pipeline stage holds
+  // its layers' tensors, the last stage the output's; the token embeddings are on every part.
+  bool holds_tensor(const std::string& name) const {
+    if (part_.whole()) return true;
+    if (name.rfind("blk.", 0) == 0) {
+      const int64_t il = std::atoll(name.c_str() + 4);
+      return il >= layer_begin_ && il < layer_end_;
+    }
+    if (name.rfind("output", 0) == 0) return part_.last_stage(hp_.n_layer);
+    return true;
+  }
+
   // This tensor-parallel rank's channels of an FFN (dense or one expert) of F_all channels whose
   // down matrix `down` is split by columns: whole blocks of its type, none of them empty.
   SplitRange channel_share(const WeightLoader& ld, const std::string& down, int64_t F_all) const {
@@ -274,6 +289,7 @@ class DecoderModel final : public Model {
         fail(file_->path(), ": ", l.name, " is low-rank factored (tern lowrank); tensor parallelism needs plain matrices");
       if (share.cols_total > 0) {
         l.w = ld.matmul_cols(l.name, share.cols_total, n_out, share.col0, n_in);
+        l.col0 = share.col0;
       } else {
         l.w = ld.matmul(l.name, n_in, n_out, share.row0, share.rows_total);
         l.row0 = share.row0;
@@ -412,7 +428,7 @@ void DecoderModel::number_lora_targets() {
   const auto add = [&](Linear& l) {
     if (!l.present()) return;
     l.lora_id = int32_t(targets.size());
-    targets.push_back(LoraTarget{l.name, l.row0, l.w.n_in, l.w.n_out});
+    targets.push_back(LoraTarget{l.name, l.row0, l.w.n_in, l.w.n_out, l.col0});
   };
   for (LayerWeights& L : layers_) {
     for (Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) add(*l);
@@ -424,7 +440,7 @@ void DecoderModel::number_lora_targets() {
   // A tied output is token_embd itself, whose pairs have the embedding layout: not adapted.
   if (output_.name != tensor_name(Tensor::TokenEmbd)) add(output_);
   embd_lora_id_ = int32_t(targets.size());
-  targets.push_back(LoraTarget{tensor_name(Tensor::TokenEmbd), 0, hp_.n_embd, hp_.n_vocab});
+  targets.push_back(LoraTarget{tensor_name(Tensor::TokenEmbd), 0, hp_.n_embd, hp_.n_vocab, 0});
   // The output runs over the rows that need logits, not over every token.
   lora_.set_targets(std::move(targets), output_.lora_id);
 }

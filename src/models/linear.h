@@ -19,6 +19,7 @@ struct Linear {
   const float* bias = nullptr;  // [n_out] or nullptr
   bool observed = true;         // shown to a ForwardObserver (not: the parts of a fused tensor after its first)
   int64_t row0 = 0;             // first row of `name` this linear computes (fused tensors' parts)
+  int64_t col0 = 0;             // first column of `name` it reads (a tensor-parallel rank's share of a row-split matrix)
   int32_t lora_id = -1;         // its LoraTarget id (LoraStep), -1: adapters never apply
   // A low-rank factored weight (`tern lowrank`, docs/lowrank.md): y = B (A x), with w.data null
   // and w's n_in / n_out still the layer's shape (what the callers size their buffers by).

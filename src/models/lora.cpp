@@ -223,20 +223,24 @@ void LoraAdapter::check_base(const GgufFile& base) const {
   }
 }
 
-void write_lora_adapter(const std::string& path, const std::string& architecture, float alpha,
-                        const std::vector<LoraPair>& pairs, DType type,
-                        const std::vector<std::pair<std::string, GgufValue>>& extra) {
-  if (!dtype_is_float(type)) fail("LoRA adapters are written as f32, f16 or bf16, not ", dtype_name(type));
+namespace {
+
+// An adapter file's keys and tensors into `w`; each pair's tensors of type_of(pair) (f32, f16 or
+// bf16). Converted copies go into `halves`, which must outlive the writer's output.
+template <class TypeOf>
+void fill_adapter_writer(GgufWriter& w, const std::string& what, const std::string& architecture, float alpha,
+                         const std::vector<LoraPair>& pairs, const TypeOf& type_of,
+                         const std::vector<std::pair<std::string, GgufValue>>& extra,
+                         std::vector<std::vector<uint16_t>>& halves) {
   if (!std::isfinite(alpha)) fail("LoRA alpha must be finite (got ", alpha, ")");
-  GgufWriter w;
   w.set("general.architecture", GgufValue::string(architecture));
   w.set("general.type", GgufValue::string("adapter"));
   w.set("adapter.type", GgufValue::string("lora"));
   w.set("adapter.lora.alpha", GgufValue::f32(alpha));
   for (const auto& [k, v] : extra) w.set(k, v);
-  // Converted copies must outlive write(): one buffer per tensor.
-  std::vector<std::vector<uint16_t>> halves;
   halves.reserve(pairs.size() * 2);
+  DType type = DType::F32;
+  const std::string& path = what;
   const auto add = [&](const std::string& name, const std::vector<float>& v, std::vector<int64_t> ne) {
     if (int64_t(v.size()) != ne[0] * ne[1])
       fail(path, ": ", name, " has ", v.size(), " values for a ", ne[0], " x ", ne[1], " tensor");
@@ -250,6 +254,7 @@ void write_lora_adapter(const std::string& path, const std::string& architecture
   };
   for (const LoraPair& p : pairs) {
     if (p.rank <= 0) fail(path, ": LoRA rank must be at least 1 (", p.target, ")");
+    type = type_of(p);
     if (p.embedding()) {
       add(p.target + kSuffixA, p.a, {p.rank, p.n_out});
       add(p.target + kSuffixB, p.b, {p.rank, p.n_in});
@@ -258,7 +263,28 @@ void write_lora_adapter(const std::string& path, const std::string& architecture
       add(p.target + kSuffixB, p.b, {p.rank, p.n_out});
     }
   }
+}
+
+}  // namespace
+
+void write_lora_adapter(const std::string& path, const std::string& architecture, float alpha,
+                        const std::vector<LoraPair>& pairs, DType type,
+                        const std::vector<std::pair<std::string, GgufValue>>& extra) {
+  if (!dtype_is_float(type)) fail("LoRA adapters are written as f32, f16 or bf16, not ", dtype_name(type));
+  GgufWriter w;
+  std::vector<std::vector<uint16_t>> halves;
+  fill_adapter_writer(w, path, architecture, alpha, pairs, [&](const LoraPair&) { return type; }, extra, halves);
   w.write(path);
+}
+
+std::vector<uint8_t> lora_adapter_bytes(const LoraAdapter& adapter) {
+  GgufWriter w;
+  std::vector<std::vector<uint16_t>> halves;
+  // A half pair's values are halves already (LoraPair::half): f16 holds them exactly, and
+  // from_file makes half operands of an f16 pair again.
+  fill_adapter_writer(w, adapter.path(), adapter.architecture(), adapter.alpha(), adapter.pairs(),
+                      [](const LoraPair& p) { return p.half ? DType::F16 : DType::F32; }, {}, halves);
+  return w.to_bytes();
 }
 
 std::pair<std::string, float> parse_lora_arg(const std::string& arg) {

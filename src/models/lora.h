@@ -91,6 +91,11 @@ void write_lora_adapter(const std::string& path, const std::string& architecture
                         const std::vector<LoraPair>& pairs, DType type = DType::F32,
                         const std::vector<std::pair<std::string, GgufValue>>& extra = {});
 
+// The adapter as the bytes of an adapter file that LoraAdapter::from_file reads back into the same
+// operands (each pair f16 where it is held as half, else f32): how dist/ sends an adapter to the
+// other ranks of a parallel layout.
+std::vector<uint8_t> lora_adapter_bytes(const LoraAdapter& adapter);
+
 // An adapter and the scale it runs at. Several stack (their updates add up), as llama.cpp's
 // repeated --lora.
 struct LoraUse {

@@ -37,7 +37,7 @@ const LoraStep::Resolved& LoraStep::resolve(const LoraAdapter& adapter) {
     const LoraPair* p = adapter.find(t.name);
     if (!p || p->embedding() != (t.name == "token_embd.weight")) continue;
     // Model::check_lora checked the adapter against the model before it was used.
-    TERN_ASSERT_MSG(p->n_in == t.n_in && t.row0 + t.n_out <= p->n_out, "LoRA pair does not fit its linear");
+    TERN_ASSERT_MSG(t.col0 + t.n_in <= p->n_in && t.row0 + t.n_out <= p->n_out, "LoRA pair does not fit its linear");
     r.by_id[id] = p;
   }
   cache_.push_back(std::move(r));
@@ -65,7 +65,7 @@ bool LoraStep::begin(std::span<const SeqBatch> seqs) {
             if (!gs.empty() && gs.back().pair == p && gs.back().scale == scale && gs.back().t0 + gs.back().n == t0)
               gs.back().n += n;
             else
-              gs.push_back(LoraGroup{p, scale, t0, n});
+              gs.push_back(LoraGroup{p, scale, t0, n, targets_[id].col0, targets_[id].n_in});
           }
       }
     t0 += n;
@@ -134,15 +134,16 @@ int64_t lora_shrink_size(std::span<const LoraGroup> groups, std::vector<int64_t>
 
 // u [n][rank] = x [n][n_in] A^T: u[t][k] = A[k] . x[t], as 16 lane sums (lane l takes the
 // elements i = l mod 16, in i order) added lane 0 to 15, then the n_in mod 16 tail in order.
+// A's rows are lda apart (>= n_in: a column share reads n_in of each).
 template <class W>
-TERN_LORA_CLONES void shrink_kernel(const float* x, int64_t ldx, int64_t n, const W* a, int64_t n_in, int64_t rank,
-                                    float* u) {
+TERN_LORA_CLONES void shrink_kernel(const float* x, int64_t ldx, int64_t n, const W* a, int64_t lda, int64_t n_in,
+                                    int64_t rank, float* u) {
   constexpr int64_t L = 16;
   const int64_t body = n_in - n_in % L;
   for (int64_t t = 0; t < n; ++t) {
     const float* xt = x + t * ldx;
     for (int64_t k = 0; k < rank; ++k) {
-      const W* ak = a + k * n_in;
+      const W* ak = a + k * lda;
       float lanes[L] = {};
       for (int64_t i = 0; i < body; i += L)
         for (int64_t l = 0; l < L; ++l) lanes[l] += float(ak[i + l]) * xt[i + l];
@@ -191,14 +192,14 @@ static_assert(sizeof(Half) == sizeof(uint16_t));
 // the generic ones, LoraCli.HalfAdapterAgreesOnEveryKernel compares the two).
 #if defined(__x86_64__)
 __attribute__((target("avx2,f16c"))) static void shrink_half_f16c(const float* x, int64_t ldx, int64_t n,
-                                                                   const uint16_t* a, int64_t n_in, int64_t rank,
-                                                                   float* u) {
+                                                                   const uint16_t* a, int64_t lda, int64_t n_in,
+                                                                   int64_t rank, float* u) {
   constexpr int64_t L = 16;
   const int64_t body = n_in - n_in % L;
   for (int64_t t = 0; t < n; ++t) {
     const float* xt = x + t * ldx;
     for (int64_t k = 0; k < rank; ++k) {
-      const uint16_t* ak = a + k * n_in;
+      const uint16_t* ak = a + k * lda;
       __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
       for (int64_t i = 0; i < body; i += L) {
         const __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ak + i)));
@@ -265,11 +266,12 @@ void lora_shrink(std::span<const LoraGroup> groups, const float* x, int64_t ldx,
     const int64_t i0 = c * kShrinkTokens, n = std::min(kShrinkTokens, gr.n - i0);
     float* ug = u + offsets[g] + i0 * p.rank;
     const float* xg = x + (gr.t0 + i0) * ldx;
-    if (!p.half) shrink_kernel(xg, ldx, n, p.a.data(), p.n_in, p.rank, ug);
+    const int64_t c0 = gr.col0, n_in = gr.n_in;  // (the columns of A that x holds)
+    if (!p.half) shrink_kernel(xg, ldx, n, p.a.data() + c0, p.n_in, n_in, p.rank, ug);
 #if defined(__x86_64__)
-    else if (have_f16c()) shrink_half_f16c(xg, ldx, n, p.a_half.data(), p.n_in, p.rank, ug);
+    else if (have_f16c()) shrink_half_f16c(xg, ldx, n, p.a_half.data() + c0, p.n_in, n_in, p.rank, ug);
 #endif
-    else shrink_kernel(xg, ldx, n, reinterpret_cast<const Half*>(p.a_half.data()), p.n_in, p.rank, ug);
+    else shrink_kernel(xg, ldx, n, reinterpret_cast<const Half*>(p.a_half.data()) + c0, p.n_in, n_in, p.rank, ug);
   };
   // A decode step's groups are a few tokens each: one region costs more than their work.
   if (n_chunks <= 2) {

@@ -20,11 +20,14 @@ namespace tern {
 struct SeqBatch;
 class ThreadPool;
 
-// Tokens [t0, t0 + n) of the step add scale * B (A x) through `pair`.
+// Tokens [t0, t0 + n) of the step add scale * B (A x) through `pair`. x is the linear's input,
+// which is the pair's columns [col0, col0 + n_in) (all of them but on a tensor-parallel rank's
+// share of a row-split matrix, where the expanded update is a partial sum like the matmul's).
 struct LoraGroup {
   const LoraPair* pair = nullptr;
   float scale = 1.0f;
   int64_t t0 = 0, n = 0;
+  int64_t col0 = 0, n_in = 0;
 };
 
 // What a model tells LoraStep about one of its linear layers (its id is its index).
@@ -32,6 +35,7 @@ struct LoraTarget {
   std::string name;    // the base tensor ("blk.0.attn_q.weight")
   int64_t row0 = 0;    // first row of the tensor this linear computes (fused q/k/v, gate/up)
   int64_t n_in = 0, n_out = 0;
+  int64_t col0 = 0;    // first column of the tensor it reads (a tensor-parallel share; else 0)
 };
 
 class LoraStep {

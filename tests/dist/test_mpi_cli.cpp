@@ -17,6 +17,8 @@
 
 #include <unistd.h>
 
+#include "models/lora.h"
+#include "models/model.h"
 #include "test_util.h"
 
 namespace tern::testing {
@@ -62,12 +64,16 @@ struct Layout {
   std::string flags;
 };
 
-void expect_same_tokens(const std::string& model, const std::string& prompt, int n, const std::vector<Layout>& layouts) {
-  const std::string args = "run -m " + model + " -p '" + prompt + "' -n " + std::to_string(n) + " --temp 0 --json -t 1";
+// extra: more flags for every run (adapters); want_out: the single process's tokens, when asked.
+void expect_same_tokens(const std::string& model, const std::string& prompt, int n, const std::vector<Layout>& layouts,
+                        const std::string& extra = "", std::vector<int>* want_out = nullptr) {
+  const std::string args =
+      "run -m " + model + " -p '" + prompt + "' -n " + std::to_string(n) + " --temp 0 --json -t 1 " + extra;
   const TernResult single = run_tern(args);
   ASSERT_EQ(single.rc, 0) << single.err;
   const std::vector<int> want = generated_ids(single.out);
   ASSERT_EQ(int(want.size()), n);
+  if (want_out) *want_out = want;
   for (const Layout& l : layouts) {
     const TernResult r = mpirun(l.np, args + " " + l.flags);
     ASSERT_EQ(r.rc, 0) << l.flags << "\n" << r.err;
@@ -78,6 +84,26 @@ void expect_same_tokens(const std::string& model, const std::string& prompt, int
 TEST_F(Mpi, GreedyTokensEqualTheSingleProcessOnARealModel) {
   expect_same_tokens(real_model_path(), "Once upon a time", 32,
                      {{2, "--tp 2"}, {2, "--pp 2"}, {4, "--tp 2 --pp 2"}, {3, "--pp 3 --micro-batches 2"}});
+}
+
+// LoRA adapters under every layout: each rank gets the adapter from rank 0 (not from its disk)
+// and applies its share (tensor parallelism: the rows or columns of its split; a pipeline stage:
+// its layers' pairs). Two adapters stacked, one held as IEEE half (an F16 file), one as f32.
+TEST_F(Mpi, AdaptersGiveTheSingleProcessTokensUnderEveryLayout) {
+  const std::string dir = make_temp_dir("tern_mpi_lora");
+  const auto file = open_model_file(real_model_path());
+  const std::string a16 = dir + "/a16.gguf", a32 = dir + "/a32.gguf";
+  write_lora_adapter(a16, file->get_string("general.architecture"), 8.0f, LoraAdapter::random_pairs(*file, 4, 11, 0.5f),
+                     DType::F16);
+  write_lora_adapter(a32, file->get_string("general.architecture"), 0.0f, LoraAdapter::random_pairs(*file, 2, 12, 0.3f),
+                     DType::F32);
+  std::vector<int> base, adapted;
+  expect_same_tokens(real_model_path(), "Once upon a time", 24, {}, "", &base);
+  expect_same_tokens(real_model_path(), "Once upon a time", 24,
+                     {{2, "--tp 2"}, {2, "--pp 2"}, {4, "--tp 2 --pp 2"}, {3, "--pp 3 --micro-batches 2"}},
+                     "--lora " + a16 + ":0.9 --lora " + a32, &adapted);
+  EXPECT_NE(adapted, base) << "the adapters change nothing: the test would not see them missing";
+  remove_temp_dir(dir);
 }
 
 // The TinyLlama-1.1B shape (2048 wide, 32 query / 4 KV heads, 5632 FFN channels, 32000 tokens;
@@ -277,7 +303,7 @@ TEST_F(Mpi, BadLayoutsAreClearErrors) {
       {3, "--tp 3", "--tp 3 does not divide layer 0's head counts"},
       {2, "--pp 64", "more pipeline stages than the model's"},
       {3, "--tp 2", "needs 2 ranks, but mpirun started 3"},
-      {2, "--tp 2 --lora " + real_model_path(), "--lora is not supported with --tp / --pp"},
+      {2, "--tp 2 --lora " + real_model_path(), "not a LoRA adapter"},
   };
   for (const Case& c : cases) {
     const TernResult r = mpirun(c.np, run + c.flags);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "dist/step_plan.h"
+#include "models/lora.h"
 #include "models/model.h"
 #include "models/partition.h"
 #include "models/synth.h"
@@ -40,6 +42,7 @@ constexpr int kDecodeSteps = 6;
 struct Step {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<bool> all_logits;
+  std::vector<const LoraSet*> lora;  // per sequence (empty: none runs an adapter)
 };
 
 // A step as the forward pass reads it; its views point into the Step and into `slots`.
@@ -62,6 +65,7 @@ StepBatch make_batch(const Step& st, const std::vector<int64_t>& n_past) {
     q.tokens = st.tokens[s];
     q.slots = b.slots[s];
     q.all_logits = st.all_logits[s];
+    q.lora = st.lora.empty() ? nullptr : st.lora[s];
     b.seqs.push_back(q);
     b.n_tokens += int64_t(st.tokens[s].size());
   }
@@ -77,7 +81,8 @@ struct Reference {
   std::vector<std::vector<float>> logits;  // per step, [n_logit_rows, n_vocab]
 };
 
-Reference whole_model_run(Model& model, bool one_sequence = false) {
+// loras: each sequence's adapters (empty: none), kept over the steps.
+Reference whole_model_run(Model& model, bool one_sequence = false, std::vector<const LoraSet*> loras = {}) {
   const int64_t V = model.hparams().n_vocab;
   const auto prompt = [&](int64_t n, int64_t salt) {
     std::vector<int32_t> t(static_cast<size_t>(n));
@@ -89,7 +94,8 @@ Reference whole_model_run(Model& model, bool one_sequence = false) {
   model.reserve(kMaxTokens);
   Reference ref;
   // (One sequence: its decode steps are single tokens, a mixture-of-experts layer's own path.)
-  Step cur = one_sequence ? Step{{prompt(12, 1)}, {false}} : Step{{prompt(12, 1), prompt(17, 2)}, {false, true}};
+  Step cur = one_sequence ? Step{{prompt(12, 1)}, {false}, {}} : Step{{prompt(12, 1), prompt(17, 2)}, {false, true}, {}};
+  cur.lora = loras;
   std::vector<int64_t> n_past(cur.tokens.size(), 0);
   for (int i = 0; i <= kDecodeSteps; ++i) {
     const StepBatch b = make_batch(cur, n_past);
@@ -104,6 +110,7 @@ Reference whole_model_run(Model& model, bool one_sequence = false) {
       next.all_logits.push_back(false);
       n_past[s] += n;
     }
+    next.lora = loras;
     ref.steps.push_back(cur);
     ref.logits.push_back(std::move(logits));
     cur = std::move(next);
@@ -187,11 +194,54 @@ class LocalGroup {
   std::barrier<> sync_;
 };
 
+// Two adapters for the multi-LoRA tests: random pairs on every attention and FFN matrix, and on
+// the output projection and the token embeddings (the vocabulary-row split and the embedding
+// lookup); the second held as IEEE half (the F16C shrink on x86).
+std::vector<std::shared_ptr<const LoraAdapter>> test_adapters(const GgufFile& file, const HParams& hp) {
+  std::vector<std::shared_ptr<const LoraAdapter>> out;
+  for (uint64_t seed : {7u, 8u}) {
+    std::vector<LoraPair> pairs = LoraAdapter::random_pairs(file, 4, seed, 0.5f);
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> n01(0.0f, 0.3f);
+    const auto random_pair = [&](const std::string& target, int64_t n_in, int64_t n_out, size_t a_size, size_t b_size) {
+      LoraPair p;
+      p.target = target;
+      p.rank = 4;
+      p.n_in = n_in;
+      p.n_out = n_out;
+      p.a.resize(a_size);
+      p.b.resize(b_size);
+      for (float& x : p.a) x = n01(rng);
+      for (float& x : p.b) x = n01(rng);
+      pairs.push_back(std::move(p));
+    };
+    if (file.find_tensor("output.weight"))
+      random_pair("output.weight", hp.n_embd, hp.n_vocab, size_t(4 * hp.n_embd), size_t(4 * hp.n_vocab));
+    random_pair("token_embd.weight", hp.n_embd, hp.n_vocab, size_t(hp.n_vocab * 4), size_t(hp.n_embd * 4));
+    out.push_back(LoraAdapter::from_pairs("test-adapter-" + std::to_string(seed), hp.arch, 8.0f, std::move(pairs),
+                                          /*half=*/seed == 8));
+  }
+  return out;
+}
+
 float max_abs(const std::vector<float>& v) {
   float m = 0.0f;
   for (float x : v) m = std::max(m, std::fabs(x));
   return m;
 }
+
+// The sequences' adapters of the adapter variants: the first one adapter, the second two stacked.
+struct TestLoras {
+  std::vector<std::shared_ptr<const LoraAdapter>> ads;
+  LoraSet one, both;
+  std::vector<const LoraSet*> per_seq;
+  TestLoras(const GgufFile& file, const Model& model) : ads(test_adapters(file, model.hparams())) {
+    for (const auto& a : ads) model.check_lora(*a);
+    one = {LoraUse{ads[0], 1.0f}};
+    both = {LoraUse{ads[0], 0.5f}, LoraUse{ads[1], 1.0f}};
+    per_seq = {&one, &both};
+  }
+};
 
 }  // namespace
 
@@ -200,10 +250,11 @@ float max_abs(const std::vector<float>& v) {
 
 // Stages chained through x run the same kernels on the same rows as the whole model: the same
 // bits, step after step (each stage's K/V arena holds its own layers).
-TEST(PartitionPipeline, StagesMatchWholeModelBitForBit) {
+static void check_stages(bool adapters) {
   Fixture f;
   const int64_t L = f.hp().n_layer, V = f.hp().n_vocab, E = f.hp().n_embd;
-  const Reference ref = whole_model_run(*f.whole);
+  std::unique_ptr<TestLoras> loras = adapters ? std::make_unique<TestLoras>(*f.file, *f.whole) : nullptr;
+  const Reference ref = whole_model_run(*f.whole, false, loras ? loras->per_seq : std::vector<const LoraSet*>{});
   std::vector<int> stage_counts = {2};
   if (L >= 3) stage_counts.push_back(3);
   if (L > 3) stage_counts.push_back(int(L));  // one layer each
@@ -238,13 +289,18 @@ TEST(PartitionPipeline, StagesMatchWholeModelBitForBit) {
   }
 }
 
+TEST(PartitionPipeline, StagesMatchWholeModelBitForBit) { check_stages(false); }
+// Each stage applies its own layers' pairs (the first the embeddings', the last the output's).
+TEST(PartitionPipeline, AdaptersThroughStagesMatchWholeModelBitForBit) { check_stages(true); }
+
 // What dist/parallel_model.cpp does with --pp: the step cut into micro-batches, each through
 // every stage in turn. The cut changes the prefill's batch shapes, so the logits agree to
 // rounding, not bits.
-TEST(PartitionPipeline, MicroBatchesThroughStagesMatchWholeStep) {
+static void check_micro_batches(bool adapters) {
   Fixture f;
   const int64_t L = f.hp().n_layer, V = f.hp().n_vocab, E = f.hp().n_embd;
-  const Reference ref = whole_model_run(*f.whole);
+  std::unique_ptr<TestLoras> loras = adapters ? std::make_unique<TestLoras>(*f.file, *f.whole) : nullptr;
+  const Reference ref = whole_model_run(*f.whole, false, loras ? loras->per_seq : std::vector<const LoraSet*>{});
   const int n_stages = 2;
   std::vector<std::unique_ptr<Part>> stages;
   for (int s = 0; s < n_stages; ++s) {
@@ -279,6 +335,10 @@ TEST(PartitionPipeline, MicroBatchesThroughStagesMatchWholeStep) {
   }
 }
 
+TEST(PartitionPipeline, MicroBatchesThroughStagesMatchWholeStep) { check_micro_batches(false); }
+// Pieces of a prompt keep their sequence's adapters (split_micro_batches copies SeqBatch::lora).
+TEST(PartitionPipeline, AdaptersInMicroBatchesMatchWholeStep) { check_micro_batches(true); }
+
 // ---------------------------------------------------------------------------------------------
 // Tensor parallelism
 
@@ -303,19 +363,28 @@ struct ModelFile {
   const HParams& hp() const { return whole->hparams(); }
 };
 
-void check_tensor_parallel(int n_ranks, std::shared_ptr<const GgufFile> file = nullptr, bool one_sequence = false) {
+// adapters: the sequences run LoRA adapters (test_adapters: the first sequence one, the second
+// both stacked at other scales), on the whole model and on every rank.
+void check_tensor_parallel(int n_ranks, std::shared_ptr<const GgufFile> file = nullptr, bool one_sequence = false,
+                           bool adapters = false) {
   ModelFile f{file ? file : open_model_file(tern::testing::real_model_path())};
   const HParams& hp = f.hp();
+  std::unique_ptr<TestLoras> test_loras = adapters ? std::make_unique<TestLoras>(*f.file, *f.whole) : nullptr;
+  std::vector<const LoraSet*> loras;
+  if (test_loras) loras = one_sequence ? std::vector<const LoraSet*>{&test_loras->both} : test_loras->per_seq;
   const int64_t V = hp.n_vocab;
   for (int64_t il = 0; il < hp.n_layer; ++il)
     if (hp.head_count(il) % n_ranks != 0 || hp.head_count_kv(il) % n_ranks != 0)
       GTEST_SKIP() << "this model's layer " << il << " heads (" << hp.head_count(il) << ", " << hp.head_count_kv(il)
                    << " KV) are not divisible by " << n_ranks;
-  const Reference ref = whole_model_run(*f.whole, one_sequence);
+  const Reference ref = whole_model_run(*f.whole, one_sequence, loras);
 
   LocalGroup group(n_ranks);
   std::vector<std::unique_ptr<Part>> ranks;
   for (int r = 0; r < n_ranks; ++r) ranks.push_back(std::make_unique<Part>(load_model(f.file, group.partition(r))));
+  if (test_loras)
+    for (const auto& rank : ranks)
+      for (const auto& a : test_loras->ads) rank->model->check_lora(*a);  // every target is on every rank (a share of it)
 
   // Each rank holds its share of every layer: its heads' K/V, and well under the whole model's
   // bytes (what it holds beyond 1/N: the norms, and the embedding rows it looks up whole).
@@ -421,6 +490,20 @@ TEST(PartitionTensorParallel, Qwen2MoeSharedExpertTwoRanksMatchWholeModel) {
 TEST(PartitionTensorParallel, Qwen3MoeTwoRanksMatchWholeModel) {
   check_tensor_parallel(2, synth_file("qwen3moe-tiny", DType::F16));
 }
+// LoRA adapters under tensor parallelism (S-LoRA's split): a column-split matrix's (q/k/v/gate/
+// up, the output's vocabulary rows) update expands into the rank's rows of B; a row-split one's
+// (attn_output, ffn_down) shrinks the rank's columns of A, and its expanded update is a partial
+// sum like the matmul's, added by the same all-reduce. Two sequences with different adapters
+// (one of them two stacked), and one sequence's one-token decode.
+TEST(PartitionTensorParallel, AdaptersTwoRanksMatchWholeModel) {
+  check_tensor_parallel(2, nullptr, false, /*adapters=*/true);
+  check_tensor_parallel(2, nullptr, true, /*adapters=*/true);
+}
+TEST(PartitionTensorParallel, AdaptersFourRanksMatchWholeModel) { check_tensor_parallel(4, nullptr, false, true); }
+TEST(PartitionTensorParallel, AdaptersOnAQwen2MoeMatchWholeModel) {  // the shared expert's and router's pairs
+  check_tensor_parallel(2, synth_file("qwen2moe-tiny", DType::F32), false, true);
+}
+
 TEST(PartitionTensorParallel, GptOssExpertsTwoRanksMatchWholeModel) {
   check_tensor_parallel(2, synth_file("gpt-oss-tiny", DType::F32));
   check_tensor_parallel(2, synth_file("gpt-oss-tiny", DType::F32), /*one_sequence=*/true);

@@ -19,6 +19,7 @@
 #include "dist/layout.h"
 #include "dist/step_plan.h"
 #include "models/hparams.h"
+#include "models/lora.h"
 #include "models/model.h"
 #include "models/partition.h"
 #include "test_util.h"
@@ -34,6 +35,7 @@ struct OwnedSeq {
   int64_t n_past = 0;
   int64_t pos = -1;
   bool all_logits = false;
+  const LoraSet* lora = nullptr;
 };
 
 // Views of `owned` (which must outlive them and not be resized).
@@ -44,6 +46,7 @@ std::vector<SeqBatch> views(const std::vector<OwnedSeq>& owned) {
     s.n_past = o.n_past;
     s.pos = o.pos;
     s.all_logits = o.all_logits;
+    s.lora = o.lora;
     s.tokens = o.tokens;
     s.slots = o.slots;
     out.push_back(s);
@@ -57,9 +60,27 @@ std::vector<int32_t> iota_vec(int64_t n, int32_t first) {
   return v;
 }
 
+// Adapters for the plans: two of one pair each (their contents are not sent in a plan).
+const LoraSet& sample_adapters(int which) {
+  static const auto make = [](const char* name) {
+    LoraPair p;
+    p.target = "blk.0.attn_q.weight";
+    p.rank = 1;
+    p.n_in = p.n_out = 2;
+    p.a = {1.0f, 2.0f};
+    p.b = {3.0f, 4.0f};
+    return LoraAdapter::from_pairs(name, "llama", 0.0f, {p});
+  };
+  static const std::shared_ptr<const LoraAdapter> a = make("a"), b = make("b");
+  static const LoraSet one = {LoraUse{a, 0.75f}}, two = {LoraUse{b, 1.0f}, LoraUse{a, -2.5f}};
+  return which == 0 ? one : two;
+}
+
 // A step of a few sequences exercising every field of the plan.
 std::vector<OwnedSeq> sample_step() {
   std::vector<OwnedSeq> s(4);
+  s[1].lora = &sample_adapters(0);  // one adapter
+  s[3].lora = &sample_adapters(1);  // two stacked
   s[0].tokens = {5, 9, 2, 7, 1};  // a prompt from nothing
   s[0].slots = iota_vec(5, 100);
   s[1].n_past = 3;  // one decode token after evictions: its position is past n_past
@@ -131,10 +152,18 @@ TEST(StepPlan, RoundTrip) {
     EXPECT_LE(p.seqs[i].tokens.data() + p.seqs[i].tokens.size(), p.tokens.data() + p.tokens.size());
     EXPECT_GE(p.seqs[i].slots.data(), p.slots.data());
     EXPECT_LE(p.seqs[i].slots.data() + p.seqs[i].slots.size(), p.slots.data() + p.slots.size());
-    // Fields the plan does not carry come back unset.
+    // Fields the plan does not carry come back unset; adapters come as rank 0's uids and scales
+    // (each rank maps them to the adapters rank 0 sent it).
     EXPECT_EQ(p.seqs[i].hidden, nullptr);
     EXPECT_EQ(p.seqs[i].lora, nullptr);
     EXPECT_EQ(p.seqs[i].key_mass, nullptr);
+    const LoraSet empty;
+    const LoraSet& want = owned[i].lora ? *owned[i].lora : empty;
+    ASSERT_EQ(p.lora[i].size(), want.size());
+    for (size_t k = 0; k < want.size(); ++k) {
+      EXPECT_EQ(p.lora[i][k].uid, want[k].adapter->uid());
+      EXPECT_EQ(p.lora[i][k].scale, want[k].scale);
+    }
   }
   EXPECT_EQ(p.n_tokens(), n_tokens);
 
@@ -223,6 +252,38 @@ TEST(StepPlan, HugeCountsThrowWithoutAllocating) {
     put(msg, int32_t(7));  // one token's worth of payload
     EXPECT_TRUE(decode_throws_error(msg)) << "n_past " << c.n_past << " n_tokens " << c.n_tokens << " n_slots " << c.n_slots;
   }
+  // A sequence claiming more adapters than the message holds, or a negative count.
+  for (const int32_t n_lora : {-1, 1 << 30, 2}) {
+    std::vector<uint8_t> msg(good.begin(), good.begin() + 4);
+    put(msg, int32_t(0));
+    put(msg, uint64_t(0));
+    put(msg, int64_t(64));
+    put(msg, int64_t(1));
+    put(msg, int64_t(0));   // n_past
+    put(msg, int64_t(-1));  // pos
+    put(msg, int64_t(1));   // n_tokens
+    put(msg, int64_t(1));   // n_slots
+    put(msg, int32_t(0));
+    put(msg, n_lora);
+    put(msg, int32_t(7));  // the token
+    put(msg, int32_t(0));  // its slot
+    put(msg, uint64_t(5));  // one adapter reference (uid, scale, pad)
+    put(msg, 1.0f);
+    put(msg, int32_t(0));
+    EXPECT_TRUE(decode_throws_error(msg)) << "n_lora " << n_lora;
+  }
+}
+
+// An adapter's scale that is not a finite number is refused (a corrupted message).
+TEST(StepPlan, NonFiniteAdapterScaleThrows) {
+  const std::vector<OwnedSeq> owned = sample_step();
+  const std::vector<SeqBatch> seqs = views(owned);
+  std::vector<uint8_t> bytes = encode_step(seqs, 3, 512, KvType::F16);
+  ASSERT_NO_THROW(decode_step(bytes));
+  // The last reference's scale: 8 bytes (scale, pad) before the end, after its uid.
+  const float nan = std::nanf("");
+  std::memcpy(bytes.data() + bytes.size() - 8, &nan, sizeof nan);
+  EXPECT_TRUE(decode_throws_error(bytes));
 }
 
 // ---------------------------------------------------------------------------------------------

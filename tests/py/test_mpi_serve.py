@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """`tern serve` over the ranks of mpirun (docs/distributed.md): --tp 2 and --pp 2 answer as the
 single process does (greedy text; n > 1 completions, whose shared prompt blocks are copied on
-write on every rank; streams), a pipeline refuses embeddings with a clear error, and SIGTERM to
-mpirun ends every rank. Skipped without mpirun or an MPI build. Every wait is bounded."""
+write on every rank; streams; LoRA adapters served with --lora and loaded at run time), a
+pipeline refuses embeddings with a clear error, and SIGTERM to mpirun ends every rank. Skipped
+without mpirun or an MPI build. Every wait is bounded."""
 import json
 import os
+import random
 import shutil
+import struct
 import subprocess
 import sys
+import tempfile
 import unittest
 import urllib.error
 import urllib.request
@@ -39,6 +43,69 @@ class Server(ServerProcess):
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode(errors="replace")
+
+
+def write_adapter(path, seed, rank=2, std=0.4):
+    """A LoRA adapter in llama.cpp's GGUF format (f32) for every 2-D matrix of the model's layers,
+    random pairs (pure Python: no numpy needed)."""
+    info = json.loads(subprocess.run([TERN, "inspect", real_model(), "--json"], capture_output=True, text=True,
+                                     timeout=TIMEOUT, check=True).stdout)
+    arch = next(m["value"] for m in info["metadata"] if m["key"] == "general.architecture")
+    rng = random.Random(seed)
+    tensors = []  # (name, ne, values)
+    for t in info["tensors"]:
+        ne = t["shape"]
+        if not t["name"].startswith("blk.") or len(ne) != 2:
+            continue
+        n_in, n_out = ne
+        tensors.append((t["name"] + ".lora_a", [n_in, rank], [rng.gauss(0, n_in ** -0.5) for _ in range(n_in * rank)]))
+        tensors.append((t["name"] + ".lora_b", [rank, n_out], [rng.gauss(0, std) for _ in range(rank * n_out)]))
+
+    def gstr(x):
+        b = x.encode()
+        return struct.pack("<Q", len(b)) + b
+    kvs = [("general.architecture", 8, gstr(arch)), ("general.type", 8, gstr("adapter")),
+           ("adapter.type", 8, gstr("lora")), ("adapter.lora.alpha", 6, struct.pack("<f", 0.0))]
+    out = bytearray(b"GGUF") + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    for k, typ, v in kvs:
+        out += gstr(k) + struct.pack("<I", typ) + v
+    blobs, off = [], 0
+    for name, ne, vals in tensors:
+        out += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        out += struct.pack("<IQ", 0, off)  # F32
+        b = struct.pack("<%df" % len(vals), *vals)
+        b += b"\0" * ((-len(b)) % 32)
+        blobs.append(b)
+        off += len(b)
+    out += b"\0" * ((-len(out)) % 32)
+    with open(path, "wb") as f:
+        f.write(bytes(out) + b"".join(blobs))
+
+
+def adapter_answers(server, base_name):
+    """Greedy completions of the base and of each adapter, the second loaded at run time."""
+    out = []
+    for model in (base_name, "pirate", base_name):
+        code, text = server.post("/v1/completions", {"model": model, "prompt": "Once upon a time", "max_tokens": 24,
+                                                     "temperature": 0})
+        assert code == 200, text
+        out.append(json.loads(text)["choices"][0]["text"])
+    code, text = server.post("/v1/load_lora_adapter", {"lora_name": "cat", "lora_path": server.cat, "scale": 0.7})
+    assert code == 200, text
+    code, text = server.post("/v1/completions", {"model": "cat", "prompt": "The little dog", "max_tokens": 24,
+                                                 "temperature": 0})
+    assert code == 200, text
+    out.append(json.loads(text)["choices"][0]["text"])
+    code, text = server.post("/v1/unload_lora_adapter", {"lora_name": "cat"})
+    assert code == 200, text
+    code, text = server.post("/v1/completions", {"model": "cat", "prompt": "x", "max_tokens": 2})
+    assert code == 404, text
+    # A step after the unload: rank 0 tells the ranks to let go of the adapter, and serving goes on.
+    code, text = server.post("/v1/completions", {"model": "pirate", "prompt": "Lily wanted to", "max_tokens": 16,
+                                                 "temperature": 0})
+    assert code == 200, text
+    out.append(json.loads(text)["choices"][0]["text"])
+    return out
 
 
 def answers(server):
@@ -88,6 +155,31 @@ class MpiServeTest(unittest.TestCase):
         code, text = self.check_layout(2, ["--pp", "2", "--micro-batches", "2"])
         self.assertNotEqual(code, 200)
         self.assertIn("not available from a model split into pipeline stages", text)
+
+    def test_adapters_serve_what_one_process_serves(self):
+        d = tempfile.mkdtemp(prefix="tern_mpi_lora_")
+        try:
+            pirate, cat = os.path.join(d, "pirate.gguf"), os.path.join(d, "cat.gguf")
+            write_adapter(pirate, 1)
+            write_adapter(cat, 2)
+            base = os.path.splitext(os.path.basename(real_model()))[0]
+            flags = ["--lora", "pirate=" + pirate, "--allow-lora-updates"]
+            want = None
+            for np_, layout in ((0, []), (2, ["--tp", "2"]), (2, ["--pp", "2", "--micro-batches", "2"])):
+                s = Server(np_, flags + layout)
+                s.cat = cat
+                try:
+                    got = adapter_answers(s, base)
+                finally:
+                    self.assertIsNotNone(s.stop(), "mpirun did not end on SIGTERM")
+                if want is None:
+                    want = got
+                    self.assertNotEqual(want[1], want[0], "the adapter changes nothing: the test would not see it missing")
+                    self.assertEqual(want[2], want[0])
+                else:
+                    self.assertEqual(got, want, layout)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
 
     def test_a_pool_with_a_layout_is_refused(self):
         r = subprocess.run([TERN, "serve", "-m", "a=" + real_model(), "-m", "b=" + real_model(), "--tp", "2",
