@@ -19,7 +19,18 @@ namespace {
 
 // What rank 0 broadcasts: a header, then `bytes` of payload.
 enum class MsgKind : int32_t { Load = 1, Step = 2, Exit = 3, Timeline = 4, Job = 5, CopySlots = 6, Adapter = 7,
-                               DropAdapters = 8 };
+                               DropAdapters = 8, SinkKeys = 9 };
+
+// StreamingLLM's sinks that follow the window (Model::keep_sink_keys / place_sink_keys /
+// drop_sink_keys) on every rank's part of one of rank 0's K/V arenas.
+enum class SinkOp : int32_t { Keep = 0, Place = 1, Drop = 2 };
+struct SinkKeysRequest {
+  uint64_t kv_id;
+  int64_t kv_slots;
+  int32_t kv_type;
+  SinkOp op;
+  int64_t slot, shift;
+};
 
 // A LoRA adapter for every rank, before the first step that runs it: rank 0's uid (what step
 // plans name it by), then its name (rank 0's path, for messages), then an adapter file's bytes
@@ -91,6 +102,7 @@ struct Executor {
   std::vector<float> scratch_logits;
   // Workers: the adapters rank 0 sent, by rank 0's uid, until it says they are gone.
   std::map<uint64_t, std::shared_ptr<const LoraAdapter>> adapters;
+  std::vector<float> mass_parts;  // this rank's part of a step's key masses, then their sum
 
   int stage() const { return layout.stage_of(rank); }
   int tp_rank() const { return layout.tp_rank_of(rank); }
@@ -182,6 +194,29 @@ struct Executor {
     ++step;
   }
 
+  // Runs a step in which the sequences marked in `wants` collect key masses (H2O): this rank's
+  // heads and layers give a part of each key's mass, and the parts are summed over all ranks (a
+  // world all-reduce, in rank order: every rank calls it, each knowing the plan) and added into
+  // out[i] where it is given (rank 0: the caller's buffers, which accumulate as one process's do).
+  void run_with_key_masses(std::vector<SeqBatch> seqs, const std::vector<bool>& wants, const std::vector<float*>& out,
+                           KvStore& kv, float* logits, ThreadPool& pool) {
+    std::vector<int64_t> at(seqs.size(), -1);
+    int64_t total = 0;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (wants[i]) {
+        at[i] = total;
+        total += seqs[i].n_past + int64_t(seqs[i].tokens.size());
+      }
+    mass_parts.assign(size_t(total), 0.0f);
+    for (size_t i = 0; i < seqs.size(); ++i) seqs[i].key_mass = at[i] >= 0 ? mass_parts.data() + at[i] : nullptr;
+    run(seqs, kv, logits, pool);
+    if (total == 0) return;
+    world().all_reduce_sum(mass_parts.data(), total);
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (at[i] >= 0 && i < out.size() && out[i])
+        for (int64_t j = 0; j < seqs[i].n_past + int64_t(seqs[i].tokens.size()); ++j) out[i][j] += mass_parts[size_t(at[i] + j)];
+  }
+
   // Sends this rank's intervals to rank 0 (or, on rank 0, gathers everyone's).
   std::vector<BusyInterval> exchange_timeline() {
     Comm& w = world();
@@ -217,6 +252,15 @@ void broadcast_message(MsgKind kind, std::vector<uint8_t>* payload) {
   MsgHeader h{kind, 0, payload ? int64_t(payload->size()) : 0};
   world().broadcast(&h, sizeof h, 0);
   if (h.bytes > 0) world().broadcast(payload->data(), h.bytes, 0);
+}
+
+// One rank's share of a SinkKeysRequest, on its own arena (the model's own, local operations).
+void apply_sink_op(const Model& model, KvStore& kv, const SinkKeysRequest& r) {
+  switch (r.op) {
+    case SinkOp::Keep: model.Model::keep_sink_keys(kv, int32_t(r.slot)); break;
+    case SinkOp::Place: model.Model::place_sink_keys(kv, int32_t(r.slot), r.shift); break;
+    case SinkOp::Drop: model.Model::drop_sink_keys(kv, int32_t(r.slot)); break;
+  }
 }
 
 // Every rank's "" or error (collective): the first error as "rank N: ...", or "".
@@ -283,13 +327,27 @@ class ParallelModel final : public Model {
       // With tensor parallelism alone rank 0 holds the whole residual stream after the last
       // all-reduce: its own forward writes the hidden states. A pipeline's are on its last stage.
       if (s.hidden && executor().layout.pp > 1) fail("hidden states (embeddings) are not available with --pp");
-      if (s.key_mass) fail("H2O key masses are not supported with --tp / --pp");
       if (s.tokens.empty()) fail("a parallel step with an empty sequence");
     }
     drop_released_adapters();
     std::vector<uint8_t> plan = encode_step(seqs, reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), kv.type());
     broadcast_message(MsgKind::Step, &plan);
-    executor().run(seqs, kv, logits, pool);
+    std::vector<bool> wants;
+    std::vector<float*> out;
+    for (const SeqBatch& s : seqs) {
+      wants.push_back(s.key_mass != nullptr);
+      out.push_back(s.key_mass);
+    }
+    executor().run_with_key_masses(std::vector<SeqBatch>(seqs.begin(), seqs.end()), wants, out, kv, logits, pool);
+  }
+  // The sinks' keys: every rank keeps, rotates and forgets its own heads' and layers' copies.
+  void keep_sink_keys(KvStore& kv, int32_t slot) const override { sink_keys(kv, SinkOp::Keep, slot, 0); }
+  void place_sink_keys(KvStore& kv, int32_t slot, int64_t shift) const override {
+    sink_keys(kv, SinkOp::Place, slot, shift);
+  }
+  void drop_sink_keys(KvStore& kv, int32_t slot) const override { sink_keys(kv, SinkOp::Drop, slot, 0); }
+  bool rotate_keys(int64_t il, float* k, int64_t n_rows, int64_t delta) const override {
+    return executor().model->rotate_keys(il, k, n_rows, delta);  // (every rank's RoPE is the same)
   }
   void copy_kv_slots(KvStore& kv, int64_t src, int64_t dst, int64_t n) override {
     CopySlotsRequest c{reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), int32_t(kv.type()), 0, src, dst, n};
@@ -299,7 +357,9 @@ class ParallelModel final : public Model {
     kv.copy_slots(src, dst, n);
   }
   bool has_hidden_states() const override { return executor().layout.pp == 1; }
-  bool can_evict_kv() const override { return false; }
+  // Evicting policies (sinks + window, H2O) choose slots on rank 0; the plan carries each
+  // sequence's kept slots and positions, and H2O's key masses are summed over the ranks.
+  bool can_evict_kv() const override { return executor().model->can_evict_kv(); }
   void reserve(int64_t n_tokens) override { executor().model->reserve(n_tokens); }
   int64_t max_step_tokens() const override { return executor().model->max_step_tokens(); }
   // Rank 0's part checks the pairs it holds (its stage's layers; a tensor-parallel rank holds a
@@ -309,6 +369,14 @@ class ParallelModel final : public Model {
   void check_lora(const LoraAdapter& adapter) const override { executor().model->check_lora(adapter); }
 
  private:
+  void sink_keys(KvStore& kv, SinkOp op, int32_t slot, int64_t shift) const {
+    SinkKeysRequest r{reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), int32_t(kv.type()), op, slot, shift};
+    std::vector<uint8_t> payload(sizeof r);
+    std::memcpy(payload.data(), &r, sizeof r);
+    broadcast_message(MsgKind::SinkKeys, &payload);
+    apply_sink_op(*executor().model, kv, r);
+  }
+
   // Sends `adapter` to every rank unless they have it (collective), each rank checking it against
   // its part; throws naming the rank whose part refuses it (then nobody keeps it).
   void send_adapter(const std::shared_ptr<const LoraAdapter>& adapter) {
@@ -427,7 +495,8 @@ int worker_main() {
             }
             if (!sets[i].empty()) plan.seqs[i].lora = &sets[i];
           }
-          ex.run(plan.seqs, arena(plan.kv_id, plan.kv_slots, plan.kv_type), nullptr, *pool);
+          ex.run_with_key_masses(plan.seqs, plan.key_mass, {}, arena(plan.kv_id, plan.kv_slots, plan.kv_type), nullptr,
+                                 *pool);
           break;
         }
         case MsgKind::Adapter: {
@@ -469,6 +538,18 @@ int worker_main() {
           if (c.src < 0 || c.dst < 0 || c.n < 0 || c.src + c.n > kv.n_slots() || c.dst + c.n > kv.n_slots())
             fail("copy of K/V slots out of range");
           kv.copy_slots(c.src, c.dst, c.n);
+          break;
+        }
+        case MsgKind::SinkKeys: {
+          SinkKeysRequest r;
+          if (payload.size() != sizeof r) fail("malformed sink keys request");
+          std::memcpy(&r, payload.data(), sizeof r);
+          if (!ex.model) fail("a sink keys request before a model was loaded");
+          KvStore& kv = arena(r.kv_id, r.kv_slots, KvType(r.kv_type));
+          if (r.slot < 0 || r.slot >= kv.n_slots() || int32_t(r.op) < 0 || int32_t(r.op) > 2)
+            fail("sink keys request out of range");
+          if (r.op == SinkOp::Place && kv.pinned_keys(r.slot).empty()) fail("sink keys placed before they were kept");
+          apply_sink_op(*ex.model, kv, r);
           break;
         }
         case MsgKind::Timeline:

@@ -45,8 +45,9 @@ struct Reader {
 
 struct SeqHeader {
   int64_t n_past, pos, n_tokens, n_slots;
-  int32_t all_logits, n_lora;
+  int32_t flags, n_lora;  // kAllLogits | kKeyMass
 };
+constexpr int32_t kAllLogits = 1, kKeyMass = 2;
 
 }  // namespace
 
@@ -58,8 +59,8 @@ std::vector<uint8_t> encode_step(std::span<const SeqBatch> seqs, uint64_t kv_id,
   w.put(kv_slots);
   w.put(int64_t(seqs.size()));
   for (const SeqBatch& s : seqs)
-    w.put(SeqHeader{s.n_past, s.pos, int64_t(s.tokens.size()), int64_t(s.slots.size()), s.all_logits ? 1 : 0,
-                    s.lora ? int32_t(s.lora->size()) : 0});
+    w.put(SeqHeader{s.n_past, s.pos, int64_t(s.tokens.size()), int64_t(s.slots.size()),
+                    (s.all_logits ? kAllLogits : 0) | (s.key_mass ? kKeyMass : 0), s.lora ? int32_t(s.lora->size()) : 0});
   for (const SeqBatch& s : seqs) w.put_ints(s.tokens);
   for (const SeqBatch& s : seqs) w.put_ints(s.slots);
   for (const SeqBatch& s : seqs)
@@ -92,6 +93,7 @@ StepPlan decode_step(std::span<const uint8_t> bytes) {
     if (h.n_past < 0 || h.n_tokens < 1 || h.n_slots < 0 || h.n_tokens > room || h.n_slots > room ||
         h.n_slots - h.n_tokens < h.n_past)
       fail("step plan: sequence ", i, " has inconsistent sizes");
+    if ((h.flags & ~(kAllLogits | kKeyMass)) != 0) fail("step plan: sequence ", i, " has unknown flags ", h.flags);
     if (h.n_lora < 0 || h.n_lora > int64_t((bytes.size() - r.at) / sizeof(LoraRef)))
       fail("step plan: sequence ", i, " has a bad adapter count ", h.n_lora);
     n_tokens += h.n_tokens;
@@ -117,7 +119,8 @@ StepPlan decode_step(std::span<const uint8_t> bytes) {
     SeqBatch s;
     s.n_past = h.n_past;
     s.pos = h.pos;
-    s.all_logits = h.all_logits != 0;
+    s.all_logits = (h.flags & kAllLogits) != 0;
+    p.key_mass.push_back((h.flags & kKeyMass) != 0);
     s.tokens = std::span<const int32_t>(p.tokens.data() + t, size_t(h.n_tokens));
     s.slots = std::span<const int32_t>(p.slots.data() + sl, size_t(h.n_slots));
     p.seqs.push_back(s);

@@ -28,11 +28,12 @@ struct StepPlan {
   std::vector<SeqBatch> seqs;
   std::vector<int32_t> tokens, slots;
   std::vector<std::vector<LoraRef>> lora;  // [seqs] each sequence's adapters (SeqBatch::lora unset)
+  std::vector<bool> key_mass;              // [seqs] it wants key masses (H2O; SeqBatch::key_mass unset)
   int64_t n_tokens() const { return int64_t(tokens.size()); }
 };
 
 // Serialises a step (only what a forward pass reads: tokens, slots, n_past, pos, all_logits,
-// and each sequence's adapters by uid and scale).
+// whether it wants key masses, and each sequence's adapters by uid and scale).
 std::vector<uint8_t> encode_step(std::span<const SeqBatch> seqs, uint64_t kv_id, int64_t kv_slots, KvType kv_type);
 // Throws tern::Error on a malformed or truncated message.
 StepPlan decode_step(std::span<const uint8_t> bytes);

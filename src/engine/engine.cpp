@@ -562,7 +562,7 @@ void Engine::Impl::validate(const RequestParams& p) const {
     // What the model cannot evict (a recurrent state, a latent cache) is named first.
     check_policy_for_model(policy, *model, file->path());
     check_policy_for_kv_type(policy, cfg.kv_type, file->path());
-    if (!model->can_evict_kv()) fail("kv policy ", policy.describe(), " is not available with --tp / --pp");
+    if (!model->can_evict_kv()) fail("kv policy ", policy.describe(), " is not available for ", file->path(), ": its cache cannot lose keys");
     if (p.n != 1)
       fail("kv policy ", policy.describe(), ": n = ", p.n, " completions share their prompt's blocks, and an ",
            "evicting sequence's blocks are its own (use n = 1)");
@@ -675,7 +675,7 @@ void Engine::Impl::give_blocks(Completion& c, const ScheduledSeq& e) {
   const BlockTable& t = sched->block_table(e.id);
   // A step from position 0 is a (re)start: after a preemption the blocks are new ones.
   if (e.n_past == 0) {
-    c.evicting->release();
+    c.evicting->release(*model, *kv_store);
     c.blocks_given = 0;
   }
   const int64_t bs = kv->block_size();
@@ -1197,6 +1197,7 @@ void Engine::Impl::finish(Completion& c, FinishReason reason, const std::string&
   if (reason != FinishReason::Abort && reason != FinishReason::Error && c.text.size() > c.emitted)
     out.text.append(c.text, c.emitted, std::string::npos);
   c.emitted = c.text.size();
+  if (c.evicting) c.evicting->release(*model, *kv_store);  // (the sinks' kept keys go too)
   if (c.seq) {
     out.metrics.n_preempted = sched->contains(c.seq) ? sched->n_preempted(c.seq) : 0;
     sched->remove(c.seq);

@@ -322,6 +322,23 @@ void KvStore::store_k(int64_t il, int64_t slot, const float* k) {
   }
 }
 
+void KvStore::pin_keys(int64_t slot) {
+  TERN_ASSERT(slot >= 0 && slot < n_slots_);
+  std::vector<float>& keys = pinned_k_[slot];
+  keys.clear();
+  for (size_t il = 0; il < rows_.size(); ++il) {
+    const size_t at = keys.size();
+    keys.resize(at + size_t(rows_[il]));
+    if (rows_[il] > 0) load_k(int64_t(il), slot, keys.data() + at);
+  }
+}
+
+std::span<const float> KvStore::pinned_keys(int64_t slot) const {
+  const auto it = pinned_k_.find(slot);
+  if (it == pinned_k_.end()) return {};
+  return it->second;
+}
+
 void KvStore::copy_slots(int64_t src, int64_t dst, int64_t n) {
   if (type_ == KvType::Kivi2) {
     // Slot by slot through f32 (in the direction that never reads a slot already overwritten).

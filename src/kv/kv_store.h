@@ -13,6 +13,7 @@
 // groups of 32 slots, so the store seals a group's 32 rows together when its last slot is
 // written; until then the group's rows are fp16 (the full-precision recent window).
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -75,6 +76,15 @@ class KvStore {
   // dequantized), and its replacement from f32 (V untouched): re-rotating a stored key.
   void load_k(int64_t il, int64_t slot, float* dst) const;
   void store_k(int64_t il, int64_t slot, const float* k);
+  // Keys kept aside by slot (StreamingLLM's sinks that follow the window, runtime/evicting_seq.h,
+  // rotated from these copies so that rounding never accumulates): pin_keys copies the slot's K
+  // rows of every layer as f32 (load_k), layer after layer (row(il) floats each, none for a layer
+  // of row 0), replacing an earlier copy; pinned_keys gives them (empty when none); unpin_keys
+  // forgets them.
+  void pin_keys(int64_t slot);
+  std::span<const float> pinned_keys(int64_t slot) const;
+  void unpin_keys(int64_t slot) { pinned_k_.erase(slot); }
+  int64_t n_pinned() const { return int64_t(pinned_k_.size()); }
   // Copies n slots starting at src to dst, every layer (copy-on-write of a shared block).
   // kivi2: as dequantized rows stored at dst.
   void copy_slots(int64_t src, int64_t dst, int64_t n);
@@ -125,6 +135,7 @@ class KvStore {
   std::vector<int64_t> state_rows_;    // [n_layer] floats per state slot and layer
   std::vector<int64_t> state_offset_;  // [n_layer] float offset of the layer's states
   std::vector<float> state_;           // per layer: [n_state_slots][state_rows(il)]
+  std::map<int64_t, std::vector<float>> pinned_k_;  // pin_keys: slot -> its K rows, every layer
 
   // kivi2, per layer: the sealed arrays, the open groups' stages and the view the kernels read,
   // refreshed when a layer's stage table grows. A sealed group's stage buffer goes to spare_,

@@ -36,6 +36,21 @@ int64_t n_logit_rows(std::span<const SeqBatch> seqs) {
   return n;
 }
 
+void Model::place_sink_keys(KvStore& kv, int32_t slot, int64_t shift) const {
+  const std::span<const float> keys = kv.pinned_keys(slot);
+  TERN_ASSERT_MSG(!keys.empty(), "place_sink_keys: the slot's keys were not kept");
+  std::vector<float> k;
+  size_t at = 0;
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    const size_t row = size_t(kv.row(il));
+    if (row == 0) continue;  // (a layer of another pipeline stage)
+    k.assign(keys.begin() + ptrdiff_t(at), keys.begin() + ptrdiff_t(at + row));
+    rotate_keys(il, k.data(), 1, shift);
+    kv.store_k(il, slot, k.data());
+    at += row;
+  }
+}
+
 void Model::enable_sparse_ffn(const SparseFfnConfig&) {
   fail(hp_.arch, ": --sparse-ffn runs on decoders whose FFNs are dense ReGLU (a ReLU-fied model: tern sparsify "
        "--relufy); this architecture's stack has no sparse FFN");

@@ -129,6 +129,13 @@ class Model {
     (void)il, (void)k, (void)n_rows, (void)delta;
     return false;
   }
+  // StreamingLLM's sinks that follow the window (runtime/evicting_seq.h), on this model's cache:
+  // keep the keys stored in `slot` as they are now (KvStore::pin_keys), store them rotated
+  // `shift` positions later from that copy (rotate_keys; V untouched), and forget the copy. A
+  // model spread over processes (dist/) does each on every rank's part of the cache.
+  virtual void keep_sink_keys(KvStore& kv, int32_t slot) const { kv.pin_keys(slot); }
+  virtual void place_sink_keys(KvStore& kv, int32_t slot, int64_t shift) const;
+  virtual void drop_sink_keys(KvStore& kv, int32_t slot) const { kv.unpin_keys(slot); }
 
  protected:
   HParams hp_;

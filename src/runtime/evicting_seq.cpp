@@ -85,30 +85,36 @@ void EvictingSequence::end_step(KvStore& kv, const Model& model) {
   capture_sinks(kv, model);
 }
 
-void EvictingSequence::truncate(int64_t pos) {
+void EvictingSequence::truncate(int64_t pos, const Model& model, KvStore& kv) {
   TERN_ASSERT(!in_step_);
   const auto p = residency_.positions();
   const int64_t keep = std::lower_bound(p.begin(), p.end(), pos) - p.begin();
+  // Sinks past the cut are gone (before their slots are handed out again); the kept ones are
+  // placed again at the next step (a token that becomes a sink later is captured at its own
+  // rotation).
+  if (int64_t(sink_slots_.size()) > keep) drop_sinks_from(size_t(keep), model, kv);
   for (int32_t slot : residency_.truncate(keep)) free_slots_.push_back(slot);
-  // Sinks past the cut are gone; the kept ones are placed again at the next step (a token that
-  // becomes a sink later is captured at its own rotation).
-  if (int64_t(sink_keys_.size()) > keep) sink_keys_.resize(size_t(keep));
   sink_shift_ = -1;
-  if (pos == 0) clear();
+  if (pos == 0) clear(model, kv);
 }
 
-void EvictingSequence::clear() {
+void EvictingSequence::clear(const Model& model, KvStore& kv) {
   TERN_ASSERT(!in_step_);
+  drop_sinks_from(0, model, kv);
   for (int32_t slot : residency_.truncate(0)) free_slots_.push_back(slot);
   residency_.clear();
-  sink_keys_.clear();
   sink_shift_ = 0;
 }
 
-void EvictingSequence::release() {
-  clear();
+void EvictingSequence::release(const Model& model, KvStore& kv) {
+  clear(model, kv);
   free_slots_.clear();
   n_slots_ = 0;
+}
+
+void EvictingSequence::drop_sinks_from(size_t first, const Model& model, KvStore& kv) {
+  for (size_t i = first; i < sink_slots_.size(); ++i) model.drop_sink_keys(kv, sink_slots_[i]);
+  if (sink_slots_.size() > first) sink_slots_.resize(first);
 }
 
 // Copies of the sinks' keys as first stored (at their own positions), before anything is evicted:
@@ -116,16 +122,10 @@ void EvictingSequence::release() {
 void EvictingSequence::capture_sinks(KvStore& kv, const Model& model) {
   if (policy_.kind != KvPolicyKind::Streaming || !policy_.sinks_follow) return;
   const int64_t n_sinks = std::min(policy_.sinks, residency_.size());
-  const HParams& hp = model.hparams();
-  while (int64_t(sink_keys_.size()) < n_sinks) {
-    const int32_t slot = residency_.slots()[sink_keys_.size()];
-    std::vector<float> rows;
-    for (int64_t il = 0; il < hp.n_layer; ++il) {
-      const size_t at = rows.size();
-      rows.resize(at + size_t(hp.n_embd_kv(il)));
-      kv.load_k(il, slot, rows.data() + at);
-    }
-    sink_keys_.push_back(std::move(rows));
+  while (int64_t(sink_slots_.size()) < n_sinks) {
+    const int32_t slot = residency_.slots()[sink_slots_.size()];
+    model.keep_sink_keys(kv, slot);
+    sink_slots_.push_back(slot);
   }
 }
 
@@ -133,24 +133,16 @@ void EvictingSequence::capture_sinks(KvStore& kv, const Model& model) {
 // window, so their distance to a query is what it would be had nothing been evicted between
 // them (the window's own keys already have those distances).
 void EvictingSequence::place_sinks(int64_t pos, const Model& model, KvStore& kv) {
-  if (policy_.kind != KvPolicyKind::Streaming || !policy_.sinks_follow || sink_keys_.empty()) return;
-  const int64_t n_sinks = int64_t(sink_keys_.size());
+  if (policy_.kind != KvPolicyKind::Streaming || !policy_.sinks_follow || sink_slots_.empty()) return;
+  const int64_t n_sinks = int64_t(sink_slots_.size());
   const auto p = residency_.positions();
   if (int64_t(p.size()) < n_sinks) return;
   const int64_t after = int64_t(p.size()) > n_sinks ? p[size_t(n_sinks)] : pos;
   const int64_t shift = after - p[size_t(n_sinks - 1)] - 1;  // positions evicted after the sinks
   if (shift == sink_shift_) return;
-  const HParams& hp = model.hparams();
-  std::vector<float> k;
   for (int64_t i = 0; i < n_sinks; ++i) {
-    size_t at = 0;
-    for (int64_t il = 0; il < hp.n_layer; ++il) {
-      const size_t row = size_t(hp.n_embd_kv(il));
-      k.assign(sink_keys_[size_t(i)].begin() + ptrdiff_t(at), sink_keys_[size_t(i)].begin() + ptrdiff_t(at + row));
-      model.rotate_keys(il, k.data(), 1, shift);
-      kv.store_k(il, residency_.slots()[size_t(i)], k.data());
-      at += row;
-    }
+    TERN_ASSERT(sink_slots_[size_t(i)] == residency_.slots()[size_t(i)]);  // (sinks are never evicted)
+    model.place_sink_keys(kv, sink_slots_[size_t(i)], shift);
   }
   sink_shift_ = shift;
 }

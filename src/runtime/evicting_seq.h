@@ -12,7 +12,9 @@
 //
 // Sinks that follow the window (KvPolicy::sinks_follow, StreamingLLM's positions within the
 // cache): before a step, the sinks' keys are rewritten rotated to sit just before the window's
-// oldest token, from copies of the keys as first stored, so rounding never accumulates.
+// oldest token, from copies of the keys as first stored, so rounding never accumulates. The
+// model keeps the copies (Model::keep_sink_keys, in the KvStore: a model spread over processes
+// keeps each rank's part on that rank); truncate, clear and release let go of them.
 #include <cstdint>
 #include <span>
 #include <string>
@@ -50,11 +52,11 @@ class EvictingSequence {
   void end_step(KvStore& kv, const Model& model);
 
   // Keeps the tokens before position `pos` (their K/V stay); the rest's slots become free.
-  void truncate(int64_t pos);
+  void truncate(int64_t pos, const Model& model, KvStore& kv);
   // Forgets every token (a new sequence, or a recompute); the slots stay this sequence's.
-  void clear();
-  // Forgets the slots too (the engine freed the sequence's blocks).
-  void release();
+  void clear(const Model& model, KvStore& kv);
+  // Forgets the slots too (the engine freed the sequence's blocks, or is about to).
+  void release(const Model& model, KvStore& kv);
 
   int64_t n_resident() const { return residency_.size(); }
   int64_t n_evicted() const { return residency_.n_evicted(); }
@@ -64,6 +66,7 @@ class EvictingSequence {
  private:
   void place_sinks(int64_t pos, const Model& model, KvStore& kv);
   void capture_sinks(KvStore& kv, const Model& model);
+  void drop_sinks_from(size_t first, const Model& model, KvStore& kv);
 
   KvPolicy policy_;
   int64_t capacity_;
@@ -74,9 +77,9 @@ class EvictingSequence {
   std::vector<float> key_mass_;      // [n_resident + n] H2O: the step's key masses
   int64_t step_pos_ = 0, step_n_ = 0, step_keys_ = 0;
   bool in_step_ = false;
-  // Sinks that follow the window: each sink's keys as first stored (every layer's row, f32,
-  // concatenated), and the shift their stored copies are rotated by now.
-  std::vector<std::vector<float>> sink_keys_;
+  // Sinks that follow the window: the slots of the sinks whose keys the model keeps as first
+  // stored (Model::keep_sink_keys), and the shift their stored copies are rotated by now.
+  std::vector<int32_t> sink_slots_;
   int64_t sink_shift_ = 0;
 };
 

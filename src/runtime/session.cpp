@@ -102,7 +102,7 @@ void Session::truncate(int64_t n) {
   }
   if (n < n_past()) {
     tokens_.resize(size_t(n));
-    if (evicting_) evicting_->truncate(n);
+    if (evicting_) evicting_->truncate(n, *model_, *kv_);
   }
   n_batched_ = std::min(n_batched_, n_past());
 }

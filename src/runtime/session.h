@@ -71,6 +71,7 @@ class Session {
   const GgufFile& file() const { return *file_; }
   ThreadPool& pool() { return pool_; }
   int64_t kv_bytes() const { return kv_->bytes(); }
+  const KvStore& kv() const { return *kv_; }
   KvType kv_type() const { return kv_->type(); }
 
  private:

@@ -119,7 +119,6 @@ LoadedSession open_session(const ModelArgs& args, std::shared_ptr<const GgufFile
   cfg.kv_type = kv_type_from_name(args.kv_type);
   cfg.kv_policy = args.kv_policy_config();
   if (args.layout.parallel()) {
-    if (cfg.kv_policy.evicts()) fail("--kv-policy ", args.kv_policy_args.kind, " is not supported with --tp / --pp yet");
     if (args.sparse.enabled) fail("--sparse-ffn is not supported with --tp / --pp yet");
     cfg.load = parallel_loader(args.layout, args.threads);
   }

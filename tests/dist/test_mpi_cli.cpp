@@ -106,6 +106,20 @@ TEST_F(Mpi, AdaptersGiveTheSingleProcessTokensUnderEveryLayout) {
   remove_temp_dir(dir);
 }
 
+// KV eviction under every layout, 300 tokens in a 96-token context: rank 0 chooses what to keep
+// and every rank's cache follows its plans. StreamingLLM's sinks that follow the window are
+// re-rotated on each rank from that rank's kept copies (the sink keys requests); H2O's key masses
+// are summed over the ranks' heads and layers before rank 0 ranks them.
+TEST_F(Mpi, KvPoliciesGiveTheSingleProcessTokensUnderEveryLayout) {
+  for (const std::string policy : {"--kv-policy streaming --sinks 4 --window 48",
+                                   "--kv-policy streaming --sinks 4 --window 48 --sink-positions original",
+                                   "--kv-policy h2o --kv-budget 64 --window 16"}) {
+    SCOPED_TRACE(policy);
+    expect_same_tokens(real_model_path(), "Once upon a time", 300,
+                       {{2, "--tp 2"}, {2, "--pp 2"}, {4, "--tp 2 --pp 2"}}, "-c 96 " + policy);
+  }
+}
+
 // The TinyLlama-1.1B shape (2048 wide, 32 query / 4 KV heads, 5632 FFN channels, 32000 tokens;
 // two of its 22 layers, to keep the suite small), in f16 and in q4_K (block-aligned splits of
 // real sizes).

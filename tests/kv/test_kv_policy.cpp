@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "kv/kv_policy.h"
+#include "kv/kv_store.h"
 
 namespace tern {
 namespace {
@@ -415,6 +416,39 @@ TEST(KvResidencyDeathTest, MisuseAborts) {
   const std::vector<float> two = {1.f, 2.f};
   EXPECT_DEATH(r.add_mass(two), "one mass per resident token");
   EXPECT_DEATH((void)r.truncate(2), "truncate|n <= size");
+}
+
+// The sinks' kept keys (KvStore::pin_keys): a copy of the slot's K rows in every layer as they
+// were, whatever is stored there after; a layer of row 0 (another pipeline stage's) holds none;
+// pinning again replaces the copy; unpinning forgets it.
+TEST(KvStorePin, KeepsTheKeysAsTheyWere) {
+  for (KvType type : {KvType::F32, KvType::F16, KvType::Q8_0}) {
+    KvStore kv({64, 0, 32}, 8, type);
+    std::vector<float> k0(64), k2(32), v(64, 0.5f);
+    for (size_t i = 0; i < k0.size(); ++i) k0[i] = float(i) * 0.25f - 3.0f;
+    for (size_t i = 0; i < k2.size(); ++i) k2[i] = 1.0f - float(i) * 0.125f;
+    kv.store(0, 5, 0, k0.data(), v.data(), 64);
+    kv.store(2, 5, 0, k2.data(), v.data(), 32);
+    std::vector<float> want(96);
+    kv.load_k(0, 5, want.data());
+    kv.load_k(2, 5, want.data() + 64);
+    EXPECT_TRUE(kv.pinned_keys(5).empty());
+    kv.pin_keys(5);
+    EXPECT_EQ(kv.n_pinned(), 1);
+    std::vector<float> other(64, 7.0f);
+    kv.store_k(0, 5, other.data());  // the slot's keys change; the copy does not
+    const auto got = kv.pinned_keys(5);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin()));
+    kv.pin_keys(5);  // again: the keys as they are now
+    EXPECT_EQ(kv.n_pinned(), 1);
+    std::vector<float> now(64);
+    kv.load_k(0, 5, now.data());
+    EXPECT_TRUE(std::equal(now.begin(), now.end(), kv.pinned_keys(5).begin()));
+    kv.unpin_keys(5);
+    EXPECT_EQ(kv.n_pinned(), 0);
+    EXPECT_TRUE(kv.pinned_keys(5).empty());
+  }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`tern serve` over the ranks of mpirun (docs/distributed.md): --tp 2 and --pp 2 answer as the
 single process does (greedy text; n > 1 completions, whose shared prompt blocks are copied on
-write on every rank; streams; LoRA adapters served with --lora and loaded at run time), a
+write on every rank; streams; LoRA adapters served with --lora and loaded at run time; KV
+eviction policies), a
 pipeline refuses embeddings with a clear error, and SIGTERM to mpirun ends every rank. Skipped
 without mpirun or an MPI build. Every wait is bounded."""
 import json
@@ -180,6 +181,26 @@ class MpiServeTest(unittest.TestCase):
                     self.assertEqual(got, want, layout)
         finally:
             shutil.rmtree(d, ignore_errors=True)
+
+    def test_kv_policies_serve_what_one_process_serves(self):
+        # Sinks + window (the sinks following the window) and H2O, each request past its budget.
+        for policy in (["--kv-policy", "streaming", "--sinks", "4", "--window", "24"],
+                       ["--kv-policy", "h2o", "--kv-budget", "32", "--window", "8"]):
+            want = None
+            for np_, layout in ((0, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])):
+                s = Server(np_, policy + layout)
+                try:
+                    got = []
+                    for p in ("Once upon a time", "The little dog"):
+                        code, text = s.post("/v1/completions", {"prompt": p, "max_tokens": 64, "temperature": 0})
+                        self.assertEqual(code, 200, text)
+                        got.append(json.loads(text)["choices"][0]["text"])
+                finally:
+                    self.assertIsNotNone(s.stop(), "mpirun did not end on SIGTERM")
+                if want is None:
+                    want = got
+                else:
+                    self.assertEqual(got, want, policy + layout)
 
     def test_a_pool_with_a_layout_is_refused(self):
         r = subprocess.run([TERN, "serve", "-m", "a=" + real_model(), "-m", "b=" + real_model(), "--tp", "2",

@@ -147,14 +147,20 @@ TEST(KvSession, StreamingRunsPastTheContextInChunksAndTruncates) {
   EXPECT_EQ(s.n_past(), 200);
   EXPECT_EQ(s.n_resident(), 32);
   EXPECT_EQ(s.kv_bytes(), bytes);
+  EXPECT_EQ(s.kv().n_pinned(), 4);  // the sinks' keys as first stored, kept to re-rotate
   s.truncate(190);
   EXPECT_EQ(s.n_past(), 190);
   EXPECT_EQ(s.n_resident(), 22);
   s.eval(std::span<const int32_t>(t.data() + 190, 10));
   EXPECT_EQ(s.n_resident(), 32);
+  s.truncate(2);  // two sinks cut: their copies go with them
+  EXPECT_EQ(s.kv().n_pinned(), 2);
+  s.eval(std::span<const int32_t>(t.data() + 2, 60));
+  EXPECT_EQ(s.kv().n_pinned(), 4);
   s.reset();
   EXPECT_EQ(s.n_past(), 0);
   EXPECT_EQ(s.n_evicted(), 0);
+  EXPECT_EQ(s.kv().n_pinned(), 0);
   // After a reset the session computes what a fresh one does.
   Session fresh(stories(), config(make_kv_policy("streaming", 4, 28, ""), 64, 16));
   const int64_t V = s.hparams().n_vocab;
