@@ -42,6 +42,7 @@ struct V {
   __m512 v;
 };
 constexpr int kRowsPerPass = 2;  // query rows sharing each Kt load: 2 x 4 accumulators
+constexpr int kPvRows = 4;       // query rows sharing each V load in P V: 4 x 4 accumulators
 inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline V vload(const uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
 inline void vstore(float* p, V a) { _mm512_storeu_ps(p, a.v); }
@@ -82,6 +83,7 @@ struct V {
   float32x4_t q[4];
 };
 constexpr int kRowsPerPass = 1;  // 4 accumulators of four q registers each: half the register file
+constexpr int kPvRows = 1;
 inline V vload(const float* p) { return {{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}}; }
 inline V vload(const uint16_t* p) {
   V r;
@@ -152,6 +154,7 @@ struct V {
   __m256 lo, hi;
 };
 constexpr int kRowsPerPass = 1;  // 4 accumulators of two ymm each already fill the registers
+constexpr int kPvRows = 1;
 inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 inline V vload(const uint16_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
@@ -599,6 +602,55 @@ inline void accumulate_pv(float* o, const float* p, const P* vrow, int64_t nv, i
   }
 }
 
+// accumulate_pv for NR rows that read the same V rows (one tile's block), each with its own
+// output o[i], probabilities p[i] and key count nv[i] (head_dim a multiple of 32): each V load
+// serves the NR rows. Every row's chains are accumulate_pv's, in its order (the pairs all rows
+// see run together; each row then goes on alone to its own nv), so every row's bits are those
+// of accumulate_pv on it alone.
+template <int NR, class P>
+inline void accumulate_pv_rows(float* const* o, const float* const* p, const int32_t* nv, const P* vrow, int64_t hd) {
+  int64_t joint = nv[0];
+  for (int i = 1; i < NR; ++i) joint = nv[i] < joint ? nv[i] : joint;
+  for (int64_t c = 0; c + 32 <= hd; c += 32) {
+    V a0[NR], a1[NR], b0[NR], b1[NR];
+    for (int i = 0; i < NR; ++i) {
+      a0[i] = vload(o[i] + c);
+      a1[i] = vload(o[i] + c + 16);
+      b0[i] = vzero();
+      b1[i] = vzero();
+    }
+    int64_t j = 0;
+    for (; j + 1 < joint; j += 2) {
+      const V vj0 = vload(vrow[j] + c), vj1 = vload(vrow[j] + c + 16);
+      const V vk0 = vload(vrow[j + 1] + c), vk1 = vload(vrow[j + 1] + c + 16);
+      for (int i = 0; i < NR; ++i) {
+        const V pj = vset1(p[i][j]), pk = vset1(p[i][j + 1]);
+        a0[i] = vfma(pj, vj0, a0[i]);
+        a1[i] = vfma(pj, vj1, a1[i]);
+        b0[i] = vfma(pk, vk0, b0[i]);
+        b1[i] = vfma(pk, vk1, b1[i]);
+      }
+    }
+    for (int i = 0; i < NR; ++i) {
+      int64_t k = j;
+      for (; k + 1 < nv[i]; k += 2) {
+        const V pj = vset1(p[i][k]), pk = vset1(p[i][k + 1]);
+        a0[i] = vfma(pj, vload(vrow[k] + c), a0[i]);
+        a1[i] = vfma(pj, vload(vrow[k] + c + 16), a1[i]);
+        b0[i] = vfma(pk, vload(vrow[k + 1] + c), b0[i]);
+        b1[i] = vfma(pk, vload(vrow[k + 1] + c + 16), b1[i]);
+      }
+      if (k < nv[i]) {
+        const V pj = vset1(p[i][k]);
+        a0[i] = vfma(pj, vload(vrow[k] + c), a0[i]);
+        a1[i] = vfma(pj, vload(vrow[k] + c + 16), a1[i]);
+      }
+      vstore(o[i] + c, vadd(a0[i], b0[i]));
+      vstore(o[i] + c + 16, vadd(a1[i], b1[i]));
+    }
+  }
+}
+
 // dst[j][0..hd) = the values of vrow[j][0..hd) as f32, j < nb, read with the loads accumulate_pv
 // uses (each element is widened or dequantized on its own, so the same floats whatever the load
 // width): a tile whose rows all read the block's V rows widens them once instead of per row.
@@ -812,7 +864,12 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
   // GFLOP/s / decode us: q8_0 41-43 -> 85-102 / 93-256 -> 59-203 (14/2, 32/8, 32/4 heads; 16/8
   // level); f16 90-101 -> 94-114 / level (32/4 decode widened: 100 -> 111 us).
   constexpr bool kHalf = std::is_same_v<T, uint16_t>;
-  const bool widen = !std::is_same_v<T, float> && (kHalf ? i1 - i0 >= 4 : R >= 2);
+  // f32 rows are read in place, except where consecutive slots' rows lie a multiple of 4 KiB
+  // apart (Qwen3's 8 KV heads of 128: the loads of a block's rows alias in L1 and run at a
+  // fraction of their rate): bench_attention 16/8 heads of 128, f32, prefill 87 -> 97-101 GFLOP/s;
+  // copying other strides costs more than it saves (32/4 of 64: 114 -> 108).
+  const bool widen = std::is_same_v<T, float> ? R >= 4 && a.kv_row * int64_t(sizeof(float)) % 4096 == 0
+                                              : (kHalf ? i1 - i0 >= 4 : R >= 2);
   const float* vf_rows[kB];
   if (widen)
     for (int64_t j = 0; j < kB; ++j) vf_rows[j] = Vf + j * hd;
@@ -881,6 +938,40 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
     blk.load(p0, nb);
     if (widen) widen_rows(blk.vrow, nb, hd, Vf);
     const int64_t r_first = block_rows(p0);
+    // The P V products of rows whose softmax is done, kPvRows at a time (each V load serves
+    // them all) where head_dim allows, one by one otherwise and for the last few.
+    int64_t pending[kPvRows];
+    int32_t pending_nv[kPvRows];
+    int n_pending = 0;
+    auto flush_pv = [&](bool all) {
+      if (kPvRows > 1 && n_pending == kPvRows) {
+        float* os[kPvRows];
+        const float* ps[kPvRows];
+        for (int i = 0; i < kPvRows; ++i) {
+          os[i] = O + pending[i] * hd;
+          ps[i] = S + pending[i] * kB;
+        }
+        if (widen) accumulate_pv_rows<kPvRows>(os, ps, pending_nv, vf_rows, hd);
+        else accumulate_pv_rows<kPvRows>(os, ps, pending_nv, blk.vrow, hd);
+        n_pending = 0;
+      }
+      if (!all) return;
+      int i = 0;
+      if constexpr (kPvRows > 2) {
+        for (; i + 2 <= n_pending; i += 2) {  // the last few in pairs (a decode's GQA group of 2)
+          float* os[2] = {O + pending[i] * hd, O + pending[i + 1] * hd};
+          const float* ps[2] = {S + pending[i] * kB, S + pending[i + 1] * kB};
+          if (widen) accumulate_pv_rows<2>(os, ps, pending_nv + i, vf_rows, hd);
+          else accumulate_pv_rows<2>(os, ps, pending_nv + i, blk.vrow, hd);
+        }
+      }
+      for (; i < n_pending; ++i) {
+        if (widen) accumulate_pv(O + pending[i] * hd, S + pending[i] * kB, vf_rows, pending_nv[i], hd);
+        else accumulate_pv(O + pending[i] * hd, S + pending[i] * kB, blk.vrow, pending_nv[i], hd);
+      }
+      n_pending = 0;
+    };
+    const bool pv_rows = kPvRows > 1 && hd % 32 == 0;
     for (int64_t r = r_first; r < R; ++r) {
       V s0, s1, s2, s3;
       int32_t nv;
@@ -904,9 +995,17 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
       m[r] = mx;
       float* o = O + r * hd;
       for (int64_t d = 0; d < hd; ++d) o[d] *= c;
-      if (widen) accumulate_pv(o, s, vf_rows, nv, hd);
-      else accumulate_pv(o, s, blk.vrow, nv, hd);
+      if (pv_rows) {
+        pending[n_pending] = r;
+        pending_nv[n_pending++] = nv;
+        flush_pv(false);
+      } else if (widen) {
+        accumulate_pv(o, s, vf_rows, nv, hd);
+      } else {
+        accumulate_pv(o, s, blk.vrow, nv, hd);
+      }
     }
+    flush_pv(true);
   }
 
   // Sinks: one more term of the row's softmax denominator, with no value; the row's maximum
