@@ -41,7 +41,7 @@ namespace {
 struct V {
   __m512 v;
 };
-constexpr int kRowsPerPass = 2;  // query rows sharing each Kt load: 2 x 4 accumulators
+constexpr int kRowsPerPass = 4;  // query rows sharing each Kt load: 4 x 4 accumulators
 constexpr int kPvRows = 4;       // query rows sharing each V load in P V: 4 x 4 accumulators
 inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline V vload(const uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
@@ -899,6 +899,13 @@ inline void tile_impl(const AttentionArgs& a, int64_t kvh, int64_t i0, int64_t i
         ss[rr] = S + (r + rr) * kB;
       }
       block_scores<kRowsPerPass>(qs, Kt, hd, ss);
+    }
+    if constexpr (kRowsPerPass > 2) {
+      for (; r + 2 <= R; r += 2) {  // the last rows in pairs (a decode's GQA group of 2)
+        const float* qs[2] = {q_row(r), q_row(r + 1)};
+        float* ss[2] = {S + r * kB, S + (r + 1) * kB};
+        block_scores<2>(qs, Kt, hd, ss);
+      }
     }
     for (; r < R; ++r) {
       const float* qs[1] = {q_row(r)};
