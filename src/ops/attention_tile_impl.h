@@ -43,6 +43,7 @@ struct V {
 };
 constexpr int kRowsPerPass = 4;  // query rows sharing each Kt load: 4 x 4 accumulators
 constexpr int kPvRows = 4;       // query rows sharing each V load in P V: 4 x 4 accumulators
+constexpr bool kPvBy16 = false;
 inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline V vload(const uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
 inline void vstore(float* p, V a) { _mm512_storeu_ps(p, a.v); }
@@ -84,6 +85,7 @@ struct V {
 };
 constexpr int kRowsPerPass = 1;  // 4 accumulators of four q registers each: half the register file
 constexpr int kPvRows = 1;
+constexpr bool kPvBy16 = false;
 inline V vload(const float* p) { return {{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}}; }
 inline V vload(const uint16_t* p) {
   V r;
@@ -154,7 +156,8 @@ struct V {
   __m256 lo, hi;
 };
 constexpr int kRowsPerPass = 1;  // 4 accumulators of two ymm each already fill the registers
-constexpr int kPvRows = 1;
+constexpr int kPvRows = 2;       // P V by 16 columns: 2 rows x 2 chains of two ymm, 4 for V
+constexpr bool kPvBy16 = true;
 inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 inline V vload(const uint16_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
@@ -607,8 +610,45 @@ inline void accumulate_pv(float* o, const float* p, const P* vrow, int64_t nv, i
 // serves the NR rows. Every row's chains are accumulate_pv's, in its order (the pairs all rows
 // see run together; each row then goes on alone to its own nv), so every row's bits are those
 // of accumulate_pv on it alone.
+// Each column's chains are independent of the others', so columns may be taken 16 at a time
+// instead of 32 (AVX2: its 16 registers hold two rows' accumulators that way), with the same bits.
+template <int NR, class P>
+inline void accumulate_pv_rows16(float* const* o, const float* const* p, const int32_t* nv, const P* vrow,
+                                 int64_t hd) {
+  int64_t joint = nv[0];
+  for (int i = 1; i < NR; ++i) joint = nv[i] < joint ? nv[i] : joint;
+  for (int64_t c = 0; c + 16 <= hd; c += 16) {
+    V a[NR], b[NR];
+    for (int i = 0; i < NR; ++i) {
+      a[i] = vload(o[i] + c);
+      b[i] = vzero();
+    }
+    int64_t j = 0;
+    for (; j + 1 < joint; j += 2) {
+      const V vj = vload(vrow[j] + c), vk = vload(vrow[j + 1] + c);
+      for (int i = 0; i < NR; ++i) {
+        a[i] = vfma(vset1(p[i][j]), vj, a[i]);
+        b[i] = vfma(vset1(p[i][j + 1]), vk, b[i]);
+      }
+    }
+    for (int i = 0; i < NR; ++i) {
+      int64_t k = j;
+      for (; k + 1 < nv[i]; k += 2) {
+        a[i] = vfma(vset1(p[i][k]), vload(vrow[k] + c), a[i]);
+        b[i] = vfma(vset1(p[i][k + 1]), vload(vrow[k + 1] + c), b[i]);
+      }
+      if (k < nv[i]) a[i] = vfma(vset1(p[i][k]), vload(vrow[k] + c), a[i]);
+      vstore(o[i] + c, vadd(a[i], b[i]));
+    }
+  }
+}
+
 template <int NR, class P>
 inline void accumulate_pv_rows(float* const* o, const float* const* p, const int32_t* nv, const P* vrow, int64_t hd) {
+  if constexpr (kPvBy16) {
+    accumulate_pv_rows16<NR>(o, p, nv, vrow, hd);
+    return;
+  }
   int64_t joint = nv[0];
   for (int i = 1; i < NR; ++i) joint = nv[i] < joint ? nv[i] : joint;
   for (int64_t c = 0; c + 32 <= hd; c += 32) {
