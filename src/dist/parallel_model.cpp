@@ -254,6 +254,16 @@ void broadcast_message(MsgKind kind, std::vector<uint8_t>* payload) {
   if (h.bytes > 0) world().broadcast(payload->data(), h.bytes, 0);
 }
 
+// A fixed-size request on one of rank 0's arenas (a copy, sink keys), which needs a loaded model.
+template <class R>
+R kv_request(const std::vector<uint8_t>& bytes, const char* what, bool model_loaded) {
+  R r;
+  if (bytes.size() != sizeof r) fail("malformed ", what);
+  std::memcpy(&r, bytes.data(), sizeof r);
+  if (!model_loaded) fail(what, " before a model was loaded");
+  return r;
+}
+
 // One rank's share of a SinkKeysRequest, on its own arena (the model's own, local operations).
 void apply_sink_op(const Model& model, KvStore& kv, const SinkKeysRequest& r) {
   switch (r.op) {
@@ -530,10 +540,7 @@ int worker_main() {
           break;
         }
         case MsgKind::CopySlots: {
-          CopySlotsRequest c;
-          if (payload.size() != sizeof c) fail("malformed copy request");
-          std::memcpy(&c, payload.data(), sizeof c);
-          if (!ex.model) fail("a copy before a model was loaded");
+          const auto c = kv_request<CopySlotsRequest>(payload, "copy of K/V slots", ex.model != nullptr);
           KvStore& kv = arena(c.kv_id, c.kv_slots, KvType(c.kv_type));
           if (c.src < 0 || c.dst < 0 || c.n < 0 || c.src + c.n > kv.n_slots() || c.dst + c.n > kv.n_slots())
             fail("copy of K/V slots out of range");
@@ -541,10 +548,7 @@ int worker_main() {
           break;
         }
         case MsgKind::SinkKeys: {
-          SinkKeysRequest r;
-          if (payload.size() != sizeof r) fail("malformed sink keys request");
-          std::memcpy(&r, payload.data(), sizeof r);
-          if (!ex.model) fail("a sink keys request before a model was loaded");
+          const auto r = kv_request<SinkKeysRequest>(payload, "sink keys request", ex.model != nullptr);
           KvStore& kv = arena(r.kv_id, r.kv_slots, KvType(r.kv_type));
           if (r.slot < 0 || r.slot >= kv.n_slots() || int32_t(r.op) < 0 || int32_t(r.op) > 2)
             fail("sink keys request out of range");
