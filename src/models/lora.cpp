@@ -226,9 +226,10 @@ void LoraAdapter::check_base(const GgufFile& base) const {
 namespace {
 
 // An adapter file's keys and tensors into `w`; each pair's tensors of type_of(pair) (f32, f16 or
-// bf16). Converted copies go into `halves`, which must outlive the writer's output.
+// bf16). Converted copies go into `halves`, which must outlive the writer's output. `path`
+// names the file (or the adapter) in errors.
 template <class TypeOf>
-void fill_adapter_writer(GgufWriter& w, const std::string& what, const std::string& architecture, float alpha,
+void fill_adapter_writer(GgufWriter& w, const std::string& path, const std::string& architecture, float alpha,
                          const std::vector<LoraPair>& pairs, const TypeOf& type_of,
                          const std::vector<std::pair<std::string, GgufValue>>& extra,
                          std::vector<std::vector<uint16_t>>& halves) {
@@ -239,8 +240,7 @@ void fill_adapter_writer(GgufWriter& w, const std::string& what, const std::stri
   w.set("adapter.lora.alpha", GgufValue::f32(alpha));
   for (const auto& [k, v] : extra) w.set(k, v);
   halves.reserve(pairs.size() * 2);
-  DType type = DType::F32;
-  const std::string& path = what;
+  DType type = DType::F32;  // the pair being added's (the add lambda converts to it)
   const auto add = [&](const std::string& name, const std::vector<float>& v, std::vector<int64_t> ne) {
     if (int64_t(v.size()) != ne[0] * ne[1])
       fail(path, ": ", name, " has ", v.size(), " values for a ", ne[0], " x ", ne[1], " tensor");
