@@ -21,6 +21,7 @@ struct ParallelLayout {
   int rank_of(int stage, int tp_rank) const { return stage * tp + tp_rank; }
   int micro_batch_count() const { return micro_batches > 0 ? micro_batches : pp; }
   std::string describe() const;  // "tp 2 x pp 2 (4 ranks), 4 micro-batches"
+  bool operator==(const ParallelLayout&) const = default;
 };
 
 // Throws tern::Error naming the flag and the model (`path`): --tp or --pp below 1, more stages

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -18,13 +19,16 @@ namespace tern::dist {
 namespace {
 
 // What rank 0 broadcasts: a header, then `bytes` of payload.
+// Every message about a model names it by rank 0's id (LoadRequest::model_id): during a live base
+// swap the ranks hold two models, the old one finishing its requests while the new one starts.
 enum class MsgKind : int32_t { Load = 1, Step = 2, Exit = 3, Timeline = 4, Job = 5, CopySlots = 6, Adapter = 7,
-                               DropAdapters = 8, SinkKeys = 9 };
+                               DropAdapters = 8, SinkKeys = 9, Unload = 10 };
 
 // StreamingLLM's sinks that follow the window (Model::keep_sink_keys / place_sink_keys /
 // drop_sink_keys) on every rank's part of one of rank 0's K/V arenas.
 enum class SinkOp : int32_t { Keep = 0, Place = 1, Drop = 2 };
 struct SinkKeysRequest {
+  uint64_t model_id;
   uint64_t kv_id;
   int64_t kv_slots;
   int32_t kv_type;
@@ -36,12 +40,14 @@ struct SinkKeysRequest {
 // plans name it by), then its name (rank 0's path, for messages), then an adapter file's bytes
 // (lora_adapter_bytes: the same operands on every rank, nothing read from the rank's disk).
 struct AdapterRequest {
+  uint64_t model_id;
   uint64_t uid;
   int64_t name_bytes;
 };
 
 // Copy-on-write of K/V slots (the engine's shared blocks), on every rank's arena.
 struct CopySlotsRequest {
+  uint64_t model_id;
   uint64_t kv_id;
   int64_t kv_slots;
   int32_t kv_type, pad;
@@ -53,8 +59,9 @@ struct MsgHeader {
   int64_t bytes = 0;
 };
 
-// The load request: the layout, rank 0's thread count, and what the file must be.
+// The load request: the model's id, the layout, rank 0's thread count, and what the file must be.
 struct LoadRequest {
+  uint64_t model_id;
   int32_t tp, pp, micro_batches, n_threads;
   uint64_t fingerprint;
   uint64_t file_size;
@@ -88,20 +95,29 @@ uint64_t fingerprint(const GgufFile& f) {
   return h;
 }
 
-// One rank's share of the work: its part of the model and the communicators it runs over.
+// One model's part on this rank, and the communicator of its stage's ranks.
+struct Part {
+  std::shared_ptr<const GgufFile> file;
+  std::unique_ptr<Comm> tp_comm;  // the ranks of this rank's stage (the model's all-reduces use it)
+  std::unique_ptr<Model> model;
+  // Workers: the adapters rank 0 sent for this model, by rank 0's uid, until it says they are gone.
+  std::map<uint64_t, std::shared_ptr<const LoraAdapter>> adapters;
+  // Workers: this rank's arenas, by rank 0's arena id.
+  std::map<uint64_t, KvStore> kvs;
+};
+
+// One rank's share of the work: its parts of the models loaded (one, or two during a live base
+// swap) and the steps' bookkeeping.
 struct Executor {
   ParallelLayout layout;
   int rank = 0;
-  std::unique_ptr<Comm> tp_comm;  // the ranks of this rank's stage
-  std::shared_ptr<const GgufFile> file;
-  std::unique_ptr<Model> model;
+  std::map<uint64_t, Part> parts;  // by rank 0's model id
+  uint64_t next_model_id = 1;      // rank 0
   int64_t step = 0;
   std::vector<BusyInterval> timeline;
   // Scratch: micro-batches' activations and logits (kept until their sends complete).
   std::vector<std::vector<float>> xs, ls;
   std::vector<float> scratch_logits;
-  // Workers: the adapters rank 0 sent, by rank 0's uid, until it says they are gone.
-  std::map<uint64_t, std::shared_ptr<const LoraAdapter>> adapters;
   std::vector<float> mass_parts;  // this rank's part of a step's key masses, then their sum
 
   int stage() const { return layout.stage_of(rank); }
@@ -113,51 +129,59 @@ struct Executor {
     timeline.push_back(BusyInterval{rank, stage(), tp_rank(), step, mb, n_tokens, t0, now_s()});
   }
 
-  // Loads this rank's part; "" or the error.
-  std::string load(const std::string& path, std::shared_ptr<const GgufFile> f, const ParallelLayout& l, uint64_t want_fp,
-                   uint64_t want_size) {
+  // Model `id`'s part, or an error naming what asked for it.
+  Part& part(uint64_t id, const char* what) {
+    const auto it = parts.find(id);
+    if (it == parts.end() || !it->second.model) fail(what, " for model ", id, ", which is not loaded on this rank");
+    return it->second;
+  }
+
+  // Loads this rank's part of model `id`; "" or the error (the part is then left empty).
+  std::string load(uint64_t id, const std::string& path, std::shared_ptr<const GgufFile> f, const ParallelLayout& l,
+                   uint64_t want_fp, uint64_t want_size) {
     layout = l;
     rank = world().rank();
-    model.reset();
+    Part& p = parts[id];
+    p.model.reset();
     // Every rank takes part in the split, whatever happens to its load.
-    tp_comm = world().split(layout.stage_of(rank), layout.tp_rank_of(rank));
+    p.tp_comm = world().split(layout.stage_of(rank), layout.tp_rank_of(rank));
     try {
-      file = f ? std::move(f) : open_model_file(path);
-      if (file->file_size() != want_size || fingerprint(*file) != want_fp)
-        fail(path, " on this rank is not rank 0's model file (", file->file_size(), " bytes here, ", want_size,
+      p.file = f ? std::move(f) : open_model_file(path);
+      if (p.file->file_size() != want_size || fingerprint(*p.file) != want_fp)
+        fail(path, " on this rank is not rank 0's model file (", p.file->file_size(), " bytes here, ", want_size,
              " there, or other tensors): every rank must open the same model");
-      const HParams hp = read_hparams(*file);
+      const HParams hp = read_hparams(*p.file);
       ModelPartition part = partition_of(layout, rank, hp.n_layer);
-      Comm* c = tp_comm.get();
+      Comm* c = p.tp_comm.get();
       if (layout.tp > 1) {
         part.all_reduce = [c](float* x, int64_t n) { c->all_reduce_sum(x, n); };
         part.all_gather = [c](const float* mine, int64_t n, float* all) {
           c->all_gather(mine, n * int64_t(sizeof(float)), all);
         };
       }
-      model = load_model(file, part);
+      p.model = load_model(p.file, part);
       return "";
     } catch (const std::exception& e) {
-      model.reset();
+      p.model.reset();
       return e.what();
     }
   }
 
   // Runs one step on this rank. logits: rank 0's output ([n_logit_rows, n_vocab]); others
   // pass nullptr.
-  void run(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
-    const int64_t V = model->hparams().n_vocab, E = model->hparams().n_embd;
+  void run(Model& model, std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
+    const int64_t V = model.hparams().n_vocab, E = model.hparams().n_embd;
     int64_t T = 0;
     for (const SeqBatch& s : seqs) T += int64_t(s.tokens.size());
     if (T == 0) return;
-    model->reserve(T);
+    model.reserve(T);
     if (layout.pp == 1) {
       if (!logits) {  // every tensor-parallel rank computes the gathered logits; rank 0 keeps them
         scratch_logits.resize(size_t(n_logit_rows(seqs) * V));
         logits = scratch_logits.data();
       }
       const double t0 = now_s();
-      model->forward(seqs, kv, logits, pool);
+      model.forward(seqs, kv, logits, pool);
       record(0, T, t0);
       ++step;
       return;
@@ -173,7 +197,7 @@ struct Executor {
       if (s > 0) w.recv(xs[i].data(), int64_t(xs[i].size() * sizeof(float)), layout.rank_of(s - 1, r), kTagActivations + int(i));
       ls[i].resize(s == last ? mb.logit_rows.size() * size_t(V) : 0);
       const double t0 = now_s();
-      model->forward_stage(mb.seqs, kv, xs[i].data(), ls[i].data(), pool);
+      model.forward_stage(mb.seqs, kv, xs[i].data(), ls[i].data(), pool);
       record(int(i), mb.n_tokens, t0);
       if (s < last)
         w.send_async(xs[i].data(), int64_t(xs[i].size() * sizeof(float)), layout.rank_of(s + 1, r), kTagActivations + int(i));
@@ -198,8 +222,8 @@ struct Executor {
   // heads and layers give a part of each key's mass, and the parts are summed over all ranks (a
   // world all-reduce, in rank order: every rank calls it, each knowing the plan) and added into
   // out[i] where it is given (rank 0: the caller's buffers, which accumulate as one process's do).
-  void run_with_key_masses(std::vector<SeqBatch> seqs, const std::vector<bool>& wants, const std::vector<float*>& out,
-                           KvStore& kv, float* logits, ThreadPool& pool) {
+  void run_with_key_masses(Model& model, std::vector<SeqBatch> seqs, const std::vector<bool>& wants,
+                           const std::vector<float*>& out, KvStore& kv, float* logits, ThreadPool& pool) {
     std::vector<int64_t> at(seqs.size(), -1);
     int64_t total = 0;
     for (size_t i = 0; i < seqs.size(); ++i)
@@ -209,7 +233,7 @@ struct Executor {
       }
     mass_parts.assign(size_t(total), 0.0f);
     for (size_t i = 0; i < seqs.size(); ++i) seqs[i].key_mass = at[i] >= 0 ? mass_parts.data() + at[i] : nullptr;
-    run(seqs, kv, logits, pool);
+    run(model, seqs, kv, logits, pool);
     if (total == 0) return;
     world().all_reduce_sum(mass_parts.data(), total);
     for (size_t i = 0; i < seqs.size(); ++i)
@@ -254,13 +278,12 @@ void broadcast_message(MsgKind kind, std::vector<uint8_t>* payload) {
   if (h.bytes > 0) world().broadcast(payload->data(), h.bytes, 0);
 }
 
-// A fixed-size request on one of rank 0's arenas (a copy, sink keys), which needs a loaded model.
+// A fixed-size request on one of rank 0's arenas (a copy, sink keys).
 template <class R>
-R kv_request(const std::vector<uint8_t>& bytes, const char* what, bool model_loaded) {
+R kv_request(const std::vector<uint8_t>& bytes, const char* what) {
   R r;
   if (bytes.size() != sizeof r) fail("malformed ", what);
   std::memcpy(&r, bytes.data(), sizeof r);
-  if (!model_loaded) fail(what, " before a model was loaded");
   return r;
 }
 
@@ -288,8 +311,9 @@ std::string first_error(const std::string& error) {
   return "";
 }
 
-// Every rank's load status; rank 0 throws for the first failure.
-std::vector<RankInfo> gather_load_status(const std::string& error) {
+// Every rank's status of loading model `id`; rank 0 throws for the first failure (and no rank
+// keeps its part).
+std::vector<RankInfo> gather_load_status(uint64_t id, const std::string& error) {
   Comm& w = world();
   Executor& ex = executor();
   struct Status {
@@ -300,12 +324,14 @@ std::vector<RankInfo> gather_load_status(const std::string& error) {
   mine.info.rank = w.rank();
   mine.info.stage = ex.layout.stage_of(w.rank());
   mine.info.tp_rank = ex.layout.tp_rank_of(w.rank());
-  if (ex.model) {
-    const HParams& hp = ex.model->hparams();
+  const auto it = ex.parts.find(id);
+  if (it != ex.parts.end() && it->second.model) {
+    const Model& m = *it->second.model;
+    const HParams& hp = m.hparams();
     const ModelPartition part = partition_of(ex.layout, w.rank(), hp.n_layer);
     mine.info.layer_begin = part.layer_begin;
     mine.info.layer_end = part.layer_end < 0 ? hp.n_layer : part.layer_end;
-    mine.info.weight_bytes = ex.model->weight_bytes();
+    mine.info.weight_bytes = m.weight_bytes();
     mine.info.kv_bytes_per_token = kv_bytes_per_token(hp, KvType::F32);
   }
   std::vector<Status> all(size_t(w.size()));
@@ -313,7 +339,7 @@ std::vector<RankInfo> gather_load_status(const std::string& error) {
   std::vector<RankInfo> infos;
   for (const Status& s : all) {
     if (s.error[0] != '\0') {
-      ex.model.reset();  // a part without the others is of no use
+      ex.parts.erase(id);  // a part without the others is of no use
       if (w.rank() == 0) fail("rank ", s.info.rank, ": ", std::string(s.error, strnlen(s.error, sizeof s.error)));
     }
     infos.push_back(s.info);
@@ -321,16 +347,44 @@ std::vector<RankInfo> gather_load_status(const std::string& error) {
   return infos;
 }
 
-// Rank 0's view of the whole model.
+// Rank 0: the ranks follow one conversation, but several threads may talk to them: during a live
+// base swap the old base's engine finishes its requests while the new base loads and its engine
+// starts. A turn (a message and every collective that belongs to it: a whole step, a load, an
+// adapter's check) is taken under this mutex, so the two engines' steps and the load take turns
+// (the old base's steps wait while the ranks load the new one). Recursive: a step sends the
+// adapters it needs inside its turn.
+std::recursive_mutex& turn_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
+// A message about model `id`: its id, then `body`'s bytes.
+std::vector<uint8_t> with_model_id(uint64_t id, const void* body, size_t n) {
+  std::vector<uint8_t> payload(sizeof id + n);
+  std::memcpy(payload.data(), &id, sizeof id);
+  if (n > 0) std::memcpy(payload.data() + sizeof id, body, n);
+  return payload;
+}
+
+// Rank 0's view of the whole model `id` (its own part is executor().parts[id]).
 class ParallelModel final : public Model {
  public:
-  ParallelModel() {
-    Model& local = *executor().model;
-    hp_ = local.hparams();
-    weight_bytes_ = local.weight_bytes();
-    decode_weight_memory_ = local.decode_weight_memory();
+  explicit ParallelModel(uint64_t id) : id_(id), local_(*executor().parts.at(id).model) {
+    hp_ = local_.hparams();
+    weight_bytes_ = local_.weight_bytes();
+    decode_weight_memory_ = local_.decode_weight_memory();
+  }
+  // The ranks let go of their parts (unless they were released: the job is ending).
+  ~ParallelModel() override {
+    std::lock_guard lock(turn_mutex());
+    if (!g_released && world().size() > 1) {
+      std::vector<uint8_t> payload = with_model_id(id_, nullptr, 0);
+      broadcast_message(MsgKind::Unload, &payload);
+    }
+    executor().parts.erase(id_);
   }
   void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) override {
+    std::lock_guard lock(turn_mutex());
     for (const SeqBatch& s : seqs) {
       if (s.lora)
         for (const LoraUse& u : *s.lora) send_adapter(u.adapter);
@@ -340,15 +394,16 @@ class ParallelModel final : public Model {
       if (s.tokens.empty()) fail("a parallel step with an empty sequence");
     }
     drop_released_adapters();
-    std::vector<uint8_t> plan = encode_step(seqs, reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), kv.type());
-    broadcast_message(MsgKind::Step, &plan);
+    const std::vector<uint8_t> plan = encode_step(seqs, reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), kv.type());
+    std::vector<uint8_t> payload = with_model_id(id_, plan.data(), plan.size());
+    broadcast_message(MsgKind::Step, &payload);
     std::vector<bool> wants;
     std::vector<float*> out;
     for (const SeqBatch& s : seqs) {
       wants.push_back(s.key_mass != nullptr);
       out.push_back(s.key_mass);
     }
-    executor().run_with_key_masses(std::vector<SeqBatch>(seqs.begin(), seqs.end()), wants, out, kv, logits, pool);
+    executor().run_with_key_masses(local_, std::vector<SeqBatch>(seqs.begin(), seqs.end()), wants, out, kv, logits, pool);
   }
   // The sinks' keys: every rank keeps, rotates and forgets its own heads' and layers' copies.
   void keep_sink_keys(KvStore& kv, int32_t slot) const override { sink_keys(kv, SinkOp::Keep, slot, 0); }
@@ -357,10 +412,11 @@ class ParallelModel final : public Model {
   }
   void drop_sink_keys(KvStore& kv, int32_t slot) const override { sink_keys(kv, SinkOp::Drop, slot, 0); }
   bool rotate_keys(int64_t il, float* k, int64_t n_rows, int64_t delta) const override {
-    return executor().model->rotate_keys(il, k, n_rows, delta);  // (every rank's RoPE is the same)
+    return local_.rotate_keys(il, k, n_rows, delta);  // (every rank's RoPE is the same)
   }
   void copy_kv_slots(KvStore& kv, int64_t src, int64_t dst, int64_t n) override {
-    CopySlotsRequest c{reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), int32_t(kv.type()), 0, src, dst, n};
+    std::lock_guard lock(turn_mutex());
+    CopySlotsRequest c{id_, reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), int32_t(kv.type()), 0, src, dst, n};
     std::vector<uint8_t> payload(sizeof c);
     std::memcpy(payload.data(), &c, sizeof c);
     broadcast_message(MsgKind::CopySlots, &payload);
@@ -369,22 +425,23 @@ class ParallelModel final : public Model {
   bool has_hidden_states() const override { return executor().layout.pp == 1; }
   // Evicting policies (sinks + window, H2O) choose slots on rank 0; the plan carries each
   // sequence's kept slots and positions, and H2O's key masses are summed over the ranks.
-  bool can_evict_kv() const override { return executor().model->can_evict_kv(); }
-  void reserve(int64_t n_tokens) override { executor().model->reserve(n_tokens); }
-  int64_t max_step_tokens() const override { return executor().model->max_step_tokens(); }
+  bool can_evict_kv() const override { return local_.can_evict_kv(); }
+  void reserve(int64_t n_tokens) override { local_.reserve(n_tokens); }
+  int64_t max_step_tokens() const override { return local_.max_step_tokens(); }
   // Rank 0's part checks the pairs it holds (its stage's layers; a tensor-parallel rank holds a
   // share of every target). The other stages check theirs when the adapter is sent to them,
   // before the first step that runs it (send_adapter): only the engine's thread talks to the
   // ranks, and this may be called from a request's thread.
-  void check_lora(const LoraAdapter& adapter) const override { executor().model->check_lora(adapter); }
+  void check_lora(const LoraAdapter& adapter) const override { local_.check_lora(adapter); }
 
  private:
   void sink_keys(KvStore& kv, SinkOp op, int32_t slot, int64_t shift) const {
-    SinkKeysRequest r{reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), int32_t(kv.type()), op, slot, shift};
+    std::lock_guard lock(turn_mutex());
+    SinkKeysRequest r{id_, reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), int32_t(kv.type()), op, slot, shift};
     std::vector<uint8_t> payload(sizeof r);
     std::memcpy(payload.data(), &r, sizeof r);
     broadcast_message(MsgKind::SinkKeys, &payload);
-    apply_sink_op(*executor().model, kv, r);
+    apply_sink_op(local_, kv, r);
   }
 
   // Sends `adapter` to every rank unless they have it (collective), each rank checking it against
@@ -395,7 +452,7 @@ class ParallelModel final : public Model {
     if (it != sent_.end() && !it->second.expired()) return;
     std::vector<uint8_t> payload(sizeof(AdapterRequest));
     const std::string& name = adapter->path();
-    const AdapterRequest req{adapter->uid(), int64_t(name.size())};
+    const AdapterRequest req{id_, adapter->uid(), int64_t(name.size())};
     std::memcpy(payload.data(), &req, sizeof req);
     payload.insert(payload.end(), name.begin(), name.end());
     const std::vector<uint8_t> bytes = lora_adapter_bytes(*adapter);
@@ -403,7 +460,7 @@ class ParallelModel final : public Model {
     broadcast_message(MsgKind::Adapter, &payload);
     std::string error;
     try {
-      executor().model->check_lora(*adapter);
+      local_.check_lora(*adapter);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -421,11 +478,12 @@ class ParallelModel final : public Model {
         ++it;
       }
     if (gone.empty()) return;
-    std::vector<uint8_t> payload(gone.size() * sizeof(uint64_t));
-    std::memcpy(payload.data(), gone.data(), payload.size());
+    std::vector<uint8_t> payload = with_model_id(id_, gone.data(), gone.size() * sizeof(uint64_t));
     broadcast_message(MsgKind::DropAdapters, &payload);
   }
 
+  uint64_t id_;   // what the ranks know this model by
+  Model& local_;  // rank 0's part (executor().parts[id_])
   std::map<uint64_t, std::weak_ptr<const LoraAdapter>> sent_;  // by uid: what the ranks hold
 };
 
@@ -435,16 +493,21 @@ std::unique_ptr<Model> load_parallel_model(std::shared_ptr<const GgufFile> file,
                                            int n_threads) {
   Comm& w = world();
   check_layout(layout, read_hparams(*file), file->path(), w.size());
+  std::lock_guard lock(turn_mutex());
+  Executor& ex = executor();
+  if (g_active && !(layout == ex.layout))
+    fail(file->path(), ": a model split otherwise than the one loaded (every model of a job has its layout)");
   const std::string& path = file->path();
   std::vector<uint8_t> req(sizeof(LoadRequest) + path.size());
-  const LoadRequest lr{layout.tp, layout.pp, layout.micro_batches, n_threads, fingerprint(*file), file->file_size()};
+  const LoadRequest lr{ex.next_model_id++, layout.tp, layout.pp, layout.micro_batches, n_threads, fingerprint(*file),
+                       file->file_size()};
   std::memcpy(req.data(), &lr, sizeof lr);
   std::memcpy(req.data() + sizeof lr, path.data(), path.size());
   broadcast_message(MsgKind::Load, &req);
-  const std::string error = executor().load(path, file, layout, lr.fingerprint, lr.file_size);
-  g_infos = gather_load_status(error);
+  const std::string error = ex.load(lr.model_id, path, file, layout, lr.fingerprint, lr.file_size);
+  g_infos = gather_load_status(lr.model_id, error);
   g_active = true;
-  return std::make_unique<ParallelModel>();
+  return std::make_unique<ParallelModel>(lr.model_id);
 }
 
 int worker_main() {
@@ -457,13 +520,20 @@ int worker_main() {
   Comm& w = world();
   Executor& ex = executor();
   std::unique_ptr<ThreadPool> pool;
-  std::map<uint64_t, KvStore> kvs;  // rank 0's arena id -> this rank's arena
-  // This rank's arena for rank 0's `id` (made, or made again when its size or type changed).
-  const auto arena = [&](uint64_t id, int64_t n_slots, KvType type) -> KvStore& {
-    auto it = kvs.find(id);
-    if (it == kvs.end() || it->second.n_slots() != n_slots || it->second.type() != type) {
-      if (it != kvs.end()) kvs.erase(it);
-      it = kvs.emplace(id, make_kv_store(ex.model->hparams(), n_slots, type)).first;
+  // Model `id`'s part, and the id a message about it starts with.
+  const auto model_of = [&](const std::vector<uint8_t>& bytes, const char* what) -> std::pair<uint64_t, Part*> {
+    uint64_t id = 0;
+    if (bytes.size() < sizeof id) fail("malformed ", what);
+    std::memcpy(&id, bytes.data(), sizeof id);
+    return {id, &ex.part(id, what)};
+  };
+  // This rank's arena of model `p` for rank 0's `id` (made, or made again when its size or type
+  // changed).
+  const auto arena = [&](Part& p, uint64_t id, int64_t n_slots, KvType type) -> KvStore& {
+    auto it = p.kvs.find(id);
+    if (it == p.kvs.end() || it->second.n_slots() != n_slots || it->second.type() != type) {
+      if (it != p.kvs.end()) p.kvs.erase(it);
+      it = p.kvs.emplace(id, make_kv_store(p.model->hparams(), n_slots, type)).first;
     }
     return it->second;
   };
@@ -484,29 +554,36 @@ int worker_main() {
           // Rank 0's path, or this node's copy of the model where it lives elsewhere.
           std::string path(reinterpret_cast<const char*>(payload.data()) + sizeof lr, payload.size() - sizeof lr);
           if (const char* own = std::getenv("TERN_RANK_MODEL"); own && *own) path = own;
-          kvs.clear();
-          ex.adapters.clear();
-          pool = std::make_unique<ThreadPool>(lr.n_threads > 0 ? lr.n_threads : default_thread_count());
+          const int n_threads = lr.n_threads > 0 ? lr.n_threads : default_thread_count();
+          if (!pool || pool->size() != n_threads) pool = std::make_unique<ThreadPool>(n_threads);
           const std::string error =
-              ex.load(path, nullptr, ParallelLayout{lr.tp, lr.pp, lr.micro_batches}, lr.fingerprint, lr.file_size);
-          gather_load_status(error);
+              ex.load(lr.model_id, path, nullptr, ParallelLayout{lr.tp, lr.pp, lr.micro_batches}, lr.fingerprint,
+                      lr.file_size);
+          gather_load_status(lr.model_id, error);
+          break;
+        }
+        case MsgKind::Unload: {
+          uint64_t id = 0;
+          if (payload.size() != sizeof id) fail("malformed unload request");
+          std::memcpy(&id, payload.data(), sizeof id);
+          ex.parts.erase(id);
           break;
         }
         case MsgKind::Step: {
-          StepPlan plan = decode_step(payload);
-          if (!ex.model) fail("a step before a model was loaded");
+          const auto [id, part] = model_of(payload, "step");
+          StepPlan plan = decode_step(std::span<const uint8_t>(payload).subspan(sizeof id));
           // Each sequence's adapters, as rank 0 sent them (LoraSets live until the step is done).
           std::vector<LoraSet> sets(plan.seqs.size());
           for (size_t i = 0; i < plan.seqs.size(); ++i) {
             for (const LoraRef& ref : plan.lora[i]) {
-              const auto it = ex.adapters.find(ref.uid);
-              if (it == ex.adapters.end()) fail("a step names LoRA adapter ", ref.uid, ", which rank 0 never sent");
+              const auto it = part->adapters.find(ref.uid);
+              if (it == part->adapters.end()) fail("a step names LoRA adapter ", ref.uid, ", which rank 0 never sent");
               sets[i].push_back(LoraUse{it->second, ref.scale});
             }
             if (!sets[i].empty()) plan.seqs[i].lora = &sets[i];
           }
-          ex.run_with_key_masses(plan.seqs, plan.key_mass, {}, arena(plan.kv_id, plan.kv_slots, plan.kv_type), nullptr,
-                                 *pool);
+          ex.run_with_key_masses(*part->model, plan.seqs, plan.key_mass, {},
+                                 arena(*part, plan.kv_id, plan.kv_slots, plan.kv_type), nullptr, *pool);
           break;
         }
         case MsgKind::Adapter: {
@@ -517,43 +594,47 @@ int worker_main() {
           const std::string name(reinterpret_cast<const char*>(payload.data()) + sizeof req, size_t(req.name_bytes));
           std::string error;
           std::shared_ptr<const LoraAdapter> adapter;
+          Part* part = nullptr;
           try {
-            if (!ex.model) fail("an adapter before a model was loaded");
+            part = &ex.part(req.model_id, "an adapter");
             const size_t at = sizeof req + size_t(req.name_bytes);
             auto bytes = std::make_shared<std::vector<uint8_t>>(payload.begin() + std::ptrdiff_t(at), payload.end());
             const GgufFile file = GgufFile::parse(bytes, bytes->data(), bytes->size(), name);
             adapter = LoraAdapter::from_file(file);
-            ex.model->check_lora(*adapter);
+            part->model->check_lora(*adapter);
           } catch (const std::exception& e) {
             error = e.what();
           }
-          if (first_error(error).empty()) ex.adapters[req.uid] = std::move(adapter);
+          if (first_error(error).empty()) part->adapters[req.uid] = std::move(adapter);
           break;
         }
         case MsgKind::DropAdapters: {
-          if (payload.size() % sizeof(uint64_t) != 0) fail("malformed adapter release");
-          for (size_t at = 0; at < payload.size(); at += sizeof(uint64_t)) {
+          const auto [id, part] = model_of(payload, "adapter release");
+          if ((payload.size() - sizeof id) % sizeof(uint64_t) != 0) fail("malformed adapter release");
+          for (size_t at = sizeof id; at < payload.size(); at += sizeof(uint64_t)) {
             uint64_t uid;
             std::memcpy(&uid, payload.data() + at, sizeof uid);
-            ex.adapters.erase(uid);
+            part->adapters.erase(uid);
           }
           break;
         }
         case MsgKind::CopySlots: {
-          const auto c = kv_request<CopySlotsRequest>(payload, "copy of K/V slots", ex.model != nullptr);
-          KvStore& kv = arena(c.kv_id, c.kv_slots, KvType(c.kv_type));
+          const auto c = kv_request<CopySlotsRequest>(payload, "copy of K/V slots");
+          Part& part = ex.part(c.model_id, "a copy of K/V slots");
+          KvStore& kv = arena(part, c.kv_id, c.kv_slots, KvType(c.kv_type));
           if (c.src < 0 || c.dst < 0 || c.n < 0 || c.src + c.n > kv.n_slots() || c.dst + c.n > kv.n_slots())
             fail("copy of K/V slots out of range");
           kv.copy_slots(c.src, c.dst, c.n);
           break;
         }
         case MsgKind::SinkKeys: {
-          const auto r = kv_request<SinkKeysRequest>(payload, "sink keys request", ex.model != nullptr);
-          KvStore& kv = arena(r.kv_id, r.kv_slots, KvType(r.kv_type));
+          const auto r = kv_request<SinkKeysRequest>(payload, "sink keys request");
+          Part& part = ex.part(r.model_id, "a sink keys request");
+          KvStore& kv = arena(part, r.kv_id, r.kv_slots, KvType(r.kv_type));
           if (r.slot < 0 || r.slot >= kv.n_slots() || int32_t(r.op) < 0 || int32_t(r.op) > 2)
             fail("sink keys request out of range");
           if (r.op == SinkOp::Place && kv.pinned_keys(r.slot).empty()) fail("sink keys placed before they were kept");
-          apply_sink_op(*ex.model, kv, r);
+          apply_sink_op(*part.model, kv, r);
           break;
         }
         case MsgKind::Timeline:
@@ -574,11 +655,13 @@ int worker_main() {
 }
 
 void announce_job(const std::string& message) {
+  std::lock_guard lock(turn_mutex());
   std::vector<uint8_t> payload(message.begin(), message.end());
   broadcast_message(MsgKind::Job, &payload);
 }
 
 void release_workers() {
+  std::lock_guard lock(turn_mutex());
   if (g_released || world().size() == 1 || world().rank() != 0) return;
   g_released = true;
   broadcast_message(MsgKind::Exit, nullptr);
@@ -589,6 +672,7 @@ const ParallelLayout* active_layout() { return g_active ? &executor().layout : n
 
 std::vector<BusyInterval> collect_timeline() {
   if (world().rank() != 0) return {};
+  std::lock_guard lock(turn_mutex());
   if (world().size() > 1) broadcast_message(MsgKind::Timeline, nullptr);
   return executor().exchange_timeline();
 }

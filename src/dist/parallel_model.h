@@ -9,7 +9,9 @@
 //   - pipeline parallelism: the step is cut into micro-batches (dist/step_plan.h); stage s runs
 //     micro-batch i while stage s + 1 runs micro-batch i - 1, activations going from each stage's
 //     tensor-parallel rank r to the next stage's rank r, the logits from the last stage to rank 0.
-// Each rank keeps the K/V of its heads and layers only.
+// Each rank keeps the K/V of its heads and layers only. A job may hold several models at once (a
+// live base swap: the new base's parts load while the old one finishes its requests); every
+// message names its model, and a model's parts go when rank 0 destroys its view of it.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,7 +22,8 @@
 
 namespace tern::dist {
 
-// Rank 0: checks the layout against the model and the job (errors name the flag), tells every
+// Rank 0 (any thread: the ranks are spoken to one turn at a time): checks the layout against the
+// model and the job (errors name the flag; every model of a job has the same layout), tells every
 // rank to load its part of `file` (each opens the same path, or its $TERN_RANK_MODEL: a node's own
 // copy of the model; a rank whose file differs from rank 0's (size, tensors), or whose
 // load fails, makes this throw tern::Error naming the rank and the reason, and no rank waits),
@@ -38,7 +41,7 @@ void announce_job(const std::string& message);
 // Rank 0, on its way out (success or error): lets the workers exit. Idempotent; a no-op alone.
 void release_workers();
 
-// What each rank holds after load_parallel_model (rank 0's view; empty before).
+// What each rank holds of the model load_parallel_model loaded last (rank 0's view; empty before).
 struct RankInfo {
   int rank = 0, stage = 0, tp_rank = 0;
   int64_t layer_begin = 0, layer_end = 0;

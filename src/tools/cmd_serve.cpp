@@ -367,7 +367,6 @@ int cmd_serve(int argc, char** argv) {
     // One model over the ranks of `mpirun` (docs/distributed.md): rank 0 serves, every step runs
     // on all ranks.
     if (!single) throw Error("--tp / --pp serve one model (-m FILE), not a pool of models");
-    if (!scfg.admin_key.empty()) throw Error("live base swaps (--admin-key) are not supported with --tp / --pp");
     if (margs.sparse.enabled) throw Error("--sparse-ffn is not supported with --tp / --pp yet");
     ecfg.load = parallel_loader(margs.layout, margs.threads);
   }

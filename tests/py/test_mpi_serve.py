@@ -202,6 +202,80 @@ class MpiServeTest(unittest.TestCase):
                 else:
                     self.assertEqual(got, want, policy + layout)
 
+    def test_live_base_swaps_serve_what_one_process_serves(self):
+        # A stream on the first base runs while the base is swapped to another model and back:
+        # every answer is wholly one base's, as in one process; the ranks load the new base's
+        # parts beside the old one and let go of the old one when its last request ends.
+        other = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../models/tern-stories.gguf")
+        key = "admin-sekret"
+        d = tempfile.mkdtemp(prefix="tern_mpi_swap_")
+        self.addCleanup(shutil.rmtree, d, True)
+        # One KV head: --tp 2 cannot split it (refused on rank 0 before any rank loads).
+        one_kv_head = os.path.join(d, "gemma3-tiny.gguf")
+        subprocess.run([TERN, "synth", "--shape", "gemma3-tiny", "-o", one_kv_head], capture_output=True,
+                       timeout=TIMEOUT, check=True)
+        want = None
+        for np_, layout in ((0, []), (2, ["--tp", "2"]), (2, ["--pp", "2", "--micro-batches", "2"])):
+            s = Server(np_, ["--admin-key", key] + layout)
+            try:
+                got = []
+
+                def swap(path):
+                    req = urllib.request.Request(s.url + "/admin/swap_base", data=json.dumps({"model": path}).encode(),
+                                                 headers={"Content-Type": "application/json",
+                                                          "Authorization": "Bearer " + key})
+                    with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+                        self.assertEqual(r.status, 200)
+                        return json.loads(r.read())["path"]
+
+                def complete(prompt):
+                    code, text = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 24, "temperature": 0})
+                    self.assertEqual(code, 200, text)
+                    return json.loads(text)["choices"][0]["text"]
+
+                got.append(complete("Once upon a time"))
+                # A stream that is running (its first event read) when the swap starts.
+                req = urllib.request.Request(s.url + "/v1/completions",
+                                             data=json.dumps({"prompt": "The little dog", "max_tokens": 300,
+                                                              "temperature": 0, "stream": True}).encode(),
+                                             headers={"Content-Type": "application/json"})
+                stream = urllib.request.urlopen(req, timeout=TIMEOUT)
+                first = stream.readline()
+                self.assertTrue(first.startswith(b"data: "), first)
+                self.assertEqual(swap(other), other)
+                got.append(complete("The little dog"))
+                self.assertEqual(swap(real_model()), real_model())
+                got.append(complete("The little dog"))
+                # Refused swaps leave the base serving: a missing file; a model the layout cannot split.
+                for bad, why in ((os.path.join(d, "missing.gguf"), "missing.gguf"),
+                                 (one_kv_head, "does not divide" if layout[:1] == ["--tp"] else None)):
+                    req = urllib.request.Request(s.url + "/admin/swap_base", data=json.dumps({"model": bad}).encode(),
+                                                 headers={"Content-Type": "application/json",
+                                                          "Authorization": "Bearer " + key})
+                    if why is None:  # one process, or stages of whole layers: it loads (and is swapped back)
+                        with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+                            self.assertEqual(r.status, 200)
+                        self.assertEqual(swap(real_model()), real_model())
+                        continue
+                    with self.assertRaises(urllib.error.HTTPError) as e:
+                        urllib.request.urlopen(req, timeout=TIMEOUT)
+                    self.assertEqual(e.exception.code, 400)
+                    self.assertIn(why, e.exception.read().decode(errors="replace"))
+                got.append(complete("Lily wanted to"))
+                body = first + stream.read()
+                stream.close()
+                events = [l[6:] for l in body.decode().split("\n") if l.startswith("data: ")]
+                self.assertEqual(events[-1], "[DONE]", events[-3:])
+                got.append("".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]))
+            finally:
+                self.assertIsNotNone(s.stop(), "mpirun did not end on SIGTERM")
+            if want is None:
+                want = got
+            else:
+                self.assertEqual(got, want, layout)
+        if os.path.realpath(other) != os.path.realpath(real_model()):
+            self.assertNotEqual(want[1], want[2], "the swap changes nothing: the test would not see it missing")
+
     def test_a_pool_with_a_layout_is_refused(self):
         r = subprocess.run([TERN, "serve", "-m", "a=" + real_model(), "-m", "b=" + real_model(), "--tp", "2",
                             "--port", "0"], capture_output=True, text=True, timeout=TIMEOUT)
