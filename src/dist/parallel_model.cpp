@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -21,8 +22,10 @@ namespace {
 // What rank 0 broadcasts: a header, then `bytes` of payload.
 // Every message about a model names it by rank 0's id (LoadRequest::model_id): during a live base
 // swap the ranks hold two models, the old one finishing its requests while the new one starts.
+// A load is two messages: Load starts it (every rank loads its part in the background, serving
+// the other models' steps meanwhile), LoadDone ends it (each rank's status gathered).
 enum class MsgKind : int32_t { Load = 1, Step = 2, Exit = 3, Timeline = 4, Job = 5, CopySlots = 6, Adapter = 7,
-                               DropAdapters = 8, SinkKeys = 9, Unload = 10 };
+                               DropAdapters = 8, SinkKeys = 9, Unload = 10, LoadDone = 11 };
 
 // StreamingLLM's sinks that follow the window (Model::keep_sink_keys / place_sink_keys /
 // drop_sink_keys) on every rank's part of one of rank 0's K/V arenas.
@@ -136,15 +139,23 @@ struct Executor {
     return it->second;
   }
 
-  // Loads this rank's part of model `id`; "" or the error (the part is then left empty).
-  std::string load(uint64_t id, const std::string& path, std::shared_ptr<const GgufFile> f, const ParallelLayout& l,
-                   uint64_t want_fp, uint64_t want_size) {
+  // Starts model `id` on this rank: its (empty) part, and its stage's communicator (a collective:
+  // every rank takes part in the split, whatever happens to its load). The caller's thread, the
+  // one that talks to the other ranks.
+  Part& begin_load(uint64_t id, const ParallelLayout& l) {
     layout = l;
     rank = world().rank();
     Part& p = parts[id];
     p.model.reset();
-    // Every rank takes part in the split, whatever happens to its load.
     p.tp_comm = world().split(layout.stage_of(rank), layout.tp_rank_of(rank));
+    return p;
+  }
+
+  // Loads this rank's part into `p` (begin_load's); "" or the error (the part is then left
+  // empty). Talks to no rank: it may run on a thread of its own while steps of the other models
+  // run.
+  std::string load_part(Part& p, const std::string& path, std::shared_ptr<const GgufFile> f, uint64_t want_fp,
+                        uint64_t want_size) const {
     try {
       p.file = f ? std::move(f) : open_model_file(path);
       if (p.file->file_size() != want_size || fingerprint(*p.file) != want_fp)
@@ -493,18 +504,29 @@ std::unique_ptr<Model> load_parallel_model(std::shared_ptr<const GgufFile> file,
                                            int n_threads) {
   Comm& w = world();
   check_layout(layout, read_hparams(*file), file->path(), w.size());
-  std::lock_guard lock(turn_mutex());
   Executor& ex = executor();
-  if (g_active && !(layout == ex.layout))
-    fail(file->path(), ": a model split otherwise than the one loaded (every model of a job has its layout)");
   const std::string& path = file->path();
-  std::vector<uint8_t> req(sizeof(LoadRequest) + path.size());
-  const LoadRequest lr{ex.next_model_id++, layout.tp, layout.pp, layout.micro_batches, n_threads, fingerprint(*file),
-                       file->file_size()};
-  std::memcpy(req.data(), &lr, sizeof lr);
-  std::memcpy(req.data() + sizeof lr, path.data(), path.size());
-  broadcast_message(MsgKind::Load, &req);
-  const std::string error = ex.load(lr.model_id, path, file, layout, lr.fingerprint, lr.file_size);
+  LoadRequest lr{};
+  Part* part = nullptr;
+  {  // A turn to start the load on every rank...
+    std::lock_guard lock(turn_mutex());
+    if (g_active && !(layout == ex.layout))
+      fail(path, ": a model split otherwise than the one loaded (every model of a job has its layout)");
+    lr = LoadRequest{ex.next_model_id++, layout.tp, layout.pp, layout.micro_batches, n_threads, fingerprint(*file),
+                     file->file_size()};
+    std::vector<uint8_t> req(sizeof(LoadRequest) + path.size());
+    std::memcpy(req.data(), &lr, sizeof lr);
+    std::memcpy(req.data() + sizeof lr, path.data(), path.size());
+    broadcast_message(MsgKind::Load, &req);
+    part = &ex.begin_load(lr.model_id, layout);
+  }
+  // ... this rank's part loaded outside the turns, as every other rank loads its own in the
+  // background: the models already loaded keep running steps (a live base swap's old base) ...
+  const std::string error = ex.load_part(*part, path, file, lr.fingerprint, lr.file_size);
+  // ... and a turn to end it.
+  std::lock_guard lock(turn_mutex());
+  std::vector<uint8_t> done = with_model_id(lr.model_id, nullptr, 0);
+  broadcast_message(MsgKind::LoadDone, &done);
   g_infos = gather_load_status(lr.model_id, error);
   g_active = true;
   return std::make_unique<ParallelModel>(lr.model_id);
@@ -520,6 +542,17 @@ int worker_main() {
   Comm& w = world();
   Executor& ex = executor();
   std::unique_ptr<ThreadPool> pool;
+  // Loads under way (between Load and LoadDone): each rank's part loads on a thread of its own
+  // while this one serves the other models' steps.
+  struct PendingLoad {
+    std::thread thread;
+    std::string error;
+  };
+  std::map<uint64_t, std::unique_ptr<PendingLoad>> loading;
+  const auto finish_loads = [&] {
+    for (auto& [id, l] : loading) l->thread.join();
+    loading.clear();
+  };
   // Model `id`'s part, and the id a message about it starts with.
   const auto model_of = [&](const std::vector<uint8_t>& bytes, const char* what) -> std::pair<uint64_t, Part*> {
     uint64_t id = 0;
@@ -546,6 +579,7 @@ int worker_main() {
       if (h.bytes > 0) w.broadcast(payload.data(), h.bytes, 0);
       switch (h.kind) {
         case MsgKind::Exit:
+          finish_loads();
           return 0;
         case MsgKind::Load: {
           LoadRequest lr;
@@ -556,10 +590,26 @@ int worker_main() {
           if (const char* own = std::getenv("TERN_RANK_MODEL"); own && *own) path = own;
           const int n_threads = lr.n_threads > 0 ? lr.n_threads : default_thread_count();
           if (!pool || pool->size() != n_threads) pool = std::make_unique<ThreadPool>(n_threads);
-          const std::string error =
-              ex.load(lr.model_id, path, nullptr, ParallelLayout{lr.tp, lr.pp, lr.micro_batches}, lr.fingerprint,
-                      lr.file_size);
-          gather_load_status(lr.model_id, error);
+          if (loading.count(lr.model_id) || ex.parts.count(lr.model_id)) fail("model ", lr.model_id, " loaded twice");
+          Part& part = ex.begin_load(lr.model_id, ParallelLayout{lr.tp, lr.pp, lr.micro_batches});
+          auto l = std::make_unique<PendingLoad>();
+          PendingLoad* at = l.get();
+          at->thread = std::thread([&ex, &part, at, path, lr] {
+            at->error = ex.load_part(part, path, nullptr, lr.fingerprint, lr.file_size);
+          });
+          loading.emplace(lr.model_id, std::move(l));
+          break;
+        }
+        case MsgKind::LoadDone: {
+          uint64_t id = 0;
+          if (payload.size() != sizeof id) fail("malformed end of a load");
+          std::memcpy(&id, payload.data(), sizeof id);
+          const auto it = loading.find(id);
+          if (it == loading.end()) fail("the end of a load of model ", id, ", which was not started");
+          it->second->thread.join();
+          const std::string error = it->second->error;
+          loading.erase(it);
+          gather_load_status(id, error);
           break;
         }
         case MsgKind::Unload: {
