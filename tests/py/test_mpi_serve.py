@@ -205,7 +205,9 @@ class MpiServeTest(unittest.TestCase):
     def test_live_base_swaps_serve_what_one_process_serves(self):
         # A stream on the first base runs while the base is swapped to another model and back:
         # every answer is wholly one base's, as in one process; the ranks load the new base's
-        # parts beside the old one and let go of the old one when its last request ends.
+        # parts beside the old one and let go of the old one when its last request ends. A LoRA
+        # adapter served on the first base is dropped for the other and served again after the
+        # swap back (the ranks hold adapters per model).
         other = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../models/tern-stories.gguf")
         key = "admin-sekret"
         d = tempfile.mkdtemp(prefix="tern_mpi_swap_")
@@ -214,26 +216,36 @@ class MpiServeTest(unittest.TestCase):
         one_kv_head = os.path.join(d, "gemma3-tiny.gguf")
         subprocess.run([TERN, "synth", "--shape", "gemma3-tiny", "-o", one_kv_head], capture_output=True,
                        timeout=TIMEOUT, check=True)
+        pirate = os.path.join(d, "pirate.gguf")
+        write_adapter(pirate, 1)
+        with_pirate = [{"lora_name": "pirate", "lora_path": pirate}]
         want = None
         for np_, layout in ((0, []), (2, ["--tp", "2"]), (2, ["--pp", "2", "--micro-batches", "2"])):
-            s = Server(np_, ["--admin-key", key] + layout)
+            s = Server(np_, ["--admin-key", key, "--lora", "pirate=" + pirate] + layout)
             try:
                 got = []
 
-                def swap(path):
-                    req = urllib.request.Request(s.url + "/admin/swap_base", data=json.dumps({"model": path}).encode(),
-                                                 headers={"Content-Type": "application/json",
-                                                          "Authorization": "Bearer " + key})
-                    with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+                def swap_request(path, lora):
+                    return urllib.request.Request(s.url + "/admin/swap_base",
+                                                  data=json.dumps({"model": path, "lora": lora}).encode(),
+                                                  headers={"Content-Type": "application/json",
+                                                           "Authorization": "Bearer " + key})
+
+                def swap(path, lora):
+                    with urllib.request.urlopen(swap_request(path, lora), timeout=TIMEOUT) as r:
                         self.assertEqual(r.status, 200)
                         return json.loads(r.read())["path"]
 
-                def complete(prompt):
-                    code, text = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 24, "temperature": 0})
+                def complete(prompt, model=None):
+                    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0}
+                    if model:
+                        body["model"] = model
+                    code, text = s.post("/v1/completions", body)
                     self.assertEqual(code, 200, text)
                     return json.loads(text)["choices"][0]["text"]
 
                 got.append(complete("Once upon a time"))
+                got.append(complete("Once upon a time", "pirate"))
                 # A stream that is running (its first event read) when the swap starts.
                 req = urllib.request.Request(s.url + "/v1/completions",
                                              data=json.dumps({"prompt": "The little dog", "max_tokens": 300,
@@ -242,20 +254,21 @@ class MpiServeTest(unittest.TestCase):
                 stream = urllib.request.urlopen(req, timeout=TIMEOUT)
                 first = stream.readline()
                 self.assertTrue(first.startswith(b"data: "), first)
-                self.assertEqual(swap(other), other)
+                self.assertEqual(swap(other, []), other)  # (the adapter does not fit the other model)
                 got.append(complete("The little dog"))
-                self.assertEqual(swap(real_model()), real_model())
+                code, text = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "model": "pirate"})
+                self.assertEqual(code, 404, text)
+                self.assertEqual(swap(real_model(), with_pirate), real_model())
                 got.append(complete("The little dog"))
+                got.append(complete("Once upon a time", "pirate"))
                 # Refused swaps leave the base serving: a missing file; a model the layout cannot split.
                 for bad, why in ((os.path.join(d, "missing.gguf"), "missing.gguf"),
                                  (one_kv_head, "does not divide" if layout[:1] == ["--tp"] else None)):
-                    req = urllib.request.Request(s.url + "/admin/swap_base", data=json.dumps({"model": bad}).encode(),
-                                                 headers={"Content-Type": "application/json",
-                                                          "Authorization": "Bearer " + key})
+                    req = swap_request(bad, [])
                     if why is None:  # one process, or stages of whole layers: it loads (and is swapped back)
                         with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
                             self.assertEqual(r.status, 200)
-                        self.assertEqual(swap(real_model()), real_model())
+                        self.assertEqual(swap(real_model(), with_pirate), real_model())
                         continue
                     with self.assertRaises(urllib.error.HTTPError) as e:
                         urllib.request.urlopen(req, timeout=TIMEOUT)
@@ -273,8 +286,10 @@ class MpiServeTest(unittest.TestCase):
                 want = got
             else:
                 self.assertEqual(got, want, layout)
+        self.assertNotEqual(want[1], want[0], "the adapter changes nothing: the test would not see it missing")
+        self.assertEqual(want[4], want[1])  # the adapter again after the swap back
         if os.path.realpath(other) != os.path.realpath(real_model()):
-            self.assertNotEqual(want[1], want[2], "the swap changes nothing: the test would not see it missing")
+            self.assertNotEqual(want[2], want[3], "the swap changes nothing: the test would not see it missing")
 
     def test_a_pool_with_a_layout_is_refused(self):
         r = subprocess.run([TERN, "serve", "-m", "a=" + real_model(), "-m", "b=" + real_model(), "--tp", "2",
