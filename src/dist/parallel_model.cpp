@@ -360,10 +360,10 @@ std::vector<RankInfo> gather_load_status(uint64_t id, const std::string& error) 
 
 // Rank 0: the ranks follow one conversation, but several threads may talk to them: during a live
 // base swap the old base's engine finishes its requests while the new base loads and its engine
-// starts. A turn (a message and every collective that belongs to it: a whole step, a load, an
-// adapter's check) is taken under this mutex, so the two engines' steps and the load take turns
-// (the old base's steps wait while the ranks load the new one). Recursive: a step sends the
-// adapters it needs inside its turn.
+// starts. A turn (a message and every collective that belongs to it: a whole step, an adapter's
+// check, the start or the end of a load) is taken under this mutex, so the two engines' steps
+// take turns, and between a load's two turns the ranks load in the background while steps go
+// on. Recursive: a step sends the adapters it needs inside its turn.
 std::recursive_mutex& turn_mutex() {
   static std::recursive_mutex m;
   return m;
