@@ -98,6 +98,10 @@ constexpr int64_t kSpmdMaxEmbd = 1024;
 // decode (15 M) and 1.5-1.8x at its 8- to 128-token prompts (119 M and up), where before this
 // bound every new prompt length ran its first 6 steps alone while the chooser explored.
 constexpr double kSerialMaxLayerMacs = 32e6;
+// Steps of up to this many tokens run their experts in two pool regions per layer (experts_batched:
+// a batched decode, a short prompt chunk); longer ones one expert at a time (experts_over_tokens),
+// whose per-expert regions their larger token groups pay for, in buffers of T rows, not T x K.
+constexpr int64_t kBatchedExpertsMaxTokens = 64;
 
 // Epilogue context of the FFN's gate/up matmul: the activation of finished rows.
 struct ActRows {
@@ -118,6 +122,12 @@ void act_rows_done(const void* ctx, int, int64_t n_tokens, int64_t r0, int64_t r
   }
   const auto act = a.act == FfnActivation::GeluTanh ? geglu : a.act == FfnActivation::Relu ? reglu : swiglu_oai;
   for (int64_t t = 0; t < n_tokens; ++t) act(a.gate + t * a.ld + r0, a.up + t * a.ld + r0, a.gate + t * a.ld + r0, r1 - r0);
+}
+
+// out[c] += w * y[c] for c in [c0, c1): an expert's weighted output into a token's sum. The paths
+// that must agree bit for bit (experts_over_tokens, experts_batched) sum through this one loop.
+void add_weighted(float* out, const float* y, float w, int64_t c0, int64_t c1) {
+  for (int64_t c = c0; c < c1; ++c) out[c] += w * y[c];
 }
 
 // A linear's tensor-parallel share (models/partition.h): the weight's rows [row0, row0 + n_out) of
@@ -231,10 +241,12 @@ class DecoderModel final : public Model {
     out_rows_.assign(T * E, 0.0f);
     if (hp_.n_expert > 0) {
       router_.assign(T * size_t(hp_.n_expert), 0.0f);
-      moe_x_.assign(T * E, 0.0f);
       moe_out_.assign(T * E, 0.0f);
-      // One decode token's chosen experts side by side: at least n_expert_used rows.
-      const size_t rows = std::max(T, size_t(hp_.n_expert_used));
+      // One decode token's chosen experts side by side (n_expert_used rows), a few tokens' token
+      // groups of every expert one after another (experts_batched: tokens x n_expert_used rows).
+      const size_t K = size_t(hp_.n_expert_used);
+      const size_t rows = std::max({T, K, std::min(T, size_t(kBatchedExpertsMaxTokens)) * K});
+      moe_x_.assign(rows * E, 0.0f);
       moe_y_.assign(rows * E, 0.0f);
       moe_gate_.assign(rows * size_t(hp_.n_ff_exp), 0.0f);
       moe_up_.assign(rows * size_t(hp_.n_ff_exp), 0.0f);
@@ -349,6 +361,7 @@ class DecoderModel final : public Model {
   void moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool);
   void moe_decode_token(const Experts& X, ThreadPool& pool);
   void experts_over_tokens(const Experts& X, int64_t T, ThreadPool& pool);
+  void experts_batched(const Experts& X, int64_t T, ThreadPool& pool);
   void shared_expert(const Experts& X, int64_t T, ThreadPool& pool);
   void forward_spmd(std::span<const SeqBatch> seqs, KvStore& kv, int64_t T, float* logits, ThreadPool& pool);
   // Final norm and output projection of the rows that need logits (after forward_layers_pooled).
@@ -395,13 +408,17 @@ class DecoderModel final : public Model {
   std::vector<float> rope_cs_swa_;  // the same with the sliding layers' base (Gemma 3)
   std::vector<float> out_rows_;     // [rows needing logits, n_embd]
   std::vector<float> router_;       // [T, n_expert] router logits, then probabilities
-  std::vector<float> moe_x_;        // [tokens routed to one expert, n_embd]
+  std::vector<float> moe_x_;        // [tokens routed to one expert (or to each, one after another), n_embd]
   std::vector<float> moe_gate_, moe_up_;  // [those tokens, n_ff_exp]
   std::vector<float> moe_y_;        // [those tokens, n_embd]
   std::vector<float> moe_out_;      // [T, n_embd] the experts' weighted sum
   std::vector<int32_t> chosen_;     // [T, n_expert_used] experts of each token
   std::vector<float> chosen_w_;     // [T, n_expert_used] their weights
   std::vector<MatmulTarget> moe_targets_;  // a decode token's experts' gate and up
+  // experts_batched's token groups, experts in order: expert group_expert_[i] takes the gathered
+  // rows [group_start_[i], group_start_[i + 1]); row r is token row_token_[r] at weight row_w_[r].
+  std::vector<int32_t> group_expert_, group_start_, row_token_;
+  std::vector<float> row_w_;
   std::vector<AttentionArgs> attn_args_;
   std::vector<float> key_mass_;  // one layer's key masses (H2O), see attention_block
   int64_t cur_layer_ = 0;           // the layer qkv_rows_done works for
@@ -1189,6 +1206,8 @@ void DecoderModel::moe_block(const LayerWeights& L, int64_t T, ThreadPool& pool)
   std::fill(moe_out_.begin(), moe_out_.begin() + T * E, 0.0f);
   if (T == 1 && !observer_ && K <= 64) {  // (no model uses more than 64 experts per token)
     moe_decode_token(X, pool);
+  } else if (!observer_ && T <= kBatchedExpertsMaxTokens) {  // (an observer sees each expert's matmul)
+    experts_batched(X, T, pool);
   } else {
     experts_over_tokens(X, T, pool);
   }
@@ -1218,13 +1237,66 @@ void DecoderModel::experts_over_tokens(const Experts& X, int64_t T, ThreadPool& 
     apply_linears_shared(gu, ys, lds, moe_x_.data(), E, n, pool, RowsDone{act_rows_done, &act, true}, InputRmsNorm{},
                          hooks_);
     apply_linear(X.down[size_t(e)], moe_gate_.data(), F, n, moe_y_.data(), E, pool, hooks_);
-    for (int64_t r = 0; r < n; ++r) {
-      float* out = moe_out_.data() + rows[size_t(r)] * E;
-      const float* y = moe_y_.data() + r * E;
-      const float w = weights[size_t(r)];
-      for (int64_t c = 0; c < E; ++c) out[c] += w * y[c];
-    }
+    for (int64_t r = 0; r < n; ++r)
+      add_weighted(moe_out_.data() + rows[size_t(r)] * E, moe_y_.data() + r * E, weights[size_t(r)], 0, E);
   }
+}
+
+// A few tokens (a batched decode step, a short prompt chunk): the token groups of
+// experts_over_tokens (each routed expert over the tokens routed to it, one matmul), but every
+// expert's gate/up in one pool region and every down in a second, instead of two regions per
+// expert (with 16 tokens of 8 experts each out of 64, about 56 experts run per layer). A chunk is
+// a block of one expert's rows over its tokens (rows from multiples of 16, so each equals the
+// pooled matmul's bit for bit), and each token's outputs are summed in expert order: the same
+// bits as experts_over_tokens.
+void DecoderModel::experts_batched(const Experts& X, int64_t T, ThreadPool& pool) {
+  const int64_t E = hp_.n_embd, NE = hp_.n_expert, K = hp_.n_expert_used, F = X.n_ff;
+  group_expert_.clear();
+  group_start_.clear();
+  row_token_.clear();
+  row_w_.clear();
+  for (int64_t e = 0; e < NE; ++e) {
+    const size_t first = row_token_.size();
+    for (int64_t i = 0; i < T * K; ++i)
+      if (chosen_[size_t(i)] == e) {
+        row_token_.push_back(int32_t(i / K));
+        row_w_.push_back(chosen_w_[size_t(i)]);
+      }
+    if (row_token_.size() == first) continue;
+    group_expert_.push_back(int32_t(e));
+    group_start_.push_back(int32_t(first));
+  }
+  group_start_.push_back(int32_t(row_token_.size()));
+  const int64_t n_groups = int64_t(group_expert_.size());
+  for (size_t r = 0; r < row_token_.size(); ++r) std::copy_n(xn_.data() + row_token_[r] * E, E, moe_x_.data() + r * E);
+  // Blocks per expert: enough for every thread to have a few even when few experts run.
+  const int64_t nth = pool.size();
+  const auto split = [&](int64_t rows) {
+    const int64_t parts = std::max<int64_t>(1, (4 * nth + n_groups - 1) / n_groups);
+    return std::max<int64_t>(16, ((rows + parts - 1) / parts + 15) / 16 * 16);
+  };
+  const int64_t per_f = split(F), per_e = split(E);
+  const int64_t f_blocks = (F + per_f - 1) / per_f, e_blocks = (E + per_e - 1) / per_e;
+  pool.for_chunks(n_groups * f_blocks, [&](int64_t c, int) {
+    const int64_t g = c / f_blocks, f0 = (c % f_blocks) * per_f, f1 = std::min(F, f0 + per_f);
+    const size_t e = size_t(group_expert_[size_t(g)]);
+    const int64_t r0 = group_start_[size_t(g)], n = group_start_[size_t(g) + 1] - r0;
+    float* gate = moe_gate_.data() + r0 * F;
+    float* up = moe_up_.data() + r0 * F;
+    matmul_rows(X.gate[e].w, moe_x_.data() + r0 * E, E, n, gate, F, f0, f1);
+    matmul_rows(X.up[e].w, moe_x_.data() + r0 * E, E, n, up, F, f0, f1);
+    const ActRows act{gate, up, F, activation_, X.gate[e].bias, X.up[e].bias};
+    act_rows_done(&act, -1, n, f0, f1);
+  });
+  pool.for_chunks(n_groups * e_blocks, [&](int64_t c, int) {
+    const int64_t g = c / e_blocks, c0 = (c % e_blocks) * per_e, c1 = std::min(E, c0 + per_e);
+    const Linear& down = X.down[size_t(group_expert_[size_t(g)])];
+    const int64_t r0 = group_start_[size_t(g)], n = group_start_[size_t(g) + 1] - r0;
+    matmul_rows(down.w, moe_gate_.data() + r0 * F, F, n, moe_y_.data() + r0 * E, E, c0, c1);
+    if (down.bias) add_bias_cols(moe_y_.data() + r0 * E, E, down.bias, n, c0, c1);
+  });
+  for (size_t r = 0; r < row_token_.size(); ++r)  // experts in order: each token's sum in expert order
+    add_weighted(moe_out_.data() + row_token_[r] * E, moe_y_.data() + int64_t(r) * E, row_w_[r], 0, E);
 }
 
 // Qwen2-MoE's shared expert over every token, scaled by sigmoid(xn . gate), added to moe_out_.

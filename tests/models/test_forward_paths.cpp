@@ -12,6 +12,7 @@
 #include <cstring>
 #include <unistd.h>
 
+#include "gguf/gguf.h"
 #include "models/model.h"
 #include "models/synth.h"
 #include "test_util.h"
@@ -31,9 +32,11 @@ std::string synth_path(DType type, const std::string& shape = "stories260k") {
   return path;
 }
 
-// Runs three steps of two sequences (prefill chunks, then decodes) and returns all logits.
-std::vector<float> run_steps(const std::shared_ptr<const GgufFile>& file, int n_threads, KvType kv_type) {
+// Runs four steps of two sequences (prefill chunks, then decodes) and returns all logits.
+std::vector<float> run_steps(const std::shared_ptr<const GgufFile>& file, int n_threads, KvType kv_type,
+                             ForwardObserver* observer = nullptr) {
   auto model = load_model(file);
+  model->set_observer(observer);
   model->reserve(16);
   const int64_t V = model->hparams().n_vocab;
   ThreadPool pool(n_threads);
@@ -64,6 +67,13 @@ std::vector<float> run_steps(const std::shared_ptr<const GgufFile>& file, int n_
   return out;
 }
 
+// The first logit that differs in its bits, or a.size().
+size_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return i;
+  return a.size();
+}
+
 void expect_same_bits(const std::shared_ptr<const GgufFile>& file, const char* what,
                       KvType kv_type = KvType::F32) {
   const std::vector<float> pooled = run_steps(file, 1, kv_type);
@@ -76,9 +86,7 @@ void expect_same_bits(const std::shared_ptr<const GgufFile>& file, const char* w
     const std::vector<float> phased = run_steps(file, n_threads, kv_type);
     ::unsetenv("TERN_SMALL_MODEL_PATH");
     ASSERT_EQ(pooled.size(), phased.size());
-    size_t first_diff = pooled.size();
-    for (size_t i = 0; i < pooled.size() && first_diff == pooled.size(); ++i)
-      if (std::memcmp(&pooled[i], &phased[i], sizeof(float)) != 0) first_diff = i;
+    const size_t first_diff = first_difference(pooled, phased);
     EXPECT_EQ(first_diff, pooled.size()) << what << ", " << path << ", " << n_threads << " threads: logit " << first_diff
                                          << " differs: " << pooled[first_diff] << " vs " << phased[first_diff];
   }
@@ -120,6 +128,42 @@ TEST(ForwardPaths, PhasedPassEqualsPooledPassEveryArchitecture) {
     for (DType type : {DType::F32, DType::Q8_0}) {
       const std::string path = synth_path(type, shape);
       expect_same_bits(open_model_file(path), (std::string(shape) + " " + dtype_name(type)).c_str());
+      std::remove(path.c_str());
+    }
+}
+
+// A step of a few tokens runs its experts two regions a layer (experts_batched); with an observer
+// of the linears' inputs each expert runs alone (experts_over_tokens), as longer steps do. Both
+// give the same bits: the same token groups, rows and sums in expert order (shared experts,
+// expert biases, every gate), on 1 and 2 threads (whose blocks of rows differ). The tiny shapes
+// route each token to 2 experts, whose sum has one order; qwen3moe-tiny rewritten to route to 5
+// of its 8 checks the order of longer sums.
+TEST(ForwardPaths, BatchedExpertsEqualExpertsOneAtATime) {
+  struct NoOp final : ForwardObserver {
+    void on_linear_input(const std::string&, const float*, int64_t, int64_t) override {}
+  } observer;
+  for (const char* shape : {"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "gpt-oss-tiny", "qwen3moe-tiny/5"})
+    for (DType type : {DType::F32, DType::Q8_0}) {
+      const std::string name = shape;
+      const bool five = name == "qwen3moe-tiny/5";
+      const std::string path = synth_path(type, five ? "qwen3moe-tiny" : name);
+      if (five) {
+        const auto src = open_model_file(path);
+        GgufWriter w(3);
+        for (const auto& [k, v] : src->metadata()) w.set(k, v);
+        for (const auto& t : src->tensors()) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+        w.set("qwen3moe.expert_used_count", GgufValue::u32(5));
+        GgufWriter::write_bytes(path, w.to_bytes());  // (the bytes are copied before the file is replaced)
+      }
+      const auto file = open_model_file(path);
+      const std::vector<float> alone = run_steps(file, 2, KvType::F32, &observer);
+      for (int n_threads : {1, 2}) {
+        const std::vector<float> batched = run_steps(file, n_threads, KvType::F32);
+        ASSERT_EQ(alone.size(), batched.size());
+        const size_t d = first_difference(alone, batched);
+        EXPECT_EQ(d, alone.size()) << shape << " " << dtype_name(type) << ", " << n_threads << " threads: logit " << d
+                                   << " differs";
+      }
       std::remove(path.c_str());
     }
 }
