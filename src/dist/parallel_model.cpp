@@ -143,7 +143,7 @@ struct Executor {
   // every rank takes part in the split, whatever happens to its load). The caller's thread, the
   // one that talks to the other ranks.
   Part& begin_load(uint64_t id, const ParallelLayout& l) {
-    layout = l;
+    if (!(layout == l)) layout = l;  // (a second model has the first's: readers outside the turns)
     rank = world().rank();
     Part& p = parts[id];
     p.model.reset();
@@ -554,10 +554,15 @@ int worker_main() {
     loading.clear();
   };
   // Model `id`'s part, and the id a message about it starts with.
-  const auto model_of = [&](const std::vector<uint8_t>& bytes, const char* what) -> std::pair<uint64_t, Part*> {
+  // The model id a message starts with (`whole`: the message is nothing else).
+  const auto model_id = [](const std::vector<uint8_t>& bytes, const char* what, bool whole) {
     uint64_t id = 0;
-    if (bytes.size() < sizeof id) fail("malformed ", what);
+    if (bytes.size() < sizeof id || (whole && bytes.size() != sizeof id)) fail("malformed ", what);
     std::memcpy(&id, bytes.data(), sizeof id);
+    return id;
+  };
+  const auto model_of = [&](const std::vector<uint8_t>& bytes, const char* what) -> std::pair<uint64_t, Part*> {
+    const uint64_t id = model_id(bytes, what, false);
     return {id, &ex.part(id, what)};
   };
   // This rank's arena of model `p` for rank 0's `id` (made, or made again when its size or type
@@ -601,9 +606,7 @@ int worker_main() {
           break;
         }
         case MsgKind::LoadDone: {
-          uint64_t id = 0;
-          if (payload.size() != sizeof id) fail("malformed end of a load");
-          std::memcpy(&id, payload.data(), sizeof id);
+          const uint64_t id = model_id(payload, "end of a load", true);
           const auto it = loading.find(id);
           if (it == loading.end()) fail("the end of a load of model ", id, ", which was not started");
           it->second->thread.join();
@@ -613,10 +616,7 @@ int worker_main() {
           break;
         }
         case MsgKind::Unload: {
-          uint64_t id = 0;
-          if (payload.size() != sizeof id) fail("malformed unload request");
-          std::memcpy(&id, payload.data(), sizeof id);
-          ex.parts.erase(id);
+          ex.parts.erase(model_id(payload, "unload request", true));
           break;
         }
         case MsgKind::Step: {
