@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "core/error.h"
@@ -24,8 +25,11 @@ class SoloComm final : public Comm {
   void broadcast(void*, int64_t, int) override {}
   void send(const void*, int64_t, int, int) override { fail("send: a one-rank world has no other rank"); }
   void recv(void*, int64_t, int, int) override { fail("recv: a one-rank world has no other rank"); }
-  void send_async(const void*, int64_t, int, int) override { fail("send: a one-rank world has no other rank"); }
-  void wait_sends() override {}
+  Request isend(const void*, int64_t, int, int) override { fail("send: a one-rank world has no other rank"); }
+  Request irecv(void*, int64_t, int, int) override { fail("recv: a one-rank world has no other rank"); }
+  std::vector<Request> isend_all(const void*, int64_t, int) override { return {}; }
+  bool test(Request) override { return true; }
+  void wait(Request) override {}
   void barrier() override {}
   std::unique_ptr<Comm> split(int, int) override { return std::make_unique<SoloComm>(); }
 };
@@ -80,15 +84,41 @@ class MpiComm final : public Comm {
   void recv(void* buf, int64_t bytes, int src, int tag) override {
     MPI_Recv(buf, checked_count(bytes), MPI_BYTE, src, tag, comm_, MPI_STATUS_IGNORE);
   }
-  void send_async(const void* buf, int64_t bytes, int dst, int tag) override {
+  Request isend(const void* buf, int64_t bytes, int dst, int tag) override {
     inject_latency();
-    pending_.emplace_back();
-    MPI_Isend(buf, checked_count(bytes), MPI_BYTE, dst, tag, comm_, &pending_.back());
+    MPI_Request r;
+    MPI_Isend(buf, checked_count(bytes), MPI_BYTE, dst, tag, comm_, &r);
+    return remember(r);
   }
-  void wait_sends() override {
-    if (pending_.empty()) return;
-    MPI_Waitall(int(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE);
-    pending_.clear();
+  std::vector<Request> isend_all(const void* buf, int64_t bytes, int tag) override {
+    inject_latency();
+    std::vector<Request> out;
+    for (int dst = 0; dst < size_; ++dst)
+      if (dst != rank_) {
+        MPI_Request r;
+        MPI_Isend(buf, checked_count(bytes), MPI_BYTE, dst, tag, comm_, &r);
+        out.push_back(remember(r));
+      }
+    return out;
+  }
+  Request irecv(void* buf, int64_t bytes, int src, int tag) override {
+    MPI_Request r;
+    MPI_Irecv(buf, checked_count(bytes), MPI_BYTE, src, tag, comm_, &r);
+    return remember(r);
+  }
+  bool test(Request id) override {
+    const auto it = pending_.find(id);
+    TERN_ASSERT_MSG(it != pending_.end(), "test of an unknown request");
+    int done = 0;
+    MPI_Test(&it->second, &done, MPI_STATUS_IGNORE);
+    if (done) pending_.erase(it);
+    return done != 0;
+  }
+  void wait(Request id) override {
+    const auto it = pending_.find(id);
+    TERN_ASSERT_MSG(it != pending_.end(), "wait for an unknown request");
+    MPI_Wait(&it->second, MPI_STATUS_IGNORE);
+    pending_.erase(it);
   }
   void barrier() override { MPI_Barrier(comm_); }
   std::unique_ptr<Comm> split(int color, int key) override {
@@ -98,10 +128,16 @@ class MpiComm final : public Comm {
   }
 
  private:
+  Request remember(MPI_Request r) {
+    pending_.emplace(++last_request_, r);
+    return last_request_;
+  }
+
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::vector<float> gathered_;
-  std::vector<MPI_Request> pending_;
+  std::map<Request, MPI_Request> pending_;  // isend / irecv not yet done
+  Request last_request_ = 0;
 };
 #endif
 

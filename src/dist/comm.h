@@ -29,9 +29,20 @@ class Comm {
   virtual void broadcast(void* buf, int64_t bytes, int root) = 0;
   virtual void send(const void* buf, int64_t bytes, int dst, int tag) = 0;
   virtual void recv(void* buf, int64_t bytes, int src, int tag) = 0;
-  // A send that returns at once; its buffer must stay untouched until wait_sends().
-  virtual void send_async(const void* buf, int64_t bytes, int dst, int tag) = 0;
-  virtual void wait_sends() = 0;
+  // Non-blocking point-to-point: each returns at once with a handle; the buffer stays untouched
+  // until test() says the operation is done (or wait() returns). Messages between two ranks with
+  // one tag arrive in the order they were sent, and receives posted for one source and tag match
+  // them in the order they were posted (MPI's non-overtaking rule): what lets several steps be in
+  // flight with the same tags.
+  using Request = uint64_t;
+  virtual Request isend(const void* buf, int64_t bytes, int dst, int tag) = 0;
+  virtual Request irecv(void* buf, int64_t bytes, int src, int tag) = 0;
+  // isend of `buf` to every other rank (one added latency, as a broadcast's): a broadcast that
+  // never waits for its receivers.
+  virtual std::vector<Request> isend_all(const void* buf, int64_t bytes, int tag) = 0;
+  // Whether `r` is done (it is then forgotten: test or wait it no more). Drives MPI's progress.
+  virtual bool test(Request r) = 0;
+  virtual void wait(Request r) = 0;
   virtual void barrier() = 0;
   // The ranks with the same `color`, ordered by `key` (MPI_Comm_split). Collective.
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;

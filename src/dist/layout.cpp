@@ -1,5 +1,8 @@
 #include "dist/layout.h"
 
+#include <algorithm>
+#include <string>
+
 #include "core/error.h"
 #include "dist/comm.h"
 
@@ -31,14 +34,46 @@ void check_layout(const ParallelLayout& layout, const HParams& hp, const std::st
   }
 }
 
-ModelPartition partition_of(const ParallelLayout& layout, int rank, int64_t n_layer) {
+ModelPartition partition_of(const ParallelLayout& layout, int rank, std::span<const int64_t> stage_bounds) {
+  TERN_ASSERT(int64_t(stage_bounds.size()) == layout.pp + 1);
   ModelPartition p;
-  const SplitRange layers = stage_layers(n_layer, layout.stage_of(rank), layout.pp);
-  p.layer_begin = layers.begin;
-  p.layer_end = layout.pp > 1 ? layers.end : -1;
+  const int s = layout.stage_of(rank);
+  p.layer_begin = stage_bounds[size_t(s)];
+  p.layer_end = layout.pp > 1 ? stage_bounds[size_t(s) + 1] : -1;
   p.tp_rank = layout.tp_rank_of(rank);
   p.tp_size = layout.tp;
   return p;
+}
+
+ModelPartition partition_of(const ParallelLayout& layout, int rank, int64_t n_layer) {
+  std::vector<int64_t> bounds{0};
+  for (int s = 0; s < layout.pp; ++s) bounds.push_back(stage_layers(n_layer, s, layout.pp).end);
+  return partition_of(layout, rank, bounds);
+}
+
+std::vector<int64_t> model_stage_bounds(const GgufFile& file, const HParams& hp, int pp) {
+  std::vector<int64_t> layer_bytes(size_t(hp.n_layer), 0);
+  int64_t output = 0, embedding = 0, output_norm = 0;
+  for (const auto& t : file.tensors()) {
+    if (t.name.rfind("blk.", 0) == 0) {
+      const size_t dot = t.name.find('.', 4);
+      int64_t il = -1;
+      try {
+        il = std::stoll(t.name.substr(4, dot - 4));
+      } catch (const std::exception&) {
+      }
+      if (il < 0 || il >= hp.n_layer) continue;
+      // (A MoE layer's experts count whole: a batched step reads most of them.)
+      layer_bytes[size_t(il)] += int64_t(t.n_bytes);
+    } else if (t.name == "output.weight") {
+      output = int64_t(t.n_bytes);
+    } else if (t.name == "token_embd.weight") {
+      embedding = int64_t(t.n_bytes);
+    } else if (t.name == "output_norm.weight") {
+      output_norm = int64_t(t.n_bytes);
+    }
+  }
+  return balanced_stage_bounds(layer_bytes, (output > 0 ? output : embedding) + output_norm, pp);
 }
 
 }  // namespace tern::dist

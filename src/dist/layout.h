@@ -3,8 +3,11 @@
 // tensor-parallel rank, the one that runs the command), and how a step is cut into micro-batches.
 // Pure logic: tested without MPI.
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "gguf/gguf.h"
 #include "models/hparams.h"
 #include "models/partition.h"
 
@@ -29,7 +32,16 @@ struct ParallelLayout {
 // than tp x pp (`world_size`).
 void check_layout(const ParallelLayout& layout, const HParams& hp, const std::string& path, int world_size);
 
-// Rank `rank`'s part of the model (without its all-reduce, which the caller binds).
+// Rank `rank`'s part of the model (without its all-reduce, which the caller binds), its stage's
+// layers [stage_bounds[s], stage_bounds[s + 1]) (layout.pp + 1 bounds: model_stage_bounds).
+ModelPartition partition_of(const ParallelLayout& layout, int rank, std::span<const int64_t> stage_bounds);
+// The same with the layers split as evenly as they go (stage_layers).
 ModelPartition partition_of(const ParallelLayout& layout, int rank, int64_t n_layer);
+
+// The stages' layer bounds for `file`: balanced by the weight bytes each token reads
+// (balanced_stage_bounds): each layer's tensors, and on the last stage the output projection (the
+// token embedding where the model ties them; the first stage reads only its rows). The same on
+// every rank of the same file.
+std::vector<int64_t> model_stage_bounds(const GgufFile& file, const HParams& hp, int pp);
 
 }  // namespace tern::dist

@@ -19,7 +19,7 @@
 namespace tern::dist {
 namespace {
 
-// What rank 0 broadcasts: a header, then `bytes` of payload.
+// What rank 0 sends every worker: a header, then `bytes` of payload.
 // Every message about a model names it by rank 0's id (LoadRequest::model_id): during a live base
 // swap the ranks hold two models, the old one finishing its requests while the new one starts.
 // A load is two messages: Load starts it (every rank loads its part in the background, serving
@@ -74,8 +74,11 @@ struct LoadRequest {
 // Point-to-point tags: a micro-batch's activations, and its logits back to rank 0.
 constexpr int kTagActivations = 1 << 20;
 constexpr int kTagLogits = 2 << 20;
+constexpr int kTagMessage = 3 << 20;  // rank 0's messages: the header, then (+ 1) the payload
 constexpr int64_t kStatusBytes = 1024;  // one rank's load status: "" or its error
 constexpr size_t kMaxIntervals = 1 << 16;  // busy intervals a rank keeps between collections
+constexpr size_t kMaxFlights = 8;           // a worker's pipelined steps whose sends may be in flight
+constexpr int kPollMicroseconds = 20;       // rank 0: a pipelined step's wait for its logits, between turns
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -103,6 +106,7 @@ struct Part {
   std::shared_ptr<const GgufFile> file;
   std::unique_ptr<Comm> tp_comm;  // the ranks of this rank's stage (the model's all-reduces use it)
   std::unique_ptr<Model> model;
+  std::vector<int64_t> stage_bounds;  // the stages' layers (model_stage_bounds)
   // Workers: the adapters rank 0 sent for this model, by rank 0's uid, until it says they are gone.
   std::map<uint64_t, std::shared_ptr<const LoraAdapter>> adapters;
   // Workers: this rank's arenas, by rank 0's arena id.
@@ -118,9 +122,7 @@ struct Executor {
   uint64_t next_model_id = 1;      // rank 0
   int64_t step = 0;
   std::vector<BusyInterval> timeline;
-  // Scratch: micro-batches' activations and logits (kept until their sends complete).
-  std::vector<std::vector<float>> xs, ls;
-  std::vector<float> scratch_logits;
+  std::vector<float> scratch_logits;  // a tensor-parallel worker's gathered logits (unused)
   std::vector<float> mass_parts;  // this rank's part of a step's key masses, then their sum
 
   int stage() const { return layout.stage_of(rank); }
@@ -162,7 +164,8 @@ struct Executor {
         fail(path, " on this rank is not rank 0's model file (", p.file->file_size(), " bytes here, ", want_size,
              " there, or other tensors): every rank must open the same model");
       const HParams hp = read_hparams(*p.file);
-      ModelPartition part = partition_of(layout, rank, hp.n_layer);
+      p.stage_bounds = model_stage_bounds(*p.file, hp, layout.pp);
+      ModelPartition part = partition_of(layout, rank, p.stage_bounds);
       Comm* c = p.tp_comm.get();
       if (layout.tp > 1) {
         part.all_reduce = [c](float* x, int64_t n) { c->all_reduce_sum(x, n); };
@@ -181,14 +184,12 @@ struct Executor {
   // Runs one step on this rank. logits: rank 0's output ([n_logit_rows, n_vocab]); others
   // pass nullptr.
   void run(Model& model, std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
-    const int64_t V = model.hparams().n_vocab, E = model.hparams().n_embd;
-    int64_t T = 0;
-    for (const SeqBatch& s : seqs) T += int64_t(s.tokens.size());
-    if (T == 0) return;
-    model.reserve(T);
     if (layout.pp == 1) {
+      const int64_t T = n_tokens(seqs);
+      if (T == 0) return;
+      model.reserve(T);
       if (!logits) {  // every tensor-parallel rank computes the gathered logits; rank 0 keeps them
-        scratch_logits.resize(size_t(n_logit_rows(seqs) * V));
+        scratch_logits.resize(size_t(n_logit_rows(seqs) * model.hparams().n_vocab));
         logits = scratch_logits.data();
       }
       const double t0 = now_s();
@@ -197,36 +198,136 @@ struct Executor {
       ++step;
       return;
     }
-    const std::vector<MicroBatch> mbs = split_micro_batches(seqs, layout.micro_batch_count());
+    std::unique_ptr<Flight> f = run_stage(model, seqs, kv, pool);
+    if (rank == 0) {
+      if (f) finish(*f, logits, [&] { return done(*f); });
+      recycle(std::move(f));
+    } else if (f) {
+      sending.push_back(std::move(f));
+    }
+  }
+
+  // A pipelined step's micro-batches on this rank: their activations and logits, and the sends
+  // and receives still running on them (which must not outlive the buffers).
+  struct Flight {
+    std::vector<MicroBatch> mbs;
+    std::vector<std::vector<float>> xs;  // [mb][n_tokens * n_embd]: what this stage passes on
+    std::vector<std::vector<float>> ls;  // [mb][logit rows * n_vocab]: the last stage's, or rank 0's copy
+    std::vector<Comm::Request> pending;
+    int64_t n_vocab = 0;
+  };
+  std::vector<std::unique_ptr<Flight>> sending;  // workers: pipelined steps whose sends may be in flight
+  // Flights done with, for the next steps: their buffers (a step's logits are megabytes) keep
+  // their pages instead of being zeroed again (page faults of a fresh buffer cost ~10% of a
+  // small model's decode step).
+  std::vector<std::unique_ptr<Flight>> spare;
+
+  void recycle(std::unique_ptr<Flight> f) {
+    if (f && spare.size() < kMaxFlights) spare.push_back(std::move(f));
+  }
+
+  // Runs this rank's stage of a pipelined step over its micro-batches, in order: receives each
+  // one's activations from the stage before, runs its layers, sends the result on (the last
+  // stage: its logits to rank 0) without waiting. Rank 0 (stage 0) also posts the receives of
+  // the step's logits. Returns the step's flight (null for a step without tokens). The workers
+  // keep their flights until the sends are done (reap_sends): a worker that waited for its sends
+  // at the end of a step would wait for rank 0 to call MPI, which it does not while it runs the
+  // next step's stage 0, so the stages would not overlap across steps.
+  std::unique_ptr<Flight> run_stage(Model& model, std::span<const SeqBatch> seqs, KvStore& kv, ThreadPool& pool) {
+    reap_sends();
+    const int64_t T = n_tokens(seqs);
+    if (T == 0) return nullptr;
+    model.reserve(T);
+    const int64_t V = model.hparams().n_vocab, E = model.hparams().n_embd;
+    std::unique_ptr<Flight> f;
+    if (spare.empty()) {
+      f = std::make_unique<Flight>();
+    } else {
+      f = std::move(spare.back());
+      spare.pop_back();
+    }
+    f->pending.clear();
+    f->mbs = split_micro_batches(seqs, layout.micro_batch_count());
+    f->n_vocab = V;
+    const size_t m = f->mbs.size();
     const int s = stage(), r = tp_rank(), last = layout.pp - 1;
     Comm& w = world();
-    xs.resize(mbs.size());
-    ls.resize(mbs.size());
-    for (size_t i = 0; i < mbs.size(); ++i) {
-      const MicroBatch& mb = mbs[i];
-      xs[i].resize(size_t(mb.n_tokens * E));
-      if (s > 0) w.recv(xs[i].data(), int64_t(xs[i].size() * sizeof(float)), layout.rank_of(s - 1, r), kTagActivations + int(i));
-      ls[i].resize(s == last ? mb.logit_rows.size() * size_t(V) : 0);
+    f->xs.resize(m);
+    f->ls.resize(m);
+    if (rank == 0)
+      for (size_t i = 0; i < m; ++i) {
+        f->ls[i].resize(f->mbs[i].logit_rows.size() * size_t(V));
+        f->pending.push_back(w.irecv(f->ls[i].data(), int64_t(f->ls[i].size() * sizeof(float)), layout.rank_of(last, 0),
+                                     kTagLogits + int(i)));
+      }
+    for (size_t i = 0; i < m; ++i) {
+      const MicroBatch& mb = f->mbs[i];
+      std::vector<float>& x = f->xs[i];
+      x.resize(size_t(mb.n_tokens * E));
+      if (s > 0) w.recv(x.data(), int64_t(x.size() * sizeof(float)), layout.rank_of(s - 1, r), kTagActivations + int(i));
+      std::vector<float>& l = f->ls[i];
+      if (s == last) l.resize(mb.logit_rows.size() * size_t(V));
       const double t0 = now_s();
-      model.forward_stage(mb.seqs, kv, xs[i].data(), ls[i].data(), pool);
+      model.forward_stage(mb.seqs, kv, x.data(), s == last ? l.data() : nullptr, pool);
       record(int(i), mb.n_tokens, t0);
       if (s < last)
-        w.send_async(xs[i].data(), int64_t(xs[i].size() * sizeof(float)), layout.rank_of(s + 1, r), kTagActivations + int(i));
+        f->pending.push_back(w.isend(x.data(), int64_t(x.size() * sizeof(float)), layout.rank_of(s + 1, r),
+                                     kTagActivations + int(i)));
       else if (r == 0)
-        w.send_async(ls[i].data(), int64_t(ls[i].size() * sizeof(float)), 0, kTagLogits + int(i));
-    }
-    w.wait_sends();
-    if (rank == 0) {
-      std::vector<float> rows;
-      for (size_t i = 0; i < mbs.size(); ++i) {
-        rows.resize(mbs[i].logit_rows.size() * size_t(V));
-        w.recv(rows.data(), int64_t(rows.size() * sizeof(float)), layout.rank_of(last, 0), kTagLogits + int(i));
-        for (size_t j = 0; j < mbs[i].logit_rows.size(); ++j)
-          if (const int64_t row = mbs[i].logit_rows[j]; row >= 0)
-            std::memcpy(logits + row * V, rows.data() + j * size_t(V), size_t(V) * sizeof(float));
-      }
+        f->pending.push_back(w.isend(l.data(), int64_t(l.size() * sizeof(float)), 0, kTagLogits + int(i)));
     }
     ++step;
+    return f;
+  }
+
+  // Whether every send and receive of `f` is done (those done are forgotten). A call to MPI:
+  // rank 0 makes it under a turn.
+  static bool done(Flight& f) {
+    Comm& w = world();
+    std::erase_if(f.pending, [&](Comm::Request q) { return w.test(q); });
+    return f.pending.empty();
+  }
+
+  // Rank 0: waits for `f` with `poll` (true when it is done) and copies the rows of its logits
+  // the step asked for into `logits` ([n_logit_rows, n_vocab]).
+  template <class Poll>
+  static void finish(Flight& f, float* logits, Poll&& poll) {
+    while (!poll()) {
+    }
+    const size_t V = size_t(f.n_vocab);
+    for (size_t i = 0; i < f.mbs.size(); ++i)
+      for (size_t j = 0; j < f.mbs[i].logit_rows.size(); ++j)
+        if (const int64_t row = f.mbs[i].logit_rows[j]; row >= 0)
+          std::memcpy(logits + size_t(row) * V, f.ls[i].data() + j * V, V * sizeof(float));
+  }
+
+  // Workers: forgets the flights whose sends are done; waits for the oldest while more than a
+  // few are in flight (rank 0 takes every message in time: this bounds the memory only).
+  void reap_sends() {
+    for (auto it = sending.begin(); it != sending.end();)
+      if (done(**it)) {
+        recycle(std::move(*it));
+        it = sending.erase(it);
+      } else {
+        ++it;
+      }
+    while (sending.size() > kMaxFlights) {
+      for (Comm::Request q : sending.front()->pending) world().wait(q);
+      sending.front()->pending.clear();
+      recycle(std::move(sending.front()));
+      sending.erase(sending.begin());
+    }
+  }
+  void wait_sends() {
+    for (const auto& f : sending)
+      for (Comm::Request q : f->pending) world().wait(q);
+    sending.clear();
+  }
+
+  static int64_t n_tokens(std::span<const SeqBatch> seqs) {
+    int64_t T = 0;
+    for (const SeqBatch& s : seqs) T += int64_t(s.tokens.size());
+    return T;
   }
 
   // Runs a step in which the sequences marked in `wants` collect key masses (H2O): this rank's
@@ -283,10 +384,41 @@ bool g_released = false;
 bool g_active = false;
 std::vector<RankInfo> g_infos;
 
-void broadcast_message(MsgKind kind, std::vector<uint8_t>* payload) {
-  MsgHeader h{kind, 0, payload ? int64_t(payload->size()) : 0};
-  world().broadcast(&h, sizeof h, 0);
-  if (h.bytes > 0) world().broadcast(payload->data(), h.bytes, 0);
+// Rank 0's messages still being sent (a header and its payload to every worker), kept until
+// they are: a message goes without waiting for the workers to take it (a worker busy with a
+// pipelined step's later stage takes the next step's plan when it is done with it).
+struct Outgoing {
+  MsgHeader header;
+  std::vector<uint8_t> payload;
+  std::vector<Comm::Request> pending;
+};
+std::vector<std::unique_ptr<Outgoing>> g_outbox;
+
+bool sent(Outgoing& o) {
+  std::erase_if(o.pending, [](Comm::Request q) { return world().test(q); });
+  return o.pending.empty();
+}
+
+// Rank 0, in a turn: `kind` and `payload` to every worker (which take rank 0's messages in order).
+void broadcast_message(MsgKind kind, std::vector<uint8_t> payload = {}) {
+  Comm& w = world();
+  std::erase_if(g_outbox, [](const std::unique_ptr<Outgoing>& o) { return sent(*o); });
+  auto o = std::make_unique<Outgoing>();
+  o->header = MsgHeader{kind, 0, int64_t(payload.size())};
+  o->payload = std::move(payload);
+  o->pending = w.isend_all(&o->header, sizeof o->header, kTagMessage);
+  if (!o->payload.empty()) {
+    const std::vector<Comm::Request> more = w.isend_all(o->payload.data(), int64_t(o->payload.size()), kTagMessage + 1);
+    o->pending.insert(o->pending.end(), more.begin(), more.end());
+  }
+  g_outbox.push_back(std::move(o));
+}
+
+// Rank 0: waits until every message has gone (before the end of MPI).
+void flush_outbox() {
+  for (const auto& o : g_outbox)
+    for (Comm::Request q : o->pending) world().wait(q);
+  g_outbox.clear();
 }
 
 // A fixed-size request on one of rank 0's arenas (a copy, sink keys).
@@ -339,7 +471,7 @@ std::vector<RankInfo> gather_load_status(uint64_t id, const std::string& error) 
   if (it != ex.parts.end() && it->second.model) {
     const Model& m = *it->second.model;
     const HParams& hp = m.hparams();
-    const ModelPartition part = partition_of(ex.layout, w.rank(), hp.n_layer);
+    const ModelPartition part = partition_of(ex.layout, w.rank(), it->second.stage_bounds);
     mine.info.layer_begin = part.layer_begin;
     mine.info.layer_end = part.layer_end < 0 ? hp.n_layer : part.layer_end;
     mine.info.weight_bytes = m.weight_bytes();
@@ -377,44 +509,82 @@ std::vector<uint8_t> with_model_id(uint64_t id, const void* body, size_t n) {
   return payload;
 }
 
-// Rank 0's view of the whole model `id` (its own part is executor().parts[id]).
+// What rank 0's views of one model share: the model's id, and the adapters the ranks hold for
+// it. The ranks let go of the model when the last view is gone (unless they were released: the
+// job is ending). Read and changed under the turns.
+struct SharedModel {
+  explicit SharedModel(uint64_t model_id) : id(model_id) {}
+  ~SharedModel() {
+    std::lock_guard lock(turn_mutex());
+    if (!g_released && world().size() > 1) {
+      std::vector<uint8_t> payload = with_model_id(id, nullptr, 0);
+      broadcast_message(MsgKind::Unload, std::move(payload));
+    }
+    executor().parts.erase(id);
+  }
+  uint64_t id;  // what the ranks know the model by
+  std::map<uint64_t, std::weak_ptr<const LoraAdapter>> sent;  // by uid: the adapters the ranks hold
+};
+
+// Rank 0's view of the whole model `id` (its own part is executor().parts[id]). Several engines
+// may run steps on one model, each through a view of its own (share_parallel_model: a pipeline's
+// engines): a pipelined step holds the turn for its plan and its stage 0 only, and waits for its
+// logits between turns, so that the other engines' steps enter the pipeline behind it.
 class ParallelModel final : public Model {
  public:
-  explicit ParallelModel(uint64_t id) : id_(id), local_(*executor().parts.at(id).model) {
+  explicit ParallelModel(std::shared_ptr<SharedModel> shared)
+      : shared_(std::move(shared)), id_(shared_->id), local_(*executor().parts.at(id_).model) {
     hp_ = local_.hparams();
     weight_bytes_ = local_.weight_bytes();
     decode_weight_memory_ = local_.decode_weight_memory();
   }
-  // The ranks let go of their parts (unless they were released: the job is ending).
-  ~ParallelModel() override {
+  std::unique_ptr<Model> another_view() const {
     std::lock_guard lock(turn_mutex());
-    if (!g_released && world().size() > 1) {
-      std::vector<uint8_t> payload = with_model_id(id_, nullptr, 0);
-      broadcast_message(MsgKind::Unload, &payload);
-    }
-    executor().parts.erase(id_);
+    return std::make_unique<ParallelModel>(shared_);
   }
   void forward(std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) override {
-    std::lock_guard lock(turn_mutex());
+    Executor& ex = executor();
+    std::unique_lock lock(turn_mutex());
+    bool masses = false;
     for (const SeqBatch& s : seqs) {
       if (s.lora)
         for (const LoraUse& u : *s.lora) send_adapter(u.adapter);
       // With tensor parallelism alone rank 0 holds the whole residual stream after the last
       // all-reduce: its own forward writes the hidden states. A pipeline's are on its last stage.
-      if (s.hidden && executor().layout.pp > 1) fail("hidden states (embeddings) are not available with --pp");
+      if (s.hidden && ex.layout.pp > 1) fail("hidden states (embeddings) are not available with --pp");
       if (s.tokens.empty()) fail("a parallel step with an empty sequence");
+      masses = masses || s.key_mass != nullptr;
     }
     drop_released_adapters();
     const std::vector<uint8_t> plan = encode_step(seqs, reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), kv.type());
     std::vector<uint8_t> payload = with_model_id(id_, plan.data(), plan.size());
-    broadcast_message(MsgKind::Step, &payload);
+    broadcast_message(MsgKind::Step, std::move(payload));
+    // A pipelined step of one engine among several gives the turn up after its stage 0. (A step
+    // collecting key masses ends in a world all-reduce, so it keeps its turn to the end; so does
+    // the only engine of a model: nobody would use the turn meanwhile.)
+    if (ex.layout.pp > 1 && !masses && shared_.use_count() > 1) {
+      std::unique_ptr<Executor::Flight> f = ex.run_stage(local_, seqs, kv, pool);
+      lock.unlock();
+      if (f)
+        Executor::finish(*f, logits, [&] {
+          {
+            std::lock_guard turn(turn_mutex());
+            if (Executor::done(*f)) return true;
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(kPollMicroseconds));
+          return false;
+        });
+      std::lock_guard turn(turn_mutex());
+      ex.recycle(std::move(f));
+      return;
+    }
     std::vector<bool> wants;
     std::vector<float*> out;
     for (const SeqBatch& s : seqs) {
       wants.push_back(s.key_mass != nullptr);
       out.push_back(s.key_mass);
     }
-    executor().run_with_key_masses(local_, std::vector<SeqBatch>(seqs.begin(), seqs.end()), wants, out, kv, logits, pool);
+    ex.run_with_key_masses(local_, std::vector<SeqBatch>(seqs.begin(), seqs.end()), wants, out, kv, logits, pool);
   }
   // The sinks' keys: every rank keeps, rotates and forgets its own heads' and layers' copies.
   void keep_sink_keys(KvStore& kv, int32_t slot) const override { sink_keys(kv, SinkOp::Keep, slot, 0); }
@@ -430,7 +600,7 @@ class ParallelModel final : public Model {
     CopySlotsRequest c{id_, reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), int32_t(kv.type()), 0, src, dst, n};
     std::vector<uint8_t> payload(sizeof c);
     std::memcpy(payload.data(), &c, sizeof c);
-    broadcast_message(MsgKind::CopySlots, &payload);
+    broadcast_message(MsgKind::CopySlots, std::move(payload));
     kv.copy_slots(src, dst, n);
   }
   bool has_hidden_states() const override { return executor().layout.pp == 1; }
@@ -451,7 +621,7 @@ class ParallelModel final : public Model {
     SinkKeysRequest r{id_, reinterpret_cast<uintptr_t>(&kv), kv.n_slots(), int32_t(kv.type()), op, slot, shift};
     std::vector<uint8_t> payload(sizeof r);
     std::memcpy(payload.data(), &r, sizeof r);
-    broadcast_message(MsgKind::SinkKeys, &payload);
+    broadcast_message(MsgKind::SinkKeys, std::move(payload));
     apply_sink_op(local_, kv, r);
   }
 
@@ -459,8 +629,9 @@ class ParallelModel final : public Model {
   // its part; throws naming the rank whose part refuses it (then nobody keeps it).
   void send_adapter(const std::shared_ptr<const LoraAdapter>& adapter) {
     if (!adapter) fail("a LoRA adapter entry has no adapter");
-    const auto it = sent_.find(adapter->uid());
-    if (it != sent_.end() && !it->second.expired()) return;
+    std::map<uint64_t, std::weak_ptr<const LoraAdapter>>& sent = shared_->sent;
+    const auto it = sent.find(adapter->uid());
+    if (it != sent.end() && !it->second.expired()) return;
     std::vector<uint8_t> payload(sizeof(AdapterRequest));
     const std::string& name = adapter->path();
     const AdapterRequest req{id_, adapter->uid(), int64_t(name.size())};
@@ -468,7 +639,7 @@ class ParallelModel final : public Model {
     payload.insert(payload.end(), name.begin(), name.end());
     const std::vector<uint8_t> bytes = lora_adapter_bytes(*adapter);
     payload.insert(payload.end(), bytes.begin(), bytes.end());
-    broadcast_message(MsgKind::Adapter, &payload);
+    broadcast_message(MsgKind::Adapter, std::move(payload));
     std::string error;
     try {
       local_.check_lora(*adapter);
@@ -476,26 +647,27 @@ class ParallelModel final : public Model {
       error = e.what();
     }
     if (const std::string first = first_error(error); !first.empty()) fail(first);
-    sent_[adapter->uid()] = adapter;
+    sent[adapter->uid()] = adapter;
   }
   // Tells the ranks to let go of the adapters nobody on rank 0 holds any more.
   void drop_released_adapters() {
+    std::map<uint64_t, std::weak_ptr<const LoraAdapter>>& sent = shared_->sent;
     std::vector<uint64_t> gone;
-    for (auto it = sent_.begin(); it != sent_.end();)
+    for (auto it = sent.begin(); it != sent.end();)
       if (it->second.expired()) {
         gone.push_back(it->first);
-        it = sent_.erase(it);
+        it = sent.erase(it);
       } else {
         ++it;
       }
     if (gone.empty()) return;
     std::vector<uint8_t> payload = with_model_id(id_, gone.data(), gone.size() * sizeof(uint64_t));
-    broadcast_message(MsgKind::DropAdapters, &payload);
+    broadcast_message(MsgKind::DropAdapters, std::move(payload));
   }
 
+  std::shared_ptr<SharedModel> shared_;
   uint64_t id_;   // what the ranks know this model by
   Model& local_;  // rank 0's part (executor().parts[id_])
-  std::map<uint64_t, std::weak_ptr<const LoraAdapter>> sent_;  // by uid: what the ranks hold
 };
 
 }  // namespace
@@ -517,7 +689,7 @@ std::unique_ptr<Model> load_parallel_model(std::shared_ptr<const GgufFile> file,
     std::vector<uint8_t> req(sizeof(LoadRequest) + path.size());
     std::memcpy(req.data(), &lr, sizeof lr);
     std::memcpy(req.data() + sizeof lr, path.data(), path.size());
-    broadcast_message(MsgKind::Load, &req);
+    broadcast_message(MsgKind::Load, std::move(req));
     part = &ex.begin_load(lr.model_id, layout);
   }
   // ... this rank's part loaded outside the turns, as every other rank loads its own in the
@@ -526,10 +698,16 @@ std::unique_ptr<Model> load_parallel_model(std::shared_ptr<const GgufFile> file,
   // ... and a turn to end it.
   std::lock_guard lock(turn_mutex());
   std::vector<uint8_t> done = with_model_id(lr.model_id, nullptr, 0);
-  broadcast_message(MsgKind::LoadDone, &done);
+  broadcast_message(MsgKind::LoadDone, std::move(done));
   g_infos = gather_load_status(lr.model_id, error);
   g_active = true;
-  return std::make_unique<ParallelModel>(lr.model_id);
+  return std::make_unique<ParallelModel>(std::make_shared<SharedModel>(lr.model_id));
+}
+
+std::unique_ptr<Model> share_parallel_model(const Model& model) {
+  const auto* view = dynamic_cast<const ParallelModel*>(&model);
+  if (!view) fail("share_parallel_model: not a model of load_parallel_model");
+  return view->another_view();
 }
 
 int worker_main() {
@@ -579,12 +757,14 @@ int worker_main() {
   try {
     for (;;) {
       MsgHeader h{};
-      w.broadcast(&h, sizeof h, 0);
+      w.recv(&h, sizeof h, 0, kTagMessage);
+      if (h.bytes < 0 || h.bytes > (int64_t(1) << 31)) fail("malformed message from rank 0 (", h.bytes, " bytes)");
       payload.resize(size_t(h.bytes));
-      if (h.bytes > 0) w.broadcast(payload.data(), h.bytes, 0);
+      if (h.bytes > 0) w.recv(payload.data(), h.bytes, 0, kTagMessage + 1);
       switch (h.kind) {
         case MsgKind::Exit:
           finish_loads();
+          ex.wait_sends();
           return 0;
         case MsgKind::Load: {
           LoadRequest lr;
@@ -707,14 +887,15 @@ int worker_main() {
 void announce_job(const std::string& message) {
   std::lock_guard lock(turn_mutex());
   std::vector<uint8_t> payload(message.begin(), message.end());
-  broadcast_message(MsgKind::Job, &payload);
+  broadcast_message(MsgKind::Job, std::move(payload));
 }
 
 void release_workers() {
   std::lock_guard lock(turn_mutex());
   if (g_released || world().size() == 1 || world().rank() != 0) return;
   g_released = true;
-  broadcast_message(MsgKind::Exit, nullptr);
+  broadcast_message(MsgKind::Exit);
+  flush_outbox();
 }
 
 std::vector<RankInfo> rank_infos() { return g_infos; }
@@ -723,7 +904,7 @@ const ParallelLayout* active_layout() { return g_active ? &executor().layout : n
 std::vector<BusyInterval> collect_timeline() {
   if (world().rank() != 0) return {};
   std::lock_guard lock(turn_mutex());
-  if (world().size() > 1) broadcast_message(MsgKind::Timeline, nullptr);
+  if (world().size() > 1) broadcast_message(MsgKind::Timeline);
   return executor().exchange_timeline();
 }
 

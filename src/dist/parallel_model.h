@@ -31,6 +31,12 @@ namespace tern::dist {
 std::unique_ptr<Model> load_parallel_model(std::shared_ptr<const GgufFile> file, const ParallelLayout& layout,
                                            int n_threads);
 
+// Rank 0: another view of a model load_parallel_model returned, for another engine over the same
+// ranks and parts (tern serve's pipeline engines: docs/distributed.md). Each view's steps may be
+// in the pipeline at once; the ranks let go of the model when its last view is destroyed. Throws
+// tern::Error for a model that is no such view.
+std::unique_ptr<Model> share_parallel_model(const Model& model);
+
 // Ranks other than 0: serves rank 0 until it releases them; the process's exit status. A failure
 // while running a step ends the whole job with a message (abort_all): the other ranks would
 // otherwise wait for this one's part forever.

@@ -38,7 +38,7 @@ struct Reader {
   void get_ints(int32_t* dst, int64_t n) {
     if (n < 0 || int64_t(in.size() - at) / int64_t(sizeof(int32_t)) < n)
       fail("step plan: truncated message (", in.size(), " bytes)");
-    std::memcpy(dst, in.data() + at, size_t(n) * sizeof(int32_t));
+    if (n > 0) std::memcpy(dst, in.data() + at, size_t(n) * sizeof(int32_t));  // (dst may be null when n is 0)
     at += size_t(n) * sizeof(int32_t);
   }
 };

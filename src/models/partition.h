@@ -12,6 +12,8 @@
 // ranks (the same bits on each) before the residual. The output projection is split by vocabulary
 // rows, the logits gathered. A default partition is the whole model.
 #include <cstdint>
+#include <span>
+#include <vector>
 #include <functional>
 #include <string>
 
@@ -53,6 +55,15 @@ SplitRange split_range(int64_t total, int64_t unit, int part, int parts);
 // The contiguous layers of pipeline stage `stage` of `n_stages` (layers split as evenly as they
 // go, earlier stages taking the extra ones).
 SplitRange stage_layers(int64_t n_layer, int stage, int n_stages);
+
+// Layer bounds of `n_stages` pipeline stages balanced by cost: stage s runs layers
+// [bounds[s], bounds[s + 1]) (n_stages + 1 bounds from 0 to the layer count; every stage at least
+// one layer), chosen so that the costliest stage (its layers' costs, plus `last_stage_cost` on the
+// last stage: the output projection, which every token's logits read) costs least; among such
+// splits, the one whose earlier stages take the most layers. A pipeline runs at its slowest
+// stage's pace. Throws tern::Error for a negative cost or
+// n_stages outside [1, layers].
+std::vector<int64_t> balanced_stage_bounds(std::span<const int64_t> layer_cost, int64_t last_stage_cost, int n_stages);
 
 // Checks that `hp` can be split as `part` says, naming `path` and the reason: tensor
 // parallelism needs every layer's query and KV head counts divisible by tp_size; pipeline

@@ -33,7 +33,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-Clock::duration seconds(double s) {
+Clock::duration clock_seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(0.0, s)));
 }
 
@@ -422,7 +422,7 @@ struct HttpServer::Impl {
     if (logger) logger(req, res);
     c->lingering = true;
     c->in.clear();
-    c->linger_until = Clock::now() + seconds(kLingerS);
+    c->linger_until = Clock::now() + clock_seconds(kLingerS);
   }
 
   // At a cap: closes the connection being received (of `peer` only, when given) that is
@@ -515,8 +515,8 @@ struct HttpServer::Impl {
 
   void check_deadlines(Clock::time_point now) {
     std::vector<Conn*> to_close, too_slow;
-    const auto header_limit = seconds(std::min(cfg.header_timeout_s, cfg.read_timeout_s));
-    const auto read_limit = seconds(cfg.read_timeout_s), idle_limit = seconds(cfg.idle_timeout_s);
+    const auto header_limit = clock_seconds(std::min(cfg.header_timeout_s, cfg.read_timeout_s));
+    const auto read_limit = clock_seconds(cfg.read_timeout_s), idle_limit = clock_seconds(cfg.idle_timeout_s);
     for (auto& [fd, cp] : reading) {
       Conn* c = cp.get();
       if (c->lingering) {
@@ -619,7 +619,7 @@ struct HttpServer::Impl {
     // Framing headers are the server's to write.
     for (const char* h : {"Connection", "Content-Length", "Transfer-Encoding", "Content-Type"}) res.headers.remove(h);
     const bool head_only = req.method == "HEAD";
-    const auto timeout = seconds(cfg.write_timeout_s);
+    const auto timeout = clock_seconds(cfg.write_timeout_s);
     bool ok = true;
     if (res.stream && !head_only) {
       const bool chunked = req.version_minor >= 1;

@@ -1716,8 +1716,9 @@ struct Server::Impl {
       const ConnectionCounts conns{hs.connections_open.load(), hs.connections_accepted.load(),
                                    hs.connections_refused.load(), hs.connections_evicted.load(),
                                    hs.requests_timed_out.load()};
-      res.set_content(metrics.render(provider.metrics(), conns, model_gauges()),
-                      "text/plain; version=0.0.4; charset=utf-8");
+      std::string text = metrics.render(provider.metrics(), conns, model_gauges());
+      if (cfg.extra_metrics) text += cfg.extra_metrics();
+      res.set_content(std::move(text), "text/plain; version=0.0.4; charset=utf-8");
     }, /*fast=*/true);
     http.route("POST", "/tokenize", guard([this](HttpRequest& req, HttpResponse& res) { handle_tokenize(req, res); }));
     http.route("POST", "/detokenize",

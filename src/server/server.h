@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,9 @@ struct ServerConfig {
   int retry_after_s = 1;                // Retry-After of 429/503 answers
   bool log_requests = false;            // one stderr line per request (errors are always logged)
   std::string version = "0.1.0";        // GET /api/version
+  // More Prometheus text for /metrics (tern serve under a parallel layout: per-rank metrics).
+  // Called on the request's thread: must be quick and thread-safe.
+  std::function<std::string()> extra_metrics;
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's runtime LoRA updates; the
   // provider must serve adapters): off unless set (--allow-lora-updates), as a request names a
   // file on the server's disk.

@@ -16,9 +16,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "dist/parallel_model.h"
 #include "engine/engine.h"
 #include "models/model.h"
 #include "server/backend.h"
+#include "server/engines_backend.h"
 #include "server/model_catalog.h"
 #include "server/model_provider.h"
 #include "server/openai_format.h"
@@ -29,6 +31,7 @@
 #include "tools/replica_router.h"
 #include "tools/model_args.h"
 #include "tools/prompt_compression.h"
+#include "tools/rank_metrics.h"
 #include "tools/serve_models.h"
 #include "tools/spec_args.h"
 
@@ -89,18 +92,30 @@ void serve_until_signal(server::Server& srv, int port, const server::ServerConfi
   signal_thread.join();
 }
 
-// One base as `tern serve -m FILE` loads it: the file, its engine (started) and the backend
-// the server talks to, owned by the ServedModel (ServedModel::owner) so that a base swapped
-// away lives on until the last request using it has ended.
+// One base as `tern serve -m FILE` loads it: the file, its engine (started; under --pp, one per
+// pipeline engine) and the backend the server talks to, owned by the ServedModel
+// (ServedModel::owner) so that a base swapped away lives on until the last request using it has
+// ended.
 struct LoadedEngine {
   std::shared_ptr<const GgufFile> file;
   std::shared_ptr<const Tokenizer> tokenizer;
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<server::EngineBackend> backend;
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::unique_ptr<server::Backend> backend;
   ~LoadedEngine() {
-    if (engine) engine->stop();
+    for (auto& e : engines) e->stop();
   }
 };
+
+// The settings of each of `n` pipeline engines sharing what `ecfg` gives one engine: 1/n of the
+// K/V memory, of the sequences it is sized for, of the running and waiting limits.
+EngineConfig pipeline_engine_config(EngineConfig ecfg, int n) {
+  const auto share = [n](int64_t v) { return std::max<int64_t>(1, (v + n - 1) / n); };
+  if (ecfg.kv_memory_bytes > 0) ecfg.kv_memory_bytes /= n;
+  ecfg.n_parallel = share(ecfg.n_parallel);
+  ecfg.max_running = share(ecfg.max_running);
+  ecfg.max_waiting = share(ecfg.max_waiting);
+  return ecfg;
+}
 
 // The start-up settings every load of the base gets, at start-up and on each swap.
 // The pool's load settings, and what only one model served with -m has.
@@ -108,6 +123,7 @@ struct SingleLoadSettings : ServeLoadSettings {
   std::optional<server::ToolFormat> parsed_tool_format;  // tool_format, checked at start-up
   std::string tokenizer_bin;        // --tokenizer: a llama2.c .bin's
   std::string model_id;
+  int pipeline_engines = 1;         // engines over one parallel model (--pipeline-engines)
 };
 
 // Loads `path` with `s`; the engine is started. `note` (if given) gets the chat template's note.
@@ -150,21 +166,41 @@ server::SingleModelProvider::LoadedBase load_single_base(const std::string& path
                 file.get_string("general.name", ""), "|", kv_type_name(ecfg.kv_type), "|", ecfg.n_ctx));
   }
   resolve_self_draft(ecfg.spec, owner->file, ecfg.n_threads);
-  owner->engine = std::make_unique<Engine>(owner->file, owner->tokenizer, ecfg);
-  owner->backend = std::make_unique<server::EngineBackend>(*owner->engine);
+  if (s.pipeline_engines > 1) {
+    // Pipeline engines: the first loads the model over the ranks, the others run their steps
+    // through views of it (dist::share_parallel_model).
+    EngineConfig each = pipeline_engine_config(ecfg, s.pipeline_engines);
+    // (Read while the engines are built: the first's model lives as long as its engine.)
+    auto first = std::make_shared<const Model*>(nullptr);
+    each.load = [first, load = each.load](std::shared_ptr<const GgufFile> f) {
+      if (*first) return dist::share_parallel_model(**first);
+      std::unique_ptr<Model> m = load(std::move(f));
+      *first = m.get();
+      return m;
+    };
+    for (int e = 0; e < s.pipeline_engines; ++e)
+      owner->engines.push_back(std::make_unique<Engine>(owner->file, owner->tokenizer, each));
+    std::vector<Engine*> all;
+    for (auto& e : owner->engines) all.push_back(e.get());
+    owner->backend = std::make_unique<server::EnginesBackend>(std::move(all));
+  } else {
+    owner->engines.push_back(std::make_unique<Engine>(owner->file, owner->tokenizer, ecfg));
+    owner->backend = std::make_unique<server::EngineBackend>(*owner->engines[0]);
+  }
   served->backend = owner->backend.get();
   served->structured = std::make_shared<server::StructuredOutput>(tok);
   served->entry = server::inspect_model_file(model_path);
   served->entry.name = s.model_id;
   served->metadata = gguf_metadata_json(file);
-  served->bytes = int64_t(file.file_size()) + owner->engine->metrics().kv_bytes;  // the arena exists from construction
+  served->bytes = int64_t(file.file_size()) + owner->backend->metrics().kv_bytes;  // the arenas exist from construction
   if (ecfg.spec.source == DraftSource::DraftModel)
-    served->bytes += draft_model_bytes(ecfg.spec.draft_file ? *ecfg.spec.draft_file : *open_model_file(ecfg.spec.draft_path),
-                                       ecfg.kv_type, owner->engine->n_ctx(), std::min(ecfg.n_parallel, ecfg.max_running));
+    for (const auto& e : owner->engines)
+      served->bytes += draft_model_bytes(ecfg.spec.draft_file ? *ecfg.spec.draft_file : *open_model_file(ecfg.spec.draft_path),
+                                         ecfg.kv_type, e->n_ctx(), std::min(e->config().n_parallel, e->config().max_running));
   // The check holds the engine by address: the provider uses it only while this base is the
   // one served, which its owner outlives.
-  const Engine* engine = owner->engine.get();
-  owner->engine->start();
+  const Engine* engine = owner->engines[0].get();
+  for (auto& e : owner->engines) e->start();
   server::SingleModelProvider::LoadedBase out;
   out.check = [engine](const LoraAdapter& a) { engine->check_lora(a); };
   out.other_names = {model_path.filename().string(), path};
@@ -284,6 +320,12 @@ int cmd_serve(int argc, char** argv) {
                  "on SIGTERM/SIGINT, seconds in-flight requests get to finish before they are aborted")
       ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
   app.add_flag("-v,--verbose", scfg.log_requests, "log every request to stderr");
+  int pipeline_engines = 0;
+  app.add_option("--pipeline-engines", pipeline_engines,
+                 "with --pp: engines over the one model, each with its own scheduler and a share of the K/V memory, "
+                 "so that one engine's step enters the pipeline while another's is in the later stages (vLLM's "
+                 "virtual engines; 0: --pp of them)")
+      ->check(CLI::Range(0, 64));
   app.add_option("--admin-key", scfg.admin_key,
                  "enable the admin endpoints (POST /admin/swap_base: replace the model live), opened only by "
                  "'Authorization: Bearer KEY' (default: $TERN_ADMIN_KEY if set; without one they answer 403)");
@@ -363,6 +405,15 @@ int cmd_serve(int argc, char** argv) {
   ecfg.prefix_caching = !no_prefix_cache;
   apply_latency_args(latency, ecfg);
   ecfg.spec = spec_config_from_args(spec);
+  // Pipeline engines: --pp of them unless told. Their steps follow each other through the stages,
+  // so a step need not be cut into micro-batches to keep the stages busy: each cut reads the
+  // stage's weights once more, which a decode step (bandwidth-bound) pays in full. Unless told,
+  // a step is cut into --pp / engines micro-batches (one, by default).
+  if (pipeline_engines > 1 && margs.layout.pp < 2)
+    throw Error(str_cat("--pipeline-engines ", pipeline_engines, " needs a pipeline (--pp 2 or more, under mpirun)"));
+  if (pipeline_engines == 0) pipeline_engines = std::max(1, margs.layout.pp);
+  if (pipeline_engines > 1 && margs.layout.micro_batches == 0)
+    margs.layout.micro_batches = (margs.layout.pp + pipeline_engines - 1) / pipeline_engines;
   if (margs.layout.parallel()) {
     // One model over the ranks of `mpirun` (docs/distributed.md): rank 0 serves, every step runs
     // on all ranks.
@@ -449,6 +500,7 @@ int cmd_serve(int argc, char** argv) {
       throw Error(str_cat("--tool-format: unknown format '", tool_format, "' (hermes, llama3, mistral or generic)"));
   }
   load.tokenizer_bin = margs.tokenizer_bin;
+  load.pipeline_engines = pipeline_engines;
   load.model_id = alias.empty() ? std::filesystem::path(margs.model).stem().string() : alias;
 
   std::string note;
@@ -464,10 +516,10 @@ int cmd_serve(int argc, char** argv) {
   EngineMetrics em;
   int64_t first_n_ctx = 0;
   {
-    const Engine& e = *static_cast<const LoadedEngine*>(first.model->owner.get())->engine;
-    first_ecfg = e.config();
-    em = e.metrics();
-    first_n_ctx = e.n_ctx();
+    const LoadedEngine& loaded = *static_cast<const LoadedEngine*>(first.model->owner.get());
+    first_ecfg = loaded.engines[0]->config();
+    em = loaded.backend->metrics();
+    first_n_ctx = loaded.engines[0]->n_ctx();
   }
 
   server::SingleModelProvider provider(first.model, first.other_names, scfg.strict_model_names);
@@ -495,12 +547,21 @@ int cmd_serve(int argc, char** argv) {
       if (std::filesystem::path(path).extension() != ".bin") s.tokenizer_bin.clear();
       return load_single_base(path, s, nullptr);
     });
+  // Under a layout: /metrics per rank.
+  std::unique_ptr<RankMetrics> rank_metrics;
+  if (margs.layout.parallel()) {
+    rank_metrics = std::make_unique<RankMetrics>();
+    scfg.extra_metrics = [m = rank_metrics.get()] { return m->render(); };
+  }
   server::Server srv(provider, scfg);
   const int port = srv.bind();
   std::fprintf(stderr, "tern serve: model %s (id \"%s\"), context %lld tokens, KV %s (%s) in %lld blocks of %lld tokens\n",
                margs.model.c_str(), scfg.model_id.c_str(), static_cast<long long>(first_n_ctx),
                format_bytes(em.kv_bytes).c_str(), kv_type_name(first_ecfg.kv_type),
                static_cast<long long>(em.kv_blocks_total), static_cast<long long>(first_ecfg.kv_block_size));
+  if (load.pipeline_engines > 1)
+    std::fprintf(stderr, "tern serve: %d pipeline engines over the model, each with 1/%d of the K/V memory\n",
+                 load.pipeline_engines, load.pipeline_engines);
   std::fprintf(stderr, "tern serve: %s\n", note.c_str());
   if (em.tbt_target_ms > 0)
     std::fprintf(stderr, "tern serve: steps kept under a TBT target of %.1f ms%s (a one-sequence decode step: %.1f ms)\n",

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -687,4 +688,106 @@ TEST(Partition, SplitRangesAreContiguousAndEven) {
   EXPECT_EQ(stage_layers(5, 0, 2).begin, 0);
   EXPECT_EQ(stage_layers(5, 0, 2).end, 3);
   EXPECT_EQ(stage_layers(5, 1, 2).end, 5);
+}
+
+namespace step_plan_balance {
+
+// Every split of `costs` into `stages` non-empty stages, by brute force: the least cost of the
+// costliest stage, and the lexicographically largest bounds achieving it.
+std::pair<int64_t, std::vector<int64_t>> brute_force(const std::vector<int64_t>& costs, int64_t head, int stages) {
+  const int64_t n = int64_t(costs.size());
+  int64_t best = INT64_MAX;
+  std::vector<int64_t> best_bounds;
+  std::vector<int64_t> bounds{0};
+  std::function<void()> go = [&] {
+    const int k = int(bounds.size()) - 1;  // stages placed
+    if (k == stages - 1) {
+      std::vector<int64_t> b = bounds;
+      b.push_back(n);
+      int64_t worst = 0;
+      for (int s = 0; s < stages; ++s) {
+        int64_t c = std::accumulate(costs.begin() + b[size_t(s)], costs.begin() + b[size_t(s) + 1], int64_t(0));
+        if (s == stages - 1) c += head;
+        worst = std::max(worst, c);
+      }
+      if (worst < best || (worst == best && b > best_bounds)) {
+        best = worst;
+        best_bounds = b;
+      }
+      return;
+    }
+    for (int64_t e = bounds.back() + 1; e + (stages - 1 - k) <= n; ++e) {
+      bounds.push_back(e);
+      go();
+      bounds.pop_back();
+    }
+  };
+  go();
+  return {best, best_bounds};
+}
+
+}  // namespace step_plan_balance
+
+TEST(StepPlan, BalancedStageBoundsMinimiseTheCostliestStage) {
+  using step_plan_balance::brute_force;
+  // Equal layers and no head: the largest stage has as many layers as stage_layers' largest.
+  for (int64_t n_layer : {1, 2, 5, 26}) {
+    for (int stages = 1; stages <= std::min<int64_t>(n_layer, 6); ++stages) {
+      const std::vector<int64_t> costs(size_t(n_layer), 7);
+      const std::vector<int64_t> b = balanced_stage_bounds(costs, 0, stages);
+      ASSERT_EQ(b.size(), size_t(stages) + 1);
+      EXPECT_EQ(b.front(), 0);
+      EXPECT_EQ(b.back(), n_layer);
+      int64_t largest = 0;
+      for (int s = 0; s < stages; ++s) {
+        EXPECT_GE(b[size_t(s) + 1] - b[size_t(s)], 1);
+        largest = std::max(largest, b[size_t(s) + 1] - b[size_t(s)]);
+      }
+      EXPECT_EQ(largest, stage_layers(n_layer, 0, stages).size()) << n_layer << " layers, " << stages << " stages";
+    }
+  }
+  // A head worth four layers: the last of 2 stages takes one layer of 6.
+  EXPECT_EQ(balanced_stage_bounds(std::vector<int64_t>(6, 1), 4, 2), (std::vector<int64_t>{0, 5, 6}));
+  // Random costs against every split.
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t n = 1 + int64_t(rng() % 9);
+    const int stages = 1 + int(rng() % uint32_t(n));
+    std::vector<int64_t> costs(static_cast<size_t>(n), 0);
+    for (int64_t& c : costs) c = int64_t(rng() % 20);
+    const int64_t head = int64_t(rng() % 40);
+    const auto [best, bounds] = brute_force(costs, head, stages);
+    EXPECT_EQ(balanced_stage_bounds(costs, head, stages), bounds) << "trial " << trial;
+    (void)best;
+  }
+  EXPECT_THROW(balanced_stage_bounds(std::vector<int64_t>(3, 1), 0, 4), Error);
+  EXPECT_THROW(balanced_stage_bounds(std::vector<int64_t>(3, 1), 0, 0), Error);
+  EXPECT_THROW(balanced_stage_bounds(std::vector<int64_t>{1, -1}, 0, 1), Error);
+  EXPECT_THROW(balanced_stage_bounds(std::vector<int64_t>{1, 1}, -1, 1), Error);
+}
+
+TEST(StepPlan, ModelStageBoundsCountTheOutputProjectionOnTheLastStage) {
+  TERN_REQUIRE_SHARED("models/stories260K.gguf");
+  const auto file = open_model_file(tern::testing::shared_path("models/stories260K.gguf"), "");
+  const HParams hp = read_hparams(*file);
+  // Per layer bytes and the head's (stories260K ties its output to the embedding), summed as
+  // model_stage_bounds must.
+  std::vector<int64_t> layer(size_t(hp.n_layer), 0);
+  int64_t head = 0;
+  for (const auto& t : file->tensors()) {
+    for (int64_t il = 0; il < hp.n_layer; ++il)
+      if (t.name.rfind("blk." + std::to_string(il) + ".", 0) == 0) layer[size_t(il)] += int64_t(t.n_bytes);
+    if (t.name == "output.weight" || t.name == "output_norm.weight") head += int64_t(t.n_bytes);
+  }
+  if (!file->find_tensor("output.weight")) head += int64_t(file->find_tensor("token_embd.weight")->n_bytes);
+  for (int pp = 1; pp <= hp.n_layer; ++pp) {
+    const std::vector<int64_t> b = dist::model_stage_bounds(*file, hp, pp);
+    EXPECT_EQ(b, balanced_stage_bounds(layer, head, pp)) << pp;
+    const dist::ParallelLayout l{1, pp, 0};
+    for (int rank = 0; rank < pp; ++rank) {
+      const ModelPartition p = dist::partition_of(l, rank, b);
+      EXPECT_EQ(p.layer_begin, b[size_t(rank)]);
+      EXPECT_EQ(pp == 1 ? hp.n_layer : p.layer_end, b[size_t(rank) + 1]);
+    }
+  }
 }

@@ -13,6 +13,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import unittest
 import urllib.error
 import urllib.request
@@ -31,6 +33,7 @@ def mpi_available():
 
 class Server(ServerProcess):
     def __init__(self, np, flags):
+        self.np = np
         cmd = ([TERN] if np == 0 else ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
                + ["-np", str(np), TERN])
         super().__init__(cmd + ["serve", "-m", real_model(), "-t", "1", "--port", "0", "--kv-type", "f32", "--parallel",
@@ -182,25 +185,34 @@ class MpiServeTest(unittest.TestCase):
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
+    def layouts_agree(self, layouts, flags, collect):
+        """collect(server) on a server of each (np, layout) in turn, with `flags`: every result must
+        equal the first's, which is returned."""
+        want = None
+        for np_, layout in layouts:
+            s = Server(np_, flags + layout)
+            try:
+                got = collect(s)
+            finally:
+                self.assertIsNotNone(s.stop(), "mpirun did not end on SIGTERM")
+            if want is None:
+                want = got
+            else:
+                self.assertEqual(got, want, flags + layout)
+        return want
+
     def test_kv_policies_serve_what_one_process_serves(self):
         # Sinks + window (the sinks following the window) and H2O, each request past its budget.
+        def collect(s):
+            got = []
+            for p in ("Once upon a time", "The little dog"):
+                code, text = s.post("/v1/completions", {"prompt": p, "max_tokens": 64, "temperature": 0})
+                self.assertEqual(code, 200, text)
+                got.append(json.loads(text)["choices"][0]["text"])
+            return got
         for policy in (["--kv-policy", "streaming", "--sinks", "4", "--window", "24"],
                        ["--kv-policy", "h2o", "--kv-budget", "32", "--window", "8"]):
-            want = None
-            for np_, layout in ((0, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])):
-                s = Server(np_, policy + layout)
-                try:
-                    got = []
-                    for p in ("Once upon a time", "The little dog"):
-                        code, text = s.post("/v1/completions", {"prompt": p, "max_tokens": 64, "temperature": 0})
-                        self.assertEqual(code, 200, text)
-                        got.append(json.loads(text)["choices"][0]["text"])
-                finally:
-                    self.assertIsNotNone(s.stop(), "mpirun did not end on SIGTERM")
-                if want is None:
-                    want = got
-                else:
-                    self.assertEqual(got, want, policy + layout)
+            self.layouts_agree(((0, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])), policy, collect)
 
     def test_live_base_swaps_serve_what_one_process_serves(self):
         # A stream on the first base runs while the base is swapped to another model and back:
@@ -290,6 +302,63 @@ class MpiServeTest(unittest.TestCase):
         self.assertEqual(want[4], want[1])  # the adapter again after the swap back
         if os.path.realpath(other) != os.path.realpath(real_model()):
             self.assertNotEqual(want[2], want[3], "the swap changes nothing: the test would not see it missing")
+
+    def check_rank_metrics(self, s):
+        # /metrics per rank (sampled every 2 s): both stages ran the requests' tokens, and their
+        # layers make the model's 5.
+        deadline = time.time() + 20
+        while True:
+            with urllib.request.urlopen(s.url + "/metrics", timeout=TIMEOUT) as r:
+                text = r.read().decode()
+            m = {}
+            for line in text.splitlines():
+                if line.startswith("tern_rank_"):
+                    name, value = line.rsplit(" ", 1)
+                    m[name] = float(value)
+            key = lambda n, r: '%s{rank="%d",stage="%d",tp_rank="0"}' % (n, r, r)
+            if m.get(key("tern_rank_tokens_total", 1), 0) > 0 or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        for r in (0, 1):
+            self.assertGreater(m.get(key("tern_rank_tokens_total", r), 0), 0, text)
+            self.assertGreater(m[key("tern_rank_busy_seconds_total", r)], 0)
+            self.assertGreater(m[key("tern_rank_weight_bytes", r)], 0)
+        self.assertEqual(m[key("tern_rank_layer_begin", 0)], 0)
+        self.assertEqual(m[key("tern_rank_layer_end", 0)], m[key("tern_rank_layer_begin", 1)])
+        self.assertEqual(m[key("tern_rank_layer_end", 1)], 5)
+
+    def test_pipeline_engines_serve_what_one_process_serves(self):
+        # Concurrent requests over --pp 2's two pipeline engines (each step of one engine enters the
+        # pipeline while the other's is in stage 1), and over one engine cut into micro-batches:
+        # every answer is the single process's.
+        prompts = ["Once upon a time", "The little dog", "Lily wanted to", "One day, a cat", "Tom and Sue",
+                   "The sun was", "A big bird", "Mom said"]
+
+        def concurrent(s):
+            out = [None] * len(prompts)
+
+            def one(i):
+                out[i] = s.post("/v1/completions", {"prompt": prompts[i], "max_tokens": 32, "temperature": 0})
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(TIMEOUT)
+            for code, text in out:
+                self.assertEqual(code, 200, text)
+            return [json.loads(text)["choices"][0]["text"] for _, text in out]
+        def collect(s):
+            got = concurrent(s)
+            if s.np:
+                self.check_rank_metrics(s)
+            return got
+        self.layouts_agree(((0, []), (2, ["--pp", "2"]), (2, ["--pp", "2", "--pipeline-engines", "1"]),
+                            (2, ["--pp", "2", "--pipeline-engines", "3", "--micro-batches", "2"])), [], collect)
+        # Engines need a pipeline.
+        r = subprocess.run([TERN, "serve", "-m", real_model(), "--pipeline-engines", "2", "--port", "0"],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("--pipeline-engines 2 needs a pipeline", r.stderr)
 
     def test_a_pool_with_a_layout_is_refused(self):
         r = subprocess.run([TERN, "serve", "-m", "a=" + real_model(), "-m", "b=" + real_model(), "--tp", "2",
