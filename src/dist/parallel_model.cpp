@@ -383,6 +383,7 @@ Executor& executor() {
 bool g_released = false;
 bool g_active = false;
 std::vector<RankInfo> g_infos;
+std::mutex g_infos_mutex;  // g_infos is read outside the turns (tern serve's /metrics per rank)
 
 // Rank 0's messages still being sent (a header and its payload to every worker), kept until
 // they are: a message goes without waiting for the workers to take it (a worker busy with a
@@ -699,7 +700,11 @@ std::unique_ptr<Model> load_parallel_model(std::shared_ptr<const GgufFile> file,
   std::lock_guard lock(turn_mutex());
   std::vector<uint8_t> done = with_model_id(lr.model_id, nullptr, 0);
   broadcast_message(MsgKind::LoadDone, std::move(done));
-  g_infos = gather_load_status(lr.model_id, error);
+  std::vector<RankInfo> infos = gather_load_status(lr.model_id, error);
+  {
+    std::lock_guard infos_lock(g_infos_mutex);
+    g_infos = std::move(infos);
+  }
   g_active = true;
   return std::make_unique<ParallelModel>(std::make_shared<SharedModel>(lr.model_id));
 }
@@ -898,7 +903,10 @@ void release_workers() {
   flush_outbox();
 }
 
-std::vector<RankInfo> rank_infos() { return g_infos; }
+std::vector<RankInfo> rank_infos() {
+  std::lock_guard lock(g_infos_mutex);
+  return g_infos;
+}
 const ParallelLayout* active_layout() { return g_active ? &executor().layout : nullptr; }
 
 std::vector<BusyInterval> collect_timeline() {
