@@ -27,10 +27,7 @@ bool available(DType t) {
 }
 
 // Layer index of "blk.N.*", -1 otherwise.
-int layer_of(const std::string& name) {
-  if (name.rfind("blk.", 0) != 0) return -1;
-  return std::atoi(name.c_str() + 4);
-}
+int layer_of(const std::string& name) { return int(tensor_layer_index(name)); }
 
 // llama.cpp's "use more bits" layer pattern of the _M mixes: the first and last eighth of the
 // layers, and every third layer in between.

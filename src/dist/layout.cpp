@@ -55,16 +55,9 @@ std::vector<int64_t> model_stage_bounds(const GgufFile& file, const HParams& hp,
   std::vector<int64_t> layer_bytes(size_t(hp.n_layer), 0);
   int64_t output = 0, embedding = 0, output_norm = 0;
   for (const auto& t : file.tensors()) {
-    if (t.name.rfind("blk.", 0) == 0) {
-      const size_t dot = t.name.find('.', 4);
-      int64_t il = -1;
-      try {
-        il = std::stoll(t.name.substr(4, dot - 4));
-      } catch (const std::exception&) {
-      }
-      if (il < 0 || il >= hp.n_layer) continue;
+    if (const int64_t il = tensor_layer_index(t.name); il >= 0) {
       // (A MoE layer's experts count whole: a batched step reads most of them.)
-      layer_bytes[size_t(il)] += int64_t(t.n_bytes);
+      if (il < hp.n_layer) layer_bytes[size_t(il)] += int64_t(t.n_bytes);
     } else if (t.name == "output.weight") {
       output = int64_t(t.n_bytes);
     } else if (t.name == "token_embd.weight") {

@@ -441,6 +441,14 @@ std::string GgufFile::get_string(const std::string& key, const std::string& fall
   return v ? v->as_string(path_ + ": " + key) : fallback;
 }
 
+int64_t tensor_layer_index(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  int64_t il = 0;
+  size_t i = 4;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && il < (int64_t(1) << 40); ++i) il = il * 10 + (name[i] - '0');
+  return i > 4 && i < name.size() && name[i] == '.' ? il : -1;
+}
+
 const GgufTensorInfo* GgufFile::find_tensor(const std::string& name) const {
   for (const auto& t : tensors_)
     if (t.name == name) return &t;

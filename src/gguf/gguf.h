@@ -63,6 +63,10 @@ struct GgufValue {
   std::string to_display(size_t max_items = 8) const;  // for `tern inspect`
 };
 
+// The layer N of a tensor named "blk.N.<rest>"; -1 for any other name (a global tensor, or a
+// malformed layer number).
+int64_t tensor_layer_index(const std::string& name);
+
 struct GgufTensorInfo {
   std::string name;
   DType type = DType::F32;

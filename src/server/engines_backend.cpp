@@ -1,5 +1,7 @@
 #include "server/engines_backend.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "engine/metrics_sum.h"
 
@@ -12,44 +14,42 @@ EnginesBackend::EnginesBackend(std::vector<Engine*> engines)
 
 uint64_t EnginesBackend::add_request(RequestParams params, OutputCallback on_output) {
   const size_t n = engines_.size();
-  size_t e = 0;
+  // The engines from the least loaded; among equals, the first after the last one chosen (so that
+  // a burst of requests arriving together spreads over the engines).
+  std::vector<size_t> order;
   {
-    // The least-loaded engine; among equals, the first after the last one chosen (so that a
-    // burst of requests arriving together spreads over the engines).
     std::lock_guard lock(route_mu_);
-    e = (last_ + 1) % n;
-    for (size_t k = 1; k < n; ++k) {
-      const size_t c = (last_ + 1 + k) % n;
-      if ((*unfinished_)[c].load() < (*unfinished_)[e].load()) e = c;
-    }
-    last_ = e;
+    for (size_t k = 1; k <= n; ++k) order.push_back((last_ + k) % n);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return (*unfinished_)[a].load() < (*unfinished_)[b].load(); });
+    last_ = order[0];
   }
   // Each completion of the request ends with one finished output; the request is done with the
-  // last of them.
-  auto remaining = std::make_shared<std::atomic<int>>(std::max(1, params.n));
-  std::atomic<int64_t>* unfinished = &(*unfinished_)[e];
-  const uint64_t stride = n, offset = e + 1;
-  OutputCallback forward = [on_output = std::move(on_output), remaining, counters = unfinished_, unfinished, stride,
-                            offset](const RequestOutput& o) {
-    if (o.finished && remaining->fetch_sub(1) == 1) unfinished->fetch_sub(1);
-    if (!on_output) return;
-    RequestOutput mine = o;
-    mine.request_id = (o.request_id - 1) * stride + offset;
-    on_output(mine);
-  };
-  unfinished->fetch_add(1);
-  uint64_t id = 0;
-  try {
-    id = engines_[e]->add_request(std::move(params), std::move(forward));
-  } catch (...) {
+  // last of them. A full queue ("not now") sends it to the next engine.
+  for (const size_t e : order) {
+    auto remaining = std::make_shared<std::atomic<int>>(std::max(1, params.n));
+    std::atomic<int64_t>* unfinished = &(*unfinished_)[e];
+    const uint64_t stride = n, offset = e + 1;
+    OutputCallback forward = [on_output, remaining, counters = unfinished_, unfinished, stride,
+                              offset](const RequestOutput& o) {
+      if (o.finished && remaining->fetch_sub(1) == 1) unfinished->fetch_sub(1);
+      if (!on_output) return;
+      RequestOutput mine = o;
+      mine.request_id = (o.request_id - 1) * stride + offset;
+      on_output(mine);
+    };
+    unfinished->fetch_add(1);
+    uint64_t id = 0;
+    try {
+      id = engines_[e]->add_request(params, std::move(forward));
+    } catch (...) {
+      unfinished->fetch_sub(1);
+      throw;
+    }
+    if (id != 0) return (id - 1) * stride + offset;
     unfinished->fetch_sub(1);
-    throw;
   }
-  if (id == 0) {
-    unfinished->fetch_sub(1);
-    return 0;
-  }
-  return (id - 1) * stride + offset;
+  return 0;
 }
 
 void EnginesBackend::abort(uint64_t request_id) {

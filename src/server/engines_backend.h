@@ -6,7 +6,7 @@
 // steps overlap as a step's micro-batches do.
 //
 // A request goes to the engine with the fewest unfinished requests (ties: the one after the
-// engine chosen last) and stays there; its ids are this backend's (engine e's request i is
+// engine chosen last; a full queue: the next engine) and stays there; its ids are this backend's (engine e's request i is
 // (i - 1) * n + e + 1), and its outputs carry them.
 #include <atomic>
 #include <memory>

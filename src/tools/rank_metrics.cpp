@@ -3,11 +3,12 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/stats.h"
 
 namespace tern {
 namespace {
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double now_s() { return double(now_ns()) * 1e-9; }  // the clock of dist::BusyInterval
 
 }  // namespace
 

@@ -156,3 +156,12 @@ TEST(GgufWriter, FreshOffsetsAreAlignedAndPacked) {
 
 }  // namespace
 }  // namespace tern::test
+TEST(TensorLayerIndex, OnlyBlkNumberDotNames) {
+  EXPECT_EQ(tern::tensor_layer_index("blk.0.attn_q.weight"), 0);
+  EXPECT_EQ(tern::tensor_layer_index("blk.27.ffn_down_exps.weight"), 27);
+  EXPECT_EQ(tern::tensor_layer_index("output.weight"), -1);
+  EXPECT_EQ(tern::tensor_layer_index("blk.x.attn_q.weight"), -1);
+  EXPECT_EQ(tern::tensor_layer_index("blk.12"), -1);
+  EXPECT_EQ(tern::tensor_layer_index("blk..weight"), -1);
+  EXPECT_EQ(tern::tensor_layer_index("blk.3a.weight"), -1);
+}

@@ -143,6 +143,26 @@ TEST(EnginesBackend, AFullEngineOrABadRequestIsNotCounted) {
   EXPECT_EQ(f.backend->load(), (std::vector<int64_t>{0, 0}));
 }
 
+TEST(EnginesBackend, AFullQueueSendsTheRequestToTheNextEngine) {
+  TERN_REQUIRE_SHARED(kModel);
+  Fixture f(2, /*max_waiting=*/1);
+  Outputs out;
+  const auto add = [&](const char* prompt) { return f.backend->add_request(f.greedy(prompt, 40), collect(out)); };
+  ASSERT_GT(add("Once upon a time"), 0u);
+  const size_t a = f.backend->load()[0] == 1 ? 0 : 1;  // the engine that took it
+  ASSERT_GT(add("The little dog"), 0u);               // the other one
+  f.engines[a]->step();                               // a's request runs: a's queue is free again
+  ASSERT_GT(add("Lily wanted to"), 0u);
+  EXPECT_EQ(f.backend->load()[a], 2);
+  f.engines[a]->step();
+  // The other engine is the least loaded, but its queue is full: the request goes to `a`.
+  EXPECT_GT(add("One day, a cat"), 0u);
+  EXPECT_EQ(f.backend->load()[a], 3);
+  EXPECT_EQ(f.backend->load()[1 - a], 1);
+  f.run_all();
+  EXPECT_EQ(out.finished.size(), 4u);
+}
+
 TEST(EnginesBackend, NCompletionsEndTheRequestOnce) {
   TERN_REQUIRE_SHARED(kModel);
   Fixture f(2);
