@@ -61,10 +61,15 @@ std::string markdown_table(const std::vector<CompareRow>& rows) {
   const bool have_ppl = std::any_of(rows.begin(), rows.end(), [](const CompareRow& r) { return r.ppl >= 0; });
   // Only when some method fell back: its format and bpw then describe a mix of types.
   const bool have_fallbacks = std::any_of(rows.begin(), rows.end(), [](const CompareRow& r) { return r.n_fallbacks > 0; });
+  const bool have_kld = std::any_of(rows.begin(), rows.end(), [](const CompareRow& r) { return r.kld >= 0; });
   std::string s = "| method | format | WM (MiB) | bpw | RM (MiB) | pp tok/s | tg tok/s | TTFT ms | TBT ms |";
   std::string sep = "|---|---|--:|--:|--:|--:|--:|--:|--:|";
   if (have_ppl) {
     s += " PPL | ΔPPL |";
+    sep += "--:|--:|";
+  }
+  if (have_kld) {
+    s += " KLD | same top |";
     sep += "--:|--:|";
   }
   if (have_fallbacks) {
@@ -82,6 +87,10 @@ std::string markdown_table(const std::vector<CompareRow>& rows) {
     if (have_ppl) {
       s.append("| ").append(r.ppl >= 0 ? fmt("%.4f", r.ppl) : "-").append(" ");
       s.append("| ").append(i == 0 || r.ppl < 0 ? "-" : fmt("%+.2f%%", r.ppl_delta_pct)).append(" ");
+    }
+    if (have_kld) {
+      s.append("| ").append(r.kld >= 0 ? fmt("%.5f", r.kld) : "-").append(" ");
+      s.append("| ").append(r.same_top_pct >= 0 ? fmt("%.2f%%", r.same_top_pct) : "-").append(" ");
     }
     if (have_fallbacks) {
       std::string cell;
@@ -121,6 +130,10 @@ nlohmann::json rows_json(const std::vector<CompareRow>& rows) {
       j["ppl_delta_pct"] = r.ppl_delta_pct;
     } else {
       j["ppl"] = nullptr;
+    }
+    if (r.kld >= 0) {
+      j["kld"] = r.kld;
+      j["same_top_pct"] = r.same_top_pct;
     }
     if (r.recon_ratio >= 0) j["recon_error_vs_rtn"] = r.recon_ratio;
     if (!r.notes.empty()) j["notes"] = r.notes;

@@ -34,6 +34,8 @@ struct CompareRow {
   double ppl = -1;             // < 0: not measured (--speed-only)
   double ppl_stderr = 0;
   double ppl_delta_pct = 0;    // vs the first row (the source)
+  double kld = -1;             // mean KL divergence of the next-token distributions from the first row's (< 0: none)
+  double same_top_pct = -1;    // how often this row and the first put the same token on top
   double quantize_s = 0;
   int n_fallbacks = 0;
   int n_converted = 0;         // tensors the method stored in a type of its choosing

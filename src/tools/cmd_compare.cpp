@@ -338,6 +338,22 @@ int cmd_compare(int argc, char** argv) {
   write_output_file(prompt_file, prompt);
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const std::string targs = threads > 0 ? " -t " + std::to_string(threads) : std::string();
+  // The first row's next-token distributions are the base the others' are compared with (KL
+  // divergence, same top token: tern ppl --kl-divergence), unless the file of its
+  // log-probabilities would be too large to write in passing.
+  const std::string kl_base = (dir / (fs::path(model).stem().string() + ".base.logp")).string();
+  bool with_kl = false;
+  if (!speed_only && methods.size() > 1) {
+    const int64_t n_text = int64_t(tok->encode(text, tok->add_bos_default()).size());
+    int64_t n_chunks = n_text / ctx;
+    if (ppl_chunks > 0) n_chunks = std::min(n_chunks, ppl_chunks);
+    const int64_t kl_bytes = n_chunks * (ctx - 1 - ctx / 2) * (4 * read_hparams(*src).n_vocab + 4);
+    with_kl = kl_bytes <= (int64_t(2) << 30);
+    if (!with_kl && !json)
+      std::fprintf(stderr, "tern compare: note: no KL divergence column: the first row's log-probabilities would take %s "
+                   "(give --ppl-chunks to score less)\n", format_bytes(kl_bytes).c_str());
+  }
+  bool kl_base_written = false;
 
   StagedProgress progress(!json);
   auto draw = [&](const std::string& label) { return progress.stage(label); };
@@ -448,12 +464,22 @@ int cmd_compare(int argc, char** argv) {
     row.tbt_ms = percentile(tbt, 50);
     if (!speed_only) {
       if (!json) std::fprintf(stderr, "%s: perplexity\n", methods[mi].c_str());
+      // The first row writes the base; the others compare with it when it was written.
+      const bool write_base = with_kl && mi == 0, compare = with_kl && mi > 0 && kl_base_written;
+      const std::string kl_args = write_base || compare ? " --kl-divergence-base " + shell_quote(kl_base) +
+                                                              (compare ? " --kl-divergence" : "")
+                                                        : std::string();
       const nlohmann::json j = run_child(self, "ppl -m " + shell_quote(out) + " -f " + shell_quote(ppl_file) +
                                                    " --ctx " + std::to_string(ctx) + " --chunks " +
-                                                   std::to_string(ppl_chunks) + targs);
+                                                   std::to_string(ppl_chunks) + targs + kl_args);
       row.ppl = j["ppl"].get<double>();
       row.ppl_stderr = j["ppl_stderr"].get<double>();
       if (!rows.empty() && rows[0].ppl > 0) row.ppl_delta_pct = 100.0 * (row.ppl / rows[0].ppl - 1.0);
+      kl_base_written |= write_base;
+      if (compare) {
+        row.kld = j["kl_divergence"]["kld"]["mean"].get<double>();
+        row.same_top_pct = j["kl_divergence"]["same_top_pct"].get<double>();
+      }
     }
     } catch (const Error& e) {
       // One method's failure (a training run, a child process) costs its row, not the table.

@@ -14,11 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/output_file.h"
 #include "core/read_file.h"
 #include "core/stats.h"
 #include "models/model.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/kl_divergence.h"
 #include "tools/model_args.h"
 #include "tools/progress.h"
 
@@ -38,8 +40,49 @@ double log_prob(const float* row, int64_t V, int32_t next, const std::string& mo
   return lp;
 }
 
+// --kl-divergence-base FILE [--kl-divergence]: each scored position's log-probabilities are
+// written to FILE, or (with --kl-divergence) compared with FILE's (kl_divergence.h).
+struct KlOptions {
+  std::string base;      // "" none
+  bool compare = false;  // read `base` instead of writing it
+};
+
+class KlRun {
+ public:
+  KlRun(const KlOptions& o, int64_t n_vocab, int64_t n_positions, std::string model)
+      : model_(std::move(model)), n_vocab_(n_vocab), lp_(size_t(n_vocab)) {
+    if (o.compare) reader_ = std::make_unique<LogProbReader>(o.base, n_vocab);
+    else writer_ = std::make_unique<LogProbWriter>(o.base, n_vocab, n_positions);
+  }
+  // One scored position: its row of logits and the token that came.
+  void add(const float* logits, int32_t next, int64_t at) {
+    log_softmax_row(logits, n_vocab_, lp_.data(), model_, at);
+    if (writer_) writer_->add(next, lp_.data());
+    else stats_.add(reader_->next(next), lp_.data(), n_vocab_, next);
+  }
+  // Commits the written file, or checks the base was read to its end; adds the comparison to
+  // `j` and prints it unless json.
+  void finish(nlohmann::json& j, bool json) {
+    if (writer_) {
+      writer_->commit();
+      return;
+    }
+    reader_->expect_end();
+    j["kl_divergence"] = stats_.json();
+    if (!json) std::printf("%s", stats_.summary().c_str());
+  }
+
+ private:
+  std::string model_;
+  int64_t n_vocab_;
+  std::vector<float> lp_;
+  std::unique_ptr<LogProbWriter> writer_;
+  std::unique_ptr<LogProbReader> reader_;
+  KlStats stats_;
+};
+
 int ppl_long(ModelArgs margs, std::shared_ptr<const GgufFile> file, const std::string& text, int64_t seg,
-             int64_t n_long, bool batch_given, bool json) {
+             int64_t n_long, bool batch_given, bool json, const KlOptions& kl_opts) {
   const KvPolicy policy = margs.kv_policy_config();
   margs.ctx = policy.evicts() ? seg : n_long;
   if (!batch_given) margs.batch = 1;
@@ -56,6 +99,8 @@ int ppl_long(ModelArgs margs, std::shared_ptr<const GgufFile> file, const std::s
   std::vector<int64_t> seg_count(size_t(n_seg), 0);
   double nll = 0;
   int64_t peak_resident = 0;
+  std::unique_ptr<KlRun> kl;
+  if (!kl_opts.base.empty()) kl = std::make_unique<KlRun>(kl_opts, V, n_long - 1, margs.model);
   Progress progress("ppl", n_long, !json);
   const int64_t t0 = now_ns();
   for (int64_t i = 0; i + 1 < n_long; i += margs.batch) {
@@ -64,6 +109,7 @@ int ppl_long(ModelArgs margs, std::shared_ptr<const GgufFile> file, const std::s
     peak_resident = std::max(peak_resident, session.n_resident());
     for (int64_t j = 0; j < m; ++j) {
       const double lp = log_prob(logits + j * V, V, tokens[size_t(i + j + 1)], margs.model, i + j);
+      if (kl) kl->add(logits + j * V, tokens[size_t(i + j + 1)], i + j);
       nll -= lp;
       seg_nll[size_t((i + j) / seg)] -= lp;
       ++seg_count[size_t((i + j) / seg)];
@@ -78,6 +124,8 @@ int ppl_long(ModelArgs margs, std::shared_ptr<const GgufFile> file, const std::s
     segs.push_back({{"first", k * seg + 1},
                     {"last", k * seg + seg_count[size_t(k)]},
                     {"ppl", std::exp(seg_nll[size_t(k)] / double(seg_count[size_t(k)]))}});
+  nlohmann::json kl_json = nlohmann::json::object();
+  if (kl) kl->finish(kl_json, json);
   if (json) {
     nlohmann::json j = {{"ppl", ppl},
                         {"n_tokens", n_long},
@@ -91,6 +139,7 @@ int ppl_long(ModelArgs margs, std::shared_ptr<const GgufFile> file, const std::s
                         {"n_evicted", session.n_evicted()},
                         {"seconds", seconds},
                         {"peak_rss_bytes", peak_rss_bytes()}};
+    j.update(kl_json);
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -127,7 +176,23 @@ int cmd_ppl(int argc, char** argv) {
       ->check(CLI::Range(int64_t(8), int64_t(1) << 20));
   app.add_option("--chunks", max_chunks, "score at most this many chunks (-1: all)");
   app.add_flag("--json", json, "print one JSON object");
+  KlOptions kl_opts;
+  app.add_option("--kl-divergence-base", kl_opts.base,
+                 "write every scored position's log-probabilities to FILE (the base of a later --kl-divergence run; "
+                 "4 x n_vocab bytes a position)");
+  app.add_flag("--kl-divergence", kl_opts.compare,
+               "compare this run's distributions with --kl-divergence-base FILE's: KL divergence, same top token, "
+               "change in the next token's probability (the same text, --ctx, --chunks / --long)");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  if (kl_opts.compare && kl_opts.base.empty()) {
+    std::fprintf(stderr, "tern ppl: --kl-divergence compares with a base: give --kl-divergence-base FILE (written "
+                         "by a run without --kl-divergence)\n");
+    return 2;
+  }
+  if (!kl_opts.base.empty() && !kl_opts.compare) {  // before the slow part, and never over an input
+    check_output_path(kl_opts.base);
+    check_output_not_input(kl_opts.base, {margs.model, text_file, margs.tokenizer_bin});
+  }
   if (max_chunks == 0 || max_chunks < -1) {  // 0 chunks score nothing: the figure would be NaN
     std::fprintf(stderr, "tern ppl: --chunks must be -1 (every chunk) or at least 1, got %lld\n",
                  static_cast<long long>(max_chunks));
@@ -140,7 +205,8 @@ int cmd_ppl(int argc, char** argv) {
   std::shared_ptr<const GgufFile> file = open_model_file(margs.model, margs.tokenizer_bin);
   const int64_t n_ctx_train = read_hparams(*file).n_ctx_train;
   if (app.count("--ctx") == 0) n_ctx = std::max<int64_t>(8, std::min(n_ctx, n_ctx_train));
-  if (n_long > 0) return ppl_long(margs, std::move(file), text, n_ctx, n_long, app.count("--batch") > 0, json);
+  if (n_long > 0)
+    return ppl_long(margs, std::move(file), text, n_ctx, n_long, app.count("--batch") > 0, json, kl_opts);
   if (margs.kv_policy_config().evicts())
     fail("--kv-policy evicts tokens of a sequence, which a chunk of --ctx tokens never outgrows: use --long N");
   if (n_ctx > n_ctx_train)
@@ -168,6 +234,8 @@ int cmd_ppl(int argc, char** argv) {
   const int64_t first = n_ctx / 2;
   double nll = 0, nll2 = 0;
   int64_t count = 0;
+  std::unique_ptr<KlRun> kl;
+  if (!kl_opts.base.empty()) kl = std::make_unique<KlRun>(kl_opts, V, n_chunks * (n_ctx - 1 - first), margs.model);
   std::vector<int32_t> chunk(static_cast<size_t>(n_ctx));
   Progress progress("ppl", n_chunks, !json);
   const int64_t t0 = now_ns();
@@ -186,6 +254,7 @@ int cmd_ppl(int argc, char** argv) {
       if (!std::isfinite(lp))
         fail(margs.model, " gave non-finite logits (NaN or Inf) in chunk ", c + 1, " at position ", j,
              ": its weights or activations overflow");
+      if (kl) kl->add(row, chunk[size_t(j + 1)], c * n_ctx + j);
       nll -= lp;
       nll2 += lp * lp;
       ++count;
@@ -200,17 +269,21 @@ int cmd_ppl(int argc, char** argv) {
   const double var = nll2 / double(count) - mean_nll * mean_nll;
   const double ppl_err = count > 1 ? ppl * std::sqrt(std::max(0.0, var) / double(count - 1)) : 0.0;
   const double tok_s = double(n_chunks * n_ctx) / seconds;
+  nlohmann::json kl_json = nlohmann::json::object();
+  if (kl && json) kl->finish(kl_json, json);
   if (json) {
     nlohmann::json j = {{"ppl", ppl},         {"ppl_stderr", ppl_err}, {"n_chunks", n_chunks},
                         {"n_ctx", n_ctx},     {"n_scored", count},     {"n_tokens", tokens.size()},
                         {"seconds", seconds}, {"tok_s", tok_s},        {"peak_rss_bytes", peak_rss_bytes()}};
     if (const SparseFfn* sp = ls.session->model().sparse_ffn()) j["sparse_ffn"] = sparse_ffn_json(*sp);
+    j.update(kl_json);
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("ppl %.4f +/- %.5f  (%lld chunks of %lld tokens, %lld scored, %.1f s, %.0f tok/s)\n", ppl, ppl_err,
                 static_cast<long long>(n_chunks), static_cast<long long>(n_ctx), static_cast<long long>(count),
                 seconds, tok_s);
     if (const SparseFfn* sp = ls.session->model().sparse_ffn()) std::printf("%s\n", sparse_ffn_summary(*sp).c_str());
+    if (kl) kl->finish(kl_json, json);
   }
   return 0;
 }

@@ -292,6 +292,18 @@ int run_kv_compare(const KvCompareOptions& o, const std::vector<KvCompareEntry>&
   const std::string targs = o.threads > 0 ? " -t " + std::to_string(o.threads) : std::string();
   const std::string q_model = compare_shell_quote(o.model);
 
+  // The first entry's distributions are the base the others' are compared with (KL divergence,
+  // same top token: tern ppl --kl-divergence), unless the file of its log-probabilities would
+  // be too large to write in passing.
+  const int64_t kl_bytes = (n_long - 1) * (4 * hp.n_vocab + 4);
+  const bool with_kl = entries.size() > 1 && kl_bytes <= (int64_t(2) << 30);
+  const std::string kl_base = (dir / "base.logp").string();
+  if (entries.size() > 1 && !with_kl)
+    std::fprintf(stderr,
+                 "tern compare: note: no KL divergence column: the first entry's log-probabilities would take %s "
+                 "(%lld positions x %lld tokens)\n",
+                 format_bytes(kl_bytes).c_str(), static_cast<long long>(n_long - 1), static_cast<long long>(hp.n_vocab));
+
   nlohmann::json rows = nlohmann::json::array();
   const size_t n = entries.size();
   for (size_t i = 0; i < n; ++i) {
@@ -306,8 +318,10 @@ int run_kv_compare(const KvCompareOptions& o, const std::vector<KvCompareEntry>&
     };
     std::fprintf(stderr, "%s: perplexity of %lld tokens as one sequence (kv %s, policy %s)\n", tag.c_str(),
                  static_cast<long long>(n_long), e.kv_type.c_str(), e.policy.c_str());
+    const std::string kl_args =
+        !with_kl ? std::string() : str_cat(" --kl-divergence-base ", compare_shell_quote(kl_base), i ? " --kl-divergence" : "");
     const nlohmann::json p = child(str_cat("ppl -m ", q_model, " -f ", compare_shell_quote(o.text_file), " --ctx ", ctx,
-                                           " --long ", n_long, e.child_args(), targs));
+                                           " --long ", n_long, e.child_args(), targs, kl_args));
     // Without a policy the cache holds the prompt and every generated token; with one, --ctx is
     // the context its capacity is taken from and the sequence grows past it.
     const int64_t run_ctx = e.policy == "none" ? std::max(ctx, n_prompt + n_gen + 1) : ctx;
@@ -346,6 +360,7 @@ int run_kv_compare(const KvCompareOptions& o, const std::vector<KvCompareEntry>&
                           {"decode_ctx", run_ctx},
                           {"decode_kv_bytes", m["kv_bytes"]},
                           {"decode_peak_rss_bytes", m["peak_rss_bytes"]}};
+    if (p.contains("kl_divergence")) row["kl_divergence"] = p["kl_divergence"];
     if (!rows.empty()) {
       const double base = rows[0]["ppl"].get<double>();
       row["ppl_delta"] = ppl - base;
@@ -362,7 +377,8 @@ int run_kv_compare(const KvCompareOptions& o, const std::vector<KvCompareEntry>&
   } else {
     const int64_t shown_prompt = rows[0]["decode_prompt_tokens"].get<int64_t>();
     std::vector<std::vector<std::string>> t = {{"entry", "kv", "policy", "bytes/token", "KV tokens", "peak KV", "ppl",
-                                                "Δppl vs first", str_cat("decode tok/s @", shown_prompt), "peak RSS"}};
+                                                "Δppl vs first", "KLD vs first", "same top", str_cat("decode tok/s @", shown_prompt),
+                                                "peak RSS"}};
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
       char ppl[32], tg[32];
@@ -371,18 +387,28 @@ int run_kv_compare(const KvCompareOptions& o, const std::vector<KvCompareEntry>&
       const std::string delta = i == 0 ? std::string("baseline")
                                        : signed_fixed(r["ppl_delta"].get<double>(), 4) + " (" +
                                              signed_fixed(r["ppl_delta_pct"].get<double>(), 2) + "%)";
+      std::string kld = i == 0 ? std::string("baseline") : std::string("-"), top = kld;
+      if (r.contains("kl_divergence")) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%.5f", r["kl_divergence"]["kld"]["mean"].get<double>());
+        kld = b;
+        std::snprintf(b, sizeof b, "%.2f%%", r["kl_divergence"]["same_top_pct"].get<double>());
+        top = b;
+      }
       t.push_back({r["entry"].get<std::string>(),
                    r["kv_type"].get<std::string>() + (r["kv_type_default"].get<bool>() ? "*" : ""),
                    r["policy"].get<std::string>(), str_cat(r["bytes_per_token"].get<int64_t>(), " B"),
-                   str_cat(r["kv_capacity"].get<int64_t>()), format_bytes(r["kv_bytes"].get<int64_t>()), ppl, delta, tg,
-                   format_bytes(r["peak_rss_bytes"].get<int64_t>())});
+                   str_cat(r["kv_capacity"].get<int64_t>()), format_bytes(r["kv_bytes"].get<int64_t>()), ppl, delta, kld,
+                   top, tg, format_bytes(r["peak_rss_bytes"].get<int64_t>())});
     }
-    std::printf("%s", aligned_table(t, {false, false, false, true, true, true, true, true, true, true}).c_str());
+    std::printf("%s",
+                aligned_table(t, {false, false, false, true, true, true, true, true, true, true, true, true}).c_str());
     if (any_default_type)
       std::printf("* f16: the K/V type of a policy entry without TYPE+ (e.g. q8_0+streaming-%lld for another)\n",
                   static_cast<long long>(ctx / 2));
     std::printf("ppl: the first %lld tokens of %s as one sequence, a token a step (tern ppl --long %lld --ctx %lld); "
-                "KV tokens: the cache's capacity; decode: %lld tokens greedily after a %lld-token prompt, median of %d "
+                "KV tokens: the cache's capacity; KLD: mean KL divergence of each position's next-token distribution from the "
+                "first entry's, same top: how often both put the same token first; decode: %lld tokens greedily after a %lld-token prompt, median of %d "
                 "run%s; peak RSS: the ppl run's\n",
                 static_cast<long long>(n_long), o.text_file.c_str(), static_cast<long long>(n_long),
                 static_cast<long long>(ctx), static_cast<long long>(n_gen), static_cast<long long>(shown_prompt), o.reps,

@@ -75,6 +75,19 @@ TEST(KvCompare, OneRowPerEntryWithExactBytesAndCloseQ8Perplexity) {
   EXPECT_FALSE(j[4]["kv_type_default"].get<bool>());
   EXPECT_EQ(j[4]["bytes_per_token"].get<int64_t>(), q8);
   EXPECT_TRUE(contains(j[4]["policy"].get<std::string>(), "h2o")) << j[4]["policy"];
+  // Every row after the first is compared with the first's distributions (tern ppl
+  // --kl-divergence): q8_0 a little, q4_0 more, the policies (which evicted tokens) not at all
+  // like the full cache.
+  EXPECT_FALSE(j[0].contains("kl_divergence"));
+  for (size_t i = 1; i < j.size(); ++i) {
+    ASSERT_TRUE(j[i].contains("kl_divergence")) << names[i];
+    EXPECT_EQ(j[i]["kl_divergence"]["n_positions"].get<int64_t>(), 63) << names[i];
+    EXPECT_NEAR(j[i]["kl_divergence"]["ppl_base"].get<double>(), p16, p16 * 1e-4) << names[i];
+  }
+  const double kl8 = j[1]["kl_divergence"]["kld"]["mean"], kl4 = j[2]["kl_divergence"]["kld"]["mean"];
+  EXPECT_GT(kl8, 0.0);
+  EXPECT_GT(kl4, kl8);
+  EXPECT_GT(j[3]["kl_divergence"]["kld"]["mean"].get<double>(), kl8);
   // The decode test: --gen-tokens after a prompt filling the rest of the context.
   EXPECT_EQ(j[0]["decode_gen_tokens"].get<int64_t>(), 8);
   EXPECT_NEAR(j[0]["decode_prompt_tokens"].get<double>(), 64 - 8 - 1, 2);
@@ -84,7 +97,8 @@ TEST(KvCompare, PrintsAnAlignedTable) {
   REQUIRE_STORIES();
   const Result r = tern(base_args() + " --kv f32,h2o-50");
   ASSERT_EQ(r.rc, 0) << r.err;
-  for (const char* s : {"entry", "bytes/token", "peak KV", "Δppl vs first", "decode tok/s @", "peak RSS", "baseline",
+  for (const char* s : {"entry", "bytes/token", "peak KV", "Δppl vs first", "KLD vs first", "same top",
+                        "decode tok/s @", "peak RSS", "baseline",
                         "1280 B", "640 B", "f16*", "h2o (budget 50%"})
     EXPECT_TRUE(contains(r.out, s)) << s << " not in\n" << r.out;
   EXPECT_TRUE(contains(r.err, "[2/2] h2o-50")) << r.err;  // a progress line per row
