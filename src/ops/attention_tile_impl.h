@@ -729,7 +729,9 @@ struct QRow {
   const uint8_t* row;
   int64_t e;
   QRow operator+(int64_t k) const { return {row, e + k}; }
-  const uint8_t* block(int64_t at) const { return row + at / kKvQuantBlock * Q::kBlockBytes; }
+  // (Element indices are never negative: unsigned division is a shift, with no sign fix-up.)
+  const uint8_t* block(int64_t at) const { return row + uint64_t(at) / kKvQuantBlock * Q::kBlockBytes; }
+  int64_t in_block(int64_t at) const { return int64_t(uint64_t(at) % kKvQuantBlock); }
   static float scale(const uint8_t* b) {
     uint16_t dh;
     __builtin_memcpy(&dh, b, 2);
@@ -737,14 +739,14 @@ struct QRow {
   }
   float operator[](int64_t k) const {
     const uint8_t* b = block(e + k);
-    return Q::element(b, (e + k) % kKvQuantBlock, scale(b));
+    return Q::element(b, in_block(e + k), scale(b));
   }
 };
 // 8 elements from e (a multiple of 8: they lie in one block); 16 as two such pieces.
 template <class Q>
 inline V8 kv_load8(QRow<Q> p) {
   const uint8_t* b = p.block(p.e);
-  return Q::load8(b, p.e % kKvQuantBlock, QRow<Q>::scale(b));
+  return Q::load8(b, p.in_block(p.e), QRow<Q>::scale(b));
 }
 // 16 elements of a decoding row (QRow, KiviRow) as two 8-element loads.
 template <class Row>

@@ -17,18 +17,34 @@ void q8_0_to_float(const void* src, float* dst, int64_t n) {
   }
 }
 
+namespace {
+// roundf(v) as an integer, for |v| < 2^31: truncate, then step away from zero when the part cut
+// off is at least a half. v - t is exact (t is v without its fraction), so this is roundf bit
+// for bit; it compiles inline (and vectorizes) where roundf is a library call, which the K/V
+// cache pays on every token it stores.
+inline int round_half_away(float v) {
+  const int t = int(v);
+  const float cut = v - float(t);
+  return t + int(cut >= 0.5f) - int(cut <= -0.5f);
+}
+}  // namespace
+
 // d = amax / 127 (kept in f32 for the division, stored as f16), q = roundf(x / d): ties away
-// from zero, as llama.cpp's roundf.
+// from zero, as llama.cpp's roundf. |x * id| <= 127 (plus rounding), inside round_half_away's
+// range. amax skips NaNs as fmax does (a NaN compares false).
 void q8_0_from_float(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ8_0*>(dst);
   for (int64_t ib = 0; ib < n / 32; ++ib) {
     const float* x = src + ib * 32;
     float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    for (int j = 0; j < 32; ++j) {
+      const float a = std::fabs(x[j]);
+      amax = a > amax ? a : amax;
+    }
     const float d = amax / 127.0f;
     const float id = d ? 1.0f / d : 0.0f;
     b[ib].d = f32_to_fp16(d);
-    for (int j = 0; j < 32; ++j) b[ib].qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+    for (int j = 0; j < 32; ++j) b[ib].qs[j] = static_cast<int8_t>(round_half_away(x[j] * id));
   }
 }
 

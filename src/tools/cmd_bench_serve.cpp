@@ -132,6 +132,9 @@ struct RunStats {
   int64_t n_in = 0, n_out = 0, n_cached = 0, n_failed = 0;
   double waste_pct = 0, hit_rate = 0;
   int64_t preempted = 0, kv_used_peak = 0, max_running_seen = 0;
+  // Sequences running while requests wait (the arena, not the offered load, is the limit),
+  // averaged over those steps' time; 0 when no request ever waited.
+  double running_while_waiting = 0;
   int64_t n_good = 0, good_tokens = 0, tbt_within = 0, steps_over = 0, steps_cut = 0;
   int64_t drafted = 0, accepted = 0, spec_steps = 0;  // this run's requests (not the warm-up's)
   double req_s = 0, out_tok_s = 0, total_tok_s = 0, goodput_req_s = 0, goodput_tok_s = 0;
@@ -176,6 +179,7 @@ RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, s
   int64_t next = 0, n_done = 0, in_flight = 0;
   double waste_sum = 0;
   int64_t waste_samples = 0;
+  double waiting_ms = 0, running_ms = 0;  // step time with requests waiting, and running x that time
   const int64_t t0 = now_ns();
   int64_t t_end = t0;
   while (n_done < num_prompts) {
@@ -212,8 +216,13 @@ RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, s
     }
     const int64_t t_step = now_ns();
     if (engine.step()) {
-      st.step_ms.push_back(double(now_ns() - t_step) / 1e6);
+      const double step_ms = double(now_ns() - t_step) / 1e6;
+      st.step_ms.push_back(step_ms);
       const EngineMetrics m = engine.metrics();
+      if (m.n_waiting > 0) {
+        waiting_ms += step_ms;
+        running_ms += step_ms * double(m.n_running);
+      }
       if (m.n_running > 0) {
         waste_sum += m.kv_waste_pct;
         ++waste_samples;
@@ -227,6 +236,7 @@ RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, s
     }
   }
   st.duration_s = double(t_end - t0) / 1e9;
+  st.running_while_waiting = waiting_ms > 0 ? running_ms / waiting_ms : 0;
   st.m = engine.metrics();
   const EngineMetrics& m = st.m;
 
@@ -685,6 +695,7 @@ int cmd_bench_serve(int argc, char** argv) {
     j["prefix_hit_rate"] = st.hit_rate;
     j["preemptions"] = st.preempted;
     j["max_running"] = st.max_running_seen;
+    j["mean_running_while_waiting"] = st.running_while_waiting;
     j["peak_rss_bytes"] = rss;
     // Only with a drafter, so that a plain benchmark's report is what it always was.
     if (speculative) add_spec_json(j, st);
@@ -777,7 +788,7 @@ int cmd_bench_serve(int argc, char** argv) {
       "steps p50/p90/p99/max   %10.2f / %.2f / %.2f / %.2f ms   (%lld steps, %lld over the target, %lld with prefill cut)\n"
       "step-cost model error   %10.1f %% median, %.1f %% p90\n"
       "goodput                 %10.2f req/s   %.2f tok/s   (%lld of %lld requests met %s)\n"
-      "running at once (max)   %10lld\n"
+      "running at once (max)   %10lld   (mean while requests wait %.1f)\n"
       "KV arena                %10s (%lld blocks x %lld tokens), peak used %s\n"
       "KV per token            %10s   recurrent state per sequence %s\n"
       "KV waste (mean)         %10.2f %%   (allocated but unfilled slots)\n"
@@ -797,7 +808,7 @@ int cmd_bench_serve(int argc, char** argv) {
       static_cast<long long>(step_ms.size()), static_cast<long long>(st.steps_over), static_cast<long long>(st.steps_cut),
       100 * m.step_cost_error_p50, 100 * m.step_cost_error_p90, st.goodput_req_s, st.goodput_tok_s,
       static_cast<long long>(st.n_good), static_cast<long long>(num_prompts), slo_desc.c_str(),
-      static_cast<long long>(st.max_running_seen),
+      static_cast<long long>(st.max_running_seen), st.running_while_waiting,
       format_bytes(m.kv_bytes).c_str(), static_cast<long long>(m.kv_blocks_total),
       static_cast<long long>(kv_block_size), format_bytes(st.kv_used_peak * block_bytes).c_str(),
       format_bytes(kv_per_token).c_str(), format_bytes(state_per_seq).c_str(), st.waste_pct, 100.0 * st.hit_rate, static_cast<long long>(st.preempted), format_bytes(rss).c_str());

@@ -76,6 +76,28 @@ TEST(QuantRoundTrip, Q8_0WithinHalfStep) {
   }
 }
 
+// The quants are roundf(x / d) exactly, ties away from zero (llama.cpp's rule), including
+// values a half apart from an integer and the floats either side of such halves.
+TEST(QuantRoundTrip, Q8_0RoundsHalvesAwayFromZeroAsRoundf) {
+  std::vector<float> x;
+  std::mt19937 rng(7);
+  for (int blk = 0; blk < 64; ++blk) {
+    // amax 127 makes d = 1 and id = 1: each quant is roundf of the value itself.
+    x.push_back(blk % 2 ? 127.0f : -127.0f);
+    for (int j = 1; j < 32; ++j) {
+      const float half = float(int(rng() % 253) - 126) + 0.5f;  // -125.5 .. 126.5
+      const int pick = int(rng() % 3);
+      x.push_back(pick == 0 ? half : std::nextafter(half, pick == 1 ? 200.0f : -200.0f));
+    }
+  }
+  const auto r = round_trip(DType::Q8_0, x);
+  const auto* b = reinterpret_cast<const BlockQ8_0*>(r.blocks.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(fp16_to_f32(b[i / 32].d), 1.0f);
+    ASSERT_EQ(int(b[i / 32].qs[i % 32]), int(std::roundf(x[i]))) << "x = " << x[i];
+  }
+}
+
 TEST(QuantRoundTrip, Q4_0WithinOneStep) {
   for (uint32_t seed = 1; seed <= 3; ++seed) {
     const auto x = gaussian(kN, seed);
