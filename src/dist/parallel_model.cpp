@@ -181,19 +181,45 @@ struct Executor {
     }
   }
 
+  // Rank 0's part of a step failed. With tensor parallelism its peers may be inside a collective
+  // of this step that rank 0 will never join, and nothing can bring them out of it: the job ends
+  // with the message (as a worker's failure ends it) instead of hanging or pairing the peers'
+  // collectives with the next step's. A pipeline of one rank per stage can finish the step
+  // (run_stage) and goes on.
+  void end_job_if_mid_collective(const std::exception& e) const {
+    if (rank != 0 || layout.tp == 1) return;
+    std::fprintf(stderr, "tern: rank 0: error in a tensor-parallel step, which its peers cannot finish: %s\n", e.what());
+    std::fflush(stderr);
+    abort_all(1);
+  }
+  // Tests: TERN_TEST_FAIL_PIPELINE_STEP=N makes rank 0's N-th pipelined step fail in its second
+  // micro-batch (its first when it has one), after the first was passed on.
+  bool injected_failure_due() const {
+    static const int64_t at = [] {
+      const char* v = std::getenv("TERN_TEST_FAIL_PIPELINE_STEP");
+      return v && *v ? std::atoll(v) : int64_t(0);
+    }();
+    return at > 0 && step + 1 == at;
+  }
+
   // Runs one step on this rank. logits: rank 0's output ([n_logit_rows, n_vocab]); others
   // pass nullptr.
   void run(Model& model, std::span<const SeqBatch> seqs, KvStore& kv, float* logits, ThreadPool& pool) {
     if (layout.pp == 1) {
       const int64_t T = n_tokens(seqs);
       if (T == 0) return;
-      model.reserve(T);
-      if (!logits) {  // every tensor-parallel rank computes the gathered logits; rank 0 keeps them
-        scratch_logits.resize(size_t(n_logit_rows(seqs) * model.hparams().n_vocab));
-        logits = scratch_logits.data();
-      }
       const double t0 = now_s();
-      model.forward(seqs, kv, logits, pool);
+      try {
+        model.reserve(T);
+        if (!logits) {  // every tensor-parallel rank computes the gathered logits; rank 0 keeps them
+          scratch_logits.resize(size_t(n_logit_rows(seqs) * model.hparams().n_vocab));
+          logits = scratch_logits.data();
+        }
+        model.forward(seqs, kv, logits, pool);
+      } catch (const std::exception& e) {
+        end_job_if_mid_collective(e);
+        throw;
+      }
       record(0, T, t0);
       ++step;
       return;
@@ -237,7 +263,6 @@ struct Executor {
     reap_sends();
     const int64_t T = n_tokens(seqs);
     if (T == 0) return nullptr;
-    model.reserve(T);
     const int64_t V = model.hparams().n_vocab, E = model.hparams().n_embd;
     std::unique_ptr<Flight> f;
     if (spare.empty()) {
@@ -268,7 +293,30 @@ struct Executor {
       std::vector<float>& l = f->ls[i];
       if (s == last) l.resize(mb.logit_rows.size() * size_t(V));
       const double t0 = now_s();
-      model.forward_stage(mb.seqs, kv, x.data(), s == last ? l.data() : nullptr, pool);
+      try {
+        if (i == 0) model.reserve(T);
+        if (rank == 0 && i == std::min<size_t>(1, m - 1) && injected_failure_due())
+          fail("a failure injected into pipelined step ", step + 1, " (TERN_TEST_FAIL_PIPELINE_STEP)");
+        model.forward_stage(mb.seqs, kv, x.data(), s == last ? l.data() : nullptr, pool);
+      } catch (const std::exception& e) {
+        // Rank 0 (a worker's failure ends the job): the later stages are waiting for micro-batches
+        // i.. of this step. Left so, they would take the next step's activations for these
+        // (silently wrong tokens where the sizes match). They get zeros instead, whose logits are
+        // dropped, so the step ends on every rank and only its requests fail (the engine rolls
+        // the step back).
+        if (rank != 0) throw;
+        end_job_if_mid_collective(e);
+        for (size_t k = i; k < m; ++k) {
+          f->xs[k].assign(size_t(f->mbs[k].n_tokens * E), 0.0f);
+          f->pending.push_back(w.isend(f->xs[k].data(), int64_t(f->xs[k].size() * sizeof(float)),
+                                       layout.rank_of(s + 1, r), kTagActivations + int(k)));
+        }
+        for (Comm::Request q : f->pending) w.wait(q);
+        f->pending.clear();
+        recycle(std::move(f));
+        ++step;
+        throw;
+      }
       record(int(i), mb.n_tokens, t0);
       if (s < last)
         f->pending.push_back(w.isend(x.data(), int64_t(x.size() * sizeof(float)), layout.rank_of(s + 1, r),
@@ -345,7 +393,14 @@ struct Executor {
       }
     mass_parts.assign(size_t(total), 0.0f);
     for (size_t i = 0; i < seqs.size(); ++i) seqs[i].key_mass = at[i] >= 0 ? mass_parts.data() + at[i] : nullptr;
-    run(model, seqs, kv, logits, pool);
+    try {
+      run(model, seqs, kv, logits, pool);
+    } catch (...) {
+      // Rank 0 (a worker's failure ends the job): the step's pipeline was completed (run_stage),
+      // and the workers now sum the masses, so rank 0 takes part before it reports the error.
+      if (total > 0) world().all_reduce_sum(mass_parts.data(), total);
+      throw;
+    }
     if (total == 0) return;
     world().all_reduce_sum(mass_parts.data(), total);
     for (size_t i = 0; i < seqs.size(); ++i)

@@ -354,6 +354,20 @@ TEST_F(Mpi, ADyingRankEndsTheJobWithoutAHang) {
   EXPECT_NE(r.err.find("signal 9"), std::string::npos) << r.err;
 }
 
+TEST_F(Mpi, AFailedPipelineStepEndsTheRunWithItsMessageWithoutAHang) {
+  // Rank 0's stage fails in the third step's second micro-batch (injected): the later stage
+  // still gets the step's micro-batches (zeros), so the workers finish it and exit when rank 0
+  // reports the error. Before, they waited for the rest of the step forever.
+  TernResult r;
+  r.rc = run_command(mpirun_prefix() + " -x TERN_TEST_FAIL_PIPELINE_STEP=3 -np 2 " +
+                         TERN_BINARY + " run -m " + real_model_path() +
+                         " -p 'Once upon a time' -n 8 --pp 2 --micro-batches 2 -t 1 --temp 0",
+                     &r.out, &r.err);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.rc, 124) << "the job hung after a failed step";
+  EXPECT_NE(r.err.find("a failure injected into pipelined step 3"), std::string::npos) << r.err;
+}
+
 // tern batch: one rank here, two under mpirun (the same completions, both ranks working).
 struct Batch : ::testing::Test {
   void SetUp() override { dir_ = make_temp_dir("tern_batch"); }

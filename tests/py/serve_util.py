@@ -24,11 +24,12 @@ class ServerProcess:
     """Runs `cmd`; url is the first `listening on http://127.0.0.1:PORT` (followed by `suffix`)
     in its output, or RuntimeError with the log's tail after `timeout` seconds or an early exit."""
 
-    def __init__(self, cmd, timeout, suffix=""):
+    def __init__(self, cmd, timeout, suffix="", env=None):
         self.dir = tempfile.mkdtemp(prefix="tern_server_")
         self.log_path = os.path.join(self.dir, "log")
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=None if env is None else {**os.environ, **env})
         self.url = None
         pattern = re.compile(r"listening on (http://127\.0\.0\.1:\d+)" + re.escape(suffix))
         end = time.time() + timeout

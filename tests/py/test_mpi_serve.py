@@ -32,12 +32,14 @@ def mpi_available():
 
 
 class Server(ServerProcess):
-    def __init__(self, np, flags):
+    def __init__(self, np, flags, env=None):
+        """env: variables for every rank (mpirun -x)."""
         self.np = np
+        env = env or {}
         cmd = ([TERN] if np == 0 else ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-               + ["-np", str(np), TERN])
+               + [a for k in env for a in ("-x", k)] + ["-np", str(np), TERN])
         super().__init__(cmd + ["serve", "-m", real_model(), "-t", "1", "--port", "0", "--kv-type", "f32", "--parallel",
-                                "4", *flags], TIMEOUT)
+                                "4", *flags], TIMEOUT, env=env or None)
 
     def post(self, path, body):
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
@@ -359,6 +361,25 @@ class MpiServeTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=TIMEOUT)
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("--pipeline-engines 2 needs a pipeline", r.stderr)
+
+    def test_a_failed_pipeline_step_fails_its_request_alone(self):
+        """Rank 0's stage of a pipelined step fails (injected: TERN_TEST_FAIL_PIPELINE_STEP) after
+        its first micro-batch went on. The ranks finish that step on zeros, its request gets the
+        error, and the next requests are answered as one process answers them: the later stage is
+        neither left waiting for the rest of the step nor a step behind. Under one engine and
+        under two (the pipeline engines' path)."""
+        for engines in ("1", "2"):
+            s = Server(2, ["--pp", "2", "--micro-batches", "2", "--pipeline-engines", engines, "--tbt-target-ms", "off"],
+                       env={"TERN_TEST_FAIL_PIPELINE_STEP": "2"})
+            try:
+                code, text = s.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24,
+                                                        "temperature": 0})
+                self.assertEqual(code, 500, text)
+                self.assertIn("a failure injected into pipelined step 2", text)
+                self.assertEqual(answers(s), self.want, engines)
+            finally:
+                rc = s.stop()
+                self.assertIsNotNone(rc, "mpirun did not end on SIGTERM")
 
     def test_a_pool_with_a_layout_is_refused(self):
         r = subprocess.run([TERN, "serve", "-m", "a=" + real_model(), "-m", "b=" + real_model(), "--tp", "2",
