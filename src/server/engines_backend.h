@@ -6,11 +6,18 @@
 // steps overlap as a step's micro-batches do.
 //
 // A request goes to the engine with the fewest unfinished requests (ties: the one after the
-// engine chosen last; a full queue: the next engine) and stays there; its ids are this backend's (engine e's request i is
-// (i - 1) * n + e + 1), and its outputs carry them.
+// engine chosen last; a full queue: the next engine) and stays there; its ids are this backend's
+// (engine e's request i is (i - 1) * n + e + 1), and its outputs carry them.
+//
+// Prefix affinity (with prefix caching on): a request whose prompt begins with the same first
+// K/V blocks (up to kAffinityBlocks of them) and runs the same adapters as an earlier one goes to
+// the engine that ran that one, whose cache may hold those blocks, unless that engine has more
+// than kAffinitySlack unfinished requests beyond the least loaded one (the replica router's rule,
+// tools/replica_router.h). A prompt shorter than a block cannot hit a cache: load alone routes it.
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "server/backend.h"
@@ -30,6 +37,11 @@ class EnginesBackend final : public Backend {
   bool evicts_by_default() const override;
   // Unfinished requests on each engine (the routing's measure).
   std::vector<int64_t> load() const;
+  // Requests sent to the engine that ran their prompt's beginning before.
+  int64_t affinity_hits() const { return affinity_hits_.load(); }
+
+  static constexpr int64_t kAffinityBlocks = 4;
+  static constexpr int64_t kAffinitySlack = 2;
 
  private:
   std::vector<Engine*> engines_;
@@ -39,6 +51,8 @@ class EnginesBackend final : public Backend {
   std::shared_ptr<std::vector<std::atomic<int64_t>>> unfinished_;
   std::mutex route_mu_;
   size_t last_ = 0;
+  std::unordered_map<uint64_t, size_t> affinity_;  // prompt-prefix key -> the engine that took it (route_mu_)
+  std::atomic<int64_t> affinity_hits_{0};
 };
 
 }  // namespace tern::server

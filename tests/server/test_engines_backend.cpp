@@ -179,6 +179,46 @@ TEST(EnginesBackend, NCompletionsEndTheRequestOnce) {
   EXPECT_EQ(f.backend->load(), (std::vector<int64_t>{0, 0}));
 }
 
+// Prefix affinity: prompts that begin with the same blocks go to the engine that took the first
+// of them while it is within the slack, and its prefix cache serves them; short prompts and
+// other adapters' requests are routed by load alone.
+TEST(EnginesBackend, ASharedPromptBeginningStaysOnOneEngineWithinTheSlack) {
+  TERN_REQUIRE_SHARED(kModel);
+  Fixture f(2);
+  Outputs out;
+  const std::string shared =
+      "Once upon a time, there was a little girl named Lily. She liked to play in the park with her friends. "
+      "One day, she saw a big red ball under a tree.";
+  ASSERT_GE(f.greedy(shared).prompt_ids.size(), 32u);  // two whole blocks of 16 and more
+  const auto add = [&](const std::string& p) { return f.backend->add_request(f.greedy(p, 4), collect(out)); };
+  ASSERT_GT(add(shared + " One day"), 0u);
+  const size_t x = f.backend->load()[0] == 1 ? 0 : 1;
+  EXPECT_EQ(f.backend->affinity_hits(), 0);
+  // The other engine is idle, but x is within the slack (1 <= 0 + 2, then 2 <= 0 + 2).
+  ASSERT_GT(add(shared + " The sun"), 0u);
+  ASSERT_GT(add(shared + " Her dog"), 0u);
+  EXPECT_EQ(f.backend->load()[x], 3);
+  EXPECT_EQ(f.backend->affinity_hits(), 2);
+  // Beyond it (3 > 0 + 2) the least loaded engine takes the request, and becomes its prefix's.
+  ASSERT_GT(add(shared + " A bird"), 0u);
+  EXPECT_EQ(f.backend->load()[1 - x], 1);
+  // A prompt shorter than a block has no affinity: load alone.
+  ASSERT_GT(add("Tom"), 0u);
+  EXPECT_EQ(f.backend->load()[1 - x], 2);
+  EXPECT_EQ(f.backend->affinity_hits(), 2);
+  f.run_all();
+  ASSERT_EQ(out.finished.size(), 5u);
+  // Computed once, the prefix is now in both engines' caches; the next one goes back to the
+  // engine it was last routed to (1 - x) and is served from its cache.
+  Outputs more;
+  ASSERT_GT(f.backend->add_request(f.greedy(shared + " At night", 4), collect(more)), 0u);
+  EXPECT_EQ(f.backend->load()[1 - x], 1);
+  EXPECT_EQ(f.backend->affinity_hits(), 3);
+  f.run_all();
+  ASSERT_EQ(more.finished.size(), 1u);
+  EXPECT_GT(f.engines[1 - x]->metrics().prefix_hit_rate, 0.0);
+}
+
 TEST(EnginesBackend, NeedsAnEngine) { EXPECT_THROW(EnginesBackend({}), Error); }
 
 TEST(EnginesBackend, RequestsMayOutliveTheBackend) {
