@@ -10,13 +10,17 @@
 // The engine is driven from this thread (Engine::step()), so arrivals are injected between
 // steps exactly when due and no thread is spent on a client.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -30,11 +34,13 @@
 #include "models/model.h"
 #include "prompt/session_scorer.h"
 #include "runtime/session.h"
+#include "server/engines_backend.h"
 #include "tools/cli_util.h"
 #include "tools/bench_skeleton.h"
 #include "tools/latency_args.h"
 #include "tools/commands.h"
 #include "tools/model_args.h"
+#include "tools/pipeline_engines.h"
 #include "tools/progress.h"
 #include "tools/prompt_compression.h"
 #include "tools/serve_models.h"
@@ -154,6 +160,52 @@ RequestParams make_params(const Workload& w, const std::vector<int32_t>& ids, in
   return p;
 }
 
+// Requests finished and in flight, and when the last one ended: written by the requests'
+// callbacks (on the engines' threads when several engines run).
+struct Progression {
+  std::atomic<int64_t> n_done{0}, in_flight{0}, t_end{0};
+  std::mutex mu;
+  std::condition_variable ended;  // a request ended (for a thread that waits to add the next)
+};
+
+// Request i's callback: its figures into records[i] when it ends.
+OutputCallback record_of(std::vector<Record>& records, Progression& pr, size_t i) {
+  return [&records, &pr, i](const RequestOutput& o) {
+    if (!o.finished) return;
+    Record& r = records[i];
+    r.done = true;
+    r.reason = o.finish_reason;
+    r.n_generated = o.metrics.n_generated;
+    r.n_cached = o.metrics.n_cached_prompt;
+    r.ttft_ms = o.metrics.ttft_ms + r.compress_ms;
+    r.e2e_ms = o.metrics.e2e_ms + r.compress_ms;
+    r.queue_ms = o.metrics.queue_ms;
+    r.tbt_ms = o.metrics.tbt_ms;
+    r.n_drafted = o.metrics.n_drafted;
+    r.n_accepted = o.metrics.n_accepted;
+    r.n_spec_steps = o.metrics.n_spec_steps;
+    pr.t_end = now_ns();
+    pr.in_flight.fetch_sub(1);
+    pr.n_done.fetch_add(1);
+    pr.ended.notify_one();
+  };
+}
+
+// The warm-up requests: short prompts of their own tokens (no prefix hits later).
+std::vector<std::vector<int32_t>> warmup_prompts(const Workload& w, const Tokenizer& tok) {
+  std::mt19937_64 warm_rng(uint64_t(w.seed) ^ 0x5741524Dull);
+  std::vector<std::vector<int32_t>> out;
+  for (int64_t i = 0; i < w.warmup; ++i) {
+    std::vector<int32_t> ids;
+    if (tok.add_bos_default()) ids.push_back(tok.bos_id());
+    while (ids.size() < 16) ids.push_back(int32_t(3 + warm_rng() % uint64_t(tok.n_vocab() - 3)));
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+void summarize(RunStats& st, const Workload& w, const std::vector<Record>& records);
+
 // Warms `engine` up, replays the workload through it (driven from this thread, arrivals
 // injected between steps when due) and measures. `records` ([num prompts]) outlives the engine:
 // its callbacks write there.
@@ -163,56 +215,36 @@ RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, s
   const auto lora_of = [&](size_t i) { return w.lora_sets.empty() ? LoraSet{} : w.lora_sets[i % w.lora_sets.size()]; };
 
   // Warm-up: page the weights in and size every buffer before the clock starts.
-  std::mt19937_64 warm_rng(uint64_t(w.seed) ^ 0x5741524Dull);  // its own tokens: no prefix hits later
-  for (int64_t i = 0; i < w.warmup; ++i) {
-    std::vector<int32_t> ids;
-    if (tok.add_bos_default()) ids.push_back(tok.bos_id());
-    while (ids.size() < 16) ids.push_back(int32_t(3 + warm_rng() % uint64_t(tok.n_vocab() - 3)));
-    engine.add_request(make_params(w, ids, 4, 1), {});
-  }
+  for (const std::vector<int32_t>& ids : warmup_prompts(w, tok)) engine.add_request(make_params(w, ids, 4, 1), {});
   while (engine.has_work()) engine.step();
   RunStats st;
   st.base = engine.metrics();
   st.slo = w.slo;
   if (w.slo_from_engine) st.slo.tpot_ms = st.base.tbt_target_ms;
 
-  int64_t next = 0, n_done = 0, in_flight = 0;
+  int64_t next = 0;
+  Progression pr;
   double waste_sum = 0;
   int64_t waste_samples = 0;
   double waiting_ms = 0, running_ms = 0;  // step time with requests waiting, and running x that time
   const int64_t t0 = now_ns();
-  int64_t t_end = t0;
-  while (n_done < num_prompts) {
+  pr.t_end = t0;
+  while (pr.n_done < num_prompts) {
     const double elapsed_s = double(now_ns() - t0) / 1e9;
-    while (next < num_prompts && in_flight < w.in_flight_cap &&
+    while (next < num_prompts && pr.in_flight < w.in_flight_cap &&
            (w.request_rate <= 0 || w.arrival_s[size_t(next)] <= elapsed_s)) {
       const size_t i = size_t(next);
       records[i].n_prompt = int64_t(w.prompts[i].size());
       records[i].compress_ms = w.compress_ms.empty() ? 0.0 : w.compress_ms[i];
       RequestParams params = make_params(w, w.prompts[i], w.max_tokens, uint64_t(w.seed) + i);
       params.lora = lora_of(i);
-      const uint64_t id = engine.add_request(
-          std::move(params), [&records, &n_done, &in_flight, &t_end, i](const RequestOutput& o) {
-            if (!o.finished) return;
-            Record& r = records[i];
-            r.done = true;
-            r.reason = o.finish_reason;
-            r.n_generated = o.metrics.n_generated;
-            r.n_cached = o.metrics.n_cached_prompt;
-            r.ttft_ms = o.metrics.ttft_ms + r.compress_ms;
-            r.e2e_ms = o.metrics.e2e_ms + r.compress_ms;
-            r.queue_ms = o.metrics.queue_ms;
-            r.tbt_ms = o.metrics.tbt_ms;
-            r.n_drafted = o.metrics.n_drafted;
-            r.n_accepted = o.metrics.n_accepted;
-            r.n_spec_steps = o.metrics.n_spec_steps;
-            ++n_done;
-            --in_flight;
-            t_end = now_ns();
-          });
-      if (id == 0) break;  // queue full: retry after the next step
+      pr.in_flight.fetch_add(1);
+      const uint64_t id = engine.add_request(std::move(params), record_of(records, pr, i));
+      if (id == 0) {  // queue full: retry after the next step
+        pr.in_flight.fetch_sub(1);
+        break;
+      }
       ++next;
-      ++in_flight;
     }
     const int64_t t_step = now_ns();
     if (engine.step()) {
@@ -235,9 +267,133 @@ RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, s
       if (wait_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait_s, 0.05)));
     }
   }
-  st.duration_s = double(t_end - t0) / 1e9;
+  st.duration_s = double(pr.t_end - t0) / 1e9;
   st.running_while_waiting = waiting_ms > 0 ? running_ms / waiting_ms : 0;
+  st.waste_pct = waste_samples ? waste_sum / double(waste_samples) : 0;
   st.m = engine.metrics();
+  summarize(st, w, records);
+  return st;
+}
+
+// run_workload over several engines (pipeline engines, --pp): requests routed as `tern serve`
+// routes them (server::EnginesBackend), each engine stepped on a thread of its own so that their
+// steps overlap in the pipeline; arrivals injected from this thread, which samples the engines'
+// summed gauges (at most every millisecond: the time-weighted means are those samples' means)
+// while it waits. step_ms: every engine's steps.
+RunStats run_workload_engines(std::span<Engine* const> engines, const Workload& w, const Tokenizer& tok,
+                              std::vector<Record>& records) {
+  const int64_t num_prompts = int64_t(w.prompts.size());
+  records.assign(size_t(num_prompts), Record{});
+  const auto lora_of = [&](size_t i) { return w.lora_sets.empty() ? LoraSet{} : w.lora_sets[i % w.lora_sets.size()]; };
+  server::EnginesBackend backend(std::vector<Engine*>(engines.begin(), engines.end()));
+  std::atomic<bool> stop{false};
+  std::vector<std::vector<double>> step_ms(engines.size());
+  std::vector<std::thread> drivers;
+  std::mutex error_mu;
+  std::string error;
+  for (size_t e = 0; e < engines.size(); ++e)
+    drivers.emplace_back([&, e] {
+      try {
+        while (!stop) {
+          const int64_t t = now_ns();
+          if (engines[e]->step()) step_ms[e].push_back(double(now_ns() - t) / 1e6);
+          else std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+      } catch (const std::exception& x) {
+        std::lock_guard lock(error_mu);
+        if (error.empty()) error = x.what();
+        stop = true;
+      }
+    });
+  struct Join {
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& drivers;
+    ~Join() {
+      stop = true;
+      for (auto& d : drivers) d.join();
+    }
+  } join{stop, drivers};
+  const auto failed = [&] {
+    std::lock_guard lock(error_mu);
+    if (!error.empty()) fail("an engine's step failed: ", error);
+  };
+  const auto busy = [&] {
+    for (Engine* e : engines)
+      if (e->has_work()) return true;
+    return false;
+  };
+
+  std::atomic<int64_t> warm_left{w.warmup};
+  for (const std::vector<int32_t>& ids : warmup_prompts(w, tok))
+    backend.add_request(make_params(w, ids, 4, 1), [&warm_left](const RequestOutput& o) {
+      if (o.finished) warm_left.fetch_sub(1);
+    });
+  while (warm_left > 0 || busy()) {
+    failed();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  for (auto& v : step_ms) v.clear();
+  RunStats st;
+  st.base = backend.metrics();
+  st.slo = w.slo;
+  if (w.slo_from_engine) st.slo.tpot_ms = st.base.tbt_target_ms;
+
+  int64_t next = 0;
+  Progression pr;
+  double waste_sum = 0;
+  int64_t waste_samples = 0, waiting_samples = 0, running_sum = 0;
+  const int64_t t0 = now_ns();
+  pr.t_end = t0;
+  while (pr.n_done < num_prompts) {
+    failed();
+    const double elapsed_s = double(now_ns() - t0) / 1e9;
+    while (next < num_prompts && pr.in_flight < w.in_flight_cap &&
+           (w.request_rate <= 0 || w.arrival_s[size_t(next)] <= elapsed_s)) {
+      const size_t i = size_t(next);
+      records[i].n_prompt = int64_t(w.prompts[i].size());
+      records[i].compress_ms = w.compress_ms.empty() ? 0.0 : w.compress_ms[i];
+      RequestParams params = make_params(w, w.prompts[i], w.max_tokens, uint64_t(w.seed) + i);
+      params.lora = lora_of(i);
+      pr.in_flight.fetch_add(1);
+      if (backend.add_request(std::move(params), record_of(records, pr, i)) == 0) {  // queues full: later
+        pr.in_flight.fetch_sub(1);
+        break;
+      }
+      ++next;
+    }
+    // Fixed-interval samples: their means are time-weighted.
+    const EngineMetrics m = backend.metrics();
+    if (m.n_running > 0) {
+      waste_sum += m.kv_waste_pct;
+      ++waste_samples;
+    }
+    if (m.n_waiting > 0) {
+      ++waiting_samples;
+      running_sum += m.n_running;
+    }
+    st.kv_used_peak = std::max(st.kv_used_peak, m.kv_blocks_used);
+    st.max_running_seen = std::max(st.max_running_seen, m.n_running);
+    // Until a request ends (the next one goes in at once) or 1 ms passes: sampling the engines'
+    // metrics much more often than that took their locks often enough to cost throughput.
+    std::unique_lock lock(pr.mu);
+    pr.ended.wait_for(lock, std::chrono::milliseconds(1));
+  }
+  st.duration_s = double(pr.t_end - t0) / 1e9;
+  stop = true;
+  for (auto& d : drivers) d.join();
+  drivers.clear();
+  failed();
+  for (const auto& v : step_ms) st.step_ms.insert(st.step_ms.end(), v.begin(), v.end());
+  st.running_while_waiting = waiting_samples > 0 ? double(running_sum) / double(waiting_samples) : 0;
+  st.waste_pct = waste_samples ? waste_sum / double(waste_samples) : 0;
+  st.m = backend.metrics();
+  summarize(st, w, records);
+  return st;
+}
+
+// The figures of a run from its records and the engines' metrics (st.base, st.m).
+void summarize(RunStats& st, const Workload& w, const std::vector<Record>& records) {
+  const int64_t num_prompts = int64_t(w.prompts.size());
   const EngineMetrics& m = st.m;
 
   for (const Record& r : records) {
@@ -257,7 +413,6 @@ RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, s
   st.req_s = d > 0 ? double(num_prompts) / d : 0;
   st.out_tok_s = d > 0 ? double(st.n_out) / d : 0;
   st.total_tok_s = d > 0 ? double(st.n_in + st.n_out) / d : 0;
-  st.waste_pct = waste_samples ? waste_sum / double(waste_samples) : 0;
   st.hit_rate = st.n_in > 0 ? double(st.n_cached) / double(st.n_in) : 0;
   st.preempted = m.n_preempted_total - st.base.n_preempted_total;
   // Goodput: requests (and their output tokens) that met every objective.
@@ -278,7 +433,6 @@ RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, s
   for (double g : st.tbt) st.tbt_within += m.tbt_target_ms > 0 && g <= m.tbt_target_ms ? 1 : 0;
   st.steps_over = m.steps_over_target - st.base.steps_over_target;
   st.steps_cut = m.steps_prefill_cut - st.base.steps_prefill_cut;
-  return st;
 }
 
 // The speculative figures of a run, as the JSON report names them.
@@ -310,6 +464,12 @@ int cmd_bench_serve(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_bin, "llama2.c tokenizer.bin (for a .bin model)");
   dist::ParallelLayout layout;
   add_parallel_options(app, layout);
+  int pipeline_engines = 0;
+  app.add_option("--pipeline-engines", pipeline_engines,
+                 "with --pp: engines over the one model, as tern serve runs them (each with its own scheduler, a "
+                 "share of the K/V memory and a thread stepping it; 0: --pp of them, 1 with --spec-compare or "
+                 "--organize)")
+      ->check(CLI::Range(0, 64));
   app.add_option("-t,--threads", ecfg.n_threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--prompts", prompts_file, "ShareGPT-format JSON (first human turn of each conversation); "
                                             "default: synthetic prompts of --input-len random tokens");
@@ -398,6 +558,15 @@ int cmd_bench_serve(int argc, char** argv) {
     if (compress_args.given(app)) fail("--compress-prompt does not combine with --organize skeleton");
     if (!conc->count()) concurrency = 1;  // one question at a time: the latency SoT is about
   }
+  if (pipeline_engines > 1 && layout.pp < 2)
+    fail("--pipeline-engines ", pipeline_engines, " needs a pipeline (--pp 2 or more, under mpirun)");
+  if (pipeline_engines > 1 && (spec_compare || skeleton))
+    fail("--pipeline-engines does not combine with ", spec_compare ? "--spec-compare" : "--organize skeleton",
+         " (their runs take one engine at a time)");
+  if (pipeline_engines == 0) pipeline_engines = spec_compare || skeleton ? 1 : std::max(1, layout.pp);
+  // As tern serve: with engines keeping the stages busy, a step is cut into fewer micro-batches.
+  if (pipeline_engines > 1 && layout.micro_batches == 0)
+    layout.micro_batches = (layout.pp + pipeline_engines - 1) / pipeline_engines;
   const bool compress = compress_args.given(app);
   const prompt::CompressOptions compress_opts = compress_args.options(compress ? compress_args.ratio : 2.0);
   const std::string& scorer_path = compress_args.scorer;
@@ -454,7 +623,17 @@ int cmd_bench_serve(int argc, char** argv) {
   spec_ecfg.spec = spec;
   resolve_self_draft(spec_ecfg.spec, file, ecfg.n_threads);  // --draft-self: the model requantized
   if (!spec_compare) ecfg.spec = spec_ecfg.spec;
-  auto engine = std::make_unique<Engine>(file, tok, ecfg);
+  // Pipeline engines: `engine` and `more_engines` (destroyed first; each holds a view of the
+  // model the ranks keep until the last one goes).
+  std::unique_ptr<Engine> engine;
+  std::vector<std::unique_ptr<Engine>> more_engines;
+  if (pipeline_engines > 1) {
+    std::vector<std::unique_ptr<Engine>> all = make_pipeline_engines(file, tok, ecfg, pipeline_engines);
+    engine = std::move(all[0]);
+    for (size_t e = 1; e < all.size(); ++e) more_engines.push_back(std::move(all[e]));
+  } else {
+    engine = std::make_unique<Engine>(file, tok, ecfg);
+  }
   const int64_t n_ctx = engine->n_ctx();
   // The adapters requests rotate over (empty set: the base model's turn).
   std::vector<LoraSet>& lora_sets = w.lora_sets;
@@ -603,7 +782,10 @@ int cmd_bench_serve(int argc, char** argv) {
   }
 
   const int64_t kv_block_size = engine->config().kv_block_size;
-  const RunStats first = run_workload(*engine, w, *tok, records);
+  std::vector<Engine*> engines{engine.get()};
+  for (const auto& e : more_engines) engines.push_back(e.get());
+  const RunStats first =
+      engines.size() > 1 ? run_workload_engines(engines, w, *tok, records) : run_workload(*engine, w, *tok, records);
   std::optional<RunStats> second;
   if (spec_compare) {
     engine.reset();  // one engine's memory at a time
@@ -680,6 +862,7 @@ int cmd_bench_serve(int argc, char** argv) {
     j["step_cost_error_p90"] = m.step_cost_error_p90;
     j["lora_adapters"] = n_lora;
     j["lora_with_base"] = lora_with_base;
+    j["pipeline_engines"] = int64_t(engines.size());
     j["kv_type"] = kv_type_name(ecfg.kv_type);
     j["kv_policy"] = ecfg.kv_policy.describe();
     j["kv_bytes"] = m.kv_bytes;
@@ -812,6 +995,9 @@ int cmd_bench_serve(int argc, char** argv) {
       format_bytes(m.kv_bytes).c_str(), static_cast<long long>(m.kv_blocks_total),
       static_cast<long long>(kv_block_size), format_bytes(st.kv_used_peak * block_bytes).c_str(),
       format_bytes(kv_per_token).c_str(), format_bytes(state_per_seq).c_str(), st.waste_pct, 100.0 * st.hit_rate, static_cast<long long>(st.preempted), format_bytes(rss).c_str());
+  if (engines.size() > 1)
+    std::printf("pipeline engines        %10zu   (each with 1/%zu of the K/V memory; steps: all engines')\n",
+                engines.size(), engines.size());
   if (m.state_slots_total > 0)
     std::printf("recurrent states        %10lld slots (one per running request; the KV arena holds them and %lld "
                 "prefix snapshots)\n",

@@ -30,6 +30,7 @@
 #include "tools/commands.h"
 #include "tools/replica_router.h"
 #include "tools/model_args.h"
+#include "tools/pipeline_engines.h"
 #include "tools/prompt_compression.h"
 #include "tools/rank_metrics.h"
 #include "tools/serve_models.h"
@@ -106,17 +107,6 @@ struct LoadedEngine {
   }
 };
 
-// The settings of each of `n` pipeline engines sharing what `ecfg` gives one engine: 1/n of the
-// K/V memory, of the sequences it is sized for, of the running and waiting limits.
-EngineConfig pipeline_engine_config(EngineConfig ecfg, int n) {
-  const auto share = [n](int64_t v) { return std::max<int64_t>(1, (v + n - 1) / n); };
-  if (ecfg.kv_memory_bytes > 0) ecfg.kv_memory_bytes /= n;
-  ecfg.n_parallel = share(ecfg.n_parallel);
-  ecfg.max_running = share(ecfg.max_running);
-  ecfg.max_waiting = share(ecfg.max_waiting);
-  return ecfg;
-}
-
 // The start-up settings every load of the base gets, at start-up and on each swap.
 // The pool's load settings, and what only one model served with -m has.
 struct SingleLoadSettings : ServeLoadSettings {
@@ -168,18 +158,8 @@ server::SingleModelProvider::LoadedBase load_single_base(const std::string& path
   resolve_self_draft(ecfg.spec, owner->file, ecfg.n_threads);
   if (s.pipeline_engines > 1) {
     // Pipeline engines: the first loads the model over the ranks, the others run their steps
-    // through views of it (dist::share_parallel_model).
-    EngineConfig each = pipeline_engine_config(ecfg, s.pipeline_engines);
-    // (Read while the engines are built: the first's model lives as long as its engine.)
-    auto first = std::make_shared<const Model*>(nullptr);
-    each.load = [first, load = each.load](std::shared_ptr<const GgufFile> f) {
-      if (*first) return dist::share_parallel_model(**first);
-      std::unique_ptr<Model> m = load(std::move(f));
-      *first = m.get();
-      return m;
-    };
-    for (int e = 0; e < s.pipeline_engines; ++e)
-      owner->engines.push_back(std::make_unique<Engine>(owner->file, owner->tokenizer, each));
+    // through views of it.
+    owner->engines = make_pipeline_engines(owner->file, owner->tokenizer, ecfg, s.pipeline_engines);
     std::vector<Engine*> all;
     for (auto& e : owner->engines) all.push_back(e.get());
     owner->backend = std::make_unique<server::EnginesBackend>(std::move(all));

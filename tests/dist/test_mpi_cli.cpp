@@ -368,6 +368,31 @@ TEST_F(Mpi, AFailedPipelineStepEndsTheRunWithItsMessageWithoutAHang) {
   EXPECT_NE(r.err.find("a failure injected into pipelined step 3"), std::string::npos) << r.err;
 }
 
+TEST_F(Mpi, BenchServeDrivesThePipelineEnginesServeRuns) {
+  // Under --pp, bench-serve builds tern serve's pipeline engines (two by default here), each
+  // stepped on its own thread: every request completes with its tokens, through both engines.
+  const std::string args = "bench-serve -m " + real_model_path() +
+                           " --pp 2 -t 1 --num-prompts 12 --concurrency 6 --max-tokens 8 --input-len 24 --json";
+  const TernResult r = mpirun(2, args);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("pipeline_engines").get<int>(), 2);
+  EXPECT_EQ(j.at("completed").get<int>(), 12);
+  EXPECT_EQ(j.at("failed").get<int>(), 0);
+  EXPECT_EQ(j.at("output_tokens").get<int>(), 12 * 8);
+  EXPECT_GT(j.at("output_tok_s").get<double>(), 0.0);
+  const TernResult one = mpirun(2, args + " --pipeline-engines 1");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  EXPECT_EQ(nlohmann::json::parse(one.out).at("pipeline_engines").get<int>(), 1);
+  // Engines without a pipeline, or beside --spec-compare, are refused before any work.
+  TernResult bad = run_tern("bench-serve -m " + real_model_path() + " --pipeline-engines 2");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("needs a pipeline"), std::string::npos) << bad.err;
+  bad = mpirun(2, args + " --pipeline-engines 2 --spec-compare --lookup 3");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("does not combine with --spec-compare"), std::string::npos) << bad.err;
+}
+
 // tern batch: one rank here, two under mpirun (the same completions, both ranks working).
 struct Batch : ::testing::Test {
   void SetUp() override { dir_ = make_temp_dir("tern_batch"); }
