@@ -204,6 +204,39 @@ std::vector<std::vector<int32_t>> warmup_prompts(const Workload& w, const Tokeni
   return out;
 }
 
+// Adds the workload's requests due `elapsed_s` into the run (open loop: by their arrival times;
+// closed loop: while fewer than the cap are in flight) through add(params, callback), which
+// returns 0 for a full queue (the request is tried again later). next: the first not yet added.
+template <class Add>
+void add_due_requests(const Workload& w, std::vector<Record>& records, Progression& pr, int64_t& next,
+                      double elapsed_s, Add&& add) {
+  const int64_t num_prompts = int64_t(w.prompts.size());
+  while (next < num_prompts && pr.in_flight < w.in_flight_cap &&
+         (w.request_rate <= 0 || w.arrival_s[size_t(next)] <= elapsed_s)) {
+    const size_t i = size_t(next);
+    records[i].n_prompt = int64_t(w.prompts[i].size());
+    records[i].compress_ms = w.compress_ms.empty() ? 0.0 : w.compress_ms[i];
+    RequestParams params = make_params(w, w.prompts[i], w.max_tokens, uint64_t(w.seed) + i);
+    if (!w.lora_sets.empty()) params.lora = w.lora_sets[i % w.lora_sets.size()];
+    pr.in_flight.fetch_add(1);
+    if (add(std::move(params), record_of(records, pr, i)) == 0) {
+      pr.in_flight.fetch_sub(1);
+      return;
+    }
+    ++next;
+  }
+}
+
+// A run's figures before its first request: the engines' metrics after the warm-up, and the
+// objectives (the TPOT one from the engine's TBT target unless --goodput set it).
+RunStats begin_run(const EngineMetrics& base, const Workload& w) {
+  RunStats st;
+  st.base = base;
+  st.slo = w.slo;
+  if (w.slo_from_engine) st.slo.tpot_ms = st.base.tbt_target_ms;
+  return st;
+}
+
 void summarize(RunStats& st, const Workload& w, const std::vector<Record>& records);
 
 // Warms `engine` up, replays the workload through it (driven from this thread, arrivals
@@ -212,15 +245,11 @@ void summarize(RunStats& st, const Workload& w, const std::vector<Record>& recor
 RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, std::vector<Record>& records) {
   const int64_t num_prompts = int64_t(w.prompts.size());
   records.assign(size_t(num_prompts), Record{});
-  const auto lora_of = [&](size_t i) { return w.lora_sets.empty() ? LoraSet{} : w.lora_sets[i % w.lora_sets.size()]; };
 
   // Warm-up: page the weights in and size every buffer before the clock starts.
   for (const std::vector<int32_t>& ids : warmup_prompts(w, tok)) engine.add_request(make_params(w, ids, 4, 1), {});
   while (engine.has_work()) engine.step();
-  RunStats st;
-  st.base = engine.metrics();
-  st.slo = w.slo;
-  if (w.slo_from_engine) st.slo.tpot_ms = st.base.tbt_target_ms;
+  RunStats st = begin_run(engine.metrics(), w);
 
   int64_t next = 0;
   Progression pr;
@@ -230,22 +259,9 @@ RunStats run_workload(Engine& engine, const Workload& w, const Tokenizer& tok, s
   const int64_t t0 = now_ns();
   pr.t_end = t0;
   while (pr.n_done < num_prompts) {
-    const double elapsed_s = double(now_ns() - t0) / 1e9;
-    while (next < num_prompts && pr.in_flight < w.in_flight_cap &&
-           (w.request_rate <= 0 || w.arrival_s[size_t(next)] <= elapsed_s)) {
-      const size_t i = size_t(next);
-      records[i].n_prompt = int64_t(w.prompts[i].size());
-      records[i].compress_ms = w.compress_ms.empty() ? 0.0 : w.compress_ms[i];
-      RequestParams params = make_params(w, w.prompts[i], w.max_tokens, uint64_t(w.seed) + i);
-      params.lora = lora_of(i);
-      pr.in_flight.fetch_add(1);
-      const uint64_t id = engine.add_request(std::move(params), record_of(records, pr, i));
-      if (id == 0) {  // queue full: retry after the next step
-        pr.in_flight.fetch_sub(1);
-        break;
-      }
-      ++next;
-    }
+    // (A full queue: the request is tried again after the next step.)
+    add_due_requests(w, records, pr, next, double(now_ns() - t0) / 1e9,
+                     [&](RequestParams p, OutputCallback cb) { return engine.add_request(std::move(p), std::move(cb)); });
     const int64_t t_step = now_ns();
     if (engine.step()) {
       const double step_ms = double(now_ns() - t_step) / 1e6;
@@ -284,7 +300,6 @@ RunStats run_workload_engines(std::span<Engine* const> engines, const Workload& 
                               std::vector<Record>& records) {
   const int64_t num_prompts = int64_t(w.prompts.size());
   records.assign(size_t(num_prompts), Record{});
-  const auto lora_of = [&](size_t i) { return w.lora_sets.empty() ? LoraSet{} : w.lora_sets[i % w.lora_sets.size()]; };
   server::EnginesBackend backend(std::vector<Engine*>(engines.begin(), engines.end()));
   std::atomic<bool> stop{false};
   std::vector<std::vector<double>> step_ms(engines.size());
@@ -333,10 +348,7 @@ RunStats run_workload_engines(std::span<Engine* const> engines, const Workload& 
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   for (auto& v : step_ms) v.clear();
-  RunStats st;
-  st.base = backend.metrics();
-  st.slo = w.slo;
-  if (w.slo_from_engine) st.slo.tpot_ms = st.base.tbt_target_ms;
+  RunStats st = begin_run(backend.metrics(), w);
 
   int64_t next = 0;
   Progression pr;
@@ -346,21 +358,8 @@ RunStats run_workload_engines(std::span<Engine* const> engines, const Workload& 
   pr.t_end = t0;
   while (pr.n_done < num_prompts) {
     failed();
-    const double elapsed_s = double(now_ns() - t0) / 1e9;
-    while (next < num_prompts && pr.in_flight < w.in_flight_cap &&
-           (w.request_rate <= 0 || w.arrival_s[size_t(next)] <= elapsed_s)) {
-      const size_t i = size_t(next);
-      records[i].n_prompt = int64_t(w.prompts[i].size());
-      records[i].compress_ms = w.compress_ms.empty() ? 0.0 : w.compress_ms[i];
-      RequestParams params = make_params(w, w.prompts[i], w.max_tokens, uint64_t(w.seed) + i);
-      params.lora = lora_of(i);
-      pr.in_flight.fetch_add(1);
-      if (backend.add_request(std::move(params), record_of(records, pr, i)) == 0) {  // queues full: later
-        pr.in_flight.fetch_sub(1);
-        break;
-      }
-      ++next;
-    }
+    add_due_requests(w, records, pr, next, double(now_ns() - t0) / 1e9,
+                     [&](RequestParams p, OutputCallback cb) { return backend.add_request(std::move(p), std::move(cb)); });
     // Fixed-interval samples: their means are time-weighted.
     const EngineMetrics m = backend.metrics();
     if (m.n_running > 0) {
@@ -465,11 +464,9 @@ int cmd_bench_serve(int argc, char** argv) {
   dist::ParallelLayout layout;
   add_parallel_options(app, layout);
   int pipeline_engines = 0;
-  app.add_option("--pipeline-engines", pipeline_engines,
-                 "with --pp: engines over the one model, as tern serve runs them (each with its own scheduler, a "
-                 "share of the K/V memory and a thread stepping it; 0: --pp of them, 1 with --spec-compare or "
-                 "--organize)")
-      ->check(CLI::Range(0, 64));
+  add_pipeline_engines_option(app, pipeline_engines,
+                              "--pp of them, as tern serve runs them, each stepped on a thread of its own; 1 with "
+                              "--spec-compare or --organize");
   app.add_option("-t,--threads", ecfg.n_threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--prompts", prompts_file, "ShareGPT-format JSON (first human turn of each conversation); "
                                             "default: synthetic prompts of --input-len random tokens");

@@ -301,11 +301,7 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
   app.add_flag("-v,--verbose", scfg.log_requests, "log every request to stderr");
   int pipeline_engines = 0;
-  app.add_option("--pipeline-engines", pipeline_engines,
-                 "with --pp: engines over the one model, each with its own scheduler and a share of the K/V memory, "
-                 "so that one engine's step enters the pipeline while another's is in the later stages (vLLM's "
-                 "virtual engines; 0: --pp of them)")
-      ->check(CLI::Range(0, 64));
+  add_pipeline_engines_option(app, pipeline_engines, "--pp of them");
   app.add_option("--admin-key", scfg.admin_key,
                  "enable the admin endpoints (POST /admin/swap_base: replace the model live), opened only by "
                  "'Authorization: Bearer KEY' (default: $TERN_ADMIN_KEY if set; without one they answer 403)");

@@ -9,6 +9,15 @@
 
 namespace tern {
 
+void add_pipeline_engines_option(CLI::App& app, int& n, const char* default_note) {
+  app.add_option("--pipeline-engines", n,
+                 std::string("with --pp: engines over the one model, each with its own scheduler and a share of the K/V "
+                             "memory, so that one engine's step enters the pipeline while another's is in the later "
+                             "stages (vLLM's virtual engines; 0: ") +
+                     default_note + ")")
+      ->check(CLI::Range(0, 64));
+}
+
 EngineConfig pipeline_engine_config(EngineConfig ecfg, int n) {
   const auto share = [n](int64_t v) { return std::max<int64_t>(1, (v + n - 1) / n); };
   if (ecfg.kv_memory_bytes > 0) ecfg.kv_memory_bytes /= n;
