@@ -347,7 +347,8 @@ RunStats run_workload_engines(std::span<Engine* const> engines, const Workload& 
     failed();
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  for (auto& v : step_ms) v.clear();
+  std::vector<size_t> warm_steps;  // (the drivers append to step_ms: the warm-up's are skipped, not cleared)
+  for (const auto& v : step_ms) warm_steps.push_back(v.size());
   RunStats st = begin_run(backend.metrics(), w);
 
   int64_t next = 0;
@@ -382,7 +383,8 @@ RunStats run_workload_engines(std::span<Engine* const> engines, const Workload& 
   for (auto& d : drivers) d.join();
   drivers.clear();
   failed();
-  for (const auto& v : step_ms) st.step_ms.insert(st.step_ms.end(), v.begin(), v.end());
+  for (size_t e = 0; e < step_ms.size(); ++e)
+    st.step_ms.insert(st.step_ms.end(), step_ms[e].begin() + std::ptrdiff_t(warm_steps[e]), step_ms[e].end());
   st.running_while_waiting = waiting_samples > 0 ? double(running_sum) / double(waiting_samples) : 0;
   st.waste_pct = waste_samples ? waste_sum / double(waste_samples) : 0;
   st.m = backend.metrics();
