@@ -18,7 +18,7 @@ namespace {
 
 // What keys a request's prefix affinity: its prompt's first whole K/V blocks (at most `max_blocks`)
 // and its adapters; 0 (none) for a prompt shorter than a block.
-uint64_t affinity_key(const RequestParams& p, int64_t block_size, int64_t max_blocks) {
+uint64_t prompt_affinity_key(const RequestParams& p, int64_t block_size, int64_t max_blocks) {
   const int64_t n = std::min<int64_t>(int64_t(p.prompt_ids.size()) / block_size, max_blocks) * block_size;
   if (n == 0) return 0;
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the 32-bit words
@@ -43,7 +43,7 @@ uint64_t affinity_key(const RequestParams& p, int64_t block_size, int64_t max_bl
 uint64_t EnginesBackend::add_request(RequestParams params, OutputCallback on_output) {
   const size_t n = engines_.size();
   const EngineConfig& cfg = engines_[0]->config();
-  const uint64_t key = n > 1 && cfg.prefix_caching ? affinity_key(params, cfg.kv_block_size, kAffinityBlocks) : 0;
+  const uint64_t key = n > 1 && cfg.prefix_caching ? prompt_affinity_key(params, cfg.kv_block_size, kAffinityBlocks) : 0;
   // The engines from the least loaded; among equals, the first after the last one chosen (so that
   // a burst of requests arriving together spreads over the engines). The engine that took the
   // same prompt beginning goes first while it is within the slack.

@@ -373,8 +373,8 @@ RunStats run_workload_engines(std::span<Engine* const> engines, const Workload& 
     }
     st.kv_used_peak = std::max(st.kv_used_peak, m.kv_blocks_used);
     st.max_running_seen = std::max(st.max_running_seen, m.n_running);
-    // Until a request ends (the next one goes in at once) or 1 ms passes: sampling the engines'
-    // metrics much more often than that took their locks often enough to cost throughput.
+    // Until a request ends (the next one goes in at once) or 1 ms passes: each sample takes
+    // every engine's metrics lock, which its steps take too.
     std::unique_lock lock(pr.mu);
     pr.ended.wait_for(lock, std::chrono::milliseconds(1));
   }

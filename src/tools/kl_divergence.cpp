@@ -16,19 +16,19 @@ namespace tern {
 
 namespace {
 
-constexpr char kMagic[8] = {'T', 'E', 'R', 'N', 'L', 'O', 'G', 'P'};
-constexpr uint32_t kVersion = 1;
+constexpr char kLogProbMagic[8] = {'T', 'E', 'R', 'N', 'L', 'O', 'G', 'P'};
+constexpr uint32_t kLogProbVersion = 1;
 
-struct Header {
+struct LogProbHeader {
   char magic[8];
   uint32_t version;
   uint32_t reserved;
   int64_t n_vocab;
   int64_t n_positions;
 };
-static_assert(sizeof(Header) == 32);
+static_assert(sizeof(LogProbHeader) == 32);
 
-int64_t position_bytes(int64_t n_vocab) { return int64_t(sizeof(int32_t)) + n_vocab * int64_t(sizeof(float)); }
+int64_t logp_position_bytes(int64_t n_vocab) { return int64_t(sizeof(int32_t)) + n_vocab * int64_t(sizeof(float)); }
 
 }  // namespace
 
@@ -45,9 +45,9 @@ void log_softmax_row(const float* logits, int64_t n_vocab, float* lp, const std:
 
 LogProbWriter::LogProbWriter(const std::string& path, int64_t n_vocab, int64_t n_positions)
     : out_(std::make_unique<OutputFile>(path)), path_(path), n_vocab_(n_vocab), n_positions_(n_positions) {
-  Header h{};
-  std::memcpy(h.magic, kMagic, sizeof kMagic);
-  h.version = kVersion;
+  LogProbHeader h{};
+  std::memcpy(h.magic, kLogProbMagic, sizeof kLogProbMagic);
+  h.version = kLogProbVersion;
   h.n_vocab = n_vocab;
   h.n_positions = n_positions;
   out_->write(&h, sizeof h);
@@ -73,15 +73,15 @@ LogProbReader::LogProbReader(const std::string& path, int64_t n_vocab) : path_(p
   if (!S_ISREG(st.st_mode)) fail("the KL-divergence base ", path, " is not a regular file");
   f_ = std::fopen(path.c_str(), "rb");
   if (!f_) fail("cannot open the KL-divergence base ", path, ": ", std::strerror(errno));
-  Header h{};
-  if (std::fread(&h, sizeof h, 1, f_) != 1 || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)
+  LogProbHeader h{};
+  if (std::fread(&h, sizeof h, 1, f_) != 1 || std::memcmp(h.magic, kLogProbMagic, sizeof kLogProbMagic) != 0)
     fail(path, " is not a log-probability file of tern ppl --kl-divergence-base");
-  if (h.version != kVersion) fail(path, ": log-probability file version ", h.version, ", this tern reads ", kVersion);
+  if (h.version != kLogProbVersion) fail(path, ": log-probability file version ", h.version, ", this tern reads ", kLogProbVersion);
   if (h.n_vocab != n_vocab)
     fail(path, " holds distributions over ", h.n_vocab, " tokens, this model's vocabulary has ", n_vocab,
          ": compare runs of the same vocabulary");
-  if (h.n_positions < 0 || h.n_positions > (int64_t(st.st_size) - int64_t(sizeof h)) / position_bytes(n_vocab) ||
-      int64_t(sizeof h) + h.n_positions * position_bytes(n_vocab) != int64_t(st.st_size))
+  if (h.n_positions < 0 || h.n_positions > (int64_t(st.st_size) - int64_t(sizeof h)) / logp_position_bytes(n_vocab) ||
+      int64_t(sizeof h) + h.n_positions * logp_position_bytes(n_vocab) != int64_t(st.st_size))
     fail(path, " is ", st.st_size, " bytes, not what its header announces (", h.n_positions, " positions of ",
          n_vocab, " log-probabilities): truncated or not written whole");
   n_positions_ = h.n_positions;
