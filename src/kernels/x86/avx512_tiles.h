@@ -7,7 +7,9 @@
 //   fused_avx512.cpp     token-lane tiles without prep: Q4_0 / Q8_0 / Q5_0 batches and prefill
 //   wide_avx512.cpp      wide classic tiles: Q4_0 / Q8_0 decode, MXFP4 at any batch
 //   rowlanes_avx512.cpp  row-lane tiles (Q4_0 / Q8_0 small batches, a batch's last tokens) and
-//                        the tiles of weights interleaved by 16 rows
+//                        the tiles of Q4_0 / Q8_0 / MXFP4 weights interleaved by 16 rows
+//   rowlanes_kquant_avx512.cpp  the interleaved tiles of the other types (Q4_1, Q5_0, Q5_1,
+//                        Q2_K..Q5_K, TQ1_0, TQ2_0)
 // The classic tiles (tiles_int.h) and the float ones (tiles_float.h) are compiled in the table's
 // file, which also holds the choice among all of them and its thresholds.
 //
@@ -18,7 +20,7 @@
 #include <cstdint>
 
 #include "kernels/kernel_iface.h"
-#include "kernels/x86/tiles_int.h"
+#include "kernels/x86/tiles_int_k.h"
 
 namespace tern::kern::avx512 {
 namespace {
@@ -80,6 +82,18 @@ inline __m256 wide_scales(const uint8_t* blk0, int64_t rb) {
   return _mm256_cvtph_ps(h);
 }
 
+// A 64-byte piece as two 32-byte loads: streaming from DRAM, Zen 4 reads 256-bit loads faster
+// than 512-bit ones. bench_matmul --sweep (TinyLlama's decode weights, 1 GB of Q8_0, 2 threads,
+// alternating sweeps): a loop of 64-byte loads alone 36.7 GB/s against 43.6 for 32-byte loads
+// and 44.4 for plain 8-byte sums; this Q8_0 tile 30.3 -> 32.0 and 32.0 -> 33.6 GB/s in slow
+// minutes (medians of 63-70 sweeps), 40.7 -> 42.8 best; Q4_0 (half the loads) level.
+// GCC keeps the pair as a load and a vinserti64x4 from memory.
+inline __m512i load_piece(const uint8_t* p) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
 }  // namespace
 
 // --- the families' entry points -------------------------------------------------------------
@@ -104,7 +118,10 @@ void gemm_wide(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 // rowlanes_avx512.cpp. Q4_0 / Q8_0 rows as stored x the tokens of v, in the row-lane tiles.
 void gemm_rowlanes(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 // Weights interleaved by 16 rows (kernels/matmul.h: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
-// Q4_K, Q5_K, MXFP4, TQ1_0, TQ2_0) x the tokens of v.
+// Q4_K, Q5_K, MXFP4, TQ1_0, TQ2_0) x the tokens of v. Each file's tiles are a table by type.
 void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
+// rowlanes_kquant_avx512.cpp: the interleaved types with block layouts of their own (Q4_1, Q5_0,
+// Q5_1, Q2_K..Q5_K, TQ1_0, TQ2_0); gemm_interleaved passes them on.
+void gemm_interleaved_kquant(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 
 }  // namespace tern::kern::avx512
