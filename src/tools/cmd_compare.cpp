@@ -24,6 +24,7 @@
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/cli_util.h"
+#include "tools/kl_divergence.h"
 #include "tools/commands.h"
 #include "tools/kv_compare.h"
 #include "tools/prompt_compare.h"
@@ -347,8 +348,8 @@ int cmd_compare(int argc, char** argv) {
     const int64_t n_text = int64_t(tok->encode(text, tok->add_bos_default()).size());
     int64_t n_chunks = n_text / ctx;
     if (ppl_chunks > 0) n_chunks = std::min(n_chunks, ppl_chunks);
-    const int64_t kl_bytes = n_chunks * (ctx - 1 - ctx / 2) * (4 * read_hparams(*src).n_vocab + 4);
-    with_kl = kl_bytes <= (int64_t(2) << 30);
+    const int64_t kl_bytes = logprob_file_bytes(read_hparams(*src).n_vocab, n_chunks * ppl_scored_per_chunk(ctx));
+    with_kl = kl_bytes <= kCompareKlBaseLimit;
     if (!with_kl && !json)
       std::fprintf(stderr, "tern compare: note: no KL divergence column: the first row's log-probabilities would take %s "
                    "(give --ppl-chunks to score less)\n", format_bytes(kl_bytes).c_str());

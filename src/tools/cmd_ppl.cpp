@@ -235,7 +235,7 @@ int cmd_ppl(int argc, char** argv) {
   double nll = 0, nll2 = 0;
   int64_t count = 0;
   std::unique_ptr<KlRun> kl;
-  if (!kl_opts.base.empty()) kl = std::make_unique<KlRun>(kl_opts, V, n_chunks * (n_ctx - 1 - first), margs.model);
+  if (!kl_opts.base.empty()) kl = std::make_unique<KlRun>(kl_opts, V, n_chunks * ppl_scored_per_chunk(n_ctx), margs.model);
   std::vector<int32_t> chunk(static_cast<size_t>(n_ctx));
   Progress progress("ppl", n_chunks, !json);
   const int64_t t0 = now_ns();

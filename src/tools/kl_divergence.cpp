@@ -32,6 +32,10 @@ int64_t logp_position_bytes(int64_t n_vocab) { return int64_t(sizeof(int32_t)) +
 
 }  // namespace
 
+int64_t logprob_file_bytes(int64_t n_vocab, int64_t n_positions) {
+  return int64_t(sizeof(LogProbHeader)) + n_positions * logp_position_bytes(n_vocab);
+}
+
 void log_softmax_row(const float* logits, int64_t n_vocab, float* lp, const std::string& what, int64_t at) {
   float mx = logits[0];
   for (int64_t v = 1; v < n_vocab; ++v) mx = std::max(mx, logits[v]);

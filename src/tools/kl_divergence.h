@@ -23,6 +23,13 @@ namespace tern {
 
 class OutputFile;
 
+// Bytes of a log-probability file of n_positions distributions over n_vocab tokens.
+int64_t logprob_file_bytes(int64_t n_vocab, int64_t n_positions);
+// The largest base `tern compare` writes in passing for its KLD columns (beyond it, none).
+inline constexpr int64_t kCompareKlBaseLimit = int64_t(2) << 30;
+// Positions tern ppl scores in a chunk of n_ctx tokens (the second half, less the last).
+inline int64_t ppl_scored_per_chunk(int64_t n_ctx) { return n_ctx - 1 - n_ctx / 2; }
+
 // log-softmax of one row of logits (in double, stored as f32) into lp[n_vocab]; tern::Error
 // naming `what` and position `at` for non-finite logits.
 void log_softmax_row(const float* logits, int64_t n_vocab, float* lp, const std::string& what, int64_t at);

@@ -5,6 +5,8 @@
 // runs). Bytes per token come from the model's shape and the type (models/model.h).
 #include "tools/kv_compare.h"
 
+#include "tools/kl_divergence.h"
+
 #include <unistd.h>
 #include <sys/wait.h>
 
@@ -295,8 +297,8 @@ int run_kv_compare(const KvCompareOptions& o, const std::vector<KvCompareEntry>&
   // The first entry's distributions are the base the others' are compared with (KL divergence,
   // same top token: tern ppl --kl-divergence), unless the file of its log-probabilities would
   // be too large to write in passing.
-  const int64_t kl_bytes = (n_long - 1) * (4 * hp.n_vocab + 4);
-  const bool with_kl = entries.size() > 1 && kl_bytes <= (int64_t(2) << 30);
+  const int64_t kl_bytes = logprob_file_bytes(hp.n_vocab, n_long - 1);
+  const bool with_kl = entries.size() > 1 && kl_bytes <= kCompareKlBaseLimit;
   const std::string kl_base = (dir / "base.logp").string();
   if (entries.size() > 1 && !with_kl)
     std::fprintf(stderr,

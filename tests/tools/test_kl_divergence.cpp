@@ -220,6 +220,12 @@ TEST(KlDivergence, BadFlagsAreClearErrors) {
   r = tern::testing::run_tern(args + " --kl-divergence-base " + text);
   EXPECT_NE(r.rc, 0);
   EXPECT_EQ(std::filesystem::file_size(text), size);
+  // Nor into a directory (not a regular file): refused before any work, the directory kept.
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  r = tern::testing::run_tern(args + " --kl-divergence-base " + dir);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(std::filesystem::is_directory(dir));
+  EXPECT_TRUE(contains(r.err, dir)) << r.err;
   r = tern::testing::run_tern(args + " --kl-divergence-base /nonexistent-dir/x.logp");
   EXPECT_NE(r.rc, 0);
   EXPECT_TRUE(contains(r.err, "/nonexistent-dir")) << r.err;
