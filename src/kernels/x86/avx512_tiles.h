@@ -116,7 +116,8 @@ void gemm_fused(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch);
 void gemm_wide(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 
 // rowlanes_avx512.cpp. Q4_0 / Q8_0 rows as stored x the tokens of v, in the row-lane tiles.
-void gemm_rowlanes(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
+void gemm_rowlanes_q4_0(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
+void gemm_rowlanes_q8_0(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);
 // Weights interleaved by 16 rows (kernels/matmul.h: Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
 // Q4_K, Q5_K, MXFP4, TQ1_0, TQ2_0) x the tokens of v. Each file's tiles are a table by type.
 void gemm_interleaved(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1);

@@ -138,26 +138,52 @@ void quad_q8_0(const Tile& c) {
   }
 }
 
-// gemm_int_classic for Q4_0 / Q8_0 / MXFP4: the 4-row tiles above, then single rows with the
+// --- the choice of tile family: one row per weight type ------------------------------------
+
+using QuadTile = void (*)(const Tile&);
+
+struct TileChoice {
+  DType type;
+  bool float_tiles;      // tiles_float.h at every batch size (interleaved or not)
+  QuadTile quad1, quad2;  // the 4-row tiles above for 1 and 2 tokens (nullptr: tiles_int.h's)
+};
+
+// Float weights run tiles_float.h; Q4_0 / Q8_0 / MXFP4 rows as stored the 4-row tiles above,
+// then single rows with tiles_int.h's; weights interleaved by 16 rows (interleave.cpp's table)
+// rowlanes_avx2.cpp at every size; a type without a row the classic tiles of tiles_int_k.h.
+constexpr TileChoice kTileChoices[] = {
+    {DType::F32, true, nullptr, nullptr},
+    {DType::F16, true, nullptr, nullptr},
+    {DType::BF16, true, nullptr, nullptr},
+    {DType::Q4_0, false, pair_q4<false, 1>, pair_q4<false, 2>},
+    {DType::MXFP4, false, pair_q4<true, 1>, pair_q4<true, 2>},
+    {DType::Q8_0, false, quad_q8_0<1>, quad_q8_0<2>},
+};
+
+// The one function that chooses: the type's row, or the classic tiles'.
+TileChoice tile_choice(DType type) {
+  for (const TileChoice& c : kTileChoices)
+    if (c.type == type) return c;
+  return {type, false, nullptr, nullptr};
+}
+
+// gemm_int_classic with the 4-row tiles of c (Q4_0 / Q8_0 / MXFP4), then single rows with the
 // tiles of tiles_int.h.
-void gemm_q32(const GemmArgs& a, int64_t r0, int64_t r1) {
+void gemm_q32(const GemmArgs& a, const TileChoice& c, int64_t r0, int64_t r1) {
   constexpr int TM = OpsAvx2::kMaxTokens;
   const RowsView v = rows_view(a);
   int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
   tb = tb < TM ? TM : tb / TM * TM;
-  Tile c = rows_tile(a, v);  // Q8_0 activation rows: 32-element blocks
+  Tile tile = rows_tile(a, v);  // Q8_0 activation rows: 32-element blocks
   for (int64_t t0 = 0; t0 < a.n_tokens; t0 += tb) {
     const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
     int64_t r = r0;
     for (; r + 4 <= r1; r += 4) {
-      c.w = a.w + r * a.row_bytes;
+      tile.w = a.w + r * a.row_bytes;
       for (int64_t t = t0; t < t1; t += TM) {
-        c.act = v.act + t * v.stride;
-        c.y = a.y + t * a.ldy + r;
-        const bool two = t1 - t >= 2;
-        if (a.type == DType::Q4_0) two ? pair_q4<false, 2>(c) : pair_q4<false, 1>(c);
-        else if (a.type == DType::MXFP4) two ? pair_q4<true, 2>(c) : pair_q4<true, 1>(c);
-        else two ? quad_q8_0<2>(c) : quad_q8_0<1>(c);
+        tile.act = v.act + t * v.stride;
+        tile.y = a.y + t * a.ldy + r;
+        (t1 - t >= 2 ? c.quad2 : c.quad1)(tile);
       }
     }
     for (; r < r1; ++r) int_rows<OpsAvx2, 1>(a, v, r, t0, t1);
@@ -172,18 +198,15 @@ void avx2_quantize(const ActLayout& lay, DType, const float* x, int64_t ldx, int
 }
 
 int64_t avx2_scratch_bytes(DType type, int64_t) {
-  return type == DType::F32 || type == DType::F16 || type == DType::BF16 ? float_scratch_bytes<Avx2Vec>() : 0;
+  return tile_choice(type).float_tiles ? float_scratch_bytes<Avx2Vec>() : 0;
 }
 
 void avx2_gemm(const GemmArgs& a, int64_t r0, int64_t r1, uint8_t* scratch) {
-  if (a.type == DType::F32 || a.type == DType::F16 || a.type == DType::BF16) return gemm_float<Avx2Vec>(a, r0, r1, scratch);
+  const TileChoice c = tile_choice(a.type);
+  if (c.float_tiles) return gemm_float<Avx2Vec>(a, r0, r1, scratch);
   if (a.interleaved16) return gemm_interleaved_avx2(a, r0, r1);
-  switch (a.type) {
-    case DType::Q4_0:
-    case DType::Q8_0:
-    case DType::MXFP4: gemm_q32(a, r0, r1); break;
-    default: gemm_int_classic<OpsAvx2>(a, rows_view(a), r0, r1); break;
-  }
+  if (c.quad1) return gemm_q32(a, c, r0, r1);
+  gemm_int_classic<OpsAvx2>(a, rows_view(a), r0, r1);
 }
 
 const KernelTable kAvx2Table = {"avx2", x86_has_kernel, act_rows_layout, avx2_quantize,

@@ -255,9 +255,11 @@ void gemm_interleaved_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_
 
 }  // namespace
 
-void gemm_rowlanes(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
-  if (a.type == DType::Q4_0) gemm_rowlanes_t<DType::Q4_0>(a, v, r0, r1);
-  else gemm_rowlanes_t<DType::Q8_0>(a, v, r0, r1);
+void gemm_rowlanes_q4_0(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  gemm_rowlanes_t<DType::Q4_0>(a, v, r0, r1);
+}
+void gemm_rowlanes_q8_0(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
+  gemm_rowlanes_t<DType::Q8_0>(a, v, r0, r1);
 }
 
 // The interleaved types this file's tiles read; the others' are in rowlanes_kquant_avx512.cpp.

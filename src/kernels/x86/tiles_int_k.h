@@ -387,17 +387,16 @@ void gemm_int_classic(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t 
   }
 }
 
-// The weight types the x86 tables run: the integer tiles here, the float ones in tiles_float.h.
+// The weight types the x86 tables run: the integer tiles here, the float ones in tiles_float.h
+// (each table's choice of tiles: its kTileChoices).
+constexpr DType kX86KernelTypes[] = {
+    DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,  DType::Q4_1,  DType::Q5_0,  DType::Q5_1,
+    DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4, DType::TQ1_0, DType::TQ2_0,
+};
 inline bool x86_has_kernel(DType t) {
-  switch (t) {
-    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
-    case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q2_K: case DType::Q3_K:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::MXFP4: case DType::TQ1_0:
-    case DType::TQ2_0:
-      return true;
-    default:
-      return false;
-  }
+  for (DType k : kX86KernelTypes)
+    if (k == t) return true;
+  return false;
 }
 
 }  // namespace
