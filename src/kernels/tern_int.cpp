@@ -99,7 +99,7 @@ void billm_dots_ref(const uint8_t* w, int group, int64_t n_in, const uint8_t* ac
 }  // namespace
 
 const TernIntRows& tern_int_rows_ref() {
-  static const TernIntRows t{i8_dots_ref, tq_dots_ref, billm_dots_ref};
+  static const TernIntRows t{i8_dots_ref, tq_dots_ref, billm_dots_ref, nullptr, nullptr};
   return t;
 }
 
@@ -185,8 +185,15 @@ struct I8Rows {
   const void* ctx;
 };
 
-void i8_matmul(Isa isa, const I8Rows& rows, const int32_t* cols, int64_t k, int64_t n_in, int64_t n_out,
-               const float* x, int64_t ldx, int64_t n_tokens, float* y, int64_t ldy, ThreadPool& pool) {
+// Stored TI8 rows (tern_int_matmul): what the 16-row kernels read directly.
+struct StoredTi8 {
+  const uint8_t* data;
+  int64_t row_bytes, n_in;
+};
+
+// stored: the same rows as `rows`, as stored (nullptr for llm_int8_matmul's explicit pieces).
+void i8_matmul(Isa isa, const I8Rows& rows, const StoredTi8* stored, const int32_t* cols, int64_t k, int64_t n_in,
+               int64_t n_out, const float* x, int64_t ldx, int64_t n_tokens, float* y, int64_t ldy, ThreadPool& pool) {
   const I8Layout l = i8_layout(n_in, k);
   uint8_t* act = aligned64(act_scratch(), l.stride * n_tokens);
   auto quant = [&](int64_t t0, int64_t t1) {
@@ -196,6 +203,16 @@ void i8_matmul(Isa isa, const I8Rows& rows, const int32_t* cols, int64_t k, int6
   else pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int) { quant(t0, t1); });
 
   const kern::TernIntRows& kr = rows_of(isa);
+  if (stored && kr.i8_rows16) {
+    // 16-row tiles: chunks of whole tiles, about 4 per thread.
+    const int64_t per = round_up(std::max<int64_t>(16, (n_out + 4 * pool.size() - 1) / (4 * pool.size())), 16);
+    pool.for_chunks((n_out + per - 1) / per, [&](int64_t c, int) {
+      const int64_t r0 = c * per, r1 = std::min(n_out, r0 + per);
+      kr.i8_rows16(stored->data, stored->row_bytes, r0, r1, n_in, k, act, l.stride, l.off_dx, l.off_xo, n_tokens, y,
+                   ldy);
+    });
+    return;
+  }
   const int64_t per = std::max<int64_t>(4, (n_out + 4 * pool.size() - 1) / (4 * pool.size()));
   const int64_t n_chunks = (n_out + per - 1) / per;
   pool.for_chunks(n_chunks, [&](int64_t c, int) {
@@ -225,11 +242,6 @@ void i8_matmul(Isa isa, const I8Rows& rows, const int32_t* cols, int64_t k, int6
     }
   });
 }
-
-struct StoredTi8 {
-  const uint8_t* data;
-  int64_t row_bytes, n_in;
-};
 
 // --- TQ ----------------------------------------------------------------------------------------
 //
@@ -288,6 +300,17 @@ void tq_matmul(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_
 
   const kern::TernIntRows& kr = rows_of(isa);
   const auto* wd = static_cast<const uint8_t*>(w.data);
+  if (!billm && kr.tq_rows16 && f.bits != 3) {
+    // 16-row tiles: chunks of whole tiles, about 4 per thread.
+    const int64_t per = round_up(std::max<int64_t>(16, (n_out + 4 * pool.size() - 1) / (4 * pool.size())), 16);
+    pool.for_chunks((n_out + per - 1) / per, [&](int64_t c, int) {
+      const int64_t r0 = c * per, r1 = std::min(n_out, r0 + per);
+      const bool done = kr.tq_rows16(wd, rb, r0, r1, f.bits, f.group, n_in, act, l.stride, l.off_dxv, l.off_xs,
+                                     n_tokens, y, ldy);
+      TERN_ASSERT_MSG(done, "tq_rows16: no tiles for this TQ format");
+    });
+    return;
+  }
   const int64_t per = std::max<int64_t>(4, (n_out + 4 * pool.size() - 1) / (4 * pool.size()));
   const int64_t n_chunks = (n_out + per - 1) / per;
   pool.for_chunks(n_chunks, [&](int64_t c, int) {
@@ -341,7 +364,7 @@ void tern_int_matmul(Isa isa, const WeightView& w, const float* x, int64_t ldx, 
         return reinterpret_cast<const uint16_t*>(s->data + r * s->row_bytes + s->n_in + 2);
       },
       &st};
-  i8_matmul(isa, rows, cols.data(), k, w.n_in, w.n_out, x, ldx, n_tokens, y, ldy, pool);
+  i8_matmul(isa, rows, &st, cols.data(), k, w.n_in, w.n_out, x, ldx, n_tokens, y, ldy, pool);
 }
 
 void llm_int8_matmul(Isa isa, const int8_t* w_i8, const float* d_w, const int32_t* cols, int64_t k,
@@ -370,7 +393,7 @@ void llm_int8_matmul(Isa isa, const int8_t* w_i8, const float* d_w, const int32_
         return s->o + r * s->k;
       },
       &ctx};
-  i8_matmul(isa, rows, cols, k, n_in, n_out, x, ldx, n_tokens, y, ldy, pool);
+  i8_matmul(isa, rows, nullptr, cols, k, n_in, n_out, x, ldx, n_tokens, y, ldy, pool);
 }
 
 }  // namespace tern

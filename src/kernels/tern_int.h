@@ -57,7 +57,28 @@ struct TernIntRows {
   // (only xq and dxv are read).
   void (*billm_dots)(const uint8_t* w, int group, int64_t n_in, const uint8_t* act, int64_t stride,
                      int64_t off_dxv, int64_t n_tok, float* out);
+  // Optional (nullptr: tq_dots row by row): rows [r0, r1) of a TQ weight (row_bytes apart) times
+  // n_tok activation rows laid out as TqAct, into y[t * ldy + r], 16 rows at a time; false (and
+  // nothing written) for a bits / group it has no tiles for.
+  bool (*tq_rows16)(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int bits, int group, int64_t n_in,
+                    const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* y,
+                    int64_t ldy);
+  // Optional (nullptr: i8_dots row by row): rows [r0, r1) of a stored TI8 weight (row_bytes
+  // apart: n_in int8, f16 d, k f16 outlier weights) times n_tok activation rows laid out as
+  // I8Layout (tern_int.cpp), into y[t * ldy + r], 16 rows at a time.
+  void (*i8_rows16)(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t n_in, int64_t k,
+                    const uint8_t* act, int64_t stride, int64_t off_dx, int64_t off_xo, int64_t n_tok, float* y,
+                    int64_t ldy);
 };
+
+// x86/tern_int_rows16_avx512.cpp: TernIntRows::i8_rows16 of the AVX-512 table.
+void i8_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t n_in, int64_t k,
+                      const uint8_t* act, int64_t stride, int64_t off_dx, int64_t off_xo, int64_t n_tok, float* y,
+                      int64_t ldy);
+// x86/tern_int_rows16_avx512.cpp: TernIntRows::tq_rows16 of the AVX-512 table (4 and 8 bits).
+bool tq_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int bits, int group, int64_t n_in,
+                      const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* y,
+                      int64_t ldy);
 
 const TernIntRows& tern_int_rows_ref();
 const TernIntRows& tern_int_rows_avx2();

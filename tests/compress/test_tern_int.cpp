@@ -69,8 +69,10 @@ class TernIntKernel : public ::testing::TestWithParam<Case> {};
 TEST_P(TernIntKernel, MatchesFloatReferenceOverRaggedShapes) {
   const Case c = GetParam();
   ThreadPool pool(2);
-  for (int64_t n_out : {1, 3, 17, 64}) {
-    for (int64_t n_tok : {1, 2, 3, 5, 9}) {
+  // n_out 40 and 17 tokens: the 16-row tiles (AVX-512) with a partial last tile and a token
+  // chunk past the first 16.
+  for (int64_t n_out : {1, 3, 17, 40, 64}) {
+    for (int64_t n_tok : {1, 2, 3, 5, 9, 17}) {
       const uint64_t seed = uint64_t(c.n_in * 1000 + n_out * 10 + n_tok);
       const std::vector<float> w = randn(size_t(c.n_in * n_out), seed, 0.05f);
       std::vector<float> x = randn(size_t(c.n_in * n_tok), seed + 1);

@@ -29,37 +29,17 @@ constexpr int kRowLanes = 16;  // weight rows per zmm, one per int32 lane
 // Block b of the 16 rows at rows[i] + b * kBlk, transposed and made unsigned (see above).
 template <bool kQ4>
 inline void rowlane_unpack(const uint8_t* const* rows, int64_t off, __m512i (&w)[8]) {
-  const auto ld = [&](int i, int part) {
-    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + off + 2 + 16 * part));
-  };
-  // 4x4 dword transposes within 128-bit lanes: lane L of A_j holds row 4L + j, so that after
-  // them lane 4L + j of every output vector is row 4L + j.
-  const auto transpose = [&](int part, __m512i* d) {
-    __m512i A[4];
-    for (int j = 0; j < 4; ++j) {
-      __m512i v = _mm512_castsi128_si512(ld(j, part));
-      v = _mm512_inserti32x4(v, ld(j + 4, part), 1);
-      v = _mm512_inserti32x4(v, ld(j + 8, part), 2);
-      A[j] = _mm512_inserti32x4(v, ld(j + 12, part), 3);
-    }
-    const __m512i t0 = _mm512_unpacklo_epi32(A[0], A[1]), t1 = _mm512_unpackhi_epi32(A[0], A[1]);
-    const __m512i t2 = _mm512_unpacklo_epi32(A[2], A[3]), t3 = _mm512_unpackhi_epi32(A[2], A[3]);
-    d[0] = _mm512_unpacklo_epi64(t0, t2);
-    d[1] = _mm512_unpackhi_epi64(t0, t2);
-    d[2] = _mm512_unpacklo_epi64(t1, t3);
-    d[3] = _mm512_unpackhi_epi64(t1, t3);
-  };
   if constexpr (kQ4) {
     __m512i d[4];
-    transpose(0, d);
+    transpose_rows16(rows, off + 2, d);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int k = 0; k < 4; ++k) {
       w[k] = _mm512_and_si512(d[k], m4);
       w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(d[k], 4), m4);
     }
   } else {
-    transpose(0, w);
-    transpose(1, w + 4);
+    transpose_rows16(rows, off + 2, w);
+    transpose_rows16(rows, off + 2 + 16, w + 4);
     const __m512i flip = _mm512_set1_epi8(char(0x80));
     for (int k = 0; k < 8; ++k) w[k] = _mm512_xor_si512(w[k], flip);
   }

@@ -192,7 +192,7 @@ void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t s
 }  // namespace
 
 const TernIntRows& tern_int_rows_avx512() {
-  static const TernIntRows t{i8_dots, tq_dots, billm_dots};
+  static const TernIntRows t{i8_dots, tq_dots, billm_dots, tq_rows16_avx512, i8_rows16_avx512};
   return t;
 }
 
