@@ -300,22 +300,18 @@ void tq_matmul(Isa isa, const WeightView& w, const float* x, int64_t ldx, int64_
 
   const kern::TernIntRows& kr = rows_of(isa);
   const auto* wd = static_cast<const uint8_t*>(w.data);
-  if (!billm && kr.tq_rows16 && f.bits != 3) {
-    // 16-row tiles: chunks of whole tiles, about 4 per thread.
-    const int64_t per = round_up(std::max<int64_t>(16, (n_out + 4 * pool.size() - 1) / (4 * pool.size())), 16);
-    pool.for_chunks((n_out + per - 1) / per, [&](int64_t c, int) {
-      const int64_t r0 = c * per, r1 = std::min(n_out, r0 + per);
-      const bool done = kr.tq_rows16(wd, rb, r0, r1, f.bits, f.group, n_in, act, l.stride, l.off_dxv, l.off_xs,
-                                     n_tokens, y, ldy);
-      TERN_ASSERT_MSG(done, "tq_rows16: no tiles for this TQ format");
-    });
-    return;
-  }
-  const int64_t per = std::max<int64_t>(4, (n_out + 4 * pool.size() - 1) / (4 * pool.size()));
+  // The ISA's tiles of 8 or 16 rows where it has them for this format (chunks of whole tiles,
+  // about 4 per thread), else its row kernels.
+  const bool tiles = !billm && kr.tq_tiles;
+  const int64_t per_thread = (n_out + 4 * pool.size() - 1) / (4 * pool.size());
+  const int64_t per = tiles ? round_up(std::max<int64_t>(16, per_thread), 16) : std::max<int64_t>(4, per_thread);
   const int64_t n_chunks = (n_out + per - 1) / per;
   pool.for_chunks(n_chunks, [&](int64_t c, int) {
-    float out[kTokBlock];
     const int64_t r0 = c * per, r1 = std::min(n_out, r0 + per);
+    if (tiles && kr.tq_tiles(wd, rb, r0, r1, f.bits, f.group, n_in, act, l.stride, l.off_dxv, l.off_xs, n_tokens, y,
+                             ldy))
+      return;
+    float out[kTokBlock];
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokBlock) {
         const int64_t nt = std::min(kTokBlock, n_tokens - t0);

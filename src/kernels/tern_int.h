@@ -58,9 +58,9 @@ struct TernIntRows {
   void (*billm_dots)(const uint8_t* w, int group, int64_t n_in, const uint8_t* act, int64_t stride,
                      int64_t off_dxv, int64_t n_tok, float* out);
   // Optional (nullptr: tq_dots row by row): rows [r0, r1) of a TQ weight (row_bytes apart) times
-  // n_tok activation rows laid out as TqAct, into y[t * ldy + r], 16 rows at a time; false (and
-  // nothing written) for a bits / group it has no tiles for.
-  bool (*tq_rows16)(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int bits, int group, int64_t n_in,
+  // n_tok activation rows laid out as TqAct, into y[t * ldy + r], in tiles of 16 (AVX-512) or 8
+  // (AVX2) rows; false (and nothing written) for a bits / group it has no tiles for.
+  bool (*tq_tiles)(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int bits, int group, int64_t n_in,
                     const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* y,
                     int64_t ldy);
   // Optional (nullptr: i8_dots row by row): rows [r0, r1) of a stored TI8 weight (row_bytes
@@ -75,7 +75,11 @@ struct TernIntRows {
 void i8_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t n_in, int64_t k,
                       const uint8_t* act, int64_t stride, int64_t off_dx, int64_t off_xo, int64_t n_tok, float* y,
                       int64_t ldy);
-// x86/tern_int_rows16_avx512.cpp: TernIntRows::tq_rows16 of the AVX-512 table (4 and 8 bits).
+// x86/tern_int_rows8_avx2.cpp: TernIntRows::tq_tiles of the AVX2 table (4 bits).
+bool tq_rows8_avx2(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int bits, int group, int64_t n_in,
+                   const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* y,
+                   int64_t ldy);
+// x86/tern_int_rows16_avx512.cpp: TernIntRows::tq_tiles of the AVX-512 table (4 and 8 bits).
 bool tq_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int bits, int group, int64_t n_in,
                       const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* y,
                       int64_t ldy);

@@ -217,7 +217,7 @@ void billm_dots_nt(const uint8_t* w, int64_t n_in, const uint8_t* act, int64_t s
 }  // namespace
 
 const TernIntRows& tern_int_rows_avx2() {
-  static const TernIntRows t{i8_dots, tq_dots, billm_dots, nullptr, nullptr};
+  static const TernIntRows t{i8_dots, tq_dots, billm_dots, tq_rows8_avx2, nullptr};
   return t;
 }
 
