@@ -75,7 +75,7 @@ struct TernIntRows {
 void i8_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t n_in, int64_t k,
                       const uint8_t* act, int64_t stride, int64_t off_dx, int64_t off_xo, int64_t n_tok, float* y,
                       int64_t ldy);
-// x86/tern_int_rows8_avx2.cpp: TernIntRows::tq_tiles of the AVX2 table (4 bits).
+// x86/tern_int_rows8_avx2.cpp: TernIntRows::tq_tiles of the AVX2 table (4 and 8 bits).
 bool tq_rows8_avx2(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int bits, int group, int64_t n_in,
                    const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* y,
                    int64_t ldy);

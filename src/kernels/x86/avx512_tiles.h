@@ -115,6 +115,20 @@ inline void transpose_rows16(const uint8_t* const* rows, int64_t off, __m512i* d
   d[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
+// The f16 values at rows[i] + off of 16 rows, as f32 (packed in general-purpose registers, as
+// wide_scales does): the row-lane tiles' scales.
+inline __m512 rows_f16(const uint8_t* const* rows, int64_t off) {
+  const auto h = [&](int i) {
+    uint16_t v;
+    std::memcpy(&v, rows[i] + off, 2);
+    return uint64_t(v);
+  };
+  const auto q = [&](int i) { return int64_t(h(i) | h(i + 1) << 16 | h(i + 2) << 32 | h(i + 3) << 48); };
+  const __m128i lo = _mm_insert_epi64(_mm_cvtsi64_si128(q(0)), q(4), 1);
+  const __m128i hi = _mm_insert_epi64(_mm_cvtsi64_si128(q(8)), q(12), 1);
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
 }  // namespace
 
 // --- the families' entry points -------------------------------------------------------------

@@ -45,18 +45,8 @@ inline void rowlane_unpack(const uint8_t* const* rows, int64_t off, __m512i (&w)
   }
 }
 
-// The f16 scales of block b of the 16 rows, as f32 (packed in general-purpose registers, as
-// wide_scales does).
-inline __m512 rowlane_scales(const uint8_t* const* rows, int64_t off) {
-  const auto d = [&](int i) { return uint64_t(*reinterpret_cast<const uint16_t*>(rows[i] + off)); };
-  const auto q = [&](int i) { return int64_t(d(i) | d(i + 1) << 16 | d(i + 2) << 32 | d(i + 3) << 48); };
-  const __m128i lo = _mm_insert_epi64(_mm_cvtsi64_si128(q(0)), q(4), 1);
-  const __m128i hi = _mm_insert_epi64(_mm_cvtsi64_si128(q(8)), q(12), 1);
-  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
-}
-
 // Block b of Q4_0 / Q8_0 / MXFP4 rows interleaved by 16 (kernels/matmul.h): Q4_0 / Q8_0 the same 8
-// vectors and scales as rowlane_unpack / rowlane_scales give for the rows as stored, read in
+// vectors and scales as rowlane_unpack / rows_f16 give for the rows as stored, read in
 // place; MXFP4 (interleaved only) its nibbles looked up in the biased table (tiles_int.h).
 template <DType kType>
 constexpr int64_t kRowLaneBlk = kType == DType::Q4_0   ? int64_t(sizeof(BlockQ4_0))
@@ -162,7 +152,7 @@ void rowlane_tile(const GemmArgs& a, const RowsView& v, const uint8_t* const* ro
       dw = interleaved_unpack<kType>(group + b * kInterleavedBlk<kType>, w);
     } else {
       rowlane_unpack<kType == DType::Q4_0>(rows, b * kBlk, w);
-      dw = rowlane_scales(rows, b * kBlk);
+      dw = rows_f16(rows, b * kBlk);  // the blocks' f16 scales
     }
 #pragma GCC unroll 16
     for (int i = 0; i < TC; ++i) {

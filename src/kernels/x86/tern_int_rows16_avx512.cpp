@@ -23,10 +23,36 @@
 namespace tern::kern {
 namespace {
 
+using avx512::rows_f16;
 using avx512::transpose_rows16;
 
 constexpr int kRows = 16;    // weight rows per tile, one per int32 lane
 constexpr int kTokens = 16;  // most tokens per tile
+
+// The tile loops of a format: token blocks whose activations (~256 KB) stay in L2 while the
+// rows pass over them; in a block, tiles of 16 rows (the last one's missing rows repeat its last
+// row and are not stored) by up to 16 tokens, tile(rows, keep, pf, t, n, y).
+template <class Tile>
+void each_tile(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t stride, int64_t n_tok, float* y,
+               int64_t ldy, Tile&& tile) {
+  int64_t tb = (256 << 10) / (stride > 0 ? stride : 1);
+  tb = tb < kTokens ? kTokens : tb / kTokens * kTokens;
+  for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+    const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
+    for (int64_t r = r0; r < r1; r += kRows) {
+      const int n_rows = r1 - r < kRows ? int(r1 - r) : kRows;
+      const uint8_t* rows[kRows];
+      for (int i = 0; i < kRows; ++i) rows[i] = w + (r + (i < n_rows ? i : n_rows - 1)) * row_bytes;
+      // The tile kPrefetchTiles on (tiles_int.h), while the first token chunk streams this one.
+      const uint8_t* pf = w + (r + kPrefetchTiles * kRows) * row_bytes;
+      const __mmask16 keep = __mmask16((1u << n_rows) - 1u);
+      for (int64_t t = t0; t < t1; t += kTokens) {
+        const int64_t n = t1 - t < kTokens ? t1 - t : kTokens;
+        tile(rows, keep, t == t0 ? pf : nullptr, t, n, y + t * ldy + r);
+      }
+    }
+  }
+}
 
 struct TqView {
   const uint8_t* act;  // token t's row at act + t * stride (TqLayout, tern_int.cpp)
@@ -35,20 +61,11 @@ struct TqView {
 
 // The 16 rows' f16 scales and u8 zero points at byte `off` of each row, as f32.
 inline void group_scales(const uint8_t* const* rows, int64_t off, __m512& d, __m512& z) {
-  const auto h = [&](int i) {
-    uint16_t v;
-    std::memcpy(&v, rows[i] + off, 2);
-    return uint64_t(v);
-  };
-  const auto q = [&](int i) { return int64_t(h(i) | h(i + 1) << 16 | h(i + 2) << 32 | h(i + 3) << 48); };
-  const __m128i lo = _mm_insert_epi64(_mm_cvtsi64_si128(q(0)), q(4), 1);
-  const __m128i hi = _mm_insert_epi64(_mm_cvtsi64_si128(q(8)), q(12), 1);
-  d = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
-  const auto zb = [&](int i) { return uint64_t(rows[i][off + 2]); };
+  d = rows_f16(rows, off);
   uint64_t z8[2] = {0, 0};
   for (int i = 0; i < 8; ++i) {
-    z8[0] |= zb(i) << (8 * i);
-    z8[1] |= zb(i + 8) << (8 * i);
+    z8[0] |= uint64_t(rows[i][off + 2]) << (8 * i);
+    z8[1] |= uint64_t(rows[i + 8][off + 2]) << (8 * i);
   }
   const __m128i zv = _mm_insert_epi64(_mm_cvtsi64_si128(int64_t(z8[0])), int64_t(z8[1]), 1);
   z = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(zv));
@@ -140,10 +157,14 @@ void tq_tokens(const TqView& v, const uint8_t* const* rows, __mmask16 keep, cons
   tq_tile<BITS, G, TC>(v, rows, keep, pf, t, y, ldy);
 }
 
-// Rows [r0, r1) x n_tok tokens (each_tile, below).
 template <int BITS, int G>
 void tq_rows(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, const TqView& v, int64_t n_tok, float* y,
-             int64_t ldy);
+             int64_t ldy) {
+  each_tile(w, row_bytes, r0, r1, v.stride, n_tok, y, ldy,
+            [&](const uint8_t* const* rows, __mmask16 keep, const uint8_t* pf, int64_t t, int64_t n, float* yt) {
+              tq_tokens<BITS, G>(v, rows, keep, pf, t, n, yt, ldy);
+            });
+}
 
 // ---- TI8 ------------------------------------------------------------------------------------
 
@@ -151,19 +172,6 @@ struct I8View {
   const uint8_t* act;  // token t's row at act + t * stride (I8Layout, tern_int.cpp): xu u8 | dx | xo
   int64_t stride, off_dx, off_xo, n_in, k, row_bytes;
 };
-
-// The 16 rows' f16 values at byte `off` of each row, as f32.
-inline __m512 rows_f16(const uint8_t* const* rows, int64_t off) {
-  const auto h = [&](int i) {
-    uint16_t v;
-    std::memcpy(&v, rows[i] + off, 2);
-    return uint64_t(v);
-  };
-  const auto q = [&](int i) { return int64_t(h(i) | h(i + 1) << 16 | h(i + 2) << 32 | h(i + 3) << 48); };
-  const __m128i lo = _mm_insert_epi64(_mm_cvtsi64_si128(q(0)), q(4), 1);
-  const __m128i hi = _mm_insert_epi64(_mm_cvtsi64_si128(q(8)), q(12), 1);
-  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
-}
 
 // y = d_w * d_x * (sum_j w_j xu_j - 128 * sum_j w_j) + sum_i o_i * xo_i (tern_int.h), 16 rows x TC
 // tokens from token t. xu is unsigned (vpdpbusd's u8 side, broadcast), the weights signed.
@@ -223,31 +231,6 @@ void i8_tokens(const I8View& v, const uint8_t* const* rows, __mmask16 keep, cons
   i8_tile<TC>(v, rows, keep, pf, t, y, ldy);
 }
 
-// The tile loops of a format: token blocks whose activations (~256 KB) stay in L2 while the
-// rows pass over them; in a block, tiles of 16 rows (the last one's missing rows repeat its last
-// row and are not stored) by up to 16 tokens, tile(rows, keep, pf, t, n, y).
-template <class Tile>
-void each_tile(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t stride, int64_t n_tok, float* y,
-               int64_t ldy, Tile&& tile) {
-  int64_t tb = (256 << 10) / (stride > 0 ? stride : 1);
-  tb = tb < kTokens ? kTokens : tb / kTokens * kTokens;
-  for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
-    const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
-    for (int64_t r = r0; r < r1; r += kRows) {
-      const int n_rows = r1 - r < kRows ? int(r1 - r) : kRows;
-      const uint8_t* rows[kRows];
-      for (int i = 0; i < kRows; ++i) rows[i] = w + (r + (i < n_rows ? i : n_rows - 1)) * row_bytes;
-      // The tile kPrefetchTiles on (tiles_int.h), while the first token chunk streams this one.
-      const uint8_t* pf = w + (r + kPrefetchTiles * kRows) * row_bytes;
-      const __mmask16 keep = __mmask16((1u << n_rows) - 1u);
-      for (int64_t t = t0; t < t1; t += kTokens) {
-        const int64_t n = t1 - t < kTokens ? t1 - t : kTokens;
-        tile(rows, keep, t == t0 ? pf : nullptr, t, n, y + t * ldy + r);
-      }
-    }
-  }
-}
-
 }  // namespace
 
 void i8_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t n_in, int64_t k,
@@ -259,19 +242,6 @@ void i8_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r
               i8_tokens(v, rows, keep, pf, t, n, yt, ldy);
             });
 }
-
-namespace {
-
-template <int BITS, int G>
-void tq_rows(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, const TqView& v, int64_t n_tok, float* y,
-             int64_t ldy) {
-  each_tile(w, row_bytes, r0, r1, v.stride, n_tok, y, ldy,
-            [&](const uint8_t* const* rows, __mmask16 keep, const uint8_t* pf, int64_t t, int64_t n, float* yt) {
-              tq_tokens<BITS, G>(v, rows, keep, pf, t, n, yt, ldy);
-            });
-}
-
-}  // namespace
 
 bool tq_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int bits, int group, int64_t n_in,
                       const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* y,

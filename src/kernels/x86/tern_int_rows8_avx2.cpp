@@ -1,4 +1,4 @@
-// AVX2 tiles of 8 TQ 4-bit rows (GPTQ / AWQ / RTN int4, quant/quant_tern.h) times up to 16
+// AVX2 tiles of 8 TQ rows, 4 or 8 bits (GPTQ / AWQ / RTN, quant/quant_tern.h), times up to 16
 // tokens, a row per 32-bit lane: the AVX2 row-lane tiles of the GGUF types (rowlanes_avx2.cpp)
 // for tern's group format, on the rows as stored.
 //
@@ -99,31 +99,69 @@ inline void group_tokens(const TqView& v, const uint8_t* const* xrow, const __m2
   }
 }
 
+// 8 bits: T tokens over one group's transposed weights w (G/32 blocks of 8 vectors, the bytes
+// made signed, q - 128). pmaddubsw needs an unsigned side: |q - 128| against x carrying q - 128's
+// sign (the sign trick of the Q8_0 tiles), pair sums <= 2 * 128 * 127, widened by pmaddwd at
+// every step.
+template <int G, int T>
+inline void group_tokens8(const TqView& v, const uint8_t* const* xrow, const __m256i (*w)[8], int64_t g, __m256 dg,
+                          __m256* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < G / 32; ++b) {
+    const int64_t blk = g * (G / 32) + b;
+    __m256i s[T];
+    for (int i = 0; i < T; ++i) s[i] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i q = _mm256_load_si256(&w[b][k]), aq = _mm256_abs_epi8(q);
+      for (int i = 0; i < T; ++i) {
+        const __m256i xq = _mm256_sign_epi8(broadcast4(xrow[i] + 32 * blk + 4 * k), q);
+        s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, xq), ones));
+      }
+    }
+    for (int i = 0; i < T; ++i) {
+      const auto* dxv = reinterpret_cast<const float*>(xrow[i] + v.off_dxv);
+      const float dx = dxv[(blk / 2) * 16 + (blk % 2) * 8];
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(_mm256_set1_ps(dx), dg), acc[i]);
+    }
+  }
+}
+
 // The 8 rows at rows[] x n (<= 16) tokens from token t into y, rows set in `keep`.
-template <int G>
-__attribute__((noinline)) void tq4_tile(const TqView& v, const uint8_t* const* rows, uint32_t keep, const uint8_t* pf,
+template <int BITS, int G>
+__attribute__((noinline)) void tq_tile(const TqView& v, const uint8_t* const* rows, uint32_t keep, const uint8_t* pf,
                                         int64_t t, int64_t n, float* y, int64_t ldy) {
-  constexpr int64_t kBlk = 3 + G / 2;  // f16 d | u8 z | G/2 bytes of nibbles
+  constexpr int64_t kBlk = 3 + BITS * G / 8;  // f16 d | u8 z | the packed weights
   constexpr int kNb = G / 32;
   alignas(32) __m256 acc[kTokens];
   for (int64_t i = 0; i < n; ++i) acc[i] = _mm256_setzero_ps();
-  alignas(32) __m256i w[G / 64][8];
+  // 4 bits: G/64 halves of 32 bytes, each both nibbles of two blocks; 8 bits: G/32 blocks.
+  alignas(32) __m256i w[BITS == 8 ? G / 32 : G / 64][8];
   for (int64_t g = 0; g < v.n_in / G; ++g) {
     const int64_t off = g * kBlk;
     if (pf) prefetch_step<kRows * int(kBlk)>(pf + g * kRows * kBlk);
     __m256 dg, zg;
     group_scales8(rows, off, dg, zg);
-    for (int h = 0; h < G / 64; ++h) transpose_rows8(rows, off + 3 + 32 * h, w[h]);
-    const __m256 zd = _mm256_mul_ps(dg, zg);
+    __m256 zd;
+    if constexpr (BITS == 8) {
+      const __m256i flip = _mm256_set1_epi8(char(0x80));
+      for (int b = 0; b < G / 32; ++b) {
+        transpose_rows8(rows, off + 3 + 32 * b, w[b]);
+        for (int k = 0; k < 8; ++k) w[b][k] = _mm256_xor_si256(w[b][k], flip);
+      }
+      zd = _mm256_mul_ps(dg, _mm256_sub_ps(zg, _mm256_set1_ps(128.0f)));  // q - z = (q - 128) - (z - 128)
+    } else {
+      for (int h = 0; h < G / 64; ++h) transpose_rows8(rows, off + 3 + 32 * h, w[h]);
+      zd = _mm256_mul_ps(dg, zg);
+    }
+    const auto tokens = [&]<int T>(int64_t i) {
+      const uint8_t* xrow[T];
+      for (int j = 0; j < T; ++j) xrow[j] = v.act + (t + i + j) * v.stride;
+      if constexpr (BITS == 8) group_tokens8<G, T>(v, xrow, w, g, dg, acc + i);
+      else group_tokens<G, T>(v, xrow, w, g, dg, acc + i);
+    };
     int64_t i = 0;
-    for (; i + 2 <= n; i += 2) {
-      const uint8_t* xrow[2] = {v.act + (t + i) * v.stride, v.act + (t + i + 1) * v.stride};
-      group_tokens<G, 2>(v, xrow, w, g, dg, acc + i);
-    }
-    if (i < n) {
-      const uint8_t* xrow[1] = {v.act + (t + i) * v.stride};
-      group_tokens<G, 1>(v, xrow, w, g, dg, acc + i);
-    }
+    for (; i + 2 <= n; i += 2) tokens.template operator()<2>(i);
+    if (i < n) tokens.template operator()<1>(i);
     for (int64_t j = 0; j < n; ++j) {
       const auto* xs = reinterpret_cast<const float*>(v.act + (t + j) * v.stride + v.off_xs) + g * kNb;
       float xsum = 0.0f;
@@ -147,8 +185,8 @@ __attribute__((noinline)) void tq4_tile(const TqView& v, const uint8_t* const* r
 // Rows [r0, r1) x n_tok tokens: token blocks whose activations (~256 KB) stay in L2 while the
 // rows pass over them; in a block, tiles of 8 rows (the last one's missing rows repeat its last
 // row and are not stored) by up to 16 tokens.
-template <int G>
-void tq4_rows(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, const TqView& v, int64_t n_tok, float* y,
+template <int BITS, int G>
+void tq_rows(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, const TqView& v, int64_t n_tok, float* y,
               int64_t ldy) {
   int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
   tb = tb < kTokens ? kTokens : tb / kTokens * kTokens;
@@ -162,7 +200,7 @@ void tq4_rows(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, const
       const uint8_t* pf = w + (r + kPrefetchTiles * kRows) * row_bytes;
       for (int64_t t = t0; t < t1; t += kTokens) {
         const int64_t n = t1 - t < kTokens ? t1 - t : kTokens;
-        tq4_tile<G>(v, rows, (1u << n_rows) - 1u, t == t0 ? pf : nullptr, t, n, y + t * ldy + r, ldy);
+        tq_tile<BITS, G>(v, rows, (1u << n_rows) - 1u, t == t0 ? pf : nullptr, t, n, y + t * ldy + r, ldy);
       }
     }
   }
@@ -173,10 +211,18 @@ void tq4_rows(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, const
 bool tq_rows8_avx2(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int bits, int group, int64_t n_in,
                    const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* y,
                    int64_t ldy) {
-  if (bits != 4) return false;  // 8 bits: pmaddubsw would saturate; 3 bits: tq_dots row by row
   const TqView v{act, stride, off_dxv, off_xs, n_in};
-  (group == 64 ? tq4_rows<64> : tq4_rows<128>)(w, row_bytes, r0, r1, v, n_tok, y, ldy);
-  return true;
+  using Rows = void (*)(const uint8_t*, int64_t, int64_t, int64_t, const TqView&, int64_t, float*, int64_t);
+  static constexpr struct {
+    int bits, group;
+    Rows rows;
+  } kTiles[] = {{4, 64, tq_rows<4, 64>}, {4, 128, tq_rows<4, 128>}, {8, 64, tq_rows<8, 64>}, {8, 128, tq_rows<8, 128>}};
+  for (const auto& k : kTiles)
+    if (k.bits == bits && k.group == group) {
+      k.rows(w, row_bytes, r0, r1, v, n_tok, y, ldy);
+      return true;
+    }
+  return false;  // 3 bits: tq_dots row by row
 }
 
 }  // namespace tern::kern
