@@ -31,6 +31,26 @@ inline void by_four_tokens(int64_t n_tok, Fn&& fn) {
   }
 }
 
+// ---- TQ tiles (x86/tern_int_rows16_avx512.cpp, x86/tern_int_rows8_avx2.cpp) ---------------------
+
+// A TQ tile's activations: token t's row at act + t * stride (TqLayout, tern_int.cpp).
+struct TqView {
+  const uint8_t* act;
+  int64_t stride, off_dxv, off_xs, n_in;
+};
+
+// fn(Int<BITS>{}, Int<G>{}) for the formats the tiles serve (4 or 8 bits, groups of 64 or 128);
+// false for another (3 bits: the row kernels).
+template <class Fn>
+inline bool tq_tiles_by_format(int bits, int group, Fn&& fn) {
+  if (bits == 4 && group == 64) fn(Int<4>{}, Int<64>{});
+  else if (bits == 4 && group == 128) fn(Int<4>{}, Int<128>{});
+  else if (bits == 8 && group == 64) fn(Int<8>{}, Int<64>{});
+  else if (bits == 8 && group == 128) fn(Int<8>{}, Int<128>{});
+  else return false;
+  return true;
+}
+
 // ---- BiLLM -----------------------------------------------------------------------------------
 
 // A BILLM block of G columns: sign plane [G/8] | selector plane [G/8] | f16 a_c, a_s, a_1, a_2 |

@@ -160,18 +160,7 @@ void rowlane_tile(const GemmArgs& a, const RowsView& v, const uint8_t* const* ro
       // 8 * nsum, 128 * nsum or 16 * nsum: a broadcast load and a shift (a broadcast from a
       // general-purpose register costs two vector operations on Zen 4)
       const __m512i ns = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(xrow[i] + v.off_sum)[b]);
-      __m512i s = _mm512_slli_epi32(ns, kNsumShift);
-      // Two chains of 4 vpdpbusd, joined by one add (exact: the same integer sum): one chain of
-      // 8 per token left too few independent operations in flight to keep the dot unit busy.
-      __m512i s_hi = _mm512_setzero_si512();
-      for (int k = 0; k < 4; ++k) {
-        int32_t xl, xh;
-        std::memcpy(&xl, xq + 4 * k, 4);
-        std::memcpy(&xh, xq + 16 + 4 * k, 4);
-        s = _mm512_dpbusd_epi32(s, w[k], _mm512_set1_epi32(xl));
-        s_hi = _mm512_dpbusd_epi32(s_hi, w[k + 4], _mm512_set1_epi32(xh));
-      }
-      s = _mm512_add_epi32(s, s_hi);
+      const __m512i s = dot_block32(_mm512_slli_epi32(ns, kNsumShift), w, xq);
       const float dx = reinterpret_cast<const float*>(xrow[i] + v.off_d)[b];
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx), dw), acc[i]);
     }

@@ -152,17 +152,8 @@ __attribute__((noinline)) void rowlane_q32x_tile(const RowsView& v, const uint8_
       // Q5_0: 16 * nsum as a broadcast load and a shift (from a general-purpose register a
       // broadcast costs two vector operations on Zen 4)
       __m512i s = kType == DType::Q5_0 ? _mm512_slli_epi32(_mm512_set1_epi32(x.nsum(i)[b]), 4) : _mm512_setzero_si512();
-      // w[k] holds elements 4k..4k+3 (k >= 4: the high nibbles, 16 + 4(k - 4)). Two chains of 4
-      // joined by an add, as rowlane_tile (rowlanes_avx512.cpp): the same integer sum.
-      __m512i s_hi = _mm512_setzero_si512();
-      for (int k = 0; k < 4; ++k) {
-        int32_t xl, xh;
-        std::memcpy(&xl, xq + 4 * k, 4);
-        std::memcpy(&xh, xq + 16 + 4 * k, 4);
-        s = _mm512_dpbusd_epi32(s, w[k], _mm512_set1_epi32(xl));
-        s_hi = _mm512_dpbusd_epi32(s_hi, w[k + 4], _mm512_set1_epi32(xh));
-      }
-      s = _mm512_add_epi32(s, s_hi);
+      // w[k] holds elements 4k..4k+3 (k >= 4: the high nibbles, 16 + 4(k - 4))
+      s = dot_block32(s, w, xq);
       const float dx = x.d[i][b];
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx), dw), acc[i]);
       if constexpr (L::kMin) acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(-float(x.nsum(i)[b]) * dx), acc[i]);

@@ -18,11 +18,13 @@
 // block, where i8_dots reduces each row and token horizontally), and the outlier columns' f16
 // weights meet the token's f16-rounded values in one FMA per column for all 16 rows.
 #include "kernels/tern_int.h"
+#include "kernels/tern_int_rows.h"
 #include "kernels/x86/avx512_tiles.h"
 
 namespace tern::kern {
 namespace {
 
+using avx512::dot_block32;
 using avx512::rows_f16;
 using avx512::transpose_rows16;
 
@@ -54,10 +56,6 @@ void each_tile(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int6
   }
 }
 
-struct TqView {
-  const uint8_t* act;  // token t's row at act + t * stride (TqLayout, tern_int.cpp)
-  int64_t stride, off_dxv, off_xs, n_in;
-};
 
 // The 16 rows' f16 scales and u8 zero points at byte `off` of each row, as f32.
 inline void group_scales(const uint8_t* const* rows, int64_t off, __m512& d, __m512& z) {
@@ -122,16 +120,7 @@ void tq_tile(const TqView& v, const uint8_t* const* rows, __mmask16 keep, const 
       for (int k = 0; k < 8; ++k) wb[k] = w[b][k];
 #pragma GCC unroll 16
       for (int i = 0; i < TC; ++i) {
-        // Two chains of 4 (rowlanes_avx512.cpp): the same integer sum.
-        __m512i s = _mm512_setzero_si512(), s_hi = _mm512_setzero_si512();
-        for (int k = 0; k < 4; ++k) {
-          int32_t xl, xh;
-          std::memcpy(&xl, xrow[i] + xq + 4 * k, 4);
-          std::memcpy(&xh, xrow[i] + xq + 16 + 4 * k, 4);
-          s = _mm512_dpbusd_epi32(s, wb[k], _mm512_set1_epi32(xl));
-          s_hi = _mm512_dpbusd_epi32(s_hi, wb[k + 4], _mm512_set1_epi32(xh));
-        }
-        s = _mm512_add_epi32(s, s_hi);
+        const __m512i s = dot_block32(_mm512_setzero_si512(), wb, xrow[i] + xq);
         float dx;
         std::memcpy(&dx, xrow[i] + dxo, 4);
         acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx), dg), acc[i]);
@@ -247,17 +236,9 @@ bool tq_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r
                       const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* y,
                       int64_t ldy) {
   const TqView v{act, stride, off_dxv, off_xs, n_in};
-  using Rows = void (*)(const uint8_t*, int64_t, int64_t, int64_t, const TqView&, int64_t, float*, int64_t);
-  static constexpr struct {
-    int bits, group;
-    Rows rows;
-  } kTiles[] = {{4, 64, tq_rows<4, 64>}, {4, 128, tq_rows<4, 128>}, {8, 64, tq_rows<8, 64>}, {8, 128, tq_rows<8, 128>}};
-  for (const auto& k : kTiles)
-    if (k.bits == bits && k.group == group) {
-      k.rows(w, row_bytes, r0, r1, v, n_tok, y, ldy);
-      return true;
-    }
-  return false;  // 3 bits: tq_dots row by row
+  return tq_tiles_by_format(bits, group, [&](auto b, auto g) {
+    tq_rows<decltype(b)::value, decltype(g)::value>(w, row_bytes, r0, r1, v, n_tok, y, ldy);
+  });
 }
 
 }  // namespace tern::kern

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "kernels/tern_int.h"
+#include "kernels/tern_int_rows.h"
 #include "kernels/x86/tiles_int.h"
 
 namespace tern::kern {
@@ -23,10 +24,6 @@ namespace {
 constexpr int kRows = 8;     // weight rows per tile, one per 32-bit lane
 constexpr int kTokens = 16;  // most tokens per tile
 
-struct TqView {
-  const uint8_t* act;  // token t's row at act + t * stride (TqLayout, tern_int.cpp)
-  int64_t stride, off_dxv, off_xs, n_in;
-};
 
 // The 32 bytes at rows[i] + off of 8 rows, transposed: lane i of d[k] = bytes 4k..4k+3 of row i.
 inline void transpose_rows8(const uint8_t* const* rows, int64_t off, __m256i* d) {
@@ -212,17 +209,9 @@ bool tq_rows8_avx2(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, 
                    const uint8_t* act, int64_t stride, int64_t off_dxv, int64_t off_xs, int64_t n_tok, float* y,
                    int64_t ldy) {
   const TqView v{act, stride, off_dxv, off_xs, n_in};
-  using Rows = void (*)(const uint8_t*, int64_t, int64_t, int64_t, const TqView&, int64_t, float*, int64_t);
-  static constexpr struct {
-    int bits, group;
-    Rows rows;
-  } kTiles[] = {{4, 64, tq_rows<4, 64>}, {4, 128, tq_rows<4, 128>}, {8, 64, tq_rows<8, 64>}, {8, 128, tq_rows<8, 128>}};
-  for (const auto& k : kTiles)
-    if (k.bits == bits && k.group == group) {
-      k.rows(w, row_bytes, r0, r1, v, n_tok, y, ldy);
-      return true;
-    }
-  return false;  // 3 bits: tq_dots row by row
+  return tq_tiles_by_format(bits, group, [&](auto b, auto g) {
+    tq_rows<decltype(b)::value, decltype(g)::value>(w, row_bytes, r0, r1, v, n_tok, y, ldy);
+  });
 }
 
 }  // namespace tern::kern
