@@ -39,6 +39,32 @@ struct TqView {
   int64_t stride, off_dxv, off_xs, n_in;
 };
 
+// The tiles' loops over rows [r0, r1) x n_tok tokens: token blocks whose activations (~256 KB)
+// stay in L2 while the rows pass over them; in a block, tiles of R rows (the last one's missing
+// rows repeat its last row and are not stored: `keep` has a bit per row to store) by up to T
+// tokens: tile(rows, keep, pf, t, n, y) with pf the rows prefetch_tiles tiles on for the first
+// token chunk (nullptr for the others) and y at token t, row r.
+template <int R, int T, class Tile>
+inline void each_row_tile(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t stride, int64_t n_tok,
+                          float* y, int64_t ldy, int prefetch_tiles, Tile&& tile) {
+  int64_t tb = (256 << 10) / (stride > 0 ? stride : 1);
+  tb = tb < T ? T : tb / T * T;
+  for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+    const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
+    for (int64_t r = r0; r < r1; r += R) {
+      const int n_rows = r1 - r < R ? int(r1 - r) : R;
+      const uint8_t* rows[R];
+      for (int i = 0; i < R; ++i) rows[i] = w + (r + (i < n_rows ? i : n_rows - 1)) * row_bytes;
+      const uint8_t* pf = w + (r + prefetch_tiles * R) * row_bytes;
+      const uint32_t keep = n_rows == 32 ? ~0u : (1u << n_rows) - 1u;
+      for (int64_t t = t0; t < t1; t += T) {
+        const int64_t n = t1 - t < T ? t1 - t : T;
+        tile(static_cast<const uint8_t* const*>(rows), keep, t == t0 ? pf : nullptr, t, n, y + t * ldy + r);
+      }
+    }
+  }
+}
+
 // fn(Int<BITS>{}, Int<G>{}) for the formats the tiles serve (4 or 8 bits, groups of 64 or 128);
 // false for another (3 bits: the row kernels).
 template <class Fn>

@@ -31,34 +31,19 @@ using avx512::transpose_rows16;
 constexpr int kRows = 16;    // weight rows per tile, one per int32 lane
 constexpr int kTokens = 16;  // most tokens per tile
 
-// The tile loops of a format: token blocks whose activations (~256 KB) stay in L2 while the
-// rows pass over them; in a block, tiles of 16 rows (the last one's missing rows repeat its last
-// row and are not stored) by up to 16 tokens, tile(rows, keep, pf, t, n, y).
+// each_row_tile (tern_int_rows.h) with this file's tiles: 16 rows by up to 16 tokens.
 template <class Tile>
 void each_tile(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t stride, int64_t n_tok, float* y,
                int64_t ldy, Tile&& tile) {
-  int64_t tb = (256 << 10) / (stride > 0 ? stride : 1);
-  tb = tb < kTokens ? kTokens : tb / kTokens * kTokens;
-  for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
-    const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
-    for (int64_t r = r0; r < r1; r += kRows) {
-      const int n_rows = r1 - r < kRows ? int(r1 - r) : kRows;
-      const uint8_t* rows[kRows];
-      for (int i = 0; i < kRows; ++i) rows[i] = w + (r + (i < n_rows ? i : n_rows - 1)) * row_bytes;
-      // The tile kPrefetchTiles on (tiles_int.h), while the first token chunk streams this one.
-      const uint8_t* pf = w + (r + kPrefetchTiles * kRows) * row_bytes;
-      const __mmask16 keep = __mmask16((1u << n_rows) - 1u);
-      for (int64_t t = t0; t < t1; t += kTokens) {
-        const int64_t n = t1 - t < kTokens ? t1 - t : kTokens;
-        tile(rows, keep, t == t0 ? pf : nullptr, t, n, y + t * ldy + r);
-      }
-    }
-  }
+  each_row_tile<kRows, kTokens>(w, row_bytes, r0, r1, stride, n_tok, y, ldy, kPrefetchTiles,
+                                [&](const uint8_t* const* rows, uint32_t keep, const uint8_t* pf, int64_t t, int64_t n,
+                                    float* yt) { tile(rows, __mmask16(keep), pf, t, n, yt); });
 }
 
-
 // The 16 rows' f16 scales and u8 zero points at byte `off` of each row, as f32.
-inline void group_scales(const uint8_t* const* rows, int64_t off, __m512& d, __m512& z) {
+// (Always inlined, as rows_f16: a call would spill the tile's accumulators.)
+__attribute__((always_inline)) inline void group_scales(const uint8_t* const* rows, int64_t off, __m512& d,
+                                                        __m512& z) {
   d = rows_f16(rows, off);
   uint64_t z8[2] = {0, 0};
   for (int i = 0; i < 8; ++i) {

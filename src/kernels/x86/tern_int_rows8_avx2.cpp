@@ -179,28 +179,13 @@ __attribute__((noinline)) void tq_tile(const TqView& v, const uint8_t* const* ro
   }
 }
 
-// Rows [r0, r1) x n_tok tokens: token blocks whose activations (~256 KB) stay in L2 while the
-// rows pass over them; in a block, tiles of 8 rows (the last one's missing rows repeat its last
-// row and are not stored) by up to 16 tokens.
+// Rows [r0, r1) x n_tok tokens in tiles of 8 rows by up to 16 tokens (each_row_tile).
 template <int BITS, int G>
 void tq_rows(const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1, const TqView& v, int64_t n_tok, float* y,
-              int64_t ldy) {
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < kTokens ? kTokens : tb / kTokens * kTokens;
-  for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
-    const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
-    for (int64_t r = r0; r < r1; r += kRows) {
-      const int n_rows = r1 - r < kRows ? int(r1 - r) : kRows;
-      const uint8_t* rows[kRows];
-      for (int i = 0; i < kRows; ++i) rows[i] = w + (r + (i < n_rows ? i : n_rows - 1)) * row_bytes;
-      // The tile kPrefetchTiles on (tiles_int.h), while the first token chunk streams this one.
-      const uint8_t* pf = w + (r + kPrefetchTiles * kRows) * row_bytes;
-      for (int64_t t = t0; t < t1; t += kTokens) {
-        const int64_t n = t1 - t < kTokens ? t1 - t : kTokens;
-        tq_tile<BITS, G>(v, rows, (1u << n_rows) - 1u, t == t0 ? pf : nullptr, t, n, y + t * ldy + r, ldy);
-      }
-    }
-  }
+             int64_t ldy) {
+  each_row_tile<kRows, kTokens>(w, row_bytes, r0, r1, v.stride, n_tok, y, ldy, kPrefetchTiles,
+                                [&](const uint8_t* const* rows, uint32_t keep, const uint8_t* pf, int64_t t, int64_t n,
+                                    float* yt) { tq_tile<BITS, G>(v, rows, keep, pf, t, n, yt, ldy); });
 }
 
 }  // namespace
