@@ -128,7 +128,6 @@ void prep_q4_k(const uint8_t* wrow, int64_t nsb, uint8_t* prep, const uint8_t* p
 }
 
 void prep_q6_k(const uint8_t* wrow, int64_t nsb, uint8_t* prep, const uint8_t* pf) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(wrow) + sb;
     prefetch_step<int(sizeof(BlockQ6_K))>(pf + sb * int64_t(sizeof(BlockQ6_K)));
@@ -137,17 +136,8 @@ void prep_q6_k(const uint8_t* wrow, int64_t nsb, uint8_t* prep, const uint8_t* p
     auto* sc = reinterpret_cast<int32_t*>(p + kPrepSc);
     auto* pair = reinterpret_cast<int32_t*>(p + kPrepPair);
     for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + 64 * h));
-      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + 64 * h + 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h));
       __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+      q6_k_quants(blk, h, q);
       for (int i = 0; i < 4; ++i) {
         _mm256_store_si256(reinterpret_cast<__m256i*>(p + 128 * h + 32 * i), q[i]);
         // sums of 8 bytes per qword: qwords 0,1 = first 16 elements, 2,3 = next 16

@@ -172,8 +172,7 @@ TileChoice tile_choice(DType type) {
 void gemm_q32(const GemmArgs& a, const TileChoice& c, int64_t r0, int64_t r1) {
   constexpr int TM = OpsAvx2::kMaxTokens;
   const RowsView v = rows_view(a);
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < TM ? TM : tb / TM * TM;
+  const int64_t tb = l2_token_block(v.stride, TM);
   Tile tile = rows_tile(a, v);  // Q8_0 activation rows: 32-element blocks
   for (int64_t t0 = 0; t0 < a.n_tokens; t0 += tb) {
     const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;

@@ -181,8 +181,7 @@ void rowlane_tokens(const GemmArgs& a, const RowsView& v, const uint8_t* const* 
 template <DType kType>
 void gemm_rowlanes_t(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
   // Token blocks whose activations (~256 KB) stay in L2 while the chunk's rows pass over them.
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < kRowLanes ? kRowLanes : tb / kRowLanes * kRowLanes;
+  const int64_t tb = l2_token_block(v.stride, kRowLanes);
   const int64_t rb = a.row_bytes;
   for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
     const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;

@@ -131,11 +131,17 @@ inline bool decode_prefetch() {
   static const bool intel = __builtin_cpu_is("intel");
   return intel;
 }
+// Tokens per block of a GEMM pass: as many as keep ~256 KB of activations (stride bytes each)
+// in L2 while every row of the chunk passes over them, a multiple of the tile's `granule`.
+inline int64_t l2_token_block(int64_t stride, int64_t granule) {
+  const int64_t tb = (256 << 10) / (stride > 0 ? stride : 1);
+  return tb < granule ? granule : tb / granule * granule;
+}
+
 template <int TM, class Fn>
 void for_each_interleaved_tile(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1, int64_t group_bytes,
                                Fn&& fn) {
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < TM ? TM : tb / TM * TM;
+  const int64_t tb = l2_token_block(v.stride, TM);
   for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
     const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
     for (int64_t g = r0 / 16; g * 16 < r1; ++g) {

@@ -82,6 +82,23 @@ void tile_q4_k(const Tile& c) {
   store_tile<R, T>(c, acc);
 }
 
+// Half h (128 weights) of a Q6_K block as unsigned 6-bit bytes: q[i] = weights 128h + 32i ..
+// + 31 (ql's nibbles with qh's 2-bit pairs above them). The 16-bit shifts cannot leak bits
+// across bytes: everything shifted is masked first. For tile_q6_k and the AVX-512 prep
+// (lanes_avx512.cpp).
+__attribute__((always_inline)) inline void q6_k_quants(const BlockQ6_K* blk, int h, __m256i (&q)[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+  const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + 64 * h));
+  const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + 64 * h + 32));
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h));
+  q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+  q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+  q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+  q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+}
+
 // Q6_K x Q8_K: 6-bit quants rebuilt unsigned (0..63: pmaddubsw pairs <= 2 * 63 * 127 fit
 // int16), multiplied by each 16-element sub-block's int8 scale in pmaddwd; the -32 offset is
 // -32 * sum_j sc_j * bsums_j, one more pmaddwd per token.
@@ -91,8 +108,6 @@ void tile_q6_k(const Tile& c) {
   for (auto& a : acc)
     for (auto& v : a) v = _mm256_setzero_ps();
   const ActPtrs<T> x(c);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const __m256i m2 = _mm256_set1_epi8(0x03);
   // pmaddubsw output int16 lanes 0..7 come from elements 0..15 (sub-block j), lanes 8..15 from
   // elements 16..31 (sub-block j+1): a pair vector holds sc_j in the low 128 bits, sc_j+1 in
   // the high. With the 8 scales of a half in both lanes, pair i picks int16 2i / 2i+1.
@@ -118,18 +133,8 @@ void tile_q6_k(const Tile& c) {
       for (int h = 0; h < 2; ++h) {
         const __m256i L = h == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00)
                                  : _mm256_permute2x128_si256(sc16, sc16, 0x11);
-        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + 64 * h));
-        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h));
-        // The 16-bit shifts cannot leak bits across bytes: everything shifted is masked first.
         __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+        q6_k_quants(blk, h, q);
         for (int i = 0; i < 4; ++i) {
           const __m256i scp = _mm256_shuffle_epi8(L, pair_ctrl[i]);
           for (int t = 0; t < T; ++t) {
@@ -377,8 +382,7 @@ void int_rows(const GemmArgs& a, const RowsView& v, int64_t r, int64_t t0, int64
 // row of the chunk passes over them; within a block, 4-row x TM-token tiles.
 template <class Ops>
 void gemm_int_classic(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < Ops::kMaxTokens ? Ops::kMaxTokens : tb / Ops::kMaxTokens * Ops::kMaxTokens;
+  const int64_t tb = l2_token_block(v.stride, Ops::kMaxTokens);
   for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
     const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
     int64_t r = r0;

@@ -207,8 +207,7 @@ void wide_rows(const GemmArgs& a, const RowsView& v, int64_t r, int64_t t0, int6
 
 // gemm_int_classic for Q4_0 / Q8_0 / MXFP4: 8-row tiles, then one of 4, then single rows.
 void gemm_wide(const GemmArgs& a, const RowsView& v, int64_t r0, int64_t r1) {
-  int64_t tb = (256 << 10) / (v.stride > 0 ? v.stride : 1);
-  tb = tb < OpsAvx512::kMaxTokens ? OpsAvx512::kMaxTokens : tb / OpsAvx512::kMaxTokens * OpsAvx512::kMaxTokens;
+  const int64_t tb = l2_token_block(v.stride, OpsAvx512::kMaxTokens);
   for (int64_t t0 = v.t_begin; t0 < a.n_tokens; t0 += tb) {
     const int64_t t1 = t0 + tb < a.n_tokens ? t0 + tb : a.n_tokens;
     int64_t r = r0;
